@@ -1,0 +1,32 @@
+"""opsplit: continuous-time operator splitting for transformers.
+
+A transformer is an operator-splitting discretisation of a continuous
+integro-differential equation on Omega_x x Omega_y x (0, T] (Tai, Liu, Li, Chan,
+eq. 7).  opsplit's pieces, in the order data flows through them:
+
+- :mod:`opsplit.grid`       where: grids, quadrature, resampling
+- :mod:`opsplit.controls`   with what: controls theta(t)
+- :mod:`opsplit.operators`  what moves u: the terms of the equation
+- :mod:`opsplit.solvers`    how one substep is advanced
+- :mod:`opsplit.schemes`    in what order: splitting schemes
+- :class:`opsplit.Propagator`  the composed map f -> u(T)
+- :mod:`opsplit.models`     named discretisations (the paper's transformer, ...)
+"""
+
+from . import controls, grid, models, operators, schemes, solvers
+from .grid import Grid, Interval
+from .propagator import Propagator
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Grid",
+    "Interval",
+    "Propagator",
+    "controls",
+    "grid",
+    "models",
+    "operators",
+    "schemes",
+    "solvers",
+]

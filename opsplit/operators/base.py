@@ -1,0 +1,90 @@
+r"""The operator (term) interface: *what moves u*.
+
+The continuous transformer (paper 002, eq. 7; eq. 38 for multi-head) is
+
+.. math::  u_t = \sum_k A_k(t; u),
+
+a sum of terms: integral operators with an explicit vector field (attention, FFN) and
+subdifferentials of indicator functions (:math:`\partial I_{S_1}` = LayerNorm,
+:math:`\partial I_{S_2}` = ReLU) whose only sensible discrete step is a resolvent, i.e. a
+projection.  An :class:`Operator` declares which of three capabilities it has; a solver
+(``opsplit.solvers``) uses exactly one of them, and a scheme never looks inside:
+
+``field(t, u, grid)``
+    the vector field :math:`A(t; u)` (explicit terms);
+``resolvent(t, dt, u, grid)``
+    :math:`(I - \Delta t\, A(t; \cdot))^{-1} u`.  For :math:`A = -\partial I_S` this is the
+    projection onto :math:`S` for every :math:`\Delta t` (eqs. 20–21 and 24 of paper 002);
+``flow(t, dt, u, grid)``
+    the exact solution map of the substep over :math:`[t, t + \Delta t]`.
+
+Sign convention: the paper writes eq. (7) with :math:`+\partial I_S(u)` on the right-hand
+side and eq. (14) as :math:`u^{2/M} - u^{1/M} = \partial I_{S_1}(u^{2/M})`; the monotone
+(dissipative) reading, and the one whose solution is the projection (eq. 21), is
+:math:`u_t \in -\partial I_S(u)`.  opsplit implements that reading.
+
+Calling an operator module, ``op(u, t=0.0, grid=None)``, validates its input and returns
+``field`` for explicit terms, or the projection / map for the others.  With
+``grid=None`` the paper's grid ``L = N`` (unit spacing) is used.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .._checks import check_state
+from ..grid import Grid
+
+__all__ = ["Operator"]
+
+
+class Operator(nn.Module):
+    """Base class of the terms of the continuous model.
+
+    Subclasses set the capability flags and implement the matching methods, and cite the
+    equation they implement in their docstring.
+    """
+
+    #: the term has an explicit vector field ``field(t, u, grid)``
+    has_field: bool = False
+    #: the term has a resolvent ``resolvent(t, dt, u, grid)`` (for indicators: a projection)
+    has_resolvent: bool = False
+    #: the term has an exact flow ``flow(t, dt, u, grid)``
+    has_flow: bool = False
+    #: which solver a scheme uses when given the bare operator: "explicit", "implicit", "exact"
+    default_solver: str = "explicit"
+
+    def field(self, t, u: Tensor, grid: Grid) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no explicit field")
+
+    def resolvent(self, t, dt: float, u: Tensor, grid: Grid) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no resolvent")
+
+    def flow(self, t, dt: float, u: Tensor, grid: Grid) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no exact flow")
+
+    def check(self, grid: Grid) -> None:
+        """Validate the operator's controls against a (complete) grid; raise a clear error.
+
+        Called once per solve by the propagator, not at every substep.
+        """
+        for m in self.children():
+            if isinstance(m, Operator):
+                m.check(grid)
+
+    def resolve_grid(self, u: Tensor, grid: Grid | None) -> Grid:
+        if grid is None:
+            return Grid.paper(u.shape[-2], u.shape[-1])
+        return grid.with_shape(u.shape[-2], u.shape[-1])
+
+    def forward(self, u: Tensor, t: float = 0.0, grid: Grid | None = None) -> Tensor:
+        """Apply the operator: the field of an explicit term, else its projection / map
+        (resolvent or flow with :math:`\\Delta t = 1`)."""
+        u = check_state(u, grid or Grid.paper(None, None), f"{type(self).__name__} input")
+        g = self.resolve_grid(u, grid)
+        self.check(g)
+        if self.has_field:
+            return self.field(t, u, g)
+        if self.has_resolvent:
+            return self.resolvent(t, 1.0, u, g)
+        return self.flow(t, 1.0, u, g)

@@ -1,0 +1,143 @@
+r"""The propagator: the composed map :math:`f \mapsto u(T)`.
+
+Paper 002, eq. (9) and §3.1: the continuous transformer is the map
+:math:`\mathcal N_\theta : f \mapsto u(\cdot, \cdot, T)`, approximated on the time grid
+:math:`t^n = t_0 + n\Delta t`, :math:`\Delta t = (T - t_0)/N_t`, by
+
+.. math::  u^{N_t} = \bar{\mathcal N}^{N_t} \circ \dots \circ \bar{\mathcal N}^1 (f),
+
+where each one-step propagator :math:`\bar{\mathcal N}^n` is one step of a splitting
+scheme.  :class:`Propagator` is that map as an ``nn.Module``; its parameters are the
+controls held by the scheme's operators.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import check_finite, check_float_dtype, check_positive_int, check_tensor
+from .grid import Grid
+from .schemes.base import Scheme
+
+__all__ = ["Propagator"]
+
+
+class Propagator(nn.Module):
+    """:math:`f \\mapsto u(T)` by ``n_steps`` steps of ``scheme`` on ``[t0, t1]``.
+
+    Args:
+        scheme: a :class:`~opsplit.schemes.Scheme` (e.g. :class:`~opsplit.schemes.Lie`).
+        n_steps: :math:`N_t \\ge 1`.
+        t0, t1: the time interval; ``t1`` defaults to ``t0 + n_steps`` (:math:`\\Delta t = 1`,
+            the paper's choice).
+        grid: the spatial :class:`~opsplit.grid.Grid`; ``None`` is ``Grid.paper`` with node
+            counts read from the input (``L = N``).  Node counts left open in the grid are
+            read from the input.
+
+    ``forward(f)`` takes ``f`` of shape ``(B, N_x, N_y)`` (or ``(N_x, N_y)``, unbatched) and
+    returns :math:`u^{N_t}` of the same shape.
+    """
+
+    def __init__(
+        self,
+        scheme: Scheme,
+        n_steps: int,
+        *,
+        t0: float = 0.0,
+        t1: float | None = None,
+        grid: Grid | None = None,
+    ):
+        super().__init__()
+        if not isinstance(scheme, Scheme):
+            raise TypeError(f"Propagator.scheme: expected an opsplit Scheme, got {type(scheme).__name__}")
+        self.scheme = scheme
+        self.n_steps = check_positive_int(n_steps, "Propagator.n_steps (N_t)")
+        self.t0 = float(t0)
+        self.t1 = float(self.t0 + self.n_steps) if t1 is None else float(t1)
+        if not (math.isfinite(self.t0) and math.isfinite(self.t1)) or self.t1 <= self.t0:
+            raise ValueError(f"Propagator: expected t0 < t1 (T), got t0={t0}, t1={t1}")
+        if grid is not None and not isinstance(grid, Grid):
+            raise TypeError(f"Propagator.grid: expected an opsplit Grid, got {type(grid).__name__}")
+        self.grid = grid if grid is not None else Grid.paper(None, None)
+
+    @property
+    def T(self) -> float:
+        return self.t1
+
+    def dt(self, n_steps: int | None = None) -> float:
+        """:math:`\\Delta t = (t_1 - t_0)/N_t`."""
+        n = self.n_steps if n_steps is None else n_steps
+        return (self.t1 - self.t0) / n
+
+    def times(self, n_steps: int | None = None) -> list[float]:
+        """The time grid :math:`t^0, \\dots, t^{N_t}`."""
+        n = self.n_steps if n_steps is None else check_positive_int(n_steps, "n_steps (N_t)")
+        return [self.t0 + (self.t1 - self.t0) * k / n for k in range(n + 1)]
+
+    def resolve_grid(self, f: Tensor, grid: Grid | None = None) -> Grid:
+        g = self.grid if grid is None else grid
+        if not isinstance(g, Grid):
+            raise TypeError(f"grid: expected an opsplit Grid, got {type(g).__name__}")
+        g.check_shape(f.shape[-2:], "f")
+        return g.with_shape(f.shape[-2], f.shape[-1])
+
+    def forward(
+        self,
+        f: Tensor,
+        *,
+        n_steps: int | None = None,
+        grid: Grid | None = None,
+        return_trajectory: bool = False,
+        check_finite_input: bool = True,
+    ):
+        """Solve from :math:`u(t_0) = f` to :math:`t_1`.
+
+        Args:
+            f: initial state, ``(B, N_x, N_y)`` or ``(N_x, N_y)``.
+            n_steps: override :math:`N_t` (the controls are functions of continuous time,
+                so a model built with one :math:`N_t` can be solved with another).
+            grid: override the grid (same domains at another resolution, for controls that
+                can be evaluated there).
+            return_trajectory: also return the states at :math:`t^0, \\dots, t^{N_t}`
+                stacked on a new dimension 1 (after the batch).
+            check_finite_input: reject NaN/inf in ``f`` (one reduction).
+        """
+        f = check_tensor(f, "f")
+        check_float_dtype(f, "f")
+        unbatched = f.dim() == 2
+        if unbatched:
+            f = f.unsqueeze(0)
+        if f.dim() != 3:
+            g0 = self.grid if grid is None else grid
+            raise ValueError(
+                f"f: expected shape (B, N_x, N_y) = (B, {g0.nx_str}, {g0.ny_str}) or unbatched "
+                f"(N_x, N_y), got rank {f.dim()} with shape {tuple(f.shape)}"
+            )
+        g = self.resolve_grid(f, grid)
+        if check_finite_input:
+            check_finite(f, "f")
+        self.scheme.check(g)
+        times = self.times(n_steps)
+        u = f
+        traj = [u] if return_trajectory else None
+        for n in range(len(times) - 1):
+            u = self.scheme.step(times[n], times[n + 1] - times[n], u, g)
+            if traj is not None:
+                traj.append(u)
+        if unbatched:
+            u = u.squeeze(0)
+        if not return_trajectory:
+            return u
+        trajectory = torch.stack(traj, dim=1)
+        if unbatched:
+            trajectory = trajectory.squeeze(0)
+        return u, trajectory
+
+    def extra_repr(self) -> str:
+        return (
+            f"n_steps={self.n_steps}, t=[{self.t0:g}, {self.t1:g}], dt={self.dt():g}, "
+            f"grid={self.grid}"
+        )

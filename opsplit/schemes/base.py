@@ -1,0 +1,56 @@
+r"""The splitting-scheme interface: *in what order* the substeps advance :math:`u`.
+
+A scheme holds the substeps of :math:`u_t = \sum_k A_k(t; u)` (paper 002, eq. 57 with
+the sign convention of eq. 7) and maps :math:`u^n` to :math:`u^{n+1}`: one step of the
+propagator :math:`\bar{\mathcal N}^n`.  It never looks inside a substep beyond calling it.
+Each scheme declares its ``order``; :attr:`Scheme.effective_order` is the order the
+composed method can have given its substep solvers (Strang with explicit-Euler substeps
+is first order whatever its name).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..solvers import Substep
+
+__all__ = ["Scheme"]
+
+
+class Scheme(nn.Module):
+    """Base class of splitting schemes.
+
+    Args:
+        substeps: operators (advanced by their default solver) or
+            :class:`~opsplit.solvers.Substep` objects, in order.
+    """
+
+    #: formal order of the splitting with exact substep solves
+    order: int = 1
+
+    def __init__(self, substeps):
+        super().__init__()
+        if isinstance(substeps, nn.Module):
+            substeps = [substeps]
+        substeps = list(substeps)
+        if not substeps:
+            raise ValueError(f"{type(self).__name__}: a scheme needs at least one operator (got none)")
+        self.substeps = nn.ModuleList(s if isinstance(s, Substep) else Substep(s) for s in substeps)
+
+    @property
+    def effective_order(self) -> int:
+        """``min(scheme order, substep solver orders)``."""
+        return min([self.order] + [s.order for s in self.substeps])
+
+    def check(self, grid) -> None:
+        for s in self.substeps:
+            s.check(grid)
+
+    def step(self, t, dt: float, u: Tensor, grid) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, t, dt: float, u: Tensor, grid) -> Tensor:
+        return self.step(t, dt, u, grid)
+
+    def extra_repr(self) -> str:
+        return f"order={self.order}, effective_order={self.effective_order}"

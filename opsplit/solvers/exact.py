@@ -1,0 +1,22 @@
+r"""The exact solution map of a substep, for operators that know it (an affine term with
+frozen controls, a relaxation map): :math:`u \mapsto \Phi^{A}_{\Delta t}(u)`.  Its order
+is unbounded; it is declared as a large number so that a scheme's order is set by the
+scheme and its other substeps."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .base import Solver
+
+__all__ = ["Exact"]
+
+
+class Exact(Solver):
+    """The operator's own exact flow over :math:`[t, t + \\Delta t]`; needs ``flow``."""
+
+    order = 99
+    requires = "flow"
+
+    def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
+        return terms[0].flow(t, dt, u, grid)
