@@ -105,3 +105,34 @@ def test_per_feature_bias_option_matches_linear_layer():
     u = torch.randn(2, 9, 6, dtype=torch.float64)
     g = model.grid.with_shape(9, 6)
     assert torch.allclose(u + layer.field(0.0, u, g), lin(u), atol=1e-13)
+
+
+def _successive_differences(model, f, steps):
+    with torch.no_grad():
+        outs = [model(f, n_steps=n) for n in steps]
+    return [float((a - b).abs().max()) for a, b in zip(outs[1:], outs[:-1])]
+
+
+def test_with_sigma1_positive_the_scheme_converges_at_first_order_in_dt():
+    """S1(2, 1) meets S2 = {u >= 0}: the same controls at dt -> 0 converge, order 1."""
+    torch.manual_seed(0)
+    m = PaperTransformer(12, n_x=8, J=2, n_steps=6, sigma1=2.0, dtype=torch.float64)
+    f = torch.randn(2, 8, 12, dtype=torch.float64)
+    d = _successive_differences(m, f, [48, 96, 192, 384])
+    orders = [math.log2(a / b) for a, b in zip(d[:-1], d[1:])]
+    assert all(0.8 < p < 1.3 for p in orders), f"successive differences {d}, orders {orders}"
+
+
+def test_with_sigma1_zero_the_dt_limit_forgets_the_controls():
+    """S1(0, sigma2) and S2 do not intersect (a token >= 0 with mean 0 is 0, and has no
+    variance), so eq. (7) has no solution; as dt -> 0 the scheme tends to the fixed point
+    of the projections, the same for any controls (docs/paper_scheme.md)."""
+    torch.manual_seed(0)
+    f = torch.randn(2, 8, 12, dtype=torch.float64)
+    a = PaperTransformer(12, n_x=8, J=2, n_steps=6, sigma1=0.0, dtype=torch.float64)
+    b = PaperTransformer(12, n_x=8, J=2, n_steps=6, sigma1=0.0, dtype=torch.float64)
+    with torch.no_grad():
+        gaps = [float((a(f, n_steps=n) - b(f, n_steps=n)).abs().max()) for n in (384, 768, 1536)]
+        gap6 = float((a(f) - b(f)).abs().max())
+    assert gap6 > 0.5, "two random models should differ at dt = 1"
+    assert gaps[-1] < 1e-2 and 1.8 < gaps[0] / gaps[1] < 2.2 and 1.8 < gaps[1] / gaps[2] < 2.2, gaps
