@@ -1,0 +1,295 @@
+r"""Sorting, ranking and prefix-sum primitives of the sliced attentions (paper 004, eq. 6).
+
+Everything here works on *rows*: a score tensor of shape ``(R, N)`` is ``R`` independent
+one-dimensional problems (batch and heads flattened).
+
+:func:`sort_and_rank`
+    sorts one set of scores ("items") row by row and counts, for other score sets
+    ("probes"), how many items of the same row are ``<`` (``side="left"``) or ``<=``
+    (``side="right"``) each probe.  Float32 scores are ranked by one merged sort of
+    order-preserving integer codes ``(row, score bits, tie flag)``, which
+    ``torch.sort(stable=True)`` performs with a radix sort on the CPU; the tie flag puts a
+    ``"left"`` probe before equal items and a ``"right"`` probe after them, so ties are
+    decided on the exact values.  Float64 scores use ``torch.sort`` and
+    ``torch.searchsorted``.
+
+:class:`PrefixTable`
+    two prefix-sum tables (eq. 6's :math:`a_i` and :math:`b_i`) of gathered, weighted and
+    centred rows, built block-wise: blocks of :data:`BLOCK` consecutive sorted rows are
+    summed by a batched product with lower-triangular weight matrices (one ``bmm`` that
+    produces both tables), and the block offsets and the centring are added by one
+    ``baddbmm_``.  The tables live in one flat matrix that
+    ``torch.nn.functional.embedding_bag`` reads to combine, per query, a few table rows with
+    per-query coefficients in one pass, without an ``N_q x N_k`` tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["BLOCK", "sort_and_rank", "inclusive_scan", "PrefixTable", "table_index"]
+
+#: rows per block of the blocked prefix sums
+BLOCK = 8
+#: below this many blocks, block totals are summed with ``torch.cumsum``
+_CUMSUM_BLOCKS = 256
+#: rows per block of :func:`inclusive_scan`
+_SCAN_BLOCK = 64
+#: bytes of values gathered at a time while building the tables
+_BUILD_BYTES = 1 << 20
+
+
+# --------------------------------------------------------------------------------------
+# ranking
+# --------------------------------------------------------------------------------------
+def _f32_codes(z: Tensor) -> Tensor:
+    """Order-preserving map of float32 values to integers in ``[0, 2^32)`` (int64)."""
+    b = z.contiguous().view(torch.int32).to(torch.int64)
+    return torch.where(b >= 0, b + (1 << 31), -1 - b)
+
+
+def sort_and_rank(items: Tensor, probes=(), *, need_order: bool = True):
+    """Sort ``items`` row by row and rank ``probes`` among them.
+
+    Args:
+        items: ``(R, N)`` scores, finite or ``+inf`` (sorted last).
+        probes: sequence of ``(values, side)``, ``values`` of shape ``(R, M)``, ``side``
+            ``"left"`` (count items ``< value``) or ``"right"`` (items ``<= value``).
+        need_order: also return the sort permutation and the sorted items.
+
+    Returns:
+        ``(order, sorted_items, counts)``: ``order`` (``(R, N)`` int64, local indices:
+        ``items.gather(1, order)`` is sorted), ``sorted_items`` and a list of ``(R, M)``
+        int64 counts, one per probe (``None`` for the first two if not ``need_order``).
+    """
+    R, N = items.shape
+    if items.dtype == torch.float32 and R * N > 0 and R < (1 << 29):
+        return _rank_merged(items, probes, need_order)
+    sorted_items, order = torch.sort(items, dim=-1)
+    counts = [
+        torch.searchsorted(sorted_items, v.contiguous(), side=side) for v, side in probes
+    ]
+    return order, sorted_items, counts
+
+
+def _rank_merged(items, probes, need_order):
+    R, N = items.shape
+    dev = items.device
+    flag_of = {"left": 0, "right": 2}
+    rows_n = torch.arange(R, device=dev, dtype=torch.int64).unsqueeze(1)
+    parts = [((rows_n << 34) | (_f32_codes(items) << 2) | 1).view(-1)]
+    for v, side in probes:
+        parts.append(((rows_n << 34) | (_f32_codes(v) << 2) | flag_of[side]).view(-1))
+    codes = torch.cat(parts) if len(parts) > 1 else parts[0]
+    del parts
+    # stable=True selects the radix sort for integer keys on the CPU
+    sorted_codes, idx = torch.sort(codes, stable=True)
+    del codes
+    cum = torch.cumsum((sorted_codes & 3) == 1, 0)  # items up to and including each position
+    del sorted_codes
+    rank = torch.empty_like(cum)
+    rank.index_copy_(0, idx, cum)  # back to the concatenation order
+    del cum, idx
+    counts = []
+    off = R * N
+    for v, _side in probes:
+        M = v.shape[1]
+        counts.append(rank[off : off + R * M].view(R, M) - rows_n * N)
+        off += R * M
+    order = sorted_items = None
+    if need_order:
+        pos = rank[: R * N] - 1  # global position of each item in the row-major sorted order
+        perm = torch.empty_like(pos)
+        perm.index_copy_(0, pos, torch.arange(R * N, device=dev, dtype=torch.int64))
+        order = perm.view(R, N) - rows_n * N
+        sorted_items = items.reshape(-1)[perm].view(R, N)
+    return order, sorted_items, counts
+
+
+# --------------------------------------------------------------------------------------
+# plain prefix sums
+# --------------------------------------------------------------------------------------
+_TRIL_CACHE: dict = {}
+
+
+def _tril(S: int, dtype, device) -> Tensor:
+    key = (S, dtype, str(device))
+    t = _TRIL_CACHE.get(key)
+    if t is None:
+        t = torch.tril(torch.ones(S, S, dtype=dtype, device=device))
+        _TRIL_CACHE[key] = t
+    return t
+
+
+def padded_length(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`BLOCK` (at least one block)."""
+    return max(BLOCK, -(-n // BLOCK) * BLOCK)
+
+
+def inclusive_scan(x: Tensor) -> Tensor:
+    """Inclusive prefix sums along dim 1 of ``x`` of shape ``(n, M, C)`` (a new tensor).
+
+    On the CPU and for long ``M``: a triangular matmul per block of :data:`_SCAN_BLOCK`
+    rows, then ``torch.cumsum`` (which accumulates in double) of the block totals.
+    ``torch.cumsum`` elsewhere.
+    """
+    n, M, C = x.shape
+    if x.device.type != "cpu" or M <= _CUMSUM_BLOCKS:
+        return torch.cumsum(x, dim=1)
+    S = _SCAN_BLOCK
+    Mp = -(-M // S) * S
+    if Mp != M:
+        xp = x.new_zeros(n, Mp, C)
+        xp[:, :M] = x
+    else:
+        xp = x.contiguous()
+    nb = Mp // S
+    out = torch.matmul(_tril(S, x.dtype, x.device), xp.view(n * nb, S, C))
+    o = out.view(n, nb, S, C)
+    o[:, 1:].add_(torch.cumsum(o[:, :-1, S - 1, :], dim=1).unsqueeze(2))
+    return o.view(n, Mp, C)[:, :M]
+
+
+# --------------------------------------------------------------------------------------
+# the prefix tables
+# --------------------------------------------------------------------------------------
+class PrefixTable:
+    r"""Two prefix-sum tables over ``R`` rows of ``N`` sorted positions, in one flat matrix.
+
+    :meth:`build` fills, for each row :math:`r` and sorted position :math:`j`,
+
+    .. math::  \mathrm{A}_{r,j} = \sum_{j' \le j} c^A_{r,j'}\,(x_{\sigma_r(j')} - m_r),\qquad
+               \mathrm{B}_{r,j} = \sum_{j' \le j} c^B_{r,j'}\,(x_{\sigma_r(j')} - m_r)
+
+    (eq. 6 with :math:`c^A = w`, :math:`c^B = w z`).  Storage: blocks of :data:`BLOCK`
+    positions, the A rows of a block followed by its B rows; then ``n_extra`` free rows and
+    one row of zeros.  :meth:`index` gives the flat row of the *exclusive* prefix
+    :math:`\sum_{j' < p}` (the zero row for ``p = 0``).  A table may be built for fewer rows
+    than its capacity ``R`` (the first ``n`` rows), to be reused chunk after chunk.
+    """
+
+    def __init__(self, R: int, N: int, D: int, n_extra: int = 0, *, dtype, device):
+        self.R, self.N, self.D = R, N, D
+        self.Np = padded_length(N)
+        self.nb = self.Np // BLOCK
+        size = R * self.nb * 2 * BLOCK
+        self.flat = torch.empty(size + n_extra + 1, D, dtype=dtype, device=device)
+        self.flat[-1].zero_()
+        self.extra_base = size
+        self.zero_row = size + n_extra
+
+    def extra(self) -> Tensor:
+        return self.flat[self.extra_base : self.zero_row]
+
+    def index(self, t: int, p: Tensor) -> Tensor:
+        """Flat row of :math:`\sum_{j<p}` in table ``t`` (0: A, 1: B); ``p``: ``(n, M)``
+        local positions for the first ``n`` rows."""
+        return table_index(p, t, self.nb, self.zero_row)
+
+    def build(self, values: Tensor, order_global: Tensor, cA: Tensor | None, cB: Tensor,
+              *, center: bool) -> Tensor | None:
+        """Gather ``values[order_global]`` and fill both tables of the first ``n`` rows.
+
+        ``values``: ``(*, D)`` source rows; ``order_global``: ``(n, N)`` flat indices into
+        ``values`` in sorted order; ``cA`` (``None``: ones) and ``cB``: ``(n, N)`` weights in
+        sorted order.  With ``center``, :math:`m_r = \sum_j c^A_{r,j} x_{\sigma_r(j)} /
+        \sum_j c^A_{r,j}` (0 where the weights sum to 0) is subtracted and returned
+        (``(n, D)``).  Rows are gathered :data:`_BUILD_BLOCKS` blocks at a time, so the
+        gathered values are consumed while still in cache and no copy of ``values`` exists.
+        """
+        n, N = order_global.shape
+        Np, nb, D = self.Np, self.nb, self.D
+        S = BLOCK
+        dt, dev = self.flat.dtype, self.flat.device
+        L = _tril(S, dt, dev)
+        if cA is None:
+            cA = torch.ones(n, N, dtype=dt, device=dev)
+        if Np != N:
+            cA = F.pad(cA, (0, Np - N))
+            cB = F.pad(cB, (0, Np - N))
+            order_global = torch.cat([order_global, order_global[:, :1].expand(n, Np - N)], dim=1)
+        cA = cA.to(dt).reshape(n * nb, S)
+        cB = cB.to(dt).reshape(n * nb, S)
+        order_global = order_global.reshape(n * nb, S)
+        Y = self.flat[: n * nb * 2 * S].view(n * nb, 2 * S, D)
+        nblk = n * nb
+        step = max(1, min(nblk, _BUILD_BYTES // (S * D * self.flat.element_size())))
+        X = values.new_empty(step * S, D)
+        Lc = torch.empty(step, 2 * S, S, dtype=dt, device=dev)
+        # pass 1: in-block prefix sums of both tables, one bmm with (2S x S) lower-triangular
+        # matrices whose columns are weighted by c^A (rows 0..S-1) and c^B (rows S..2S-1)
+        for b0 in range(0, nblk, step):
+            b1 = min(nblk, b0 + step)
+            k = b1 - b0
+            torch.index_select(values, 0, order_global[b0:b1].reshape(-1), out=X[: k * S])
+            torch.mul(L, cA[b0:b1].unsqueeze(-2), out=Lc[:k, :S])
+            torch.mul(L, cB[b0:b1].unsqueeze(-2), out=Lc[:k, S:])
+            torch.bmm(Lc[:k], X[: k * S].view(k, S, D), out=Y[b0:b1])
+        del X, Lc
+        # block totals -> (centred) exclusive prefix sums over the blocks of each row
+        ncol = 3 if center else 2
+        V = torch.empty(n, nb, ncol, D, dtype=dt, device=dev)
+        tot = V[:, :, :2]
+        tot[:, :, 0] = Y[:, S - 1].view(n, nb, D)
+        tot[:, :, 1] = Y[:, 2 * S - 1].view(n, nb, D)
+        m = None
+        if center:
+            sAB = torch.stack([cA.sum(-1, dtype=torch.float64),
+                               cB.sum(-1, dtype=torch.float64)], dim=1).view(n, nb, 2)
+            W = sAB[:, :, 0].sum(1, keepdim=True)  # (n, 1)
+            Wsafe = torch.where(W > 0, W, torch.ones_like(W))
+            m = tot[:, :, 0].sum(1).double() / Wsafe
+            m = torch.where(W > 0, m, torch.zeros_like(m)).to(dt)  # (n, D)
+            tot.sub_(sAB.to(dt).unsqueeze(-1) * m.view(n, 1, 1, D))
+            V[:, :, 2] = m.unsqueeze(1)
+        if nb > 1:
+            tot[:, 1:] = inclusive_scan(tot[:, :-1].reshape(n, nb - 1, 2 * D)).view(n, nb - 1, 2, D)
+        tot[:, 0] = 0
+        if not center and nb == 1:
+            return None
+        # pass 2: add the block offsets and remove the mean: Y += U @ V with
+        # U = [[1, 0, -cumsum c^A], [0, 1, -cumsum c^B]] per row of the block
+        V = V.view(nblk, ncol, D)
+        U = torch.zeros(step, 2 * S, ncol, dtype=dt, device=dev)
+        U[:, :S, 0] = 1
+        U[:, S:, 1] = 1
+        for b0 in range(0, nblk, step):
+            b1 = min(nblk, b0 + step)
+            k = b1 - b0
+            if center:
+                torch.cumsum(cA[b0:b1], -1, out=U[:k, :S, 2])
+                torch.cumsum(cB[b0:b1], -1, out=U[:k, S:, 2])
+                U[:k, :, 2].neg_()
+            Y[b0:b1].baddbmm_(U[:k], V[b0:b1])
+        return m
+
+    def combine_into(self, out: Tensor, index: Tensor, coeff: Tensor, step: int = 4096) -> Tensor:
+        """:meth:`combine` written into ``out`` (``(M, D)``) in slices of ``step`` queries,
+        so that no temporary of the size of ``out`` is created."""
+        M = index.shape[0]
+        if M <= step:
+            out.copy_(self.combine(index, coeff))
+            return out
+        for q0 in range(0, M, step):
+            q1 = min(M, q0 + step)
+            out[q0:q1] = self.combine(index[q0:q1], coeff[q0:q1])
+        return out
+
+    def combine(self, index: Tensor, coeff: Tensor) -> Tensor:
+        """``out[m] = sum_e coeff[m, e] * flat[index[m, e]]`` (one ``embedding_bag``)."""
+        return F.embedding_bag(index, self.flat, per_sample_weights=coeff, mode="sum")
+
+    def gather(self, index: Tensor) -> Tensor:
+        return self.flat.index_select(0, index.reshape(-1))
+
+
+def table_index(p: Tensor, t: int, nb: int, zero_row: int) -> Tensor:
+    """Flat row of the exclusive prefix :math:`\sum_{j<p}` of table ``t`` for local rows
+    ``0..n-1`` (``p``: ``(n, M)``) in a :class:`PrefixTable` layout with ``nb`` blocks."""
+    n = p.shape[0]
+    row0 = torch.arange(n, device=p.device, dtype=torch.int64).unsqueeze(1) * (nb * 2 * BLOCK)
+    j = p - 1
+    row = row0 + torch.div(j, BLOCK, rounding_mode="floor") * (2 * BLOCK) + (j & (BLOCK - 1)) + t * BLOCK
+    return torch.where(p > 0, row, zero_row)

@@ -1,0 +1,47 @@
+"""Naive O(N_q N_k) transcriptions of paper 004's eqs. (2), (3) and (7), for the tests.
+
+Written directly from the equations (a dense N_q x N_k kernel matrix), independent of the
+sorted prefix-sum implementation in opsplit.functional.
+"""
+
+import torch
+
+
+def _weights(zk, key_padding_mask=None, key_weights=None):
+    w = torch.ones_like(zk)
+    if key_weights is not None:
+        w = w * key_weights
+    if key_padding_mask is not None:
+        m = key_padding_mask
+        if m.dim() == 2 and zk.dim() == 3:
+            m = m.unsqueeze(1)
+        w = w * (~m).to(zk.dtype)
+    return w
+
+
+def naive_sliced_relu(zq, zk, v, centered=True, key_padding_mask=None, key_weights=None):
+    """eq. (3) (eq. (2) if not centered): sum_j w_j relu(zq_i - zk_j)(v_j - vbar) / sum_l w_l |zq_i - zk_l|,
+    with 0 where the denominator vanishes."""
+    w = _weights(zk, key_padding_mask, key_weights)
+    diff = zq.unsqueeze(-1) - zk.unsqueeze(-2)  # (..., Nq, Nk)
+    num_k = torch.relu(diff) * w.unsqueeze(-2)
+    den = (diff.abs() * w.unsqueeze(-2)).sum(-1, keepdim=True)
+    if centered:
+        W = w.sum(-1, keepdim=True)
+        vbar = (w.unsqueeze(-1) * v).sum(-2, keepdim=True) / W.unsqueeze(-1).clamp_min(1e-300)
+        v = v - vbar
+    num = num_k @ v
+    safe = torch.where(den > 0, den, torch.ones_like(den))
+    return torch.where(den > 0, num / safe, torch.zeros_like(num))
+
+
+def naive_sliced_bump(zq, zk, v, bandwidth, key_padding_mask=None, key_weights=None):
+    """eq. (7): (1/sum w) sum_j w_j relu(1 - |zq_i - zk_j| / b) v_j."""
+    w = _weights(zk, key_padding_mask, key_weights)
+    b = torch.as_tensor(bandwidth, dtype=zq.dtype, device=zq.device)
+    b = b.expand(zq.shape[:-1]).unsqueeze(-1).unsqueeze(-1)
+    diff = zq.unsqueeze(-1) - zk.unsqueeze(-2)
+    K = torch.relu(1 - diff.abs() / b) * w.unsqueeze(-2)
+    W = w.sum(-1, keepdim=True).unsqueeze(-1)
+    out = (K @ v)
+    return torch.where(W > 0, out / torch.where(W > 0, W, torch.ones_like(W)), torch.zeros_like(out))
