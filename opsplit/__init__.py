@@ -11,9 +11,10 @@ eq. 7).  opsplit's pieces, in the order data flows through them:
 - :mod:`opsplit.schemes`    in what order: splitting schemes
 - :class:`opsplit.Propagator`  the composed map f -> u(T)
 - :mod:`opsplit.models`     named discretisations (the paper's transformer, ...)
+- :mod:`opsplit.functional` attention kernels as functions (sliced ReLU, ReLU-bump, kernel)
 """
 
-from . import controls, grid, models, operators, schemes, solvers
+from . import controls, functional, grid, models, operators, schemes, solvers
 from .grid import Grid, Interval
 from .propagator import Propagator
 
@@ -24,6 +25,7 @@ __all__ = [
     "Interval",
     "Propagator",
     "controls",
+    "functional",
     "grid",
     "models",
     "operators",

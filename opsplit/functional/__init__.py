@@ -1,9 +1,17 @@
 r"""Functional attention kernels, in the style of ``torch.nn.functional``.
 
 * :func:`sliced_relu_attention` — paper 004, eqs. (2)–(3), exact, :math:`O(n\log n)`;
-* :func:`sliced_relu_bump_attention` — paper 004, eq. (7), exact, :math:`O(n\log n)`.
+* :func:`sliced_relu_bump_attention` — paper 004, eq. (7), exact, :math:`O(n\log n)`;
+* :func:`nadaraya_watson_attention` — kernel (Nadaraya–Watson) attention, paper 001.
 """
 
+from .kernel import KERNELS, kernel_profile, nadaraya_watson_attention
 from .sliced import sliced_relu_attention, sliced_relu_bump_attention
 
-__all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
+__all__ = [
+    "sliced_relu_attention",
+    "sliced_relu_bump_attention",
+    "nadaraya_watson_attention",
+    "kernel_profile",
+    "KERNELS",
+]

@@ -45,8 +45,10 @@ _BUILD_BYTES = 1 << 20
 # ranking
 # --------------------------------------------------------------------------------------
 def _f32_codes(z: Tensor) -> Tensor:
-    """Order-preserving map of float32 values to integers in ``[0, 2^32)`` (int64)."""
-    b = z.contiguous().view(torch.int32).to(torch.int64)
+    """Order-preserving map of float32 values to integers in ``[0, 2^32)`` (int64);
+    ``-0.0`` is first mapped to ``+0.0`` (``-0.0 + 0.0 = +0.0``) so that equal values get
+    equal codes."""
+    b = (z + 0.0).contiguous().view(torch.int32).to(torch.int64)
     return torch.where(b >= 0, b + (1 << 31), -1 - b)
 
 
@@ -184,20 +186,21 @@ class PrefixTable:
         return self.flat[self.extra_base : self.zero_row]
 
     def index(self, t: int, p: Tensor) -> Tensor:
-        """Flat row of :math:`\sum_{j<p}` in table ``t`` (0: A, 1: B); ``p``: ``(n, M)``
+        r"""Flat row of :math:`\sum_{j<p}` in table ``t`` (0: A, 1: B); ``p``: ``(n, M)``
         local positions for the first ``n`` rows."""
         return table_index(p, t, self.nb, self.zero_row)
 
     def build(self, values: Tensor, order_global: Tensor, cA: Tensor | None, cB: Tensor,
               *, center: bool) -> Tensor | None:
-        """Gather ``values[order_global]`` and fill both tables of the first ``n`` rows.
+        r"""Gather ``values[order_global]`` and fill both tables of the first ``n`` rows.
 
         ``values``: ``(*, D)`` source rows; ``order_global``: ``(n, N)`` flat indices into
         ``values`` in sorted order; ``cA`` (``None``: ones) and ``cB``: ``(n, N)`` weights in
         sorted order.  With ``center``, :math:`m_r = \sum_j c^A_{r,j} x_{\sigma_r(j)} /
-        \sum_j c^A_{r,j}` (0 where the weights sum to 0) is subtracted and returned
-        (``(n, D)``).  Rows are gathered :data:`_BUILD_BLOCKS` blocks at a time, so the
-        gathered values are consumed while still in cache and no copy of ``values`` exists.
+        \sum_j c^A_{r,j}` (0 where the weights sum to 0) is computed in float64 from the
+        block sums, its rounding to the table's dtype is subtracted, and the float64 value is
+        returned (``(n, D)``).  Values are gathered ``_BUILD_BYTES`` at a time, so they are
+        consumed while still in cache and no sorted copy of ``values`` exists.
         """
         n, N = order_global.shape
         Np, nb, D = self.Np, self.nb, self.D
@@ -234,14 +237,15 @@ class PrefixTable:
         tot = V[:, :, :2]
         tot[:, :, 0] = Y[:, S - 1].view(n, nb, D)
         tot[:, :, 1] = Y[:, 2 * S - 1].view(n, nb, D)
-        m = None
+        m64 = None
         if center:
             sAB = torch.stack([cA.sum(-1, dtype=torch.float64),
                                cB.sum(-1, dtype=torch.float64)], dim=1).view(n, nb, 2)
             W = sAB[:, :, 0].sum(1, keepdim=True)  # (n, 1)
             Wsafe = torch.where(W > 0, W, torch.ones_like(W))
-            m = tot[:, :, 0].sum(1).double() / Wsafe
-            m = torch.where(W > 0, m, torch.zeros_like(m)).to(dt)  # (n, D)
+            m64 = tot[:, :, 0].sum(1, dtype=torch.float64) / Wsafe
+            m64 = torch.where(W > 0, m64, torch.zeros_like(m64))  # (n, D)
+            m = m64.to(dt)
             tot.sub_(sAB.to(dt).unsqueeze(-1) * m.view(n, 1, 1, D))
             V[:, :, 2] = m.unsqueeze(1)
         if nb > 1:
@@ -263,7 +267,7 @@ class PrefixTable:
                 torch.cumsum(cB[b0:b1], -1, out=U[:k, S:, 2])
                 U[:k, :, 2].neg_()
             Y[b0:b1].baddbmm_(U[:k], V[b0:b1])
-        return m
+        return m64
 
     def combine_into(self, out: Tensor, index: Tensor, coeff: Tensor, step: int = 4096) -> Tensor:
         """:meth:`combine` written into ``out`` (``(M, D)``) in slices of ``step`` queries,
@@ -286,7 +290,7 @@ class PrefixTable:
 
 
 def table_index(p: Tensor, t: int, nb: int, zero_row: int) -> Tensor:
-    """Flat row of the exclusive prefix :math:`\sum_{j<p}` of table ``t`` for local rows
+    r"""Flat row of the exclusive prefix :math:`\sum_{j<p}` of table ``t`` for local rows
     ``0..n-1`` (``p``: ``(n, M)``) in a :class:`PrefixTable` layout with ``nb`` blocks."""
     n = p.shape[0]
     row0 = torch.arange(n, device=p.device, dtype=torch.int64).unsqueeze(1) * (nb * 2 * BLOCK)

@@ -249,22 +249,39 @@ class _SlicedReLU(torch.autograd.Function):
         den = q64 * (2 * Wlt - keys.W) - (2 * Klt - keys.K)
         inv = _safe_inv(den)
         cB = keys.ks if keys.ws is None else keys.ws * keys.ks
-        coeff = torch.stack([q64 * inv, -inv], -1).to(v.dtype)  # (R, Nq, 2)
+        E = 3 if centered else 2
+        cf = [q64 * inv, -inv]
+        if centered:
+            # the tables hold v - m32 (m32: the mean rounded to v's dtype); the remainder
+            # m - m32 enters as a rank-one term with the weight sum_j w_j relu(q_i - z_j)
+            cf.append(-(q64 * Wlt - Klt) * inv)
+        coeff = torch.stack(cf, -1).to(v.dtype)  # (R, Nq, E)
         vflat = v.reshape(R * Nk, D)
 
         def build(tab, r0, r1):
             ws = None if keys.ws is None else keys.ws[r0:r1]
-            return tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=centered)
+            m64 = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=centered)
+            if centered:
+                tab.extra()[: r1 - r0].copy_(m64 - m64.to(v.dtype).double())
+            return m64
 
         def combine(tab, r0, r1):
             pp = p[r0:r1]
-            index = torch.stack([tab.index(0, pp), tab.index(1, pp)], -1).view(-1, 2)
-            return index, coeff[r0:r1].reshape(-1, 2)
+            n = r1 - r0
+            idx = [tab.index(0, pp), tab.index(1, pp)]
+            if centered:
+                rows = torch.arange(n, device=pp.device).unsqueeze(1)
+                idx.append((tab.extra_base + rows).expand(n, Nq))
+            return torch.stack(idx, -1).view(-1, E), coeff[r0:r1].reshape(-1, E)
 
-        out, tab, m = _run_tables(R, Nk, Nq, D, v.dtype, v.device, keep=need_grad, n_extra=False,
-                                  build=build, combine=combine)
+        out, tab, m64 = _run_tables(R, Nk, Nq, D, v.dtype, v.device, keep=need_grad,
+                                    n_extra=centered, build=build, combine=combine)
+        m = m_lo = None
+        if m64 is not None:
+            m = m64.to(v.dtype)
+            m_lo = (m64 - m.double()).to(v.dtype)
         if need_grad:
-            ctx.save_for_backward(zq, zk, v, w, out, den, m, tab.flat, p, keys.counts[1],
+            ctx.save_for_backward(zq, zk, v, w, out, den, m, m_lo, tab.flat, p, keys.counts[1],
                                   keys.c, Wlt, Klt, keys.W, keys.Wc)
             ctx.layout = (tab.nb, tab.zero_row)
             ctx.centered = centered
@@ -272,7 +289,7 @@ class _SlicedReLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        zq, zk, v, w, out, den, m, flat, p, p_le, c, Wlt, Klt, W, Wc = ctx.saved_tensors
+        zq, zk, v, w, out, den, m, m_lo, flat, p, p_le, c, Wlt, Klt, W, Wc = ctx.saved_tensors
         nb, zero_row = ctx.layout
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
@@ -290,6 +307,8 @@ class _SlicedReLU(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             idxA = table_index(p, 0, nb, zero_row).view(-1)
             gA = _dot_rows(gflat, flat.index_select(0, idxA)).view(R, Nq).double()
+            if ctx.centered:  # the tables hold v - m32; d num/dq uses v - m
+                gA = gA - Wlt * torch.bmm(g, m_lo.unsqueeze(2)).squeeze(2).double()
             Wle = _gather0(Wc, p_le)
             dzq = (inv * gA + s * (Wlt + Wle - W)).to(dt)
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
@@ -329,7 +348,8 @@ class _SlicedReLU(torch.autograd.Function):
             S_lt = _gather0(Sc, lt_k)
             S_gt = Sc[:, -1:] - _gather0(Sc, le_k)
             if ctx.centered:
-                mg = torch.bmm(g, m.unsqueeze(2)).squeeze(2).double() * inv  # <m, g_i>/den_i
+                mg = (torch.bmm(g, m.unsqueeze(2)).squeeze(2).double()
+                      + torch.bmm(g, m_lo.unsqueeze(2)).squeeze(2).double()) * inv  # <m, g_i>/den_i
                 Mc = torch.cumsum(mg.gather(1, order_q), 1)
                 vG = vG - (Mc[:, -1:] - _gather0(Mc, le_k))
             dzk = (-wk.double() * (vG + S_gt - S_lt)).to(dt)
@@ -428,9 +448,9 @@ class _SlicedBump(torch.autograd.Function):
 
         def build(tab, r0, r1):
             ws = None if keys.ws is None else keys.ws[r0:r1]
-            m = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=True)
-            tab.extra()[: r1 - r0].copy_(m)
-            return m
+            m64 = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=True)
+            tab.extra()[: r1 - r0].copy_(m64)  # the tables hold v - m, rounded as copied here
+            return m64
 
         def combine(tab, r0, r1):
             n = r1 - r0
@@ -442,6 +462,7 @@ class _SlicedBump(torch.autograd.Function):
 
         out, tab, m = _run_tables(R, Nk, Nq, D, v.dtype, v.device, keep=need_grad, n_extra=True,
                                   build=build, combine=combine)
+        m = m.to(v.dtype)
         if need_grad:
             ctx.save_for_backward(zq, zk, v, w, b, out, m, tab.flat, a0, a1, a2,
                                   keys.counts[3], keys.Wc, keys.W, keys.c)
@@ -499,7 +520,7 @@ class _SlicedBump(torch.autograd.Function):
             # re-centre the query tables on the key shift c
             tq = PrefixTable(R, Nq, D, R, dtype=dt, device=v.device)
             q_sorted = qsh.gather(1, qkeys.order)
-            gbar = tq.build(gflat, qkeys.order_global, None, q_sorted, center=True)
+            gbar = tq.build(gflat, qkeys.order_global, None, q_sorted, center=True).to(dt)
             tq.extra().copy_(gbar)
             Qc = torch.cumsum(q_sorted.double(), 1)
             Cc = torch.cumsum(torch.ones_like(Qc), 1)

@@ -3,9 +3,11 @@
 from .attention import SoftmaxAttention
 from .base import Operator
 from .ffn import FFNIntegral
+from .kernel_attention import KernelAttention
 from .layernorm import ProjectionS1, project_s1
 from .relaxation import Relaxation
 from .relu import ProjectionS2
+from .sliced_attention import SlicedReLUAttention, SlicedReLUBumpAttention
 
 __all__ = [
     "Operator",
@@ -15,4 +17,7 @@ __all__ = [
     "ProjectionS2",
     "FFNIntegral",
     "Relaxation",
+    "SlicedReLUAttention",
+    "SlicedReLUBumpAttention",
+    "KernelAttention",
 ]

@@ -1,0 +1,190 @@
+r"""Nadaraya–Watson kernel attention (paper 001, §2.3–§3.3).
+
+The Nadaraya–Watson estimator is attention with a radial smoothing kernel:
+
+.. math::
+
+    o_i = \sum_j \alpha(q_i, k_j)\, v_j,\qquad
+    \alpha(q_i, k_j) = \frac{w_j\,K_h(\|q_i - k_j\|)}{\sum_l w_l\,K_h(\|q_i - k_l\|)},
+    \qquad K_h(r) = K(r / h)
+
+(paper 001, eq. 5 and the display after eq. 6; the factor :math:`1/h` of :math:`K_h` and the
+kernels' normalising constants cancel).  Kernels (§2.2), as functions of :math:`r \ge 0`:
+
+========================  =====================================  ==================
+``"gaussian"``            :math:`e^{-r^2/2}`                     support :math:`\mathbb R`
+``"boxcar"``              :math:`\tfrac12\,\mathbf 1[r \le 1]`   compact
+``"epanechnikov"``        :math:`\tfrac34\,(1 - r^2)_+`          compact
+========================  =====================================  ==================
+
+**Softmax as an RBF kernel (paper 001, eq. 8).**
+:math:`e^{\langle q, k\rangle/\sqrt d} = e^{-\|q-k\|^2/(2\sqrt d)}\,
+e^{(\|q\|^2 + \|k\|^2)/(2\sqrt d)}`: the factor in :math:`q` cancels in the normalisation,
+and the one in :math:`k` is a constant when all keys have the same norm (after a LayerNorm
+without affine, :math:`\|k\| = \sqrt d`).  Then Gaussian kernel attention with bandwidth
+:math:`h` *equals* softmax attention with scale :math:`1/h^2`; :math:`h = d^{1/4}` gives the
+usual :math:`1/\sqrt d`.  The Gaussian case is evaluated exactly this way, through
+``torch.nn.functional.scaled_dot_product_attention`` with the additive mask
+:math:`-\|k_j\|^2/(2h^2) + \log w_j` in float32 (memory linear in the sequence length), and
+as an explicit softmax in float64 (SDPA rounds the float64 case on the CPU); the compact
+kernels are evaluated densely.  Dense evaluations go in slices of queries, so the
+temporaries are bounded by ``N_k`` times a fixed slice.
+
+**Empty neighbourhoods.**  With a compact kernel a query may have no key within
+distance :math:`h`; its denominator is 0 and opsplit returns :math:`o_i = 0` there (finite,
+with zero gradient), as for a query whose keys are all masked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["KERNELS", "kernel_profile", "nadaraya_watson_attention"]
+
+#: the radial kernels K(r) of paper 001 §2.2 (normalising constants included)
+KERNELS = ("gaussian", "boxcar", "epanechnikov")
+
+# query rows per slice of the dense evaluation (bounds the N_q x N_k temporaries)
+_SLICE_ELEMS = 1 << 22
+
+
+def kernel_profile(name: str, r: Tensor) -> Tensor:
+    """:math:`K(r)` of paper 001 §2.2 for ``r >= 0`` (with its normalising constant)."""
+    if name == "gaussian":
+        return torch.exp(-0.5 * r * r) / math.sqrt(2 * math.pi)
+    if name == "boxcar":
+        return 0.5 * (r <= 1).to(r.dtype)
+    if name == "epanechnikov":
+        return 0.75 * (1 - r * r).clamp_min(0)
+    raise ValueError(f"kernel: expected one of {KERNELS}, got {name!r}")
+
+
+def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
+    fn = "nadaraya_watson_attention"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{fn}: {name}: expected float32 or float64, got {x.dtype}")
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise TypeError(f"{fn}: q, k, v must share dtype and device")
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(
+            f"{fn}: expected q (..., N_q, d), k (..., N_k, d), v (..., N_k, D); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if (q.shape[:-2] != k.shape[:-2] or v.shape[:-2] != k.shape[:-2]
+            or q.shape[-1] != k.shape[-1] or v.shape[-2] != k.shape[-2]):
+        raise ValueError(
+            f"{fn}: shape mismatch: expected q (..., N_q, d), k (..., N_k, d), v (..., N_k, D) "
+            f"with equal leading dims; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if kernel not in KERNELS:
+        raise ValueError(f"{fn}: kernel: expected one of {KERNELS}, got {kernel!r}")
+    h = bandwidth if isinstance(bandwidth, Tensor) else torch.tensor(float(bandwidth), dtype=torch.float64)
+    if not bool(torch.isfinite(h).all()) or bool((h <= 0).any()):
+        raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
+    for name, x in (("q", q), ("k", k)):
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{fn}: {name}: expected finite values")
+    lead, Nk = k.shape[:-2], k.shape[-2]
+    logw = None
+    if key_weights is not None or key_padding_mask is not None:
+        w = torch.ones(*lead, Nk, dtype=k.dtype, device=k.device)
+        if key_weights is not None:
+            kw = torch.as_tensor(key_weights, dtype=k.dtype, device=k.device)
+            if not bool(torch.isfinite(kw).all()) or bool((kw < 0).any()):
+                raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
+            try:
+                w = w * kw
+            except RuntimeError:
+                raise ValueError(
+                    f"{fn}: key_weights: expected a shape broadcastable to {(*lead, Nk)}, got "
+                    f"{tuple(kw.shape)}"
+                ) from None
+        if key_padding_mask is not None:
+            m = key_padding_mask
+            if not isinstance(m, Tensor) or m.dtype != torch.bool:
+                raise TypeError(f"{fn}: key_padding_mask: expected a bool tensor (True = ignore)")
+            if m.dim() == 2 and len(lead) == 2 and m.shape == (lead[0], Nk):
+                m = m.unsqueeze(1)
+            try:
+                w = w * (~m).to(k.dtype)
+            except RuntimeError:
+                raise ValueError(
+                    f"{fn}: key_padding_mask: expected shape (B, N_k) or one broadcastable to "
+                    f"{(*lead, Nk)}, got {tuple(key_padding_mask.shape)}"
+                ) from None
+        logw = torch.where(w > 0, w.clamp_min(1e-300).log(), torch.full_like(w, -math.inf))
+    return h.to(dtype=q.dtype, device=q.device), logw
+
+
+def nadaraya_watson_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    kernel: str = "gaussian",
+    bandwidth=1.0,
+    key_padding_mask: Tensor | None = None,
+    key_weights: Tensor | None = None,
+) -> Tensor:
+    r"""Nadaraya–Watson kernel attention :math:`o_i = \sum_j \alpha(q_i, k_j)\, v_j` (paper 001).
+
+    Args:
+        q: queries ``(..., N_q, d)``; k: keys ``(..., N_k, d)``; v: values ``(..., N_k, D)``.
+        kernel: ``"gaussian"``, ``"boxcar"`` or ``"epanechnikov"``.
+        bandwidth: :math:`h > 0`, a number or a tensor broadcastable to the leading dims.
+        key_padding_mask: bool, ``True`` = ignore the key (shape ``(B, N_k)`` for
+            ``(B, H, N, d)`` inputs, or broadcastable to ``(..., N_k)``).
+        key_weights: quadrature weights :math:`w_j \ge 0` broadcastable to ``(..., N_k)``.
+
+    Returns:
+        ``(..., N_q, D)``; 0 for a query with no key in the kernel's support.
+    """
+    h, logw = _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights)
+    lead = q.shape[:-2]
+    hb = h.expand(lead).unsqueeze(-1).unsqueeze(-1) if h.dim() else h  # (..., 1, 1)
+    if kernel == "gaussian" and q.dtype == torch.float32:
+        # exp(-|q-k|^2 / 2h^2) = exp(-|q|^2/2h^2) * exp(<q,k>/h^2) * exp(-|k|^2/2h^2): softmax
+        # attention with scale 1/h^2 and the additive mask -|k|^2/2h^2 + log w
+        bias = -(k * k).sum(-1) / (2 * hb.squeeze(-1) ** 2)  # (..., N_k)
+        if logw is not None:
+            bias = bias + logw
+        mask = bias.unsqueeze(-2)  # (..., 1, N_k)
+        out = F.scaled_dot_product_attention(q / hb**2, k, v, attn_mask=mask, scale=1.0)
+        if logw is not None:
+            # a row whose keys are all masked: SDPA gives NaN; opsplit's convention is 0
+            empty = torch.isinf(logw).all(-1).unsqueeze(-1).unsqueeze(-1)
+            out = torch.where(empty, torch.zeros_like(out), out)
+        return out
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    step = max(1, _SLICE_ELEMS // max(1, Nk))
+    kk = (k * k).sum(-1).unsqueeze(-2)  # (..., 1, N_k)
+    outs = []
+    for q0 in range(0, Nq, step):
+        qs = q[..., q0 : q0 + step, :]
+        if kernel == "gaussian":
+            # the same identity, as an explicit softmax (float64: SDPA on the CPU rounds it)
+            lg = (qs @ k.transpose(-1, -2)) / hb**2 - kk / (2 * hb**2)
+            if logw is not None:
+                lg = lg + logw.unsqueeze(-2)
+            mx = lg.amax(-1, keepdim=True)
+            mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+            Kx = torch.exp(lg - mx)
+        else:
+            d2 = ((qs * qs).sum(-1, keepdim=True) + kk - 2 * qs @ k.transpose(-1, -2)).clamp_min(0)
+            if kernel == "epanechnikov":  # K(r/h) from r^2 (no square root: smooth in q, k)
+                Kx = 0.75 * (1 - d2 / hb**2).clamp_min(0)
+            else:
+                Kx = 0.5 * (d2 <= hb**2).to(q.dtype)
+            if logw is not None:
+                Kx = Kx * logw.exp().unsqueeze(-2)
+        den = Kx.sum(-1, keepdim=True)
+        safe = torch.where(den > 0, den, torch.ones_like(den))
+        outs.append(torch.where(den > 0, (Kx @ v) / safe, torch.zeros((), dtype=v.dtype, device=v.device)))
+    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
