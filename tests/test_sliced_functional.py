@@ -173,6 +173,26 @@ def test_bump_gradients_match_autograd_of_naive(ties, kw, device):
         assert rel_err(a.cpu(), r.cpu()) <= 1e-10
 
 
+@pytest.mark.parametrize("fn", ["relu", "bump"])
+def test_float32_gradients_match_float64_naive(fn, device):
+    # float32 takes the merged radix ranking path, including the transposed ranks
+    B, H, Nq, Nk, D = 2, 2, 300, 257, 4
+    zq, zk, v = make(B, H, Nq, Nk, D, torch.float64, device, ties=True, seed=12)
+    mask = (torch.rand(B, Nk, generator=torch.Generator().manual_seed(13)) < 0.2).to(device)
+    g = torch.randn(B, H, Nq, D, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    g = g.to(device)
+    if fn == "relu":
+        f = lambda a, b, x: sliced_relu_attention(a, b, x, key_padding_mask=mask)  # noqa: E731
+        r = lambda a, b, x: naive_sliced_relu(a, b, x, key_padding_mask=mask)  # noqa: E731
+    else:
+        f = lambda a, b, x: sliced_relu_bump_attention(a, b, x, 0.6, key_padding_mask=mask)  # noqa: E731
+        r = lambda a, b, x: naive_sliced_bump(a, b, x, 0.6, key_padding_mask=mask)  # noqa: E731
+    ours = _grads(f, [t.float() for t in (zq, zk, v)], g.float())
+    ref = _grads(r, [t.float().double() for t in (zq, zk, v)], g.float().double())
+    for a, b in zip(ours, ref, strict=True):
+        assert rel_err(a.cpu(), b.cpu()) <= 1e-5
+
+
 def test_gradcheck_float64():
     gen = torch.Generator().manual_seed(8)
     zq = torch.randn(2, 2, 7, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -235,19 +255,30 @@ def test_no_nq_by_nk_tensor_is_formed(monkeypatch):
 
 @pytest.mark.parametrize("fn", ["relu", "bump"])
 def test_chunked_tables_and_blocked_scans_agree(fn, monkeypatch):
-    # force several row chunks, several gather steps and the blocked scan of block totals
+    # force several row chunks, several gather steps and the blocked scan of block totals,
+    # in the forward and the backward pass
     B, H, N, D = 2, 2, 1500, 3
     zq, zk, v = make(B, H, N, N - 5, D, torch.float64, "cpu", ties=True, seed=9)
-    run = (lambda: sliced_relu_attention(zq, zk, v)) if fn == "relu" else (
-        lambda: sliced_relu_bump_attention(zq, zk, v, 0.2))
+    g = torch.randn(B, H, N, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def run():
+        ins = [t.detach().clone().requires_grad_() for t in (zq, zk, v)]
+        out = (sliced_relu_attention(*ins) if fn == "relu"
+               else sliced_relu_bump_attention(*ins, 0.2))
+        (out * g).sum().backward()
+        return [out.detach()] + [t.grad for t in ins]
+
     ref = run()
     monkeypatch.setattr(SL, "_TABLE_BYTES", 1)
+    monkeypatch.setattr(SL, "_STEP", 100)
     monkeypatch.setattr(S, "_BUILD_BYTES", 4096)
     monkeypatch.setattr(S, "_CUMSUM_BLOCKS", 4)
     monkeypatch.setattr(S, "_SCAN_BLOCK", 8)
+    for a, b in zip(run(), ref, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12 * float(b.abs().max()))
     with torch.no_grad():
-        out = run()
-    assert torch.allclose(out, ref, rtol=0, atol=1e-12 * float(ref.abs().max()))
+        out = (sliced_relu_attention(zq, zk, v) if fn == "relu"
+               else sliced_relu_bump_attention(zq, zk, v, 0.2))
     naive = (naive_sliced_relu(zq, zk, v) if fn == "relu" else naive_sliced_bump(zq, zk, v, 0.2))
     assert rel_err(out, naive) <= 1e-10
 
@@ -279,12 +310,18 @@ def test_merged_radix_ranking_matches_searchsorted(with_probes):
     probes = (torch.randn(3, 30, generator=g) * 2).round() / 2
     probes[0, :3] = -0.0
     pr = [(probes, "left"), (probes, "right")] if with_probes else []
-    o32, s32, c32 = S.sort_and_rank(items, pr)  # merged radix path (float32)
-    o64, s64, c64 = S.sort_and_rank(items.double(), [(p.double(), sd) for p, sd in pr])
+    o32, s32, c32, t32, p32 = S.sort_and_rank(items, pr, transpose=True)  # merged radix path
+    o64, s64, c64, t64, p64 = S.sort_and_rank(items.double(), [(p.double(), sd) for p, sd in pr],
+                                              transpose=True)
     assert torch.equal(s32.double(), s64)
     assert torch.equal(items.gather(1, o32), s32)
-    for a, b in zip(c32, c64, strict=True):
+    for a, b in zip(c32 + t32, c64 + t64, strict=True):
         assert torch.equal(a, b)
+    if with_probes:
+        assert torch.equal(probes.gather(1, p32), probes.gather(1, p64))
+        # the transposed counts, written out: probes <= item ("left") and < item ("right")
+        assert torch.equal(t32[0], (probes.unsqueeze(1) <= items.unsqueeze(2)).sum(-1))
+        assert torch.equal(t32[1], (probes.unsqueeze(1) < items.unsqueeze(2)).sum(-1))
 
 
 # -------------------------------------------------------------------------------- errors

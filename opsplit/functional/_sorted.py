@@ -36,9 +36,9 @@ BLOCK = 8
 #: below this many blocks, block totals are summed with ``torch.cumsum``
 _CUMSUM_BLOCKS = 256
 #: rows per block of :func:`inclusive_scan`
-_SCAN_BLOCK = 64
+_SCAN_BLOCK = 16
 #: bytes of values gathered at a time while building the tables
-_BUILD_BYTES = 1 << 20
+_BUILD_BYTES = 16 << 20
 
 
 # --------------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ def _f32_codes(z: Tensor) -> Tensor:
     return torch.where(b >= 0, b + (1 << 31), -1 - b)
 
 
-def sort_and_rank(items: Tensor, probes=(), *, need_order: bool = True):
+def sort_and_rank(items: Tensor, probes=(), *, need_order: bool = True, transpose: bool = False):
     """Sort ``items`` row by row and rank ``probes`` among them.
 
     Args:
@@ -60,23 +60,37 @@ def sort_and_rank(items: Tensor, probes=(), *, need_order: bool = True):
         probes: sequence of ``(values, side)``, ``values`` of shape ``(R, M)``, ``side``
             ``"left"`` (count items ``< value``) or ``"right"`` (items ``<= value``).
         need_order: also return the sort permutation and the sorted items.
+        transpose: also return, for each probe, how many of its values precede each item in
+            the same order (``"left"``: values ``<= item``; ``"right"``: values ``< item``),
+            and the sort permutation of the first probe's values.
 
     Returns:
         ``(order, sorted_items, counts)``: ``order`` (``(R, N)`` int64, local indices:
         ``items.gather(1, order)`` is sorted), ``sorted_items`` and a list of ``(R, M)``
-        int64 counts, one per probe (``None`` for the first two if not ``need_order``).
+        int64 counts, one per probe (``None`` for the first two if not ``need_order``);
+        with ``transpose``, also the list of ``(R, N)`` counts per probe and the ``(R, M)``
+        permutation of the first probe.
     """
     R, N = items.shape
     if items.dtype == torch.float32 and R * N > 0 and R < (1 << 29):
-        return _rank_merged(items, probes, need_order)
+        return _rank_merged(items, probes, need_order, transpose)
     sorted_items, order = torch.sort(items, dim=-1)
     counts = [
         torch.searchsorted(sorted_items, v.contiguous(), side=side) for v, side in probes
     ]
-    return order, sorted_items, counts
+    if not transpose:
+        return order, sorted_items, counts
+    tcounts, porder = [], None
+    for k, (v, side) in enumerate(probes):
+        sv, pv = torch.sort(v, dim=-1)
+        if k == 0:
+            porder = pv
+        other = "right" if side == "left" else "left"
+        tcounts.append(torch.searchsorted(sv, items.contiguous(), side=other))
+    return order, sorted_items, counts, tcounts, porder
 
 
-def _rank_merged(items, probes, need_order):
+def _rank_merged(items, probes, need_order, transpose=False):
     R, N = items.shape
     dev = items.device
     flag_of = {"left": 0, "right": 2}
@@ -84,6 +98,9 @@ def _rank_merged(items, probes, need_order):
     parts = [((rows_n << 34) | (_f32_codes(items) << 2) | 1).view(-1)]
     for v, side in probes:
         parts.append(((rows_n << 34) | (_f32_codes(v) << 2) | flag_of[side]).view(-1))
+    offs = [0]
+    for part in parts:
+        offs.append(offs[-1] + part.numel())
     codes = torch.cat(parts) if len(parts) > 1 else parts[0]
     del parts
     # stable=True selects the radix sort for integer keys on the CPU
@@ -93,13 +110,11 @@ def _rank_merged(items, probes, need_order):
     del sorted_codes
     rank = torch.empty_like(cum)
     rank.index_copy_(0, idx, cum)  # back to the concatenation order
-    del cum, idx
+    del cum
     counts = []
-    off = R * N
-    for v, _side in probes:
+    for k, (v, _side) in enumerate(probes):
         M = v.shape[1]
-        counts.append(rank[off : off + R * M].view(R, M) - rows_n * N)
-        off += R * M
+        counts.append(rank[offs[k + 1] : offs[k + 2]].view(R, M) - rows_n * N)
     order = sorted_items = None
     if need_order:
         pos = rank[: R * N] - 1  # global position of each item in the row-major sorted order
@@ -107,7 +122,22 @@ def _rank_merged(items, probes, need_order):
         perm.index_copy_(0, pos, torch.arange(R * N, device=dev, dtype=torch.int64))
         order = perm.view(R, N) - rows_n * N
         sorted_items = items.reshape(-1)[perm].view(R, N)
-    return order, sorted_items, counts
+    if not transpose:
+        return order, sorted_items, counts
+    tcounts, porder = [], None
+    for k, (v, _side) in enumerate(probes):
+        M = v.shape[1]
+        is_k = (idx >= offs[k + 1]) & (idx < offs[k + 2])
+        cum_k = torch.cumsum(is_k, 0)  # probe-k values up to each position
+        back = torch.empty_like(cum_k)
+        back.index_copy_(0, idx, cum_k)
+        tcounts.append(back[: R * N].view(R, N) - rows_n * M)
+        if k == 0:
+            pos = back[offs[1] : offs[2]] - 1
+            perm = torch.empty_like(pos)
+            perm.index_copy_(0, pos, torch.arange(R * M, device=dev, dtype=torch.int64))
+            porder = perm.view(R, M) - rows_n * M
+    return order, sorted_items, counts, tcounts, porder
 
 
 # --------------------------------------------------------------------------------------
@@ -181,6 +211,7 @@ class PrefixTable:
         self.flat[-1].zero_()
         self.extra_base = size
         self.zero_row = size + n_extra
+        self._work = None  # gather buffers of build(), reused chunk after chunk
 
     def extra(self) -> Tensor:
         return self.flat[self.extra_base : self.zero_row]
@@ -219,8 +250,10 @@ class PrefixTable:
         Y = self.flat[: n * nb * 2 * S].view(n * nb, 2 * S, D)
         nblk = n * nb
         step = max(1, min(nblk, _BUILD_BYTES // (S * D * self.flat.element_size())))
-        X = values.new_empty(step * S, D)
-        Lc = torch.empty(step, 2 * S, S, dtype=dt, device=dev)
+        if self._work is None or self._work[0].shape[0] < step * S or self._work[0].dtype != dt:
+            self._work = (values.new_empty(step * S, D),
+                          torch.empty(step, 2 * S, S, dtype=dt, device=dev))
+        X, Lc = self._work
         # pass 1: in-block prefix sums of both tables, one bmm with (2S x S) lower-triangular
         # matrices whose columns are weighted by c^A (rows 0..S-1) and c^B (rows S..2S-1)
         for b0 in range(0, nblk, step):
@@ -230,7 +263,6 @@ class PrefixTable:
             torch.mul(L, cA[b0:b1].unsqueeze(-2), out=Lc[:k, :S])
             torch.mul(L, cB[b0:b1].unsqueeze(-2), out=Lc[:k, S:])
             torch.bmm(Lc[:k], X[: k * S].view(k, S, D), out=Y[b0:b1])
-        del X, Lc
         # block totals -> (centred) exclusive prefix sums over the blocks of each row
         ncol = 3 if center else 2
         V = torch.empty(n, nb, ncol, D, dtype=dt, device=dev)
@@ -239,11 +271,11 @@ class PrefixTable:
         tot[:, :, 1] = Y[:, 2 * S - 1].view(n, nb, D)
         m64 = None
         if center:
-            sAB = torch.stack([cA.sum(-1, dtype=torch.float64),
-                               cB.sum(-1, dtype=torch.float64)], dim=1).view(n, nb, 2)
+            sAB = torch.stack([cA.double().sum(-1),
+                               cB.double().sum(-1)], dim=1).view(n, nb, 2)
             W = sAB[:, :, 0].sum(1, keepdim=True)  # (n, 1)
             Wsafe = torch.where(W > 0, W, torch.ones_like(W))
-            m64 = tot[:, :, 0].sum(1, dtype=torch.float64) / Wsafe
+            m64 = tot[:, :, 0].double().sum(1) / Wsafe
             m64 = torch.where(W > 0, m64, torch.zeros_like(m64))  # (n, D)
             m = m64.to(dt)
             tot.sub_(sAB.to(dt).unsqueeze(-1) * m.view(n, 1, 1, D))
@@ -269,7 +301,7 @@ class PrefixTable:
             Y[b0:b1].baddbmm_(U[:k], V[b0:b1])
         return m64
 
-    def combine_into(self, out: Tensor, index: Tensor, coeff: Tensor, step: int = 4096) -> Tensor:
+    def combine_into(self, out: Tensor, index: Tensor, coeff: Tensor, step: int = 1 << 13) -> Tensor:
         """:meth:`combine` written into ``out`` (``(M, D)``) in slices of ``step`` queries,
         so that no temporary of the size of ``out`` is created."""
         M = index.shape[0]

@@ -58,12 +58,14 @@ import math
 import torch
 from torch import Tensor
 
-from ._sorted import PrefixTable, padded_length, sort_and_rank, table_index
+from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
-# prefix tables without autograd: rows per chunk so that a chunk holds at most this
+# rows of a reused prefix table per chunk: at most this many bytes
 _TABLE_BYTES = 32 << 20
+# queries (or keys) per slice of a gather / embedding_bag: small temporaries, reused memory
+_STEP = 1 << 13
 
 
 # --------------------------------------------------------------------------------------
@@ -152,36 +154,74 @@ def _gather0(table64: Tensor, p: Tensor) -> Tensor:
     return padded.gather(1, p)
 
 
-def _run_tables(R, Nk, Nq, D, dtype, device, *, keep, n_extra, build, combine):
-    """Build the prefix tables and combine them for the queries.
+class _ATable:
+    """A compact copy of the table :math:`A` (eq. 6's :math:`a_i`) of every row, kept for the
+    backward pass: ``(R * Np + 1, D)`` with a final row of zeros."""
 
-    ``build(tab, r0, r1)`` fills the tables of rows ``r0:r1`` (as local rows ``0..n-1``)
-    and returns a per-row tensor (or ``None``); ``combine(tab, r0, r1)`` returns the
-    ``embedding_bag`` indices and coefficients ``(n * Nq, E)`` of those rows' queries.  With ``keep`` (needed by the backward pass) one
-    table holds all rows; otherwise the rows go through one reused table chunk by chunk,
-    so the extra memory is that of a few rows.
+    def __init__(self, R: int, Np: int, D: int, dtype, device):
+        self.R, self.Np = R, Np
+        self.flat = torch.empty(R * Np + 1, D, dtype=dtype, device=device)
+        self.flat[-1].zero_()
+
+    def copy_from(self, tab: PrefixTable, r0: int, r1: int) -> None:
+        n = r1 - r0
+        src = tab.flat[: n * tab.nb * 2 * BLOCK].view(n, tab.nb, 2 * BLOCK, -1)[:, :, :BLOCK]
+        self.flat[r0 * self.Np : r1 * self.Np].view(n, tab.nb, BLOCK, -1).copy_(src)
+
+    def index(self, p: Tensor) -> Tensor:
+        rows = torch.arange(p.shape[0], device=p.device, dtype=torch.int64).unsqueeze(1)
+        return torch.where(p > 0, rows * self.Np + p - 1, self.flat.shape[0] - 1)
+
+
+def _table_rows(N: int, D: int, dtype, R: int) -> int:
+    """Rows per chunk of a reused :class:`PrefixTable` (at most ``_TABLE_BYTES``)."""
+    per_row = padded_length(N) * 2 * D * torch.empty((), dtype=dtype).element_size()
+    return max(1, min(R, _TABLE_BYTES // max(1, per_row)))
+
+
+def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=False):
+    """Build prefix tables over ``N`` sorted positions and combine them for ``M`` outputs
+    per row, chunk of rows by chunk of rows through one reused table.
+
+    ``build(tab, r0, r1)`` fills the tables (and extra rows) of rows ``r0:r1`` as local rows
+    ``0..n-1`` and returns a per-row tensor or ``None``; ``combine(tab, r0, r1)`` returns the
+    ``embedding_bag`` indices and coefficients ``(n * M, E)``.  Returns ``(out (R, M, D),
+    A-table or None, per-row results)``; with ``keep_A`` the table A of every row is kept.
     """
-    Np = padded_length(Nk)
-    per_row = Np * 2 * D * torch.empty((), dtype=dtype).element_size()
-    c = R if keep else max(1, min(R, _TABLE_BYTES // max(1, per_row)))
-    tab = PrefixTable(c, Nk, D, c if n_extra else 0, dtype=dtype, device=device)
+    c = _table_rows(N, D, dtype, R)
+    tab = PrefixTable(c, N, D, c if n_extra else 0, dtype=dtype, device=device)
+    keep = _ATable(R, tab.Np, D, dtype, device) if keep_A else None
     if c == R:
         extra = build(tab, 0, R)
+        if keep is not None:
+            keep.copy_from(tab, 0, R)
         index, coeff = combine(tab, 0, R)
-        if keep:
-            return tab.combine(index, coeff).view(R, Nq, D), tab, extra
-        out = torch.empty(R, Nq, D, dtype=dtype, device=device)
-        tab.combine_into(out.view(-1, D), index, coeff)
-        return out, None, extra
-    out = torch.empty(R, Nq, D, dtype=dtype, device=device)
+        return tab.combine(index, coeff).view(R, M, D), keep, extra
+    out = torch.empty(R, M, D, dtype=dtype, device=device)
     extras = []
     for r0 in range(0, R, c):
         r1 = min(R, r0 + c)
         extras.append(build(tab, r0, r1))
+        if keep is not None:
+            keep.copy_from(tab, r0, r1)
         index, coeff = combine(tab, r0, r1)
-        tab.combine_into(out[r0:r1].view(-1, D), index, coeff)
+        tab.combine_into(out[r0:r1].view(-1, D), index, coeff, step=_STEP)
     extra = None if extras[0] is None else torch.cat(extras)
-    return out, None, extra
+    return out, keep, extra
+
+
+def _rowdots(flat: Tensor, index: Tensor, other: Tensor, step: int | None = None) -> Tensor:
+    """``out[m] = <flat[index[m]], other[m]>`` (float64), gathering ``step`` rows at a time
+    into one reused buffer, so that the gathered rows never exist all at once."""
+    M = other.shape[0]
+    step = step or _STEP
+    out = torch.empty(M, dtype=torch.float64, device=other.device)
+    buf = flat.new_empty(max(1, min(M, step)), flat.shape[1])
+    for m0 in range(0, M, step):
+        m1 = min(M, m0 + step)
+        rows = torch.index_select(flat, 0, index[m0:m1], out=buf[: m1 - m0])
+        out[m0:m1] = _dot_rows(rows, other[m0:m1])
+    return out
 
 
 def _dot_rows(a: Tensor, b: Tensor) -> Tensor:
@@ -192,11 +232,13 @@ def _dot_rows(a: Tensor, b: Tensor) -> Tensor:
 class _Keys:
     """Sorted keys of each row, their weights, shift and scalar prefix sums (float64)."""
 
-    def __init__(self, zk: Tensor, w: Tensor | None, probes, need_order=True):
+    def __init__(self, zk: Tensor, w: Tensor | None, probes, transpose=False):
         R, N = zk.shape
         self.R, self.N = R, N
         zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
-        order, ks, counts = sort_and_rank(zs, probes)
+        res = sort_and_rank(zs, probes, transpose=transpose)
+        order, ks, counts = res[:3]
+        self.tcounts, self.porder = (res[3], res[4]) if transpose else (None, None)
         self.order, self.counts = order, counts
         rows = torch.arange(R, device=zk.device).unsqueeze(1)
         self.order_global = order + rows * N
@@ -241,21 +283,15 @@ class _SlicedReLU(torch.autograd.Function):
         Nk, D = v.shape[1], v.shape[2]
         need_grad = any(ctx.needs_input_grad[:3])
         probes = [(zq, "left")] + ([(zq, "right")] if need_grad else [])
-        keys = _Keys(zk, w, probes)
+        # with gradients, the same sort also ranks the keys among the queries (transpose)
+        keys = _Keys(zk, w, probes, transpose=need_grad)
         p = keys.counts[0]
-        q = zq - keys.c
-        q64 = q.double()
+        q64 = (zq - keys.c).double()
         Wlt, Klt = keys.W_lt(p), keys.K_lt(p)
-        den = q64 * (2 * Wlt - keys.W) - (2 * Klt - keys.K)
+        den = q64 * (2 * Wlt - keys.W) - (2 * Klt - keys.K)  # eq. 6 for sum_l w_l |q - z_l|
         inv = _safe_inv(den)
         cB = keys.ks if keys.ws is None else keys.ws * keys.ks
         E = 3 if centered else 2
-        cf = [q64 * inv, -inv]
-        if centered:
-            # the tables hold v - m32 (m32: the mean rounded to v's dtype); the remainder
-            # m - m32 enters as a rank-one term with the weight sum_j w_j relu(q_i - z_j)
-            cf.append(-(q64 * Wlt - Klt) * inv)
-        coeff = torch.stack(cf, -1).to(v.dtype)  # (R, Nq, E)
         vflat = v.reshape(R * Nk, D)
 
         def build(tab, r0, r1):
@@ -269,87 +305,118 @@ class _SlicedReLU(torch.autograd.Function):
             pp = p[r0:r1]
             n = r1 - r0
             idx = [tab.index(0, pp), tab.index(1, pp)]
+            coeff = torch.empty(n, Nq, E, dtype=v.dtype, device=v.device)
+            coeff[..., 0] = q64[r0:r1] * inv[r0:r1]  # (q A_p - B_p) / den
+            coeff[..., 1] = -inv[r0:r1]
             if centered:
+                # the tables hold v - m32 (m32: the mean rounded to v's dtype); the remainder
+                # m - m32 enters as a rank-one term with weight sum_j w_j relu(q_i - z_j)
                 rows = torch.arange(n, device=pp.device).unsqueeze(1)
                 idx.append((tab.extra_base + rows).expand(n, Nq))
-            return torch.stack(idx, -1).view(-1, E), coeff[r0:r1].reshape(-1, E)
+                coeff[..., 2] = (Klt[r0:r1] - q64[r0:r1] * Wlt[r0:r1]) * inv[r0:r1]
+            return torch.stack(idx, -1).view(-1, E), coeff.view(-1, E)
 
-        out, tab, m64 = _run_tables(R, Nk, Nq, D, v.dtype, v.device, keep=need_grad,
-                                    n_extra=centered, build=build, combine=combine)
-        m = m_lo = None
-        if m64 is not None:
-            m = m64.to(v.dtype)
-            m_lo = (m64 - m.double()).to(v.dtype)
+        out, keepA, m64 = _run_tables(R, Nk, Nq, D, v.dtype, v.device, n_extra=centered,
+                                      build=build, combine=combine, keep_A=need_grad)
         if need_grad:
-            ctx.save_for_backward(zq, zk, v, w, out, den, m, m_lo, tab.flat, p, keys.counts[1],
-                                  keys.c, Wlt, Klt, keys.W, keys.Wc)
-            ctx.layout = (tab.nb, tab.zero_row)
+            m = m_lo = None
+            if centered:
+                m = m64.to(v.dtype)
+                m_lo = (m64 - m.double()).to(v.dtype)
+            le_k, lt_k = keys.tcounts  # queries <= and < each key
+            ctx.save_for_backward(zq, zk, v, w, out, den, m, m_lo, keepA.flat, p,
+                                  keys.counts[1], keys.c, Wlt, Klt, keys.W, keys.Wc,
+                                  keys.porder, lt_k, le_k)
+            ctx.Np = keepA.Np
             ctx.centered = centered
         return out
 
     @staticmethod
     def backward(ctx, g):
-        zq, zk, v, w, out, den, m, m_lo, flat, p, p_le, c, Wlt, Klt, W, Wc = ctx.saved_tensors
-        nb, zero_row = ctx.layout
+        (zq, zk, v, w, out, den, m, m_lo, Aflat, p, p_le, c, Wlt, Klt, W, Wc, order_q, lt_k,
+         le_k) = ctx.saved_tensors
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
         g = g.contiguous()
-        inv = _safe_inv(den)  # (R, Nq) float64
-        inv_d = inv.to(dt)
         gflat = g.view(R * Nq, D)
+        inv = _safe_inv(den)  # (R, Nq) float64
         go = _dot_rows(gflat, out.reshape(R * Nq, D)).view(R, Nq).double()
         s = -inv * go  # dL/d den_i
         dzq = dzk = dv = None
         q = zq - c
         q64 = q.double()
-        # ---- queries: d num/dq = A_p, d den/dq = W_< - W_> ----
+        if ctx.centered:  # <g_i, m32> and <g_i, m - m32>, one pass over g
+            gm = torch.bmm(g, torch.stack([m, m_lo], -1)).double()  # (R, Nq, 2)
         if ctx.needs_input_grad[0]:
-            idxA = table_index(p, 0, nb, zero_row).view(-1)
-            gA = _dot_rows(gflat, flat.index_select(0, idxA)).view(R, Nq).double()
-            if ctx.centered:  # the tables hold v - m32; d num/dq uses v - m
-                gA = gA - Wlt * torch.bmm(g, m_lo.unsqueeze(2)).squeeze(2).double()
+            # d num_i/dq_i = A_{p_i} (eq. 6's a_i), d den_i/dq_i = W_< - W_>
+            A = _ATable.__new__(_ATable)
+            A.flat, A.Np = Aflat, ctx.Np
+            idxA = A.index(p).view(-1)
+            gA = _rowdots(Aflat, idxA, gflat).view(R, Nq)
+            if ctx.centered:  # the table holds v - m32; d num/dq uses v - m
+                gA = gA - Wlt * gm[..., 1]
             Wle = _gather0(Wc, p_le)
             dzq = (inv * gA + s * (Wlt + Wle - W)).to(dt)
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
             return dzq, None, None, None, None
-        # ---- keys and values: sums over queries above each key ----
-        zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
-        order_q, _, (lt_k, le_k) = sort_and_rank(zq, [(zs, "left"), (zs, "right")])
+        # keys and values: sums over the queries above each key, from prefix tables over the
+        # queries sorted by decreasing score (the transposed eq. 6)
         rows = torch.arange(R, device=zq.device).unsqueeze(1)
-        desc = order_q.flip(1)  # queries by decreasing score
-        tq = PrefixTable(R, Nq, D, R if ctx.centered else 0, dtype=dt, device=v.device)
-        inv_desc = inv_d.gather(1, desc)
-        q_desc = q.gather(1, desc)
-        tq.build(gflat, desc + rows * Nq, inv_desc, inv_desc * q_desc, center=False)
-        # table 0: prefix sums of g/den over the largest queries; table 1: of q g/den
+        desc = order_q.flip(1)
+        inv_desc = inv.to(dt).gather(1, desc)
+        cBq = inv_desc * q.gather(1, desc)
+        desc_global = desc + rows * Nq
         n_gt = Nq - le_k  # queries strictly above each key (original key order)
-        kq = zk - c  # shifted keys, original order
+        kq = zk - c
         wk = torch.ones_like(zk) if w is None else w
         W_d = W.to(dt)
-        W_safe = torch.where(W_d > 0, W_d, torch.ones_like(W_d))
-        if ctx.needs_input_grad[2]:
-            idx = [tq.index(1, n_gt), tq.index(0, n_gt)]
-            cf = [wk, -wk * kq]
+        need_v, need_k = ctx.needs_input_grad[2], ctx.needs_input_grad[1]
+        if need_v and ctx.centered:
+            # sum_l dgamma_l = sum_i R_i g_i / den_i, R_i = sum_l w_l relu(q_i - z_l)
+            Ri = ((q64 * Wlt - Klt) * inv).to(dt)
+            csum = torch.bmm(Ri.unsqueeze(1), g).squeeze(1)  # (R, D)
+            cw = torch.where(W_d > 0, -wk / torch.where(W_d > 0, W_d, torch.ones_like(W_d)),
+                             torch.zeros_like(wk))
+        vG = torch.empty(R, Nk, dtype=torch.float64, device=v.device) if need_k else None
+        vflat = v.reshape(R * Nk, D)
+
+        def build(tq, r0, r1):
+            tq.build(gflat, desc_global[r0:r1], inv_desc[r0:r1], cBq[r0:r1], center=False)
+            if need_v and ctx.centered:
+                tq.extra()[: r1 - r0].copy_(csum[r0:r1])
+            if need_k:  # <v_j, sum_{q_i > z_j} g_i / den_i>
+                ig = tq.index(0, n_gt[r0:r1]).view(-1)
+                vG[r0:r1] = _rowdots(tq.flat, ig, vflat[r0 * Nk : r1 * Nk]).view(r1 - r0, Nk)
+            return None
+
+        def combine(tq, r0, r1):
+            n = r1 - r0
+            ng = n_gt[r0:r1]
+            idx = [tq.index(1, ng), tq.index(0, ng)]
+            cf = [wk[r0:r1], -wk[r0:r1] * kq[r0:r1]]
             if ctx.centered:
-                # sum_l dgamma_l = sum_i R_i g_i / den_i, R_i = sum_l w_l relu(q_i - z_l)
-                Ri = (q64 * Wlt - Klt) * inv
-                tq.extra().copy_(torch.bmm(Ri.to(dt).unsqueeze(1), g).squeeze(1))
-                idx.append((tq.extra_base + rows).expand(R, Nk))
-                cf.append(torch.where(W_d > 0, -wk / W_safe, torch.zeros_like(wk)))
-            dv = tq.combine(torch.stack(idx, -1).view(R * Nk, -1),
-                            torch.stack(cf, -1).view(R * Nk, -1)).view(R, Nk, D)
-        if ctx.needs_input_grad[1]:
-            Ggt = tq.gather(tq.index(0, n_gt))
-            vG = _dot_rows(v.reshape(R * Nk, D), Ggt).view(R, Nk).double()
-            # scalar prefix sums over queries in increasing order
-            s_sorted = s.gather(1, order_q)
-            Sc = torch.cumsum(s_sorted, 1)
+                lr = torch.arange(n, device=zq.device).unsqueeze(1)
+                idx.append((tq.extra_base + lr).expand(n, Nk))
+                cf.append(cw[r0:r1].expand(n, Nk))
+            E = len(idx)
+            return torch.stack(idx, -1).view(-1, E), torch.stack(cf, -1).view(-1, E)
+
+        if need_v:
+            dv, _, _ = _run_tables(R, Nq, Nk, D, dt, v.device, n_extra=ctx.centered,
+                                   build=build, combine=combine)
+        else:
+            c_rows = _table_rows(Nq, D, dt, R)
+            tq = PrefixTable(c_rows, Nq, D, 0, dtype=dt, device=v.device)
+            for r0 in range(0, R, c_rows):
+                build(tq, r0, min(R, r0 + c_rows))
+        if need_k:
+            # scalar prefix sums over the queries in increasing order
+            Sc = torch.cumsum(s.gather(1, order_q), 1)
             S_lt = _gather0(Sc, lt_k)
             S_gt = Sc[:, -1:] - _gather0(Sc, le_k)
             if ctx.centered:
-                mg = (torch.bmm(g, m.unsqueeze(2)).squeeze(2).double()
-                      + torch.bmm(g, m_lo.unsqueeze(2)).squeeze(2).double()) * inv  # <m, g_i>/den_i
+                mg = (gm[..., 0] + gm[..., 1]) * inv  # <m, g_i> / den_i
                 Mc = torch.cumsum(mg.gather(1, order_q), 1)
                 vG = vG - (Mc[:, -1:] - _gather0(Mc, le_k))
             dzk = (-wk.double() * (vG + S_gt - S_lt)).to(dt)
@@ -415,14 +482,6 @@ def _bump_coeffs(q, inv_b):
             -inv_b.expand_as(q))
 
 
-def _bump_mass(q64, keys: _Keys, a0, a1, a2, inv_b64):
-    """:math:`\\sum_j w_j\\,\\mathrm{hat}(q_i - k_j)` from the scalar prefix sums."""
-    c = _bump_coeffs(q64, inv_b64)
-    Wa = [keys.W_lt(a) for a in (a0, a1, a2)]
-    Ka = [keys.K_lt(a) for a in (a0, a1, a2)]
-    return c[0] * Wa[0] + c[1] * Wa[1] + c[2] * Wa[2] + c[3] * Ka[0] + c[4] * Ka[1] + c[5] * Ka[2]
-
-
 class _SlicedBump(torch.autograd.Function):
     @staticmethod
     def forward(ctx, zq, zk, v, w, b):
@@ -440,10 +499,7 @@ class _SlicedBump(torch.autograd.Function):
         q64 = q.double()
         inv_b64 = 1.0 / b.double()
         invW = _safe_inv(keys.W)  # (R, 1)
-        mass = _bump_mass(q64, keys, a0, a1, a2, inv_b64)  # (R, Nq) float64
         cB = keys.ks if keys.ws is None else keys.ws * keys.ks
-        cf = _bump_coeffs(q64, inv_b64)
-        coeff = torch.stack([x * invW for x in cf] + [mass * invW], -1).to(v.dtype)  # (R, Nq, 7)
         vflat = v.reshape(R * Nk, D)
 
         def build(tab, r0, r1):
@@ -458,21 +514,29 @@ class _SlicedBump(torch.autograd.Function):
             A = [tab.index(0, a[r0:r1]) for a in (a0, a1, a2)]
             B = [tab.index(1, a[r0:r1]) for a in (a0, a1, a2)]
             index = torch.stack(A + B + [(tab.extra_base + rows).expand(n, Nq)], -1).view(-1, 7)
-            return index, coeff[r0:r1].reshape(-1, 7)
+            qr, ib, iw = q64[r0:r1], inv_b64[r0:r1], invW[r0:r1]
+            rk = [a[r0:r1] for a in (a0, a1, a2)]
+            Wa = [_gather0(keys.Wc[r0:r1], a) for a in rk]
+            Ka = [_gather0(keys.Kc[r0:r1], a) for a in rk]
+            coeff = torch.empty(n, Nq, 7, dtype=v.dtype, device=v.device)
+            mass = torch.zeros_like(qr)
+            for e, x in enumerate(_bump_coeffs(qr, ib)):
+                coeff[..., e] = x * iw
+                mass += x * (Wa[e] if e < 3 else Ka[e - 3])
+            coeff[..., 6] = mass * iw  # sum_j w_j hat(q_i - z_j) / W: weight of the mean
+            return index, coeff.view(-1, 7)
 
-        out, tab, m = _run_tables(R, Nk, Nq, D, v.dtype, v.device, keep=need_grad, n_extra=True,
-                                  build=build, combine=combine)
-        m = m.to(v.dtype)
+        out, keepA, m = _run_tables(R, Nk, Nq, D, v.dtype, v.device, n_extra=True, build=build,
+                                    combine=combine, keep_A=need_grad)
         if need_grad:
-            ctx.save_for_backward(zq, zk, v, w, b, out, m, tab.flat, a0, a1, a2,
+            ctx.save_for_backward(zq, zk, v, w, b, out, m.to(v.dtype), keepA.flat, a0, a1, a2,
                                   keys.counts[3], keys.Wc, keys.W, keys.c)
-            ctx.layout = (tab.nb, tab.zero_row)
+            ctx.Np = keepA.Np
         return out
 
     @staticmethod
     def backward(ctx, g):
-        zq, zk, v, w, b, out, m, flat, a0, a1, a2, alt, Wc, W, c = ctx.saved_tensors
-        nb, zero_row = ctx.layout
+        zq, zk, v, w, b, out, m, Aflat, a0, a1, a2, alt, Wc, W, c = ctx.saved_tensors
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
@@ -480,73 +544,99 @@ class _SlicedBump(torch.autograd.Function):
         gflat = g.view(R * Nq, D)
         invW = _safe_inv(W)  # (R, 1) float64
         inv_b64 = 1.0 / b.double()
-        rows = torch.arange(R, device=zq.device).unsqueeze(1)
         dzq = dzk = dv = db = None
-
-        def iA(p):
-            return table_index(p, 0, nb, zero_row)
-
+        step = _STEP
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[4]:
-            # bag 2i:   A[lt q] - A[a0] - A[a2] + A[a1]  (window (q-b, q) minus (q, q+b))
-            # bag 2i+1: A[a2] - A[a0]                    (window (q-b, q+b))
-            one = torch.ones(R, Nq, dtype=dt, device=zq.device)
-            index = torch.stack([iA(alt), iA(a0), iA(a2), iA(a1),
-                                 iA(a2), iA(a0), iA(a0), iA(a0)], -1).view(-1, 4)
-            coeff = torch.stack([one, -one, -one, one, one, -one, 0 * one, 0 * one],
+            # per query: <g_i, A[lt q] - A[a0] - A[a2] + A[a1]> (window (q-b, q) minus (q, q+b))
+            #        and <g_i, A[a2] - A[a0]>                   (window (q-b, q+b))
+            A = _ATable.__new__(_ATable)
+            A.flat, A.Np = Aflat, ctx.Np
+            ia = [A.index(x).view(-1) for x in (alt, a0, a1, a2)]
+            index = torch.stack([ia[0], ia[1], ia[3], ia[2], ia[3], ia[1], ia[1], ia[1]],
                                 -1).view(-1, 4)
-            X = torch.nn.functional.embedding_bag(index, flat, per_sample_weights=coeff,
-                                                  mode="sum").view(R * Nq, 2, D)
-            gX = torch.bmm(X, gflat.unsqueeze(2)).view(R, Nq, 2).double()
+            sign = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 0.0, 0.0], dtype=dt,
+                                device=zq.device).view(2, 4)
+            gX = torch.empty(R * Nq, 2, dtype=torch.float64, device=zq.device)
+            for q0 in range(0, R * Nq, step):
+                q1 = min(R * Nq, q0 + step)
+                X = torch.nn.functional.embedding_bag(
+                    index[2 * q0 : 2 * q1], Aflat,
+                    per_sample_weights=sign.repeat(q1 - q0, 1), mode="sum").view(q1 - q0, 2, D)
+                gX[q0:q1] = torch.bmm(X, gflat[q0:q1].unsqueeze(2)).view(q1 - q0, 2)
+            gX = gX.view(R, Nq, 2)
             gm = torch.bmm(g, m.unsqueeze(2)).squeeze(2).double()  # <g_i, m>
-            W_ = [_gather0(Wc, p) for p in (alt, a0, a1, a2)]
-            dW1 = W_[0] - W_[1] - W_[3] + W_[2]
-            dW2 = W_[3] - W_[1]
-            t1 = gX[..., 0] + gm * dW1
-            t2 = gX[..., 1] + gm * dW2
+            W_ = [_gather0(Wc, x) for x in (alt, a0, a1, a2)]
+            t1 = gX[..., 0] + gm * (W_[0] - W_[1] - W_[3] + W_[2])
+            t2 = gX[..., 1] + gm * (W_[3] - W_[1])
             if ctx.needs_input_grad[0]:
                 dzq = (-(inv_b64 * invW) * t1).to(dt)
             if ctx.needs_input_grad[4]:
                 go = _dot_rows(gflat, out.reshape(R * Nq, D)).view(R, Nq).double()
-                db_rows = (inv_b64 * invW * t2 - inv_b64 * go).sum(1, keepdim=True)
-                db = db_rows.to(b.dtype)
+                db = (inv_b64 * invW * t2 - inv_b64 * go).sum(1, keepdim=True).to(b.dtype)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            # sums over queries near each key: the same tables, built on the sorted queries
+            # sums over the queries near each key: the same tables, built on sorted queries
             zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
-            lo, hi = zs - b, zs + b
-            qsh = zq - c
-            ks = torch.where(torch.isfinite(zs), zk - c, torch.zeros_like(zk))
-            qkeys = _Keys(zq, None, [(lo, "right"), (zs, "right"), (hi, "left"), (zs, "left")])
+            qkeys = _Keys(zq, None, [(zs - b, "right"), (zs, "right"), (zs + b, "left"),
+                                     (zs, "left")])
             b0, b1, b2, blt = qkeys.counts
-            # re-centre the query tables on the key shift c
-            tq = PrefixTable(R, Nq, D, R, dtype=dt, device=v.device)
-            q_sorted = qsh.gather(1, qkeys.order)
-            gbar = tq.build(gflat, qkeys.order_global, None, q_sorted, center=True).to(dt)
-            tq.extra().copy_(gbar)
+            q_sorted = (zq - c).gather(1, qkeys.order)
+            ks = torch.where(torch.isfinite(zs), zk - c, torch.zeros_like(zk)).double()
             Qc = torch.cumsum(q_sorted.double(), 1)
             Cc = torch.cumsum(torch.ones_like(Qc), 1)
             wk = torch.ones_like(zk) if w is None else w
             wW = wk.double() * invW  # (R, Nk)
-            if ctx.needs_input_grad[2]:
-                k64 = ks.double()
-                cf = _bump_coeffs(k64, inv_b64)
-                Ca = [_gather0(Cc, p) for p in (b0, b1, b2)]
-                Qa = [_gather0(Qc, p) for p in (b0, b1, b2)]
-                massk = (cf[0] * Ca[0] + cf[1] * Ca[1] + cf[2] * Ca[2]
-                         + cf[3] * Qa[0] + cf[4] * Qa[1] + cf[5] * Qa[2])
-                index = torch.stack(
-                    [tq.index(0, b0), tq.index(0, b1), tq.index(0, b2),
-                     tq.index(1, b0), tq.index(1, b1), tq.index(1, b2),
-                     (tq.extra_base + rows).expand(R, Nk)], -1).view(-1, 7)
-                coeff = torch.stack([x * wW for x in cf] + [massk * wW], -1).to(dt).view(-1, 7)
-                dv = tq.combine(index, coeff).view(R, Nk, D)
-            if ctx.needs_input_grad[1]:
-                # (G[b2] - G[b1]) - (G[blt] - G[b0]): queries in (k, k+b) minus in (k-b, k)
-                one = torch.ones(R, Nk, dtype=dt, device=zq.device)
-                index = torch.stack([tq.index(0, b2), tq.index(0, b1), tq.index(0, blt),
-                                     tq.index(0, b0)], -1).view(-1, 4)
-                coeff = torch.stack([one, -one, -one, one], -1).view(-1, 4)
-                Y = tq.combine(index, coeff)
-                vY = _dot_rows(v.reshape(R * Nk, D), Y).view(R, Nk).double()
+            need_v, need_k = ctx.needs_input_grad[2], ctx.needs_input_grad[1]
+            vY = torch.empty(R, Nk, dtype=torch.float64, device=v.device) if need_k else None
+            gbar_all = []
+            vflat = v.reshape(R * Nk, D)
+            one4 = torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=dt, device=zq.device)
+
+            def build(tq, r0, r1):
+                gbar = tq.build(gflat, qkeys.order_global[r0:r1], None, q_sorted[r0:r1],
+                                center=True).to(dt)
+                tq.extra()[: r1 - r0].copy_(gbar)
+                gbar_all.append(gbar)
+                if need_k:
+                    # (G[b2] - G[b1]) - (G[blt] - G[b0]): queries in (z, z+b) minus in (z-b, z)
+                    ix = torch.stack([tq.index(0, x[r0:r1]) for x in (b2, b1, blt, b0)],
+                                     -1).view(-1, 4)
+                    M = ix.shape[0]
+                    out_ = torch.empty(M, dtype=torch.float64, device=v.device)
+                    vsl = vflat[r0 * Nk : r1 * Nk]
+                    for k0 in range(0, M, step):
+                        k1 = min(M, k0 + step)
+                        Y = tq.combine(ix[k0:k1], one4.repeat(k1 - k0, 1))
+                        out_[k0:k1] = _dot_rows(Y, vsl[k0:k1])
+                    vY[r0:r1] = out_.view(r1 - r0, Nk)
+                return gbar
+
+            def combine(tq, r0, r1):
+                n = r1 - r0
+                lr = torch.arange(n, device=zq.device).unsqueeze(1)
+                rk = [x[r0:r1] for x in (b0, b1, b2)]
+                index = torch.stack([tq.index(0, x) for x in rk] + [tq.index(1, x) for x in rk]
+                                    + [(tq.extra_base + lr).expand(n, Nk)], -1).view(-1, 7)
+                k64, ib, ww = ks[r0:r1], inv_b64[r0:r1], wW[r0:r1]
+                Ca = [_gather0(Cc[r0:r1], x) for x in rk]
+                Qa = [_gather0(Qc[r0:r1], x) for x in rk]
+                coeff = torch.empty(n, Nk, 7, dtype=dt, device=v.device)
+                mass = torch.zeros_like(k64)
+                for e, x in enumerate(_bump_coeffs(k64, ib)):
+                    coeff[..., e] = x * ww
+                    mass += x * (Ca[e] if e < 3 else Qa[e - 3])
+                coeff[..., 6] = mass * ww
+                return index, coeff.view(-1, 7)
+
+            if need_v:
+                dv, _, _ = _run_tables(R, Nq, Nk, D, dt, v.device, n_extra=True, build=build,
+                                       combine=combine)
+            else:
+                c_rows = _table_rows(Nq, D, dt, R)
+                tq = PrefixTable(c_rows, Nq, D, c_rows, dtype=dt, device=v.device)
+                for r0 in range(0, R, c_rows):
+                    build(tq, r0, min(R, r0 + c_rows))
+            if need_k:
+                gbar = torch.cat(gbar_all)
                 cnt = (_gather0(Cc, b2) - _gather0(Cc, b1)) - (_gather0(Cc, blt) - _gather0(Cc, b0))
                 vg = torch.bmm(v, gbar.unsqueeze(2)).squeeze(2).double()
                 dzk = (wW * inv_b64 * (vY + vg * cnt)).to(dt)
