@@ -7,7 +7,7 @@ scaled_dot_product_attention, side by side on the same inputs (paper 004, Prop. 
 For every N in --sizes (B = 1, H = 4, D = 64, float32) and every method, one fresh
 subprocess builds the inputs, calls the method once (its peak memory is read from
 ``ru_maxrss`` minus the resident memory with the inputs already held: the *extra* memory
-of the call), then times further calls.  Methods are run round-robin (``--rounds``), and
+of the call), makes up to 5 warm-up calls (about 2 s at most), then times further calls.  Methods are run round-robin (``--rounds``), and
 the table reports the median over all timed calls of all rounds, so that the load of
 other processes falls on every method alike.
 
@@ -118,6 +118,12 @@ def worker(method: str, N: int, device: str, reps: int, budget: float) -> dict:
         if method in ("relu", "bump") and N == int(os.environ.get("OPSPLIT_BENCH_ACC_N", "0")):
             acc = _accuracy(method, zq, zk, v, res)
         del res
+        # warm-up calls (at most 5, about 2 s), then the timed calls: steady-state times, as
+        # in a training or inference loop (the same rule for every method)
+        for _ in range(max(0, min(5, int(2.0 / max(first, 1e-6))))):
+            r = f()
+            sync()
+            del r
         times = []
         n_rep = max(1, min(reps, int(budget / max(first, 1e-6))))
         for _ in range(n_rep):
@@ -202,11 +208,13 @@ def _accuracy(method, zq, zk, v, out):
 
 
 # ----------------------------------------------------------------------------- driver
-def run_case(method, N, device, reps, budget, thp, timeout, acc_n):
+def run_case(method, N, device, reps, budget, thp, passive, timeout, acc_n):
     env = dict(os.environ)
     env["OPSPLIT_BENCH_ACC_N"] = str(acc_n)
     if thp:
         env["THP_MEM_ALLOC_ENABLE"] = "1"
+    if passive:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     cmd = [sys.executable, __file__, "--worker", method, str(N), device, str(reps), str(budget)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -241,7 +249,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+",
                     default=[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20])
     ap.add_argument("--rounds", type=int, default=3, help="round-robin rounds (default 3)")
-    ap.add_argument("--reps", type=int, default=3, help="timed calls per round (default 3)")
+    ap.add_argument("--reps", type=int, default=5, help="timed calls per round (default 5)")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed calls per case")
     ap.add_argument("--sdpa-limit", type=float, default=60.0,
                     help="skip SDPA / naive once a call is predicted to exceed this (s)")
@@ -252,6 +260,9 @@ def main():
     ap.add_argument("--devices", nargs="+", default=None)
     ap.add_argument("--thp", action="store_true",
                     help="run the workers with THP_MEM_ALLOC_ENABLE=1 (torch's huge-page allocations)")
+    ap.add_argument("--omp-passive", action="store_true",
+                    help="run the workers with OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep "
+                         "instead of spinning at barriers; see docs/sliced_attention.md)")
     ap.add_argument("--tag", default="attention", help="output file stem in benchmarks/out/")
     args = ap.parse_args()
     if args.worker:
@@ -288,7 +299,7 @@ def main():
                         continue
                     if (m, n) in [(k[0], k[1]) for k in last_t] and rnd > 0 and last_t[(m, n)] > 10:
                         continue  # one round is enough for the slow quadratic baselines
-                r = run_case(m, n, device, args.reps, args.budget, args.thp,
+                r = run_case(m, n, device, args.reps, args.budget, args.thp, args.omp_passive,
                              timeout=max(120, 4 * args.sdpa_limit), acc_n=acc_n)
                 r["round"] = rnd
                 results.append(r)
@@ -313,8 +324,10 @@ def _rows(results, device, m, n):
 def report(results, device, sizes, args, skipped):
     import numpy as np
 
+    env = [e for e, on in (("THP_MEM_ALLOC_ENABLE=1", args.thp),
+                           ("OMP_WAIT_POLICY=PASSIVE", args.omp_passive)) if on]
     print(f"\n## {device}, B=1, H={H}, D={D}, float32, forward"
-          + (" (THP_MEM_ALLOC_ENABLE=1)" if args.thp else ""))
+          + (f" ({', '.join(env)})" if env else " (default environment)"))
     print("\n| N | sliced ReLU | ReLU-bump | naive O(N²) | SDPA | SDPA / sliced ReLU |"
           " peak extra: ReLU | bump | naive | SDPA |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -269,6 +269,11 @@ def test_chunked_tables_and_blocked_scans_agree(fn, monkeypatch):
         return [out.detach()] + [t.grad for t in ins]
 
     ref = run()
+    with monkeypatch.context() as mp:  # one chunk of rows, blocked scans of the block totals
+        mp.setattr(S, "_CUMSUM_BLOCKS", 4)
+        mp.setattr(S, "_SCAN_BLOCK", 16)
+        for a, b in zip(run(), ref, strict=True):
+            assert torch.allclose(a, b, rtol=0, atol=1e-12 * float(b.abs().max()))
     monkeypatch.setattr(SL, "_TABLE_BYTES", 1)
     monkeypatch.setattr(SL, "_STEP", 100)
     monkeypatch.setattr(S, "_BUILD_BYTES", 4096)

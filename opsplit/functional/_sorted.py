@@ -160,12 +160,13 @@ def padded_length(n: int) -> int:
     return max(BLOCK, -(-n // BLOCK) * BLOCK)
 
 
-def inclusive_scan(x: Tensor) -> Tensor:
-    """Inclusive prefix sums along dim 1 of ``x`` of shape ``(n, M, C)`` (a new tensor).
+def inclusive_scan(x: Tensor, out: Tensor | None = None) -> Tensor:
+    """Inclusive prefix sums along dim 1 of ``x`` of shape ``(n, M, C)``.
 
     On the CPU and for long ``M``: a triangular matmul per block of :data:`_SCAN_BLOCK`
     rows, then ``torch.cumsum`` (which accumulates in double) of the block totals.
-    ``torch.cumsum`` elsewhere.
+    ``torch.cumsum`` elsewhere.  ``out``: an optional contiguous ``(n, M', C)`` buffer,
+    ``M'`` = ``M`` rounded up to a multiple of :data:`_SCAN_BLOCK`.
     """
     n, M, C = x.shape
     if x.device.type != "cpu" or M <= _CUMSUM_BLOCKS:
@@ -176,12 +177,19 @@ def inclusive_scan(x: Tensor) -> Tensor:
         xp = x.new_zeros(n, Mp, C)
         xp[:, :M] = x
     else:
-        xp = x.contiguous()
+        xp = x
     nb = Mp // S
-    out = torch.matmul(_tril(S, x.dtype, x.device), xp.view(n * nb, S, C))
-    o = out.view(n, nb, S, C)
-    o[:, 1:].add_(torch.cumsum(o[:, :-1, S - 1, :], dim=1).unsqueeze(2))
-    return o.view(n, Mp, C)[:, :M]
+    try:
+        xb = xp.view(n * nb, S, C)
+    except RuntimeError:
+        xb = xp.contiguous().view(n * nb, S, C)
+    if out is None or tuple(out.shape) != (n, Mp, C) or not out.is_contiguous():
+        out = x.new_empty(n, Mp, C)
+    o = out
+    torch.matmul(_tril(S, x.dtype, x.device), xb, out=o.view(n * nb, S, C))
+    ob = o.view(n, nb, S, C)
+    ob[:, 1:].add_(torch.cumsum(ob[:, :-1, S - 1, :], dim=1).unsqueeze(2))
+    return o[:, :M]
 
 
 # --------------------------------------------------------------------------------------
@@ -212,6 +220,8 @@ class PrefixTable:
         self.extra_base = size
         self.zero_row = size + n_extra
         self._work = None  # gather buffers of build(), reused chunk after chunk
+        self._tot = None  # block totals of build(), likewise
+        self._scan = None
 
     def extra(self) -> Tensor:
         return self.flat[self.extra_base : self.zero_row]
@@ -222,15 +232,15 @@ class PrefixTable:
         return table_index(p, t, self.nb, self.zero_row)
 
     def build(self, values: Tensor, order_global: Tensor, cA: Tensor | None, cB: Tensor,
-              *, center: bool) -> Tensor | None:
+              *, center: bool):
         r"""Gather ``values[order_global]`` and fill both tables of the first ``n`` rows.
 
         ``values``: ``(*, D)`` source rows; ``order_global``: ``(n, N)`` flat indices into
         ``values`` in sorted order; ``cA`` (``None``: ones) and ``cB``: ``(n, N)`` weights in
         sorted order.  With ``center``, :math:`m_r = \sum_j c^A_{r,j} x_{\sigma_r(j)} /
-        \sum_j c^A_{r,j}` (0 where the weights sum to 0) is computed in float64 from the
-        block sums, its rounding to the table's dtype is subtracted, and the float64 value is
-        returned (``(n, D)``).  Values are gathered ``_BUILD_BYTES`` at a time, so they are
+        \sum_j c^A_{r,j}` (0 where the weights sum to 0) is computed in the table's dtype
+        and subtracted; returned are that rounded mean and the float64 mean that adds the
+        remainder, the centred table's total divided by the weight (both ``(n, D)``).  Values are gathered ``_BUILD_BYTES`` at a time, so they are
         consumed while still in cache and no sorted copy of ``values`` exists.
         """
         n, N = order_global.shape
@@ -263,26 +273,36 @@ class PrefixTable:
             torch.mul(L, cA[b0:b1].unsqueeze(-2), out=Lc[:k, :S])
             torch.mul(L, cB[b0:b1].unsqueeze(-2), out=Lc[:k, S:])
             torch.bmm(Lc[:k], X[: k * S].view(k, S, D), out=Y[b0:b1])
-        # block totals -> (centred) exclusive prefix sums over the blocks of each row
+        # block totals -> (centred) exclusive prefix sums over the blocks of each row; the
+        # buffers are kept for the next chunk of rows
         ncol = 3 if center else 2
-        V = torch.empty(n, nb, ncol, D, dtype=dt, device=dev)
-        tot = V[:, :, :2]
-        tot[:, :, 0] = Y[:, S - 1].view(n, nb, D)
-        tot[:, :, 1] = Y[:, 2 * S - 1].view(n, nb, D)
+        key = (n, nb, ncol, D, dt)
+        if self._tot is None or self._tot[0] != key:
+            self._tot = (key, torch.empty(n, nb, ncol, D, dtype=dt, device=dev))
+        V = self._tot[1]
+        T = V[:, :, :2]
+        T[:, :, 0] = Y[:, S - 1].view(n, nb, D)
+        T[:, :, 1] = Y[:, 2 * S - 1].view(n, nb, D)
         m64 = None
         if center:
-            sAB = torch.stack([cA.double().sum(-1),
-                               cB.double().sum(-1)], dim=1).view(n, nb, 2)
-            W = sAB[:, :, 0].sum(1, keepdim=True)  # (n, 1)
+            sAB = torch.stack([cA.sum(-1), cB.sum(-1)], dim=1).view(n, nb, 2, 1)
+            W = sAB[:, :, 0, 0].sum(1, keepdim=True, dtype=torch.float64)  # (n, 1)
             Wsafe = torch.where(W > 0, W, torch.ones_like(W))
-            m64 = tot[:, :, 0].double().sum(1) / Wsafe
-            m64 = torch.where(W > 0, m64, torch.zeros_like(m64))  # (n, D)
-            m = m64.to(dt)
-            tot.sub_(sAB.to(dt).unsqueeze(-1) * m.view(n, 1, 1, D))
+            m = torch.where(W > 0, T[:, :, 0].sum(1) / Wsafe, 0.0).to(dt)  # (n, D), rounded
+            T.addcmul_(sAB, m.view(n, 1, 1, D), value=-1)
             V[:, :, 2] = m.unsqueeze(1)
+        nbp = -(-nb // _SCAN_BLOCK) * _SCAN_BLOCK
+        if self._scan is None or self._scan.shape != (n, nbp, 2 * D):
+            self._scan = torch.empty(n, nbp, 2 * D, dtype=dt, device=dev)
+        incl = inclusive_scan(T.reshape(n, nb, 2 * D), out=self._scan)
+        if center:
+            # the exact mean is m + (sum of the centred values) / W: the remainder is read
+            # off the centred table's total, which is small and summed accurately
+            m64 = m.double() + torch.where(W > 0, incl[:, -1, :D].double() / Wsafe, 0.0)
         if nb > 1:
-            tot[:, 1:] = inclusive_scan(tot[:, :-1].reshape(n, nb - 1, 2 * D)).view(n, nb - 1, 2, D)
-        tot[:, 0] = 0
+            T[:, 1:] = incl[:, :-1].view(n, nb - 1, 2, D)
+        T[:, 0] = 0
+        del incl
         if not center and nb == 1:
             return None
         # pass 2: add the block offsets and remove the mean: Y += U @ V with
@@ -299,19 +319,12 @@ class PrefixTable:
                 torch.cumsum(cB[b0:b1], -1, out=U[:k, S:, 2])
                 U[:k, :, 2].neg_()
             Y[b0:b1].baddbmm_(U[:k], V[b0:b1])
-        return m64
+        return None if m64 is None else (m, m64)
 
-    def combine_into(self, out: Tensor, index: Tensor, coeff: Tensor, step: int = 1 << 13) -> Tensor:
-        """:meth:`combine` written into ``out`` (``(M, D)``) in slices of ``step`` queries,
-        so that no temporary of the size of ``out`` is created."""
-        M = index.shape[0]
-        if M <= step:
-            out.copy_(self.combine(index, coeff))
-            return out
-        for q0 in range(0, M, step):
-            q1 = min(M, q0 + step)
-            out[q0:q1] = self.combine(index[q0:q1], coeff[q0:q1])
-        return out
+    def combine_into(self, out: Tensor, index: Tensor, coeff: Tensor) -> Tensor:
+        """:meth:`combine` written into ``out`` (``(M, D)``, contiguous), without a temporary
+        of the size of ``out``."""
+        return embedding_bag_into(out, self.flat, index, coeff)
 
     def combine(self, index: Tensor, coeff: Tensor) -> Tensor:
         """``out[m] = sum_e coeff[m, e] * flat[index[m, e]]`` (one ``embedding_bag``)."""
@@ -319,6 +332,22 @@ class PrefixTable:
 
     def gather(self, index: Tensor) -> Tensor:
         return self.flat.index_select(0, index.reshape(-1))
+
+
+def embedding_bag_into(out: Tensor, weight: Tensor, index: Tensor, coeff: Tensor,
+                       step: int = 1 << 13) -> Tensor:
+    """``out[m] = sum_e coeff[m, e] * weight[index[m, e]]`` written into ``out``, by
+    ``embedding_bag`` on slices of ``step`` rows: the temporaries stay small and their memory
+    is reused from slice to slice."""
+    M = index.shape[0]
+    if M <= step:
+        out.copy_(F.embedding_bag(index, weight, per_sample_weights=coeff, mode="sum"))
+        return out
+    for m0 in range(0, M, step):
+        m1 = min(M, m0 + step)
+        out[m0:m1] = F.embedding_bag(index[m0:m1], weight, per_sample_weights=coeff[m0:m1],
+                                     mode="sum")
+    return out
 
 
 def table_index(p: Tensor, t: int, nb: int, zero_row: int) -> Tensor:

@@ -205,7 +205,7 @@ def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=Fa
         if keep is not None:
             keep.copy_from(tab, r0, r1)
         index, coeff = combine(tab, r0, r1)
-        tab.combine_into(out[r0:r1].view(-1, D), index, coeff, step=_STEP)
+        tab.combine_into(out[r0:r1].view(-1, D), index, coeff)
     extra = None if extras[0] is None else torch.cat(extras)
     return out, keep, extra
 
@@ -296,10 +296,12 @@ class _SlicedReLU(torch.autograd.Function):
 
         def build(tab, r0, r1):
             ws = None if keys.ws is None else keys.ws[r0:r1]
-            m64 = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=centered)
-            if centered:
-                tab.extra()[: r1 - r0].copy_(m64 - m64.to(v.dtype).double())
-            return m64
+            res = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=centered)
+            if not centered:
+                return None
+            m32, m64 = res  # the table holds v - m32
+            tab.extra()[: r1 - r0].copy_(m64 - m32.double())
+            return torch.cat([m32.double(), m64], dim=1)
 
         def combine(tab, r0, r1):
             pp = p[r0:r1]
@@ -321,8 +323,8 @@ class _SlicedReLU(torch.autograd.Function):
         if need_grad:
             m = m_lo = None
             if centered:
-                m = m64.to(v.dtype)
-                m_lo = (m64 - m.double()).to(v.dtype)
+                m = m64[:, :D].to(v.dtype)
+                m_lo = (m64[:, D:] - m64[:, :D]).to(v.dtype)
             le_k, lt_k = keys.tcounts  # queries <= and < each key
             ctx.save_for_backward(zq, zk, v, w, out, den, m, m_lo, keepA.flat, p,
                                   keys.counts[1], keys.c, Wlt, Klt, keys.W, keys.Wc,
@@ -504,9 +506,9 @@ class _SlicedBump(torch.autograd.Function):
 
         def build(tab, r0, r1):
             ws = None if keys.ws is None else keys.ws[r0:r1]
-            m64 = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=True)
-            tab.extra()[: r1 - r0].copy_(m64)  # the tables hold v - m, rounded as copied here
-            return m64
+            m32, _ = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=True)
+            tab.extra()[: r1 - r0].copy_(m32)  # the tables hold v - m32
+            return m32
 
         def combine(tab, r0, r1):
             n = r1 - r0
@@ -593,7 +595,7 @@ class _SlicedBump(torch.autograd.Function):
 
             def build(tq, r0, r1):
                 gbar = tq.build(gflat, qkeys.order_global[r0:r1], None, q_sorted[r0:r1],
-                                center=True).to(dt)
+                                center=True)[0]
                 tq.extra()[: r1 - r0].copy_(gbar)
                 gbar_all.append(gbar)
                 if need_k:
