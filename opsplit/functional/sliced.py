@@ -494,9 +494,12 @@ class _SlicedBump(torch.autograd.Function):
         lo, hi = zq - b, zq + b
         probes = [(lo, "right"), (zq, "right"), (hi, "left")]
         if need_grad:
-            probes.append((zq, "left"))
-        keys = _Keys(zk, w, probes)
-        a0, a1, a2 = keys.counts[:3]
+            # (q, left) first: the same sort then also gives the sorted queries and, for each
+            # key, the query windows of the backward pass, classified pair by pair exactly as
+            # here (transpose)
+            probes = [(zq, "left")] + probes
+        keys = _Keys(zk, w, probes, transpose=need_grad)
+        a0, a1, a2 = keys.counts[-3:]
         q = zq - keys.c
         q64 = q.double()
         inv_b64 = 1.0 / b.double()
@@ -531,14 +534,18 @@ class _SlicedBump(torch.autograd.Function):
         out, keepA, m = _run_tables(R, Nk, Nq, D, v.dtype, v.device, n_extra=True, build=build,
                                     combine=combine, keep_A=need_grad)
         if need_grad:
+            # per key: t3 = #{q <= z}, t0 = #{q - b < z}, t1 = #{q < z}, t2 = #{q + b <= z}
+            t3, t0, t1, t2 = keys.tcounts
             ctx.save_for_backward(zq, zk, v, w, b, out, m.to(v.dtype), keepA.flat, a0, a1, a2,
-                                  keys.counts[3], keys.Wc, keys.W, keys.c)
+                                  keys.counts[0], keys.Wc, keys.W, keys.c, keys.porder,
+                                  t0, t1, t2, t3)
             ctx.Np = keepA.Np
         return out
 
     @staticmethod
     def backward(ctx, g):
-        zq, zk, v, w, b, out, m, Aflat, a0, a1, a2, alt, Wc, W, c = ctx.saved_tensors
+        (zq, zk, v, w, b, out, m, Aflat, a0, a1, a2, alt, Wc, W, c, order_q,
+         t0, t1, t2, t3) = ctx.saved_tensors
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
@@ -568,21 +575,22 @@ class _SlicedBump(torch.autograd.Function):
             gX = gX.view(R, Nq, 2)
             gm = torch.bmm(g, m.unsqueeze(2)).squeeze(2).double()  # <g_i, m>
             W_ = [_gather0(Wc, x) for x in (alt, a0, a1, a2)]
-            t1 = gX[..., 0] + gm * (W_[0] - W_[1] - W_[3] + W_[2])
-            t2 = gX[..., 1] + gm * (W_[3] - W_[1])
+            s_q = gX[..., 0] + gm * (W_[0] - W_[1] - W_[3] + W_[2])
+            s_b = gX[..., 1] + gm * (W_[3] - W_[1])
             if ctx.needs_input_grad[0]:
-                dzq = (-(inv_b64 * invW) * t1).to(dt)
+                dzq = (-(inv_b64 * invW) * s_q).to(dt)
             if ctx.needs_input_grad[4]:
                 go = _dot_rows(gflat, out.reshape(R * Nq, D)).view(R, Nq).double()
-                db = (inv_b64 * invW * t2 - inv_b64 * go).sum(1, keepdim=True).to(b.dtype)
+                db = (inv_b64 * invW * s_b - inv_b64 * go).sum(1, keepdim=True).to(b.dtype)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             # sums over the queries near each key: the same tables, built on sorted queries
-            zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
-            qkeys = _Keys(zq, None, [(zs - b, "right"), (zs, "right"), (zs + b, "left"),
-                                     (zs, "left")])
-            b0, b1, b2, blt = qkeys.counts
-            q_sorted = (zq - c).gather(1, qkeys.order)
-            ks = torch.where(torch.isfinite(zs), zk - c, torch.zeros_like(zk)).double()
+            # with the queries sorted, the keys' windows are position ranges: queries with
+            # q - b < z < q + b are [t2, t0), split at t1 (q < z) and t3 (q <= z)
+            b0, b1, b2, blt = t2, t1, t0, t1
+            b1k = t3  # for the strict windows of d/dz: (z, z + b) is [t3, t0)
+            q_sorted = (zq - c).gather(1, order_q)
+            order_global = order_q + torch.arange(R, device=zq.device).unsqueeze(1) * Nq
+            ks = (zk - c).double() if w is None else torch.where(w > 0, zk - c, 0.0).double()
             Qc = torch.cumsum(q_sorted.double(), 1)
             Cc = torch.cumsum(torch.ones_like(Qc), 1)
             wk = torch.ones_like(zk) if w is None else w
@@ -594,13 +602,13 @@ class _SlicedBump(torch.autograd.Function):
             one4 = torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=dt, device=zq.device)
 
             def build(tq, r0, r1):
-                gbar = tq.build(gflat, qkeys.order_global[r0:r1], None, q_sorted[r0:r1],
+                gbar = tq.build(gflat, order_global[r0:r1], None, q_sorted[r0:r1],
                                 center=True)[0]
                 tq.extra()[: r1 - r0].copy_(gbar)
                 gbar_all.append(gbar)
                 if need_k:
-                    # (G[b2] - G[b1]) - (G[blt] - G[b0]): queries in (z, z+b) minus in (z-b, z)
-                    ix = torch.stack([tq.index(0, x[r0:r1]) for x in (b2, b1, blt, b0)],
+                    # (G[b2] - G[b1k]) - (G[blt] - G[b0]): queries in (z, z+b) minus (z-b, z)
+                    ix = torch.stack([tq.index(0, x[r0:r1]) for x in (b2, b1k, blt, b0)],
                                      -1).view(-1, 4)
                     M = ix.shape[0]
                     out_ = torch.empty(M, dtype=torch.float64, device=v.device)
@@ -639,7 +647,7 @@ class _SlicedBump(torch.autograd.Function):
                     build(tq, r0, min(R, r0 + c_rows))
             if need_k:
                 gbar = torch.cat(gbar_all)
-                cnt = (_gather0(Cc, b2) - _gather0(Cc, b1)) - (_gather0(Cc, blt) - _gather0(Cc, b0))
+                cnt = (_gather0(Cc, b2) - _gather0(Cc, b1k)) - (_gather0(Cc, blt) - _gather0(Cc, b0))
                 vg = torch.bmm(v, gbar.unsqueeze(2)).squeeze(2).double()
                 dzk = (wW * inv_b64 * (vY + vg * cnt)).to(dt)
         return dzq, dzk, dv, None, db
