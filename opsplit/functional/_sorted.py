@@ -44,12 +44,19 @@ _BUILD_BYTES = 16 << 20
 # --------------------------------------------------------------------------------------
 # ranking
 # --------------------------------------------------------------------------------------
-def _f32_codes(z: Tensor) -> Tensor:
-    """Order-preserving map of float32 values to integers in ``[0, 2^32)`` (int64);
-    ``-0.0`` is first mapped to ``+0.0`` (``-0.0 + 0.0 = +0.0``) so that equal values get
-    equal codes."""
-    b = (z + 0.0).contiguous().view(torch.int32).to(torch.int64)
-    return torch.where(b >= 0, b + (1 << 31), -1 - b)
+def _f32_codes_into(out: Tensor, z: Tensor, rows_shifted: Tensor, flag: int) -> None:
+    """Write ``(row << 34) | (code(z) << 2) | flag`` into the int64 tensor ``out``
+    (shape of ``z``), where ``code`` is an order-preserving map of float32 values to
+    ``[0, 2^32)``: the bits of a negative float are flipped (but its sign), then the sign
+    bit is moved.  ``-0.0`` is first mapped to ``+0.0`` (``-0.0 + 0.0 = +0.0``), so equal
+    values get equal codes."""
+    out.copy_((z + 0.0).contiguous().view(torch.int32))  # sign-extended to int64
+    out.bitwise_xor_((out >> 31) & 0x7FFFFFFF)
+    out.add_(1 << 31)
+    out.bitwise_left_shift_(2)
+    out.bitwise_or_(rows_shifted)
+    if flag:
+        out.bitwise_or_(flag)
 
 
 def sort_and_rank(items: Tensor, probes=(), *, need_order: bool = True, transpose: bool = False):
@@ -95,14 +102,15 @@ def _rank_merged(items, probes, need_order, transpose=False):
     dev = items.device
     flag_of = {"left": 0, "right": 2}
     rows_n = torch.arange(R, device=dev, dtype=torch.int64).unsqueeze(1)
-    parts = [((rows_n << 34) | (_f32_codes(items) << 2) | 1).view(-1)]
-    for v, side in probes:
-        parts.append(((rows_n << 34) | (_f32_codes(v) << 2) | flag_of[side]).view(-1))
-    offs = [0]
-    for part in parts:
-        offs.append(offs[-1] + part.numel())
-    codes = torch.cat(parts) if len(parts) > 1 else parts[0]
-    del parts
+    rows_shifted = rows_n << 34
+    offs = [0, R * N]
+    for v, _side in probes:
+        offs.append(offs[-1] + v.numel())
+    codes = torch.empty(offs[-1], dtype=torch.int64, device=dev)
+    _f32_codes_into(codes[: R * N].view(R, N), items, rows_shifted, 1)
+    for k, (v, side) in enumerate(probes):
+        _f32_codes_into(codes[offs[k + 1] : offs[k + 2]].view(v.shape), v, rows_shifted,
+                        flag_of[side])
     # stable=True selects the radix sort for integer keys on the CPU
     sorted_codes, idx = torch.sort(codes, stable=True)
     del codes
@@ -330,8 +338,6 @@ class PrefixTable:
         """``out[m] = sum_e coeff[m, e] * flat[index[m, e]]`` (one ``embedding_bag``)."""
         return F.embedding_bag(index, self.flat, per_sample_weights=coeff, mode="sum")
 
-    def gather(self, index: Tensor) -> Tensor:
-        return self.flat.index_select(0, index.reshape(-1))
 
 
 def embedding_bag_into(out: Tensor, weight: Tensor, index: Tensor, coeff: Tensor,
@@ -347,6 +353,22 @@ def embedding_bag_into(out: Tensor, weight: Tensor, index: Tensor, coeff: Tensor
         m1 = min(M, m0 + step)
         out[m0:m1] = F.embedding_bag(index[m0:m1], weight, per_sample_weights=coeff[m0:m1],
                                      mode="sum")
+    return out
+
+
+def table_index_into(out: Tensor, p: Tensor, t: int, nb: int, zero_row: int,
+                     tmp: Tensor) -> Tensor:
+    """:func:`table_index` written into the int64 tensor ``out`` (any strides, shape of
+    ``p``), with ``tmp`` an int64 work tensor of that shape: no other temporaries."""
+    n = p.shape[0]
+    row0 = torch.arange(n, device=p.device, dtype=torch.int64).unsqueeze(1) * (nb * 2 * BLOCK)
+    out.copy_(p)
+    out.sub_(1)  # j = p - 1; row = row0 + j + (j rounded down to the block) + t * BLOCK
+    torch.bitwise_and(out, ~(BLOCK - 1), out=tmp)
+    out.add_(tmp)
+    out.add_(row0 + t * BLOCK)
+    torch.eq(p, 0, out=tmp)
+    out.masked_fill_(tmp.bool(), zero_row)
     return out
 
 

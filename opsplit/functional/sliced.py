@@ -22,8 +22,14 @@ and the denominator is the same identity with scalar weights.  The ReLU-bump ker
 :math:`\tfrac1b[\mathrm{ReLU}(t+b) - 2\mathrm{ReLU}(t) + \mathrm{ReLU}(t-b)]` (Lemma B.4),
 i.e. the same tables read at the three ranks of :math:`z^q_i - b, z^q_i, z^q_i + b`.
 Queries are never sorted in the forward pass: they are *ranked* against the sorted keys
-and read their two (ReLU) or six (bump) table rows with one ``embedding_bag``, so queries
-and keys may differ in number (cross-attention) and no ``N_q x N_k`` tensor exists.
+(one merged sort, :func:`~opsplit.functional._sorted.sort_and_rank`) and read their table
+rows (two for eq. 2, three for eq. 3, seven for eq. 7, with the mean) with one
+``embedding_bag``, so queries and keys may differ in number (cross-attention) and no
+``N_q x N_k`` tensor exists, in the forward or the backward pass.
+
+**Gradients.**  A custom backward pass, derived analytically: it is again sorted prefix
+sums, over the queries for the key and value gradients (eq. 6 transposed), and reads the
+kept table :math:`A` for the query gradients; see ``docs/sliced_attention.md``.
 
 **Ties.**  :math:`\mathrm{ReLU}(0) = 0`: a key equal to a query contributes nothing, and
 :math:`|0| = 0` in the denominator.  Ranks count keys *strictly* below a query, decided on
@@ -39,9 +45,9 @@ all masked.
 
 **Conditioning.**  The formula is invariant under a common shift of all scores; the scores
 are shifted by the median key of their row before the tables are built, and the values are
-centred (the mean is added back exactly as a rank-one term for eq. 2 and eq. 7), so the
-prefix sums stay of the size of the result.  Scalar prefix sums (denominators, kernel
-masses) are accumulated in float64.
+centred (for eq. 7 the mean is added back as a rank-one term; for eq. 3 the remainder of
+the mean after rounding is), so the prefix sums stay of the size of the result.  Scalar
+prefix sums (denominators, kernel masses) are accumulated in float64.
 
 **Weights and masks.**  ``key_weights`` :math:`w_j \ge 0` turn every sum over keys into a
 quadrature :math:`\sum_j w_j (\cdot)` (the :math:`\Omega_x` integral of paper 004's eq. 8
@@ -58,7 +64,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank
+from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
@@ -256,16 +262,20 @@ class _Keys:
             ksh = torch.where(self.ws > 0, ksh, torch.zeros_like(ksh))
         self.ks = ksh  # shifted sorted keys, 0 at masked keys (dtype of zk)
         ws64 = torch.ones_like(ksh, dtype=torch.float64) if w is None else self.ws.double()
-        self.Wc = torch.cumsum(ws64, 1)  # inclusive prefix of weights
-        self.Kc = torch.cumsum(ws64 * ksh.double(), 1)
-        self.W = self.Wc[:, -1:]
-        self.K = self.Kc[:, -1:]
+        # exclusive prefix sums of the weights and weighted keys, (R, N + 1): [:, p] = sum_{j<p}
+        self.Wc0 = torch.zeros(R, N + 1, dtype=torch.float64, device=zk.device)
+        self.Kc0 = torch.zeros(R, N + 1, dtype=torch.float64, device=zk.device)
+        torch.cumsum(ws64, 1, out=self.Wc0[:, 1:])
+        torch.cumsum(ws64 * ksh.double(), 1, out=self.Kc0[:, 1:])
+        self.Wc, self.Kc = self.Wc0[:, 1:], self.Kc0[:, 1:]  # inclusive
+        self.W = self.Wc0[:, -1:]
+        self.K = self.Kc0[:, -1:]
 
     def W_lt(self, p):
-        return _gather0(self.Wc, p)
+        return self.Wc0.gather(1, p)
 
     def K_lt(self, p):
-        return _gather0(self.Kc, p)
+        return self.Kc0.gather(1, p)
 
 
 def _safe_inv(x64: Tensor) -> Tensor:
@@ -513,23 +523,53 @@ class _SlicedBump(torch.autograd.Function):
             tab.extra()[: r1 - r0].copy_(m32)  # the tables hold v - m32
             return m32
 
+        bufs = {}
+
         def combine(tab, r0, r1):
             n = r1 - r0
-            rows = torch.arange(n, device=zq.device).unsqueeze(1)
-            A = [tab.index(0, a[r0:r1]) for a in (a0, a1, a2)]
-            B = [tab.index(1, a[r0:r1]) for a in (a0, a1, a2)]
-            index = torch.stack(A + B + [(tab.extra_base + rows).expand(n, Nq)], -1).view(-1, 7)
-            qr, ib, iw = q64[r0:r1], inv_b64[r0:r1], invW[r0:r1]
+            if bufs.get("n") != n:  # index / coefficient / work buffers, reused per chunk
+                e = dict(device=v.device)
+                bufs.update(n=n, index=torch.empty(n, Nq, 7, dtype=torch.int64, **e),
+                            coeff=torch.empty(n, Nq, 7, dtype=v.dtype, **e),
+                            ti=torch.empty(n, Nq, dtype=torch.int64, **e),
+                            qb=torch.empty(n, Nq, dtype=torch.float64, **e),
+                            mass=torch.empty(n, Nq, dtype=torch.float64, **e),
+                            f=torch.empty(n, Nq, dtype=torch.float64, **e))
+            index, coeff, ti = bufs["index"], bufs["coeff"], bufs["ti"]
+            qb, mass, f = bufs["qb"], bufs["mass"], bufs["f"]
             rk = [a[r0:r1] for a in (a0, a1, a2)]
-            Wa = [_gather0(keys.Wc[r0:r1], a) for a in rk]
-            Ka = [_gather0(keys.Kc[r0:r1], a) for a in rk]
-            coeff = torch.empty(n, Nq, 7, dtype=v.dtype, device=v.device)
-            mass = torch.zeros_like(qr)
-            for e, x in enumerate(_bump_coeffs(qr, ib)):
-                coeff[..., e] = x * iw
-                mass += x * (Wa[e] if e < 3 else Ka[e - 3])
-            coeff[..., 6] = mass * iw  # sum_j w_j hat(q_i - z_j) / W: weight of the mean
-            return index, coeff.view(-1, 7)
+            for e, a in enumerate(rk):
+                table_index_into(index[..., e], a, 0, tab.nb, tab.zero_row, ti)
+                table_index_into(index[..., 3 + e], a, 1, tab.nb, tab.zero_row, ti)
+            index[..., 6] = (tab.extra_base + torch.arange(n, device=zq.device)).unsqueeze(1)
+            # the hat kernel's rows (Lemma B.4), for A[a0], A[a1], A[a2] and B[a0], B[a1],
+            # B[a2]: (q/b - 1, -2 q/b, 1 + q/b) and (-1/b, 2/b, -1/b), divided by W; and the
+            # kernel mass sum_j w_j hat(q_i - z_j) from the float64 scalar prefix sums (it
+            # cancels strongly, so it stays in float64) as the weight of the mean
+            iw, ib = invW[r0:r1], inv_b64[r0:r1]
+            torch.mul(q64[r0:r1], ib, out=qb)
+            Wc, Kc = keys.Wc0[r0:r1], keys.Kc0[r0:r1]
+            torch.gather(Wc, 1, rk[0], out=f)
+            torch.mul(f, qb, out=mass)
+            mass.sub_(f)
+            torch.gather(Wc, 1, rk[1], out=f)
+            mass.addcmul_(f, qb, value=-2)
+            torch.gather(Wc, 1, rk[2], out=f)
+            mass.addcmul_(f, qb)
+            mass.add_(f)
+            for e, c in ((0, -1.0), (1, 2.0), (2, -1.0)):
+                torch.gather(Kc, 1, rk[e], out=f)
+                mass.addcmul_(f, ib, value=c)
+            torch.mul(mass, iw, out=coeff[..., 6])
+            torch.mul(qb, iw, out=f)  # q / (b W)
+            torch.sub(f, iw, out=coeff[..., 0])
+            torch.mul(f, -2.0, out=coeff[..., 1])
+            torch.add(f, iw, out=coeff[..., 2])
+            ibw = ib * iw  # (n, 1)
+            coeff[..., 3] = -ibw
+            coeff[..., 4] = 2 * ibw
+            coeff[..., 5] = -ibw
+            return index.view(-1, 7), coeff.view(-1, 7)
 
         out, keepA, m = _run_tables(R, Nk, Nq, D, v.dtype, v.device, n_extra=True, build=build,
                                     combine=combine, keep_A=need_grad)
