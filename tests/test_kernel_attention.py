@@ -46,7 +46,7 @@ def test_functional_matches_naive(kernel, h, dtype, device):
                                         **{a: b.to(dtype=dtype, device=device) for a, b in kw.items()})
         ref = naive_nw(q, k, v, kernel, h, kw.get("key_weights"))
         tol = 1e-12 if dtype == torch.float64 else 2e-5
-        assert torch.allclose(out.cpu().double(), ref, atol=tol * float(ref.abs().max()))
+        assert torch.allclose(out.cpu().double(), ref, rtol=0, atol=tol * float(ref.abs().max()))
 
 
 def test_masks_and_empty_neighbourhoods():
@@ -60,7 +60,7 @@ def test_masks_and_empty_neighbourhoods():
     for kernel in KERNELS:
         out = nadaraya_watson_attention(q, k, v, kernel=kernel, bandwidth=1.5, key_padding_mask=mask)
         ref = naive_nw(q, k, v, kernel, 1.5, (~mask).double().unsqueeze(1).unsqueeze(1))
-        assert torch.allclose(out, ref, atol=1e-12)
+        assert torch.allclose(out, ref, rtol=0, atol=1e-12)
         assert bool((out[1] == 0).all())
     # a far-away query has no key within a compact support: 0, not NaN
     qf = q.clone()
@@ -81,14 +81,14 @@ def test_softmax_is_gaussian_kernel_attention_after_layernorm():
     v = torch.randn(2, 4, 20, 3, generator=gen, dtype=torch.float64)
     soft = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1) @ v
     nw = nadaraya_watson_attention(q, k, v, kernel="gaussian", bandwidth=d**0.25)
-    assert torch.allclose(nw, soft, atol=1e-13)
+    assert torch.allclose(nw, soft, rtol=0, atol=1e-13)
     nw32 = nadaraya_watson_attention(q.float(), k.float(), v.float(), kernel="gaussian",
                                      bandwidth=d**0.25)
-    assert torch.allclose(nw32.double(), soft, atol=1e-5)
+    assert torch.allclose(nw32.double(), soft, rtol=0, atol=1e-5)
     # without the normalisation the two differ (the test can fail)
     q2, k2 = torch.randn_like(q), torch.randn_like(k) * 2
     soft2 = torch.softmax(q2 @ k2.transpose(-1, -2) / math.sqrt(d), -1) @ v
-    assert not torch.allclose(nadaraya_watson_attention(q2, k2, v, bandwidth=d**0.25), soft2, atol=1e-3)
+    assert not torch.allclose(nadaraya_watson_attention(q2, k2, v, bandwidth=d**0.25), soft2, rtol=0, atol=1e-3)
 
 
 GRIDS = {
@@ -116,7 +116,7 @@ def test_operator_matches_quadrature_loops(gname, kernel):
             kern = K_of(kernel, r / h) * wx
             if kern.sum() > 0:
                 ref[b, i] = (kern[:, None] * V[b]).sum(0) / kern.sum()
-    assert torch.allclose(op(u, grid=g), ref, atol=1e-12)
+    assert torch.allclose(op(u, grid=g), ref, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("gname", list(GRIDS))
@@ -142,13 +142,13 @@ def test_operator_with_layernorm_equals_softmax_attention(gname):
     Qn, Kn = ln(Q), ln(K)
     scores = torch.einsum("bil,bjl,l->bij", Qn, Kn, wy) / math.sqrt(g.y.measure)
     A = torch.softmax(scores + wx.log(), -1)
-    assert torch.allclose(op(u, grid=g), A @ V, atol=1e-12)
+    assert torch.allclose(op(u, grid=g), A @ V, rtol=0, atol=1e-12)
     # and through opsplit's own SoftmaxAttention when u is already normalised and W^Q = W^K = I
     eye = torch.eye(g.ny, dtype=torch.float64) / wy  # kernel_y(u, eye) = u
     un = ln(u)
     soft = SoftmaxAttention(eye, eye, W[2])
     kern = KernelAttention(eye, eye, W[2], kernel="gaussian", bandwidth=h)
-    assert torch.allclose(kern(un, grid=g), soft(un, grid=g), atol=1e-12)
+    assert torch.allclose(kern(un, grid=g), soft(un, grid=g), rtol=0, atol=1e-12)
 
 
 def test_gradients(device):

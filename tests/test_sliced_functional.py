@@ -78,7 +78,7 @@ def test_bump_at_exact_support_edges():
     # q=0: keys at 1 are on the edge -> 0; q=1: keys at 1 count 1, key at 3 is out;
     # q=2: keys at 1 and 3 on the edges -> 0; q=0.5: 0.5*(1+2)
     expected = torch.tensor([0.0, 3.0, 0.0, 1.5], dtype=torch.float64) / 3
-    assert torch.allclose(out.flatten(), expected, atol=1e-15)
+    assert torch.allclose(out.flatten(), expected, rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize("fn", ["relu", "bump"])
@@ -109,7 +109,7 @@ def test_per_head_bandwidth_broadcasts():
     out = sliced_relu_bump_attention(zq, zk, v, b)
     for h in range(3):
         ref = naive_sliced_bump(zq[:, h], zk[:, h], v[:, h], float(b[h]))
-        assert torch.allclose(out[:, h], ref, atol=1e-13)
+        assert torch.allclose(out[:, h], ref, rtol=0, atol=1e-13)
 
 
 @given(
@@ -240,7 +240,7 @@ def test_all_equal_scores_give_zero_and_finite_gradients(dtype):
         assert bool(torch.isfinite(t.grad).all())
     # the bump at all-equal scores is the mean of the values
     outb = sliced_relu_bump_attention(zq, zk, v, 0.5)
-    assert torch.allclose(outb, v.mean(-2, keepdim=True).expand_as(outb), atol=1e-6)
+    assert torch.allclose(outb, v.mean(-2, keepdim=True).expand_as(outb), rtol=0, atol=1e-6)
 
 
 def test_no_nq_by_nk_tensor_is_formed(monkeypatch):

@@ -67,7 +67,7 @@ __all__ = ["SlicedReLUAttention", "SlicedReLUBumpAttention"]
 
 def _control(x, name, axes, positive=False):
     if isinstance(x, (int, float)) and not isinstance(x, bool):
-        x = torch.tensor(float(x))
+        x = torch.tensor(float(x), dtype=torch.float64)  # exact; cast to u's dtype in use
     if positive and isinstance(x, Tensor) and not isinstance(x, nn.Parameter):
         if not bool(torch.isfinite(x).all()) or not bool((x > 0).all()):
             raise ValueError(f"{name}: expected finite values > 0, got {x}")
