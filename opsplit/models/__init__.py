@@ -1,5 +1,19 @@
 """Named discretisations that recover known architectures."""
 
 from .paper import PaperTransformer, paper_scheme
+from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
+from .torch_exact import LayerConfig, TorchDecoder, TorchEncoder, decoder_layer_scheme, encoder_layer_scheme
 
-__all__ = ["PaperTransformer", "paper_scheme"]
+__all__ = [
+    "PaperTransformer",
+    "paper_scheme",
+    "TorchEncoder",
+    "TorchDecoder",
+    "LayerConfig",
+    "encoder_layer_scheme",
+    "decoder_layer_scheme",
+    "from_torch",
+    "to_torch",
+    "torch_state_dict",
+    "load_torch_state_dict",
+]

@@ -7,6 +7,16 @@ from .layernorm import ProjectionS1, project_s1
 from .relaxation import Relaxation
 from .relu import ProjectionS2
 
+# torch-exact and multi-head operators
+from .activation import ACTIVATIONS, Activation
+from .affine import PointwiseAffine
+from .context import ContextGrid
+from .dropout import FieldDropout
+from .feedforward import FeedForward
+from .multihead import MultiHeadAttention
+from .prenorm import PreNorm
+from .relu_attention import ReLUAttention
+
 __all__ = [
     "Operator",
     "SoftmaxAttention",
@@ -15,4 +25,13 @@ __all__ = [
     "ProjectionS2",
     "FFNIntegral",
     "Relaxation",
+    "MultiHeadAttention",
+    "ReLUAttention",
+    "ContextGrid",
+    "PointwiseAffine",
+    "Activation",
+    "ACTIVATIONS",
+    "FeedForward",
+    "PreNorm",
+    "FieldDropout",
 ]
