@@ -170,6 +170,8 @@ def _value(c, n: int, grad: bool) -> Tensor | None:
 def _assign(c, n: int, value: Tensor) -> None:
     if isinstance(c, PiecewiseConstant):
         c.raw[n].copy_(value)
+    elif isinstance(c, Constant):
+        c.value.copy_(value)
     elif isinstance(c, nn.Parameter):
         c.copy_(value)
     else:

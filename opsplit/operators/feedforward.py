@@ -176,7 +176,9 @@ class FeedForward(Operator):
         return F.linear(u, W1.t(), b1)
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
-        h = activation_fn(self.activation)(self.hidden_preactivation(t, u, grid))
+        h = self.hidden_preactivation(t, u, grid)
+        # ReLU in place on the fresh GEMM output (autograd-safe: the GEMM does not save it)
+        h = h.relu_() if self.activation == "relu" else activation_fn(self.activation)(h)
         if self.dropout and self.training:
             h = F.dropout(h, self.dropout, True)
         W2 = self.W2(t, grid)
