@@ -2,6 +2,7 @@
 
 from .paper import PaperTransformer, paper_scheme
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
+from .vit import ClassTokenReadout, PatchEmbedding, ViT, ViTOutput, from_hf
 from .torch_exact import LayerConfig, TorchDecoder, TorchEncoder, decoder_layer_scheme, encoder_layer_scheme
 
 __all__ = [
@@ -16,4 +17,9 @@ __all__ = [
     "to_torch",
     "torch_state_dict",
     "load_torch_state_dict",
+    "ViT",
+    "ViTOutput",
+    "PatchEmbedding",
+    "ClassTokenReadout",
+    "from_hf",
 ]
