@@ -1,5 +1,6 @@
 """Named discretisations that recover known architectures."""
 
+from .continuous import ContinuousTransformer
 from .paper import PaperTransformer, paper_scheme
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
 from .vit import ClassTokenReadout, PatchEmbedding, ViT, ViTOutput, from_hf
@@ -8,6 +9,7 @@ from .torch_exact import LayerConfig, TorchDecoder, TorchEncoder, decoder_layer_
 __all__ = [
     "PaperTransformer",
     "paper_scheme",
+    "ContinuousTransformer",
     "TorchEncoder",
     "TorchDecoder",
     "LayerConfig",
