@@ -40,10 +40,10 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed(fn, device) -> float:
+def timed(fn, model, device) -> float:
     sync(device)
     t0 = time.perf_counter()
-    fn()
+    fn(model)
     sync(device)
     return time.perf_counter() - t0
 
@@ -112,7 +112,7 @@ def main(argv=None):
         for r in range(args.repeats):
             order = ((ref, tt), (ops, to)) if r % 2 == 0 else ((ops, to), (ref, tt))
             for model, acc in order:
-                acc.append(timed(lambda: fn(model), device))
+                acc.append(timed(fn, model, device))
         mt, mo = statistics.median(tt), statistics.median(to)
         paired = statistics.median(o / t for o, t in zip(to, tt))
         best = min(to) / min(tt)

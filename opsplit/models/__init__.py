@@ -1,10 +1,16 @@
 """Named discretisations that recover known architectures."""
 
 from .continuous import ContinuousTransformer
-from .paper import PaperTransformer, paper_scheme
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
+from .paper import PaperTransformer, paper_scheme
+from .torch_exact import (
+    LayerConfig,
+    TorchDecoder,
+    TorchEncoder,
+    decoder_layer_scheme,
+    encoder_layer_scheme,
+)
 from .vit import ClassTokenReadout, PatchEmbedding, ViT, ViTOutput, from_hf
-from .torch_exact import LayerConfig, TorchDecoder, TorchEncoder, decoder_layer_scheme, encoder_layer_scheme
 
 __all__ = [
     "PaperTransformer",

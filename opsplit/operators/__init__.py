@@ -1,20 +1,18 @@
 """Operators: the terms of the continuous model, *what moves u* (one operator per file)."""
 
-from .attention import SoftmaxAttention
-from .base import Operator
-from .ffn import FFNIntegral
-from .layernorm import ProjectionS1, project_s1
-from .relaxation import Relaxation
-from .relu import ProjectionS2
-
-# torch-exact and multi-head operators
 from .activation import ACTIVATIONS, Activation
 from .affine import PointwiseAffine
+from .attention import SoftmaxAttention
+from .base import Operator
 from .context import ContextGrid
 from .dropout import FieldDropout
 from .feedforward import FeedForward
+from .ffn import FFNIntegral
+from .layernorm import ProjectionS1, project_s1
 from .multihead import MultiHeadAttention
 from .prenorm import PreNorm
+from .relaxation import Relaxation
+from .relu import ProjectionS2
 from .relu_attention import ReLUAttention
 
 __all__ = [

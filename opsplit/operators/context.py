@@ -28,9 +28,10 @@ and not once per step.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..grid import Grid
 

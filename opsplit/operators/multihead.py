@@ -416,7 +416,7 @@ class MultiHeadAttention(Operator):
         return q, k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """:math:`\int_{\Omega_x} \gamma(x, \tilde x, h) V(\tilde x, h, \cdot) d\mu(\tilde x)`
+        """:math:`\\int_{\\Omega_x} \\gamma(x, \tilde x, h) V(\tilde x, h, \\cdot) d\\mu(\tilde x)`
         per head, ``(B, H, N_x, d_v)``: softmax attention (eq. 37) by SDPA."""
         B, H, N, _ = q.shape
         bias, is_causal = self._log_weights(grid, B, H, N, k.shape[2], q.dtype, q.device)
@@ -426,7 +426,7 @@ class MultiHeadAttention(Operator):
         )
 
     def combine_heads(self, t, o: Tensor, grid: Grid) -> Tensor:
-        """:math:`\int_{\Omega_h} [\cdot] W^O(h, \cdot, y) dh + b^O(y)` from per-head outputs
+        r""":math:`\int_{\Omega_h} [\cdot] W^O(h, \cdot, y) dh + b^O(y)` from per-head outputs
         ``o`` of shape ``(B, H, N_x, d_v)`` to ``(B, N_x, N_y)``."""
         B, H, N, dv = o.shape
         wh = self._head_weights(H, grid, o.dtype, o.device)
