@@ -81,17 +81,18 @@ class _ReLURecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _RELU_FUNCS and args and isinstance(args[0], Tensor):
             x = args[0]
+            hi = None
             if func in (torch.relu, F.relu, torch.Tensor.relu, torch.Tensor.relu_, torch.relu_):
                 lo = 0.0
             elif func in (torch.clamp_min, torch.Tensor.clamp_min, torch.Tensor.clamp_min_):
                 lo = args[1] if len(args) > 1 else kwargs.get("min")
-            else:  # clamp / clip: a ReLU-like kink only at min (max would be a second kink)
+            else:  # clamp / clip: kinks at min and at max
                 lo = args[1] if len(args) > 1 else kwargs.get("min")
                 hi = args[2] if len(args) > 2 else kwargs.get("max")
-                if hi is not None:
-                    self.records.append((x < hi).detach())
             if lo is not None:
                 self.records.append((x > lo).detach())
+            if hi is not None:
+                self.records.append((x < hi).detach())
         return func(*args, **kwargs)
 
 

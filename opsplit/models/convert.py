@@ -240,7 +240,7 @@ def _pairs(model, stacked: bool):
                 items += _pairs_norm(model.norm(k), p + f"norm{k}")
         pairs += [(n, *it) for it in items]
     if model.final_norm is not None:
-        pairs += [(None, *it) for it in _pairs_norm(model.final_norm, "norm")]
+        pairs += [(None, *it) for it in _pairs_norm(model.final_affine, "norm")]
     return pairs
 
 
@@ -345,7 +345,7 @@ def _final_norm(norm, E: int, where: str, bias: bool):
     return norm
 
 
-def from_torch(module: nn.Module, *, strict: bool = True):
+def from_torch(module: nn.Module, *, strict: bool = True, fused_norm: bool = True):
     """The opsplit model of a torch transformer module, with the same weights.
 
     Args:
@@ -355,6 +355,8 @@ def from_torch(module: nn.Module, *, strict: bool = True):
             propagator), or ``nn.MultiheadAttention`` (-> a
             :class:`~opsplit.operators.MultiHeadAttention` operator, batch-first, self-attention).
         strict: reject subclasses of the torch modules (whose forward may differ).
+        fused_norm: compute each LayerNorm with ``F.layer_norm`` (default) or as the core
+            :math:`S_1` projection's resolvent followed by the affine map (post-norm layers).
 
     The result is on the module's device and dtype and in its training mode.
     """
@@ -392,9 +394,10 @@ def from_torch(module: nn.Module, *, strict: bool = True):
     final = _final_norm(final, cfg["d_model"], where, cfg["bias"])
     p0 = next(module.parameters())
     cls = TorchDecoder if decoder else TorchEncoder
-    model = cls(**cfg, num_layers=len(layers), final_norm=final is not None, device=p0.device, dtype=p0.dtype)
+    model = cls(**cfg, num_layers=len(layers), final_norm=final is not None, fused_norm=fused_norm,
+                device=p0.device, dtype=p0.dtype)
     if final is not None:
-        model.final_norm.projection.eps = float(final.eps)
+        model.final_projection.eps = float(final.eps)
     model.torch_source = source
     if source == "TransformerEncoder":
         model.torch_options = {"enable_nested_tensor": bool(module.enable_nested_tensor),
@@ -485,7 +488,7 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
     else:
         norm = None
         if model.final_norm is not None:
-            norm = nn.LayerNorm(model.d_model, eps=model.final_norm.projection.eps, bias=model.bias,
+            norm = nn.LayerNorm(model.d_model, eps=model.final_projection.eps, bias=model.bias,
                                 device=p0.device, dtype=p0.dtype)
         if decoder:
             module = nn.TransformerDecoder(layer, model.num_layers, norm=norm)

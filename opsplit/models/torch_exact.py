@@ -186,8 +186,8 @@ class LayerConfig:
         )
 
     def layer_norm(self, stacked: bool = True):
-        """``nn.LayerNorm(d_model, eps, bias)``: projection + affine, fused or as two maps
-        (the latter for post-norm substeps only)."""
+        """``nn.LayerNorm(d_model, eps, bias)``: projection + affine, fused (one
+        ``F.layer_norm``) or as two maps (the core projection's resolvent, then the affine)."""
         E = self.d_model
         if stacked:
             w, b = self.pc(E, fill=1.0), (self.pc(E) if self.bias else None)
@@ -195,7 +195,7 @@ class LayerConfig:
             w = nn.Parameter(torch.ones(E, device=self.device, dtype=self.dtype))
             b = nn.Parameter(torch.zeros(E, device=self.device, dtype=self.dtype)) if self.bias else None
         P = ProjectionS1(0.0, 1.0, eps=self.layer_norm_eps)
-        if stacked and not self.fused_norm and not self.norm_first:
+        if not self.fused_norm:
             return [P, PointwiseAffine(w, b)]
         return PointwiseAffine(w, b, projection=P)
 
@@ -213,12 +213,27 @@ class _TorchExact(Propagator):
         self.dropout_p = cfg.dropout
         # named access to the scheme's operators (not registered twice: they live in the scheme)
         self.__dict__["_parts"] = {"norms": tuple(norms)}
-        self.final_norm = cfg.layer_norm(stacked=False) if cfg.final_norm else None
+        fn = cfg.layer_norm(stacked=False) if cfg.final_norm else None
+        self.final_norm = nn.ModuleList(fn) if isinstance(fn, list) else fn
         self.check_finite_input = True
 
     @staticmethod
     def _affine_of(norm) -> PointwiseAffine:
         return norm[-1] if isinstance(norm, (list, tuple)) else norm
+
+    @property
+    def final_affine(self) -> PointwiseAffine | None:
+        """The affine map of the final LayerNorm (``None`` without one)."""
+        fn = self.final_norm
+        return None if fn is None else (fn[-1] if isinstance(fn, nn.ModuleList) else fn)
+
+    @property
+    def final_projection(self) -> ProjectionS1 | None:
+        """The S1 projection of the final LayerNorm (its ``eps`` is torch's)."""
+        fn = self.final_norm
+        if fn is None:
+            return None
+        return fn[0] if isinstance(fn, nn.ModuleList) else fn.projection
 
     @property
     def ffn(self) -> FeedForward:
@@ -300,8 +315,10 @@ class _TorchExact(Propagator):
 
     def _finish(self, u: Tensor, grid) -> Tensor:
         fn = getattr(self, "final_norm", None)
-        if fn is not None:
-            u = fn.flow(self.t1, 1.0, u, grid)
+        if fn is None:
+            return u
+        for n in fn if isinstance(fn, nn.ModuleList) else [fn]:
+            u = n.flow(self.t1, 1.0, u, grid) if n.has_flow else n.resolvent(self.t1, 1.0, u, grid)
         return u
 
     # -- parameters -----------------------------------------------------------------------------

@@ -276,8 +276,8 @@ def from_hf(model) -> ViT:
         for norm, ln in ((encoder.norm(1), ln1), (encoder.norm(2), ln2)):
             norm.weight.raw[n].copy_(ln.weight)
             norm.bias.raw[n].copy_(ln.bias)
-    encoder.final_norm.weight.value.copy_(vit.layernorm.weight)
-    encoder.final_norm.bias.value.copy_(vit.layernorm.bias)
+    encoder.final_affine.weight.value.copy_(vit.layernorm.weight)
+    encoder.final_affine.bias.value.copy_(vit.layernorm.bias)
 
     pe = vit.embeddings.patch_embeddings
     conv = pe.projection

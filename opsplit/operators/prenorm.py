@@ -17,7 +17,7 @@ map substep (:class:`~opsplit.operators.PointwiseAffine` — with its projection
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..grid import Grid
 from .base import Operator
@@ -37,7 +37,8 @@ class PreNorm(Operator):
 
     Args:
         inner: an operator with a ``field`` (attention, feed-forward, ...).
-        norm: a Δt-independent map (projection or map substep, see the module docstring).
+        norm: a Δt-independent map (projection or map substep, see the module docstring), or
+            a sequence of them applied in order (e.g. ``[ProjectionS1, PointwiseAffine]``).
     """
 
     has_field = True
@@ -49,23 +50,32 @@ class PreNorm(Operator):
             raise TypeError(
                 f"PreNorm.inner: expected an opsplit Operator with a field, got {type(inner).__name__}"
             )
-        if not isinstance(norm, Operator) or not _is_map(norm):
-            raise TypeError(
-                "PreNorm.norm: expected a Δt-independent map (ProjectionS1, ProjectionS2, "
-                f"PointwiseAffine, Activation), got {type(norm).__name__}"
-            )
+        maps = list(norm) if isinstance(norm, (list, tuple)) else [norm]
+        if not maps:
+            raise ValueError("PreNorm.norm: expected at least one map")
+        for n in maps:
+            if not isinstance(n, Operator) or not _is_map(n):
+                raise TypeError(
+                    "PreNorm.norm: expected a Δt-independent map (ProjectionS1, ProjectionS2, "
+                    f"PointwiseAffine, Activation), got {type(n).__name__}"
+                )
         self.inner = inner
-        self.norm = norm
+        self.norm = maps[0] if len(maps) == 1 else nn.ModuleList(maps)
+
+    @property
+    def maps(self) -> list:
+        return list(self.norm) if isinstance(self.norm, nn.ModuleList) else [self.norm]
 
     def check(self, grid: Grid) -> None:
         self.inner.check(grid)
-        self.norm.check(grid)
+        for n in self.maps:
+            n.check(grid)
 
     def normalize(self, t, u: Tensor, grid: Grid) -> Tensor:
-        """:math:`N(u)` (the map is independent of Δt; it is called with Δt = 1)."""
-        if self.norm.has_flow:
-            return self.norm.flow(t, 1.0, u, grid)
-        return self.norm.resolvent(t, 1.0, u, grid)
+        """:math:`N(u)` (the maps are independent of Δt; they are called with Δt = 1)."""
+        for n in self.maps:
+            u = n.flow(t, 1.0, u, grid) if n.has_flow else n.resolvent(t, 1.0, u, grid)
+        return u
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         return self.inner.field(t, self.normalize(t, u, grid), grid)
