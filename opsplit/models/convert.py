@@ -450,8 +450,13 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
     """
     _check_model(model)
     g = model.grid
-    for name, itv in (("x", g.x), ("y", g.y), ("h", g.h)):
-        if itv is not None and itv.uniform_weight != 1.0 and not (name == "x" and itv.uniform_weight is not None):
+    if g.x.rule == "trapezoid":  # equal x-weights cancel in the softmax; unequal ones do not
+        raise ValueError(
+            f"to_torch: the model's Omega_x quadrature weights are not equal ({g.x}); torch's "
+            "layers are the L = N discretisation"
+        )
+    for name, itv in (("y", g.y), ("h", g.h)):
+        if itv is not None and itv.uniform_weight != 1.0:
             raise ValueError(
                 f"to_torch: the model's Omega_{name} quadrature weights are not 1 ({itv}); torch's "
                 "layers are the L = N discretisation"
