@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
+from attention_reference import naive_multihead
 from torch import nn
 
-from attention_reference import naive_multihead
 from opsplit import Grid, Interval, Propagator
 from opsplit.controls import PiecewiseConstant
 from opsplit.models import from_torch, paper_scheme

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from attention_reference import naive_relu_attention
+
 from opsplit import Grid, Propagator
 from opsplit.analysis import finite_difference, piecewise_degree, relu_sign_patterns
 from opsplit.controls import PiecewiseConstant

@@ -204,6 +204,7 @@ def test_unfused_norm_is_the_core_projection_then_affine(norm_first):
     torch.testing.assert_close(model(x), enc(x), rtol=0, atol=1e-10)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
 def test_fast_path_no_grad_eval():
     """Under no_grad in eval torch runs its fused kernel (_transformer_encoder_layer_fwd; with a
     key-padding mask nn.TransformerEncoder also converts to nested tensors and returns 0 at
@@ -349,3 +350,41 @@ def test_scale_is_exposed():
     model = TorchEncoder(12, 3, 20)
     assert isinstance(model.attention, MultiHeadAttention)
     assert math.isclose(model.attention.scale, 1 / math.sqrt(4))
+
+
+def test_gradcheck_new_operators():
+    """float64 gradcheck of every new operator's step (inputs and a weight)."""
+    torch.manual_seed(0)
+    d = dict(dtype=torch.float64)
+    u = torch.randn(2, 3, 4, **d, requires_grad=True)
+    g = Grid.uniform(3, 4, rule="trapezoid")
+    W1 = torch.randn(4, 5, **d, requires_grad=True)
+    for act in ("relu", "gelu", "gelu_tanh"):
+        ffn = FeedForward(W1, torch.randn(5, **d), torch.randn(5, 4, **d), torch.randn(4, **d), activation=act,
+                          hidden=Interval(length=1.0, rule="trapezoid"))
+        assert torch.autograd.gradcheck(lambda u, W, ffn=ffn: FeedForward(
+            W, ffn.b1.value, ffn.W2.value, ffn.b2.value, activation=ffn.activation, hidden=ffn.hidden
+        ).field(0.0, u, g), (u, W1))
+    w = torch.rand(4, **d).add_(0.5).requires_grad_()
+    for eps, grid in ((1e-5, Grid.paper(3, 4)), (1e-5, g), (0.0, g)):
+        P = ProjectionS1(0.2, 1.5, eps=eps)
+        assert torch.autograd.gradcheck(
+            lambda u, w, P=P, grid=grid: PointwiseAffine(w, torch.ones(4, **d), projection=P).flow(0.0, 1.0, u, grid),
+            (u, w),
+        )
+    ffn = FeedForward(W1.detach(), None, torch.randn(5, 4, **d), None)
+    norm = PointwiseAffine(torch.rand(4, **d) + 0.5, None, projection=ProjectionS1(eps=1e-5))
+    assert torch.autograd.gradcheck(lambda u: PreNorm(ffn, norm).field(0.0, u, g), (u,))
+    assert torch.autograd.gradcheck(lambda u: Activation("gelu").flow(0.0, 1.0, u, g), (u,))
+
+
+def test_encoder_on_device(device):
+    """CPU torch module vs opsplit on the device (float32)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(20, 4, 33, batch_first=True, norm_first=True).eval()
+    _perturb(layer, 5)
+    model = from_torch(layer).to(device)
+    x = torch.randn(2, 6, 20)
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    out = model(x.to(device), mask.to(device))
+    torch.testing.assert_close(out.cpu(), layer(x, mask), rtol=0, atol=1e-5)
