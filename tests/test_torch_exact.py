@@ -293,17 +293,19 @@ def test_pointwise_affine_after_projection_is_layernorm():
     two = PointwiseAffine(ln.weight, ln.bias).flow(0.0, 1.0, P.resolvent(0.0, 1.0, u, g), g)
     torch.testing.assert_close(two, ln(u), rtol=0, atol=1e-12)
     # with the paper's scalar sigma_1, sigma_2 the fused map is gamma (sigma2 n + sigma1) + beta
-    P2 = ProjectionS1(0.3, 2.0, eps=1e-5)
+    # (sigma as float64 tensors: a Python float would be stored as a float32 buffer)
+    P2 = ProjectionS1(torch.tensor(0.3, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64), eps=1e-5)
     n = (u - u.mean(-1, keepdim=True)) / torch.sqrt(u.var(-1, unbiased=False, keepdim=True) + 1e-5)
     ref = ln.weight * (2.0 * n + 0.3) + ln.bias
-    torch.testing.assert_close(PointwiseAffine(ln.weight, ln.bias, projection=P2).flow(0.0, 1.0, u, g), ref)
+    torch.testing.assert_close(PointwiseAffine(ln.weight, ln.bias, projection=P2).flow(0.0, 1.0, u, g), ref,
+                               rtol=0, atol=1e-12)
     # non-uniform y-weights: the general path (weighted mean and variance, Theorem 3.1)
     gt = Grid.uniform(4, 7, rule="trapezoid")
     wy = gt.y.weights(torch.float64) / gt.y.measure
     a = (u * wy).sum(-1, keepdim=True)
     b = ((u - a) ** 2 * wy).sum(-1, keepdim=True)
     ref = ln.weight * (u - a) / torch.sqrt(b + 1e-5) + ln.bias
-    torch.testing.assert_close(fused.flow(0.0, 1.0, u, gt), ref)
+    torch.testing.assert_close(fused.flow(0.0, 1.0, u, gt), ref, rtol=0, atol=1e-12)
 
 
 def test_prenorm_reads_the_normalised_state():
