@@ -85,7 +85,7 @@ def test_paper_eq41_literally():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "causal+padding"])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "causal+padding", "3d per head"])
 def test_matches_nn_multiheadattention(dtype, mask_kind):
     torch.manual_seed(2)
     E, H, B, N = 12, 3, 3, 6
@@ -106,6 +106,9 @@ def test_matches_nn_multiheadattention(dtype, mask_kind):
         kpm = torch.zeros(B, N, dtype=torch.bool)
         kpm[1, -2:] = True
         kpm = torch.zeros(B, N, dtype=dtype).masked_fill(kpm, float("-inf"))
+    elif mask_kind == "3d per head":
+        am = torch.rand(B * H, N, N) < 0.3
+        am[:, :, 0] = False
     ref = mha(x, x, x, attn_mask=am, key_padding_mask=kpm, need_weights=False)[0]
     g = ContextGrid.of(Grid.paper(N, E), attn_mask=am, key_padding_mask=kpm)
     got = op.field(0.0, x, g)
