@@ -416,7 +416,7 @@ class MultiHeadAttention(Operator):
         return q, k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """:math:`\\int_{\\Omega_x} \\gamma(x, \tilde x, h) V(\tilde x, h, \\cdot) d\\mu(\tilde x)`
+        r""":math:`\int_{\Omega_x} \gamma(x, \tilde x, h) V(\tilde x, h, \cdot) d\mu(\tilde x)`
         per head, ``(B, H, N_x, d_v)``: softmax attention (eq. 37) by SDPA."""
         B, H, N, _ = q.shape
         bias, is_causal = self._log_weights(grid, B, H, N, k.shape[2], q.dtype, q.device)
