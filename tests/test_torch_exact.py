@@ -390,3 +390,22 @@ def test_encoder_on_device(device):
     mask = nn.Transformer.generate_square_subsequent_mask(6)
     out = model(x.to(device), mask.to(device))
     torch.testing.assert_close(out.cpu(), layer(x, mask), rtol=0, atol=1e-5)
+
+
+def test_gelu_as_a_substep_of_a_scheme():
+    """Activation is a map substep (Exact solver): the paper's FFN layer with GELU in place of
+    the ReLU projection is u <- gelu(u + dt (u W + b))."""
+    from opsplit import Propagator
+    from opsplit.operators import FFNIntegral
+    from opsplit.schemes import Lie
+    from opsplit.solvers import Exact, ExplicitEuler, Substep
+
+    torch.manual_seed(0)
+    W, b = torch.randn(5, 5, dtype=torch.float64) * 0.3, torch.randn(5, dtype=torch.float64)
+    scheme = Lie([Substep(FFNIntegral(W, b, bias_axis="y"), ExplicitEuler()), Substep(Activation("gelu"), Exact())])
+    u = torch.randn(2, 3, 5, dtype=torch.float64)
+    out = Propagator(scheme, 2)(u)
+    ref = u
+    for _ in range(2):
+        ref = F.gelu(ref + ref @ W + b)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
