@@ -176,6 +176,18 @@ def test_parallel_does_not_batch_across_different_settings():
     assert all(names is None for _, names in q._group.plan())
 
 
+def test_parallel_batch_auto_and_bad_value():
+    p = Parallel([_att(4, 0), _att(4, 1)])
+    assert p.batch == "auto"
+    assert p._group.use_batch(torch.zeros(2, 3, 4))
+    assert not p._group.use_batch(torch.zeros(2, 3, p._group.auto_numel))
+    assert not Parallel([_att(4, 0), _att(4, 1)], batch=False)._group.use_batch(torch.zeros(1, 1, 4))
+    with pytest.raises(ValueError, match="batch: expected True, False or 'auto'"):
+        Parallel([_att(4, 0)], batch="yes")
+    with pytest.raises(ValueError, match="batch: expected True, False or 'auto'"):
+        Hybrid([[_att(4, 0)]], batch=2)
+
+
 def test_hybrid_reduces_to_lie_and_parallel_and_nested_equals_indexed():
     g = Grid.uniform(3, 4)
     u = torch.randn(2, 3, 4, dtype=D)

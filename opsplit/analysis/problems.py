@@ -95,7 +95,7 @@ class SmoothTransformer:
         return subs
 
     def scheme(self, kind: str = "lie", solver: str = "euler", projection: str = "tangent",
-               batch: bool = True):
+               batch="auto"):
         """One of :data:`SCHEMES` over :meth:`substeps`.  ``hybrid`` groups: [S1],
         [attention], [FFN_1..J], [S2]."""
         subs = self.substeps(solver, projection)
@@ -120,7 +120,7 @@ class SmoothTransformer:
         raise ValueError(f"scheme: expected one of {SCHEMES}, got {kind!r}")
 
     def propagator(self, n_steps: int, kind: str = "lie", solver: str = "euler",
-                   projection: str = "tangent", batch: bool = True) -> Propagator:
+                   projection: str = "tangent", batch="auto") -> Propagator:
         return Propagator(self.scheme(kind, solver, projection, batch), n_steps,
                           t0=0.0, t1=self.T, grid=self.grid)
 

@@ -36,12 +36,13 @@ class Hybrid(Scheme):
       partition of their indices (every index exactly once), in the order the groups run.
 
     Args:
-        batch: run substeps of the same structure inside a group as one vmapped call.
+        batch: run substeps of the same structure inside a group as one vmapped call
+            (``True``, ``False`` or ``"auto"``, as in :class:`~opsplit.schemes.Parallel`).
     """
 
     order = 1
 
-    def __init__(self, substeps, groups=None, *, batch: bool = True):
+    def __init__(self, substeps, groups=None, *, batch="auto"):
         substeps = list(substeps) if not isinstance(substeps, nn.Module) else [substeps]
         if groups is None:
             if not substeps:
@@ -61,7 +62,7 @@ class Hybrid(Scheme):
             substeps = flat
         super().__init__(substeps)
         self.groups = self._check_groups(groups, len(self.substeps))
-        self.batch = bool(batch)
+        self.batch = batch
         self._parts = nn.ModuleList(
             ParallelGroup([self.substeps[i] for i in g], batch=batch) for g in self.groups
         )

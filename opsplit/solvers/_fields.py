@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..controls.timepoints import LeftLimit
 
-__all__ = ["check_field_terms", "field_sum", "end_time"]
+__all__ = ["check_field_terms", "field_sum", "end_time", "stage_time"]
 
 
 def check_field_terms(solver, terms) -> None:
@@ -42,3 +42,20 @@ def field_sum(terms, t, u: Tensor, grid) -> Tensor:
 def end_time(t, dt) -> LeftLimit:
     """The substep's end :math:`(t + \\Delta t)^-`."""
     return LeftLimit(float(t) + float(dt))
+
+
+def stage_time(t_start: float, t_end: float, s: float):
+    """A stage time ``s`` of a substep over ``[t_start, t_end]``, read from inside it.
+
+    Times at or before the start are the start (read from the right, as the first-order
+    solvers do); times at or after the end are the end's left limit; a time in the second
+    half of the interval is read as a left limit too, so that a stage a round-off below
+    the end (``t_end - 1 ulp``) is not rounded up into the next piece of a
+    piecewise-constant control.
+    """
+    lo, hi = (t_start, t_end) if t_start <= t_end else (t_end, t_start)
+    if s <= lo:
+        return float(lo)
+    if s >= hi:
+        return LeftLimit(hi)
+    return LeftLimit(s) if s >= 0.5 * (lo + hi) else float(s)

@@ -11,19 +11,24 @@ and ``options`` passed through.
 **Controls.** The field is evaluated at torchdiffeq's own stage times, so the substep
 sees the true time dependence of the controls.  A stage at (or, for an adaptive method's
 trial step, beyond) the substep's end is evaluated at the left limit
-:math:`(t + \Delta t)^-` (:class:`~opsplit.controls.LeftLimit`): a substep never reads a
-control outside its own interval.  Adaptive methods are asked to end a step exactly at
+:math:`(t + \Delta t)^-` (:class:`~opsplit.controls.LeftLimit`), and so is any stage in
+the second half of the substep (a stage a round-off below the end must not be read in
+the next piece of a piecewise-constant control): a substep never reads a control outside
+its own interval.  Adaptive methods are asked to end a step exactly at
 :math:`t + \Delta t` (torchdiffeq's ``step_t`` option) rather than overshoot it and
 interpolate back.
 
-**Order.** A fixed-grid method has its own order (``step_size`` in ``options``
-subdivides the substep without changing it).  A multistep method restarts at every
-substep, where its first step is a one-step method of order 1, so it is declared order 1.
-An adaptive method solves the substep to its tolerance: declared order unbounded (like
+**Order.** A fixed-grid method has its own order, torchdiffeq's ``order`` attribute
+(``step_size`` in ``options`` subdivides the substep without changing it); torchdiffeq
+starts its multistep methods with RK4 steps, so ``explicit_adams`` / ``implicit_adams``
+restarted at every substep are order 4.  An adaptive method solves the substep to its tolerance: declared order unbounded (like
 :class:`~opsplit.solvers.Exact`); the accuracy is then set by ``rtol``/``atol`` and the
 scheme's order is the splitting's own.
 
-**Adjoint.** ``adjoint=True`` uses ``torchdiffeq.odeint_adjoint`` (memory independent of
+**Gradients.** Backpropagation through the solve differentiates the discrete
+computation; the adaptive step sizes are kept out of the graph (torchdiffeq's initial-step
+heuristic is run without gradients and passed as ``first_step``), as the controls read
+the stage times as plain numbers.  ``adjoint=True`` uses ``torchdiffeq.odeint_adjoint`` (memory independent of
 the number of internal steps); gradients reach the operators' parameters and every buffer
 that requires grad.
 """
@@ -35,16 +40,13 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..controls.timepoints import LeftLimit
-from ._fields import check_field_terms, field_sum
+from ._fields import check_field_terms, field_sum, stage_time
 from .base import Solver
 
-__all__ = ["ODESolve", "FIXED_ORDERS", "ADAPTIVE"]
+__all__ = ["ODESolve", "FIXED", "ADAPTIVE"]
 
-#: one-step fixed-grid methods and their orders
-FIXED_ORDERS = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
-#: multistep fixed-grid methods (restarted each substep: order 1)
-MULTISTEP = ("explicit_adams", "implicit_adams", "fixed_adams")
+#: fixed-grid methods (their order is torchdiffeq's own ``order`` attribute)
+FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
 #: adaptive (tolerance-controlled) methods
 ADAPTIVE = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun", "scipy_solver")
 _STEP_T_METHODS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
@@ -65,12 +67,7 @@ class _SubstepField(nn.Module):
     def forward(self, s, y):
         self.n_evals += 1
         s = float(s.detach()) if isinstance(s, Tensor) else float(s)
-        lo, hi = (self.t_start, self.t_end) if self.t_start <= self.t_end else (self.t_end, self.t_start)
-        if s >= hi:
-            s = LeftLimit(hi)
-        elif s < lo:
-            s = lo
-        return field_sum(self.terms, s, y, self.grid)
+        return field_sum(self.terms, stage_time(self.t_start, self.t_end, s), y, self.grid)
 
 
 class ODESolve(Solver):
@@ -127,10 +124,8 @@ class ODESolve(Solver):
             ).items()
             if v is not None
         }
-        if method in FIXED_ORDERS:
-            self.order = FIXED_ORDERS[method]
-        elif method in MULTISTEP:
-            self.order = 1
+        if method in FIXED:
+            self.order = int(getattr(SOLVERS[method], "order", 1))
         else:
             self.order = 99
 
@@ -141,6 +136,19 @@ class ODESolve(Solver):
     def check(self, terms) -> None:
         check_field_terms(self, terms)
 
+    def _first_step(self, func, ts: Tensor, u: Tensor) -> float:
+        # torchdiffeq's initial-step heuristic, but outside the autograd graph: computed
+        # inside the solve it makes the step sizes (and so the stage times) depend on u
+        # with a gradient, while the controls read the times as plain numbers; the
+        # gradient of the solution would then miss the matching term.
+        from torchdiffeq._impl.misc import _rms_norm, _select_initial_step
+        from torchdiffeq._impl.odeint import SOLVERS
+
+        order = int(getattr(SOLVERS[self.method], "order", 5))
+        with torch.no_grad():
+            h0 = _select_initial_step(func, ts[0], u, order - 1, self.rtol, self.atol, _rms_norm)
+        return float(min(float(h0), float(ts[1] - ts[0])))
+
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         import torchdiffeq
 
@@ -150,8 +158,11 @@ class ODESolve(Solver):
         ts = torch.tensor([t0, t1], dtype=u.dtype, device=u.device)
         func.t_end = float(ts[1])  # the representable end time torchdiffeq will pass
         options = dict(self.options)
-        if self.method in _STEP_T_METHODS and "step_t" not in options and "jump_t" not in options:
-            options["step_t"] = ts[1:]
+        if self.method in _STEP_T_METHODS:
+            if "step_t" not in options and "jump_t" not in options:
+                options["step_t"] = ts[1:]
+            if "first_step" not in options:
+                options["first_step"] = self._first_step(func, ts, u)
         kw = dict(rtol=self.rtol, atol=self.atol, method=self.method, options=options or None)
         if self.adjoint:
             params = [p for m in terms if isinstance(m, nn.Module) for p in m.parameters()]
