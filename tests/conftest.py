@@ -1,0 +1,37 @@
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "opsplit",
+    deadline=None,
+    max_examples=int(os.environ.get("OPSPLIT_HYPOTHESIS_EXAMPLES", "60")),
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+settings.load_profile("opsplit")
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+DEVICE_PARAMS = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+        ],
+    ),
+]
+
+
+@pytest.fixture(params=DEVICE_PARAMS)
+def device(request):
+    return torch.device(request.param)
+
+
+@pytest.fixture(params=[torch.float32, torch.float64], ids=["f32", "f64"])
+def dtype(request):
+    return request.param
