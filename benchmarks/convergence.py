@@ -78,8 +78,9 @@ def temporal_table(title, problem, ns, projection="tangent", solvers=SOLVERS, re
 
             label = f"{kind} / {solver}"
             if reference:
-                st = temporal_convergence(solve, ns, ref, t1=problem.T, label=label,
-                                          expected=expected(kind, solver))
+                st = temporal_convergence(
+                    solve, ns, ref, t1=problem.T, label=label, expected=expected(kind, solver)
+                )
                 row(label, st, expected(kind, solver))
             else:
                 st = self_convergence(solve, ns, t1=problem.T, label=label)
@@ -90,8 +91,9 @@ def temporal_table(title, problem, ns, projection="tangent", solvers=SOLVERS, re
 
 
 def trained_nt6(quick):
-    p = smooth_transformer(n_x=4, n_y=4, J=1, time="piecewise_linear", n_time=7,
-                           constraint=True, moving=True, seed=3)
+    p = smooth_transformer(
+        n_x=4, n_y=4, J=1, time="piecewise_linear", n_time=7, constraint=True, moving=True, seed=3
+    )
     train = p.propagator(6, "lie", "euler")
     torch.manual_seed(0)
     target = torch.randn_like(p.f)
@@ -101,15 +103,27 @@ def trained_nt6(quick):
         (train(p.f) - target).square().mean().backward()
         opt.step()
     ns = [6, 12, 24, 48]
-    print(f"\nTrained at N_t = 6 (10 Adam steps, Lie / projected Euler), solved at N_t = {ns}; "
-          "S1 constraint; controls piecewise-linear with nodes t^n = n/6")
+    print(
+        f"\nTrained at N_t = 6 (10 Adam steps, Lie / projected Euler), solved at N_t = {ns}; "
+        "S1 constraint; controls piecewise-linear with nodes t^n = n/6"
+    )
     studies = []
     with torch.no_grad():
         ref = p.reference()
-        for kind, solver in [("lie", "euler"), ("strang", "heun"), ("strang", "rk4"),
-                             ("hybrid", "euler"), ("parallel", "euler")]:
-            st = temporal_convergence(lambda n: p.propagator(6, kind, solver)(p.f, n_steps=n), ns, ref,
-                                      label=f"{kind} / {solver}", expected=expected(kind, solver))
+        for kind, solver in [
+            ("lie", "euler"),
+            ("strang", "heun"),
+            ("strang", "rk4"),
+            ("hybrid", "euler"),
+            ("parallel", "euler"),
+        ]:
+            st = temporal_convergence(
+                lambda n, k=kind, s=solver: p.propagator(6, k, s)(p.f, n_steps=n),
+                ns,
+                ref,
+                label=f"{kind} / {solver}",
+                expected=expected(kind, solver),
+            )
             tail = fit_order(st.h[1:], st.errors[1:])
             row(f"{kind} / {solver}", st, expected(kind, solver))
             print(f"  {'':<34} from N_t = 12: {tail}")
@@ -122,6 +136,7 @@ def spatial(quick):
     n_ref = 256 if quick else 1024
     out = []
     for axis in ("y", "x"):
+
         def solve(n, axis=axis):
             kw = dict(n_x=6, n_y=n) if axis == "y" else dict(n_x=n, n_y=6)
             p = smooth_transformer(**kw, space="polynomial", J=1, constraint=True, seed=4)
@@ -129,11 +144,15 @@ def spatial(quick):
                 return p.reference(rtol=1e-11, atol=1e-13), p.grid
 
         t = time.perf_counter()
-        st = spatial_convergence(solve, ns, solve(n_ref), axis=axis, label=f"N_{axis} (midpoint rule)",
-                                 expected=2)
-        print(f"  N_{axis} = {ns} vs N_{axis} = {n_ref}: order {st.fit}  theory 2   errors: "
-              + " ".join(f"{v:.2e}" for v in st.errors) + f"   ({time.perf_counter() - t:.0f} s)",
-              flush=True)
+        st = spatial_convergence(
+            solve, ns, solve(n_ref), axis=axis, label=f"N_{axis} (midpoint rule)", expected=2
+        )
+        print(
+            f"  N_{axis} = {ns} vs N_{axis} = {n_ref}: order {st.fit}  theory 2   errors: "
+            + " ".join(f"{v:.2e}" for v in st.errors)
+            + f"   ({time.perf_counter() - t:.0f} s)",
+            flush=True,
+        )
         out.append(st)
     return out
 
@@ -153,38 +172,66 @@ def main(argv=None):
     smooth = smooth_transformer(n_x=4, n_y=4, J=2, seed=0)
     results["smooth"] = temporal_table(
         "1. Smooth terms (softmax attention + 2 FFN integral terms, no projections), vs torchdiffeq",
-        smooth, ns)
+        smooth,
+        ns,
+    )
     s1 = smooth_transformer(n_x=4, n_y=4, J=2, seed=1, constraint=True, moving=True)
     results["s1_tangent"] = temporal_table(
         "2a. S1 as a constraint (sigma(t) moving): projection method on the tangent-projected fields",
-        s1, ns)
+        s1,
+        ns,
+    )
     results["s1_plain"] = temporal_table(
         "2b. S1 as a constraint: paper-style substeps (plain fields, then the S1 projection)",
-        s1, ns, projection="plain", solvers=["euler", "heun"])
+        s1,
+        ns,
+        projection="plain",
+        solvers=["euler", "heun"],
+    )
     relu = smooth_transformer(n_x=4, n_y=4, J=2, seed=1, relu=True)
     results["relu"] = temporal_table(
         "3a. Smooth terms + ReLU (S2), no S1: non-smooth, no ODE reference; self-convergence "
         "(difference to the solution at 2 N_t), measured only",
-        relu, ns + [ns[-1] * 2], solvers=["euler", "heun"], reference=False)
+        relu,
+        ns + [ns[-1] * 2],
+        solvers=["euler", "heun"],
+        reference=False,
+    )
     relu_s1 = smooth_transformer(n_x=4, n_y=4, J=2, seed=1, constraint=True, moving=True, relu=True)
     results["relu_s1"] = temporal_table(
         "3b. S1 constraint + ReLU (S2): self-convergence, measured only",
-        relu_s1, ns + [ns[-1] * 2], solvers=["euler", "heun"], reference=False)
+        relu_s1,
+        ns + [ns[-1] * 2],
+        solvers=["euler", "heun"],
+        reference=False,
+    )
     results["nt6"] = trained_nt6(args.quick)
-    print("\n4. Spatial: one continuous model (Legendre kernels in y~, y, x and t; S1 constraint), "
-          "solved by torchdiffeq (rtol 1e-11) on each grid")
+    print(
+        "\n4. Spatial: one continuous model (Legendre kernels in y~, y, x and t; S1 constraint), "
+        "solved by torchdiffeq (rtol 1e-11) on each grid"
+    )
     results["space"] = spatial(args.quick)
 
-    plot_convergence([s for s in results["smooth"] if s.label.split(" / ")[1] in ("euler", "heun")],
-                     os.path.join(OUT, "convergence_time.png"),
-                     title="smooth transformer: error vs Δt (Euler and Heun substeps)")
-    plot_convergence([s for s in results["s1_tangent"] if s.label.split(" / ")[1] in ("euler", "heun")],
-                     os.path.join(OUT, "convergence_time_s1.png"),
-                     title="S1 constraint, projection method: error vs Δt")
-    plot_convergence(results["nt6"], os.path.join(OUT, "convergence_nt6.png"),
-                     title="trained at N_t = 6, solved at N_t = 6, 12, 24, 48")
-    plot_convergence(results["space"], os.path.join(OUT, "convergence_space.png"),
-                     title="same continuous model at N_y, N_x = 16 ... 128")
+    plot_convergence(
+        [s for s in results["smooth"] if s.label.split(" / ")[1] in ("euler", "heun")],
+        os.path.join(OUT, "convergence_time.png"),
+        title="smooth transformer: error vs Δt (Euler and Heun substeps)",
+    )
+    plot_convergence(
+        [s for s in results["s1_tangent"] if s.label.split(" / ")[1] in ("euler", "heun")],
+        os.path.join(OUT, "convergence_time_s1.png"),
+        title="S1 constraint, projection method: error vs Δt",
+    )
+    plot_convergence(
+        results["nt6"],
+        os.path.join(OUT, "convergence_nt6.png"),
+        title="trained at N_t = 6, solved at N_t = 6, 12, 24, 48",
+    )
+    plot_convergence(
+        results["space"],
+        os.path.join(OUT, "convergence_space.png"),
+        title="same continuous model at N_y, N_x = 16 ... 128",
+    )
     with open(os.path.join(OUT, "convergence.json"), "w") as fh:
         json.dump({k: [s.to_dict() for s in v] for k, v in results.items()}, fh, indent=1)
     print(f"\nplots and JSON in {OUT}  (total {time.perf_counter() - t0:.0f} s)")

@@ -36,11 +36,17 @@ def build(kind, H, J, ny, nx, batch, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
 
     def W():
-        return torch.nn.Parameter(torch.randn(ny, ny, generator=g, dtype=torch.float64).to(dtype) / ny**0.5)
+        return torch.nn.Parameter(
+            torch.randn(ny, ny, generator=g, dtype=torch.float64).to(dtype) / ny**0.5
+        )
 
     heads = [SoftmaxAttention(W(), W(), W()) for _ in range(H)]
-    ffn = [FFNIntegral(W(), torch.nn.Parameter(torch.randn(nx, generator=g, dtype=torch.float64).to(dtype)))
-           for _ in range(J)]
+    ffn = [
+        FFNIntegral(
+            W(), torch.nn.Parameter(torch.randn(nx, generator=g, dtype=torch.float64).to(dtype))
+        )
+        for _ in range(J)
+    ]
     sub = lambda op: Substep(op, Heun())  # noqa: E731
     if kind == "parallel":
         scheme = Parallel([sub(o) for o in heads + ffn], batch=batch)
@@ -66,12 +72,21 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.float32
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
-          f"medians of {args.repeats} interleaved repeats, 2 propagator steps, Heun substeps")
-    print(f"{'scheme':<9}{'H':>3}{'J':>3}{'B':>5}{'N_x':>5}{'N_y':>5} | {'loop fwd':>10}{'vmap fwd':>10}"
-          f"{'ratio':>7} | {'loop f+b':>10}{'vmap f+b':>10}{'ratio':>7} | max |diff|")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
+        f"medians of {args.repeats} interleaved repeats, 2 propagator steps, Heun substeps"
+    )
+    print(
+        f"{'scheme':<9}{'H':>3}{'J':>3}{'B':>5}{'N_x':>5}{'N_y':>5} | {'loop fwd':>10}{'vmap fwd':>10}"
+        f"{'ratio':>7} | {'loop f+b':>10}{'vmap f+b':>10}{'ratio':>7} | max |diff|"
+    )
     for kind in ("parallel", "hybrid"):
-        for H, J, B, nx, ny in [(8, 2, 8, 16, 16), (16, 4, 8, 16, 16), (8, 2, 16, 32, 32), (8, 2, 32, 64, 64)]:
+        for H, J, B, nx, ny in [
+            (8, 2, 8, 16, 16),
+            (16, 4, 8, 16, 16),
+            (8, 2, 16, 32, 32),
+            (8, 2, 32, 64, 64),
+        ]:
             props = {b: build(kind, H, J, ny, nx, b, dtype) for b in (False, True)}
             f = torch.randn(B, nx, ny, dtype=dtype)
             with torch.no_grad():
@@ -83,12 +98,15 @@ def main(argv=None):
             for _ in range(args.repeats):
                 for b in (False, True):  # interleaved
                     with torch.no_grad():
-                        fw[b] += timeit(lambda b=b: props[b](f), 1)
-                    fw[f"fb_{b}"] += timeit(lambda b=b: props[b](f).sum().backward(), 1)
+                        fw[b] += timeit(lambda p=props[b], f=f: p(f), 1)
+                    fw[f"fb_{b}"] += timeit(lambda p=props[b], f=f: p(f).sum().backward(), 1)
             m = {k: statistics.median(v) * 1e3 for k, v in fw.items()}
-            print(f"{kind:<9}{H:>3}{J:>3}{B:>5}{nx:>5}{ny:>5} | {m[False]:>8.2f}ms{m[True]:>8.2f}ms"
-                  f"{m[False] / m[True]:>6.2f}x | {m['fb_False']:>8.2f}ms{m['fb_True']:>8.2f}ms"
-                  f"{m['fb_False'] / m['fb_True']:>6.2f}x | {diff:.1e}", flush=True)
+            print(
+                f"{kind:<9}{H:>3}{J:>3}{B:>5}{nx:>5}{ny:>5} | {m[False]:>8.2f}ms{m[True]:>8.2f}ms"
+                f"{m[False] / m[True]:>6.2f}x | {m['fb_False']:>8.2f}ms{m['fb_True']:>8.2f}ms"
+                f"{m['fb_False'] / m['fb_True']:>6.2f}x | {diff:.1e}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def test_piecewise_linear_matches_numpy_interp():
     c = PiecewiseLinear(vals, t0=1.0, t1=3.0)
     nodes = np.linspace(1.0, 3.0, 5)
     for t in [1.0, 1.2, 1.5, 2.0, 2.77, 3.0, LeftLimit(2.5)]:
-        want = np.stack([np.interp(t, nodes, vals[:, i, j].numpy()) for i in range(2) for j in range(3)])
+        want = np.stack(
+            [np.interp(t, nodes, vals[:, i, j].numpy()) for i in range(2) for j in range(3)]
+        )
         torch.testing.assert_close(c(t).reshape(-1), torch.tensor(want), rtol=1e-14, atol=1e-14)
     assert c.breakpoints() == pytest.approx(list(nodes))
     with pytest.raises(ValueError, match="outside its time interval"):
@@ -100,7 +102,9 @@ def test_left_limit_on_piecewise_constant():
     assert [pc.piece(LeftLimit(t)) for t in (0.0, 1.0, 2.0, 2.5, 3.0)] == [0, 0, 1, 2, 2]
     # round-off around a breakpoint
     assert pc.piece(LeftLimit(1.0 + 1e-15)) == 0 and pc.piece(1.0 - 1e-15) == 1
-    assert isinstance(LeftLimit(1.0) + 1.0, float) and not isinstance(LeftLimit(1.0) + 1.0, LeftLimit)
+    assert isinstance(LeftLimit(1.0) + 1.0, float) and not isinstance(
+        LeftLimit(1.0) + 1.0, LeftLimit
+    )
 
 
 def test_model_built_at_nt_evaluated_at_multiples_uses_the_right_pieces():
@@ -211,9 +215,15 @@ def test_same_continuous_model_on_several_grids():
     ref = Interval(n=5, length=1.0)
     mk = lambda: OnReferenceGrid(torch.randn(5, 5, generator=gen, dtype=D), (ref, ref))  # noqa: E731
     att = SoftmaxAttention(mk(), mk(), mk())
-    ffn = FFNIntegral(PolynomialSeries(TimeBasis(torch.randn(2, 3, 3, generator=gen, dtype=D), t1=1.0)))
-    prop = Propagator(Strang([Substep(att, Heun()), Substep(ffn, Heun())]), 4, t1=1.0,
-                      grid=Grid(Interval(length=1.0), Interval(length=1.0)))
+    ffn = FFNIntegral(
+        PolynomialSeries(TimeBasis(torch.randn(2, 3, 3, generator=gen, dtype=D), t1=1.0))
+    )
+    prop = Propagator(
+        Strang([Substep(att, Heun()), Substep(ffn, Heun())]),
+        4,
+        t1=1.0,
+        grid=Grid(Interval(length=1.0), Interval(length=1.0)),
+    )
     for ny in (5, 8, 13):
         y = (torch.arange(ny, dtype=D) + 0.5) / ny
         f = torch.sin(3 * y)[None, None, :] * torch.ones(2, 4, 1, dtype=D)

@@ -90,7 +90,9 @@ def test_resample_is_exact_for_cubics():
     xs, ys = src.x.nodes(D), src.y.nodes(D)
     xd, yd = dst.x.nodes(D), dst.y.nodes(D)
     u = f(xs[:, None], ys[None, :])[None]
-    torch.testing.assert_close(resample(u, src, dst)[0], f(xd[:, None], yd[None, :]), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        resample(u, src, dst)[0], f(xd[:, None], yd[None, :]), rtol=1e-12, atol=1e-12
+    )
 
 
 # -- the reference --------------------------------------------------------------------------
@@ -124,7 +126,9 @@ def test_constrained_reference_stays_on_moving_s1():
         s1 = float(p.norm.sigma1(t).detach())
         s2 = float(p.norm.sigma2(t).detach())
         torch.testing.assert_close(m, torch.full_like(m, s1), rtol=0, atol=1e-12)
-        torch.testing.assert_close(((u - m[..., None]) ** 2).mean(-1).sqrt(), torch.full_like(m, s2))
+        torch.testing.assert_close(
+            ((u - m[..., None]) ** 2).mean(-1).sqrt(), torch.full_like(m, s2)
+        )
 
 
 def test_reference_bad_input():
@@ -145,8 +149,9 @@ def test_reference_bad_input():
 # -- trained at N_t = 6, solved at 12, 24, 48 ------------------------------------------------
 def test_model_trained_at_6_steps_converges_at_finer_steps(tmp_path):
     # controls piecewise-linear in time with nodes at t^n = n/6 (the N_t = 6 grid)
-    p = smooth_transformer(n_x=4, n_y=4, J=1, time="piecewise_linear", n_time=7,
-                           constraint=True, moving=True, seed=3)
+    p = smooth_transformer(
+        n_x=4, n_y=4, J=1, time="piecewise_linear", n_time=7, constraint=True, moving=True, seed=3
+    )
     train = p.propagator(6, "lie", "euler")
     torch.manual_seed(0)
     target = torch.randn_like(p.f)
@@ -162,10 +167,20 @@ def test_model_trained_at_6_steps_converges_at_finer_steps(tmp_path):
     with torch.no_grad():
         ref = p.reference()
         ns = [6, 12, 24, 48]
-        lie = temporal_convergence(lambda n: p.propagator(6, "lie", "euler")(p.f, n_steps=n), ns, ref,
-                                   label="Lie, projected Euler", expected=1)
-        strang = temporal_convergence(lambda n: p.propagator(6, "strang", "heun")(p.f, n_steps=n), ns,
-                                      ref, label="Strang, projected Heun", expected=2)
+        lie = temporal_convergence(
+            lambda n: p.propagator(6, "lie", "euler")(p.f, n_steps=n),
+            ns,
+            ref,
+            label="Lie, projected Euler",
+            expected=1,
+        )
+        strang = temporal_convergence(
+            lambda n: p.propagator(6, "strang", "heun")(p.f, n_steps=n),
+            ns,
+            ref,
+            label="Strang, projected Heun",
+            expected=2,
+        )
     assert lie.fit.within(1, 0.15), str(lie)
     assert (strang.errors[1:] < strang.errors[:-1]).all()
     # pre-asymptotic at N_t = 6; from 12 on within the tolerance
@@ -199,8 +214,13 @@ def test_self_convergence_with_relu_reports_an_order():
 
 
 def test_convergence_study_plot_returns_axes():
-    st = temporal_convergence(lambda n: torch.full((1, 1, 1), 1.0 + 1.0 / n, dtype=D), [2, 4, 8],
-                              torch.ones(1, 1, 1, dtype=D), label="1/n", expected=1)
+    st = temporal_convergence(
+        lambda n: torch.full((1, 1, 1), 1.0 + 1.0 / n, dtype=D),
+        [2, 4, 8],
+        torch.ones(1, 1, 1, dtype=D),
+        label="1/n",
+        expected=1,
+    )
     assert st.fit.within(1, 1e-9)
     ax = st.plot()
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"

@@ -67,12 +67,25 @@ def linear():
 @pytest.mark.parametrize(
     "solver, expected",
     [
-        (Heun(), 2), (RK4(), 4), (ExactMidpoint(), 2), (Exact(), 1),
-        (ODESolve("midpoint"), 2), (ODESolve("heun3"), 3), (ODESolve("rk4"), 4),
+        (Heun(), 2),
+        (RK4(), 4),
+        (ExactMidpoint(), 2),
+        (Exact(), 1),
+        (ODESolve("midpoint"), 2),
+        (ODESolve("heun3"), 3),
+        (ODESolve("rk4"), 4),
         (ODESolve("explicit_adams"), 4),
     ],
-    ids=["heun", "rk4", "exact_midpoint", "exact_frozen", "tdq_midpoint", "tdq_heun3", "tdq_rk4",
-         "tdq_adams"],
+    ids=[
+        "heun",
+        "rk4",
+        "exact_midpoint",
+        "exact_frozen",
+        "tdq_midpoint",
+        "tdq_heun3",
+        "tdq_rk4",
+        "tdq_adams",
+    ],
 )
 def test_solver_orders_with_time_dependent_controls(linear, solver, expected):
     g, ffn, u0, ref = linear
@@ -90,15 +103,18 @@ def test_odeint_adaptive_substep_is_tolerance_accurate(linear):
     assert solver.order == 99 and solver.adaptive
     out = Propagator(Lie([Substep(ffn, solver)]), 3, t1=1.0, grid=g)(u0)
     torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-8)
-    loose = Propagator(Lie([Substep(ffn, ODESolve("dopri5", rtol=1e-3, atol=1e-4))]), 3, t1=1.0, grid=g)(u0)
+    loose = Propagator(
+        Lie([Substep(ffn, ODESolve("dopri5", rtol=1e-3, atol=1e-4))]), 3, t1=1.0, grid=g
+    )(u0)
     assert (loose - ref).abs().max() > (out - ref).abs().max()
 
 
 def test_odeint_options_are_passed_through(linear):
     g, ffn, u0, ref = linear
     coarse = Propagator(Lie([Substep(ffn, ODESolve("euler"))]), 2, t1=1.0, grid=g)(u0)
-    fine = Propagator(Lie([Substep(ffn, ODESolve("euler", options={"step_size": 0.05}))]), 2, t1=1.0,
-                      grid=g)(u0)
+    fine = Propagator(
+        Lie([Substep(ffn, ODESolve("euler", options={"step_size": 0.05}))]), 2, t1=1.0, grid=g
+    )(u0)
     assert (fine - ref).abs().max() < 0.2 * (coarse - ref).abs().max()
 
 
@@ -109,7 +125,9 @@ def test_odeint_matches_matrix_exponential_and_sums_terms():
     f1, f2 = FFNIntegral(W1), FFNIntegral(W2)
     u = torch.randn(2, 3, 4, generator=gen, dtype=D)
     out = Substep((f1, f2), ODESolve("dopri8", rtol=1e-12, atol=1e-13))(0.0, 0.7, u, g)
-    torch.testing.assert_close(out, u @ torch.linalg.matrix_exp(0.7 * (W1 + W2)), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        out, u @ torch.linalg.matrix_exp(0.7 * (W1 + W2)), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_odeint_adjoint_gradients_match_direct(linear):
@@ -121,7 +139,9 @@ def test_odeint_adjoint_gradients_match_direct(linear):
         solver = ODESolve("dopri5", rtol=1e-10, atol=1e-11, adjoint=adjoint)
         out = Substep(ffn, solver)(0.1, 0.5, x, g)
         out.square().sum().backward()
-        grads.append((x.grad.clone(), ffn.W.coefficients.grad.clone(), ffn.b.coefficients.grad.clone()))
+        grads.append(
+            (x.grad.clone(), ffn.W.coefficients.grad.clone(), ffn.b.coefficients.grad.clone())
+        )
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
@@ -140,8 +160,11 @@ def test_odeint_bad_arguments():
 
 
 # -- piecewise-constant controls: the end stage reads the left limit ------------------------------
-@pytest.mark.parametrize("solver", [Heun(), RK4(), ODESolve("rk4"), ODESolve("dopri5", rtol=1e-12, atol=1e-13)],
-                         ids=["heun", "rk4", "tdq_rk4", "tdq_dopri5"])
+@pytest.mark.parametrize(
+    "solver",
+    [Heun(), RK4(), ODESolve("rk4"), ODESolve("dopri5", rtol=1e-12, atol=1e-13)],
+    ids=["heun", "rk4", "tdq_rk4", "tdq_dopri5"],
+)
 def test_stages_stay_inside_the_piece(solver):
     # a substep over piece k of a piecewise-constant kernel equals the same substep with
     # that piece as a constant control (the end stage must not read piece k + 1)
@@ -177,15 +200,21 @@ def test_tangent_projection_matches_least_squares(rule):
     u = torch.randn(2, 3, 6, dtype=D)
     v = torch.randn(2, 3, 6, dtype=D)
     P = tangent_s1(u, v, g)
-    torch.testing.assert_close(P, _weighted_tangent_lstsq(u, v, g.y.weights(D)), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        P, _weighted_tangent_lstsq(u, v, g.y.weights(D)), rtol=1e-10, atol=1e-12
+    )
     torch.testing.assert_close(tangent_s1(u, P, g), P, rtol=1e-10, atol=1e-12)  # idempotent
 
 
 def test_projected_substep_keeps_the_manifold_through_the_start_and_its_order():
     g = Grid.uniform(3, 5)
     gen = torch.Generator().manual_seed(3)
-    att = SoftmaxAttention(*(TimeBasis(torch.randn(2, 5, 5, generator=gen, dtype=D), t1=1.0,
-                                       axes=("y", "y")) for _ in range(3)))
+    att = SoftmaxAttention(
+        *(
+            TimeBasis(torch.randn(2, 5, 5, generator=gen, dtype=D), t1=1.0, axes=("y", "y"))
+            for _ in range(3)
+        )
+    )
     u = torch.randn(2, 3, 5, generator=gen, dtype=D)
     for base in (ExplicitEuler(), Heun(), RK4(), ODESolve("rk4")):
         out = Substep(att, ProjectedS1(base))(0.0, 0.3, u, g)
@@ -220,8 +249,9 @@ def test_catch_up_projects_onto_the_set_at_the_end():
     out = Substep(norm, CatchUp())(0.2, 0.3, u, g)
     m = out.mean(-1)
     torch.testing.assert_close(m, torch.full_like(m, float(s1(0.5).detach())))
-    torch.testing.assert_close(((out - m[..., None]) ** 2).mean(-1).sqrt(),
-                               torch.full_like(m, float(s2(0.5).detach())))
+    torch.testing.assert_close(
+        ((out - m[..., None]) ** 2).mean(-1).sqrt(), torch.full_like(m, float(s2(0.5).detach()))
+    )
     # the sweeping flow from a point on S1(sigma(a)) is the affine map of the module docstring
     on = ProjectionS1(s1, s2).resolvent(0.2, 0.0, u, g)
     want = s2(0.5) / s2(0.2) * (on - s1(0.2)) + s1(0.5)
@@ -232,9 +262,18 @@ def test_catch_up_projects_onto_the_set_at_the_end():
 
 # -- dtypes, gradcheck ----------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("solver", [Heun(), RK4(), ODESolve("rk4"), ODESolve("dopri5", rtol=1e-5, atol=1e-6),
-                                    ProjectedS1(Heun()), ExactMidpoint()],
-                         ids=["heun", "rk4", "tdq_rk4", "tdq_dopri5", "projected", "exact_midpoint"])
+@pytest.mark.parametrize(
+    "solver",
+    [
+        Heun(),
+        RK4(),
+        ODESolve("rk4"),
+        ODESolve("dopri5", rtol=1e-5, atol=1e-6),
+        ProjectedS1(Heun()),
+        ExactMidpoint(),
+    ],
+    ids=["heun", "rk4", "tdq_rk4", "tdq_dopri5", "projected", "exact_midpoint"],
+)
 def test_solvers_dtypes_and_gradcheck(dtype, solver):
     g = Grid.uniform(2, 3)
     gen = torch.Generator().manual_seed(4)
@@ -247,7 +286,9 @@ def test_solvers_dtypes_and_gradcheck(dtype, solver):
     out.sum().backward()
     assert u.grad is not None and W.coefficients.grad is not None
     if dtype == torch.float64 and not (isinstance(solver, ODESolve) and solver.adaptive):
-        assert torch.autograd.gradcheck(lambda x: sub(0.0, 0.4, x, g), (u.detach().requires_grad_(True),))
+        assert torch.autograd.gradcheck(
+            lambda x: sub(0.0, 0.4, x, g), (u.detach().requires_grad_(True),)
+        )
 
 
 @pytest.mark.cuda

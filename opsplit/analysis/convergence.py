@@ -65,7 +65,9 @@ class OrderFit:
         if math.isnan(self.stderr):
             return f"{self.order:.2f} ({self.n_points} points)"
         half = 0.5 * (self.ci_high - self.ci_low)
-        return f"{self.order:.2f} ± {half:.2f} ({100 * self.confidence:g}% CI, {self.n_points} points)"
+        return (
+            f"{self.order:.2f} ± {half:.2f} ({100 * self.confidence:g}% CI, {self.n_points} points)"
+        )
 
 
 def fit_order(h, errors, confidence: float = 0.95) -> OrderFit:
@@ -150,11 +152,17 @@ class ConvergenceStudy:
             from matplotlib.figure import Figure
 
             ax = Figure(figsize=(5, 4)).subplots()
-        (line,) = ax.loglog(self.h, self.errors, "o-", label=f"{self.label}: {self.fit.order:.2f}",
-                            **kwargs)
+        (line,) = ax.loglog(
+            self.h, self.errors, "o-", label=f"{self.label}: {self.fit.order:.2f}", **kwargs
+        )
         hh = np.array([self.h.min(), self.h.max()])
-        ax.loglog(hh, np.exp(self.fit.intercept) * hh ** self.fit.order, ":", color=line.get_color(),
-                  linewidth=1)
+        ax.loglog(
+            hh,
+            np.exp(self.fit.intercept) * hh**self.fit.order,
+            ":",
+            color=line.get_color(),
+            linewidth=1,
+        )
         ax.set_xlabel({"dt": "Δt", "dx": "Δx", "dy": "Δy"}.get(self.variable, self.variable))
         ax.set_ylabel("relative error")
         return ax
@@ -190,7 +198,9 @@ def resample(u: Tensor, src: Grid, dst: Grid) -> Tensor:
     for axis, dim in (("x", -2), ("y", -1)):
         a, b = getattr(src, axis), getattr(dst, axis)
         if not math.isclose(a.length, b.length, rel_tol=1e-12):
-            raise ValueError(f"resample: the grids' Omega_{axis} differ (L = {a.length} vs {b.length})")
+            raise ValueError(
+                f"resample: the grids' Omega_{axis} differ (L = {a.length} vs {b.length})"
+            )
         xa, xb = a.nodes(torch.float64).numpy(), b.nodes(torch.float64).numpy()
         if xa.shape == xb.shape and np.allclose(xa, xb, rtol=0, atol=1e-14 * a.length):
             continue
@@ -243,7 +253,13 @@ def spatial_convergence(
         g = g.with_shape(u.shape[-2], u.shape[-1])
         r = resample(u_ref, g_ref.with_shape(u_ref.shape[-2], u_ref.shape[-1]), g)
         errs.append(relative_error(u.to(torch.float64).cpu(), r, g))
-        hs.append(g.y.spacing if axis == "y" else g.x.spacing if axis == "x" else max(g.x.spacing, g.y.spacing))
+        hs.append(
+            g.y.spacing
+            if axis == "y"
+            else g.x.spacing
+            if axis == "x"
+            else max(g.x.spacing, g.y.spacing)
+        )
         ns.append(int(n))
     h, e = np.array(hs), np.array(errs)
     var = {"x": "dx", "y": "dy", "xy": "dx=dy"}[axis]

@@ -94,8 +94,9 @@ class SmoothTransformer:
             subs.append(Substep(self.relu, Implicit()))
         return subs
 
-    def scheme(self, kind: str = "lie", solver: str = "euler", projection: str = "tangent",
-               batch="auto"):
+    def scheme(
+        self, kind: str = "lie", solver: str = "euler", projection: str = "tangent", batch="auto"
+    ):
         """One of :data:`SCHEMES` over :meth:`substeps`.  ``hybrid`` groups: [S1],
         [attention], [FFN_1..J], [S2]."""
         subs = self.substeps(solver, projection)
@@ -119,10 +120,17 @@ class SmoothTransformer:
             return Hybrid(subs, groups=groups, batch=batch)
         raise ValueError(f"scheme: expected one of {SCHEMES}, got {kind!r}")
 
-    def propagator(self, n_steps: int, kind: str = "lie", solver: str = "euler",
-                   projection: str = "tangent", batch="auto") -> Propagator:
-        return Propagator(self.scheme(kind, solver, projection, batch), n_steps,
-                          t0=0.0, t1=self.T, grid=self.grid)
+    def propagator(
+        self,
+        n_steps: int,
+        kind: str = "lie",
+        solver: str = "euler",
+        projection: str = "tangent",
+        batch="auto",
+    ) -> Propagator:
+        return Propagator(
+            self.scheme(kind, solver, projection, batch), n_steps, t0=0.0, t1=self.T, grid=self.grid
+        )
 
     def reference(self, **kw) -> Tensor:
         """The unsplit model by torchdiffeq at tight tolerance (smooth terms, S1 as a
@@ -241,9 +249,14 @@ def smooth_transformer(
         xs = grid.x.nodes(torch.float64) / lx
         ys = grid.y.nodes(torch.float64) / ly
         a = torch.randn(batch, 4, generator=gen, dtype=torch.float64)
-        f = (torch.sin(2.0 * xs[None, :, None] + 3.0 * a[:, 0, None, None] * ys[None, None, :]
-                       + a[:, 1, None, None])
-             + a[:, 2, None, None] * xs[None, :, None] * ys[None, None, :] ** 2
-             + 0.5 * torch.cos(4.0 * ys[None, None, :] + a[:, 3, None, None]))
+        f = (
+            torch.sin(
+                2.0 * xs[None, :, None]
+                + 3.0 * a[:, 0, None, None] * ys[None, None, :]
+                + a[:, 1, None, None]
+            )
+            + a[:, 2, None, None] * xs[None, :, None] * ys[None, None, :] ** 2
+            + 0.5 * torch.cos(4.0 * ys[None, None, :] + a[:, 3, None, None])
+        )
         f = f.to(**fk)
     return SmoothTransformer(grid, attention, ffn, norm, relu_op, f, float(T))

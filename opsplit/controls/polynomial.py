@@ -50,7 +50,9 @@ class PolynomialSeries(Control):
         if len(self.axes) not in (1, 2):
             raise ValueError(f"PolynomialSeries: expected 1 or 2 axes, got {self.axes!r}")
         if basis not in ("legendre", "chebyshev"):
-            raise ValueError(f"PolynomialSeries.basis: expected 'legendre' or 'chebyshev', got {basis!r}")
+            raise ValueError(
+                f"PolynomialSeries.basis: expected 'legendre' or 'chebyshev', got {basis!r}"
+            )
         self.basis = basis
         self.coefficients = coefficients
 
@@ -60,13 +62,19 @@ class PolynomialSeries(Control):
         c = self.coefficients(t)
         d = len(self.axes)
         if c.dim() < d:
-            raise ValueError(f"PolynomialSeries: coefficients of shape {tuple(c.shape)} for {d} axes")
+            raise ValueError(
+                f"PolynomialSeries: coefficients of shape {tuple(c.shape)} for {d} axes"
+            )
         mats = []
         for k, axis in enumerate(self.axes):
             itv = getattr(grid, axis)
             if itv is None or not itv.is_complete:
-                raise ValueError(f"PolynomialSeries: the grid needs a complete Omega_{axis} interval")
-            mats.append(polynomial_basis(itv, c.shape[c.dim() - d + k], self.basis, c.dtype, c.device))
+                raise ValueError(
+                    f"PolynomialSeries: the grid needs a complete Omega_{axis} interval"
+                )
+            mats.append(
+                polynomial_basis(itv, c.shape[c.dim() - d + k], self.basis, c.dtype, c.device)
+            )
         if d == 1:
             return c @ mats[0].T
         return mats[0] @ c @ mats[1].T

@@ -80,7 +80,7 @@ class OnReferenceGrid(Control):
     def _check_value_shape(self, shape) -> None:
         d = len(self.axes)
         want = tuple(itv.n for itv in self.reference)
-        if len(shape) < d or tuple(shape[len(shape) - d:]) != want:
+        if len(shape) < d or tuple(shape[len(shape) - d :]) != want:
             raise ValueError(
                 f"OnReferenceGrid.values: expected trailing shape {want} (the reference nodes "
                 f"of axes {self.axes}), got {tuple(shape)}"

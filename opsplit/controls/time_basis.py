@@ -133,8 +133,10 @@ class TimeBasis(Control):
         self.check_grid(self.shape, grid, name)
 
     def extra_repr(self) -> str:
-        s = (f"basis={self.basis!r}, n_modes={self.n_modes}, shape={self.shape}, "
-             f"t=[{self.t0:g}, {self.t1:g}]")
+        s = (
+            f"basis={self.basis!r}, n_modes={self.n_modes}, shape={self.shape}, "
+            f"t=[{self.t0:g}, {self.t1:g}]"
+        )
         if self.axes:
             s += f", axes={self.axes}"
         if self.positive:

@@ -56,7 +56,9 @@ class Hybrid(Scheme):
             for g in substeps:
                 g = list(g)
                 if not g:
-                    raise ValueError(f"Hybrid: group {len(groups)} is empty; every group needs a substep")
+                    raise ValueError(
+                        f"Hybrid: group {len(groups)} is empty; every group needs a substep"
+                    )
                 groups.append(list(range(len(flat), len(flat) + len(g))))
                 flat.extend(g)
             substeps = flat
@@ -78,10 +80,14 @@ class Hybrid(Scheme):
         out = []
         for gi, g in enumerate(groups):
             if not _is_group(g) or len(g) == 0:
-                raise ValueError(f"Hybrid.groups[{gi}]: expected a non-empty list of substep indices, got {g!r}")
+                raise ValueError(
+                    f"Hybrid.groups[{gi}]: expected a non-empty list of substep indices, got {g!r}"
+                )
             for i in g:
                 if isinstance(i, bool) or not isinstance(i, int):
-                    raise TypeError(f"Hybrid.groups[{gi}]: expected integer substep indices, got {i!r}")
+                    raise TypeError(
+                        f"Hybrid.groups[{gi}]: expected integer substep indices, got {i!r}"
+                    )
                 if not 0 <= i < n:
                     raise ValueError(
                         f"Hybrid.groups[{gi}]: index {i} is out of range; the scheme has {n} "
@@ -108,4 +114,6 @@ class Hybrid(Scheme):
         return u
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", groups={[list(g) for g in self.groups]}, batch={self.batch}"
+        return (
+            super().extra_repr() + f", groups={[list(g) for g in self.groups]}, batch={self.batch}"
+        )

@@ -46,7 +46,16 @@ from .base import Solver
 __all__ = ["ODESolve", "FIXED", "ADAPTIVE"]
 
 #: fixed-grid methods (their order is torchdiffeq's own ``order`` attribute)
-FIXED = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
+FIXED = (
+    "euler",
+    "midpoint",
+    "heun2",
+    "heun3",
+    "rk4",
+    "explicit_adams",
+    "implicit_adams",
+    "fixed_adams",
+)
 #: adaptive (tolerance-controlled) methods
 ADAPTIVE = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun", "scipy_solver")
 _STEP_T_METHODS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
@@ -119,8 +128,10 @@ class ODESolve(Solver):
         self.adjoint_kwargs = {
             k: v
             for k, v in dict(
-                adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol,
-                adjoint_method=adjoint_method, adjoint_options=adjoint_options,
+                adjoint_rtol=adjoint_rtol,
+                adjoint_atol=adjoint_atol,
+                adjoint_method=adjoint_method,
+                adjoint_options=adjoint_options,
             ).items()
             if v is not None
         }
