@@ -90,6 +90,21 @@ def test_time_basis_matches_numpy(basis):
         TimeBasis(c, basis="fourier")
 
 
+def test_time_and_space_series_gradcheck():
+    from torch.func import functional_call
+
+    tb = TimeBasis(torch.zeros(3, 2, 2, dtype=D), t1=1.0)
+    c = torch.randn(3, 2, 2, dtype=D, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda v: functional_call(tb, {"coefficients": v}, (0.37,)), (c,)
+    )
+    ps = PolynomialSeries(TimeBasis(torch.zeros(2, 3, 2, dtype=D), t1=1.0), axes=("y", "y"))
+    g = Grid.uniform(2, 5)
+    c2 = torch.randn(2, 3, 2, dtype=D, requires_grad=True)
+    fn = lambda v: functional_call(ps, {"coefficients.coefficients": v}, (0.6, g))  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (c2,))
+
+
 def test_time_basis_positive():
     tb = TimeBasis(torch.tensor([0.0, 2.0], dtype=D), t1=1.0, positive=True)
     torch.testing.assert_close(tb(0.0), torch.tensor(np.exp(-2.0), dtype=D))
