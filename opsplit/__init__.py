@@ -11,9 +11,11 @@ eq. 7).  opsplit's pieces, in the order data flows through them:
 - :mod:`opsplit.schemes`    in what order: splitting schemes
 - :class:`opsplit.Propagator`  the composed map f -> u(T)
 - :mod:`opsplit.models`     named discretisations (the paper's transformer, ...)
+- :mod:`opsplit.analysis`   measuring: convergence orders, plots
+- :mod:`opsplit.reference`  the unsplit continuous-time solution
 """
 
-from . import controls, grid, models, operators, schemes, solvers
+from . import analysis, controls, grid, models, operators, reference, schemes, solvers
 from .grid import Grid, Interval
 from .propagator import Propagator
 
@@ -23,10 +25,12 @@ __all__ = [
     "Grid",
     "Interval",
     "Propagator",
+    "analysis",
     "controls",
     "grid",
     "models",
     "operators",
+    "reference",
     "schemes",
     "solvers",
 ]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Control, _check_values, _time_of
+from .timepoints import is_left_limit
 
 __all__ = ["PiecewiseConstant", "Constant"]
 
@@ -85,7 +86,11 @@ class PiecewiseConstant(Control):
         return self.raw.exp() if self.positive else self.raw
 
     def piece(self, t) -> int:
-        """Index of the piece that holds time ``t`` (``[t^{n-1}, t^n)``, last one closed)."""
+        """Index of the piece that holds time ``t`` (``[t^{n-1}, t^n)``, last one closed).
+
+        A :class:`~opsplit.controls.LeftLimit` time ``t`` reads the left limit: the piece
+        ``(t^{n-1}, t^n]`` that ends at ``t`` (the first piece at ``t0``)."""
+        left = is_left_limit(t)
         t = _time_of(t)
         h = (self.t1 - self.t0) / self.n_pieces
         s = (t - self.t0) / h
@@ -94,7 +99,11 @@ class PiecewiseConstant(Control):
                 f"control evaluated at t = {t:g}, outside its time interval "
                 f"[{self.t0:g}, {self.t1:g}]"
             )
-        return min(max(int(math.floor(s + _BREAK_TOL * max(1.0, abs(s)))), 0), self.n_pieces - 1)
+        if left:
+            k = int(math.ceil(s - _BREAK_TOL * max(1.0, abs(s)))) - 1
+        else:
+            k = int(math.floor(s + _BREAK_TOL * max(1.0, abs(s))))
+        return min(max(k, 0), self.n_pieces - 1)
 
     def forward(self, t, grid=None) -> Tensor:
         v = self.raw[self.piece(t)]
