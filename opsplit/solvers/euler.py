@@ -19,5 +19,8 @@ class ExplicitEuler(Solver):
     requires = "field"
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
+        f = terms[0].field(t, u, grid)
+        if isinstance(dt, Tensor):
+            return u + dt * f
         # one fused pass (u + dt * f without the intermediate dt * f; bitwise u + f for dt = 1)
-        return torch.add(u, terms[0].field(t, u, grid), alpha=dt)
+        return torch.add(u, f, alpha=dt)
