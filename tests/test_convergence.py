@@ -33,12 +33,8 @@ from opsplit.schemes import Lie
 D = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny tensors: one thread keeps OpenMP start-up from dominating every op
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- the fit --------------------------------------------------------------------------------

@@ -35,13 +35,8 @@ from opsplit.solvers import (
 D = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny tensors: one thread avoids OpenMP start-up costs dominating every op
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny tensors: one thread keeps OpenMP start-up from dominating every op
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _ffn(n_y, seed, dtype=D, bias=False, n_x=3):

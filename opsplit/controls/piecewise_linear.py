@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import math
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .base import Control, _check_values, _time_of
+from .base import _time_of
+from .table import TimeTable
 
 __all__ = ["PiecewiseLinear"]
 
 _BREAK_TOL = 1e-9
 
 
-class PiecewiseLinear(Control):
+class PiecewiseLinear(TimeTable):
     r"""A control given by its values at equispaced time nodes, linear in between.
 
     Args:
@@ -40,51 +40,15 @@ class PiecewiseLinear(Control):
         requires_grad: whether the values are trained.
     """
 
-    def __init__(
-        self,
-        values: Tensor,
-        *,
-        t0: float = 0.0,
-        t1: float | None = None,
-        axes=(),
-        positive: bool = False,
-        requires_grad: bool = True,
-    ):
-        super().__init__(axes)
-        values = _check_values(values, "PiecewiseLinear.values")
-        if values.dim() < 1 or values.shape[0] < 1:
-            raise ValueError(
-                "PiecewiseLinear.values: expected shape (n_nodes, *shape) with n_nodes >= 1, "
-                f"got {tuple(values.shape)}"
-            )
-        if len(self.axes) > values.dim() - 1:
-            raise ValueError(
-                f"PiecewiseLinear: {len(self.axes)} axes {self.axes} but values of shape "
-                f"{tuple(values.shape[1:])} per node"
-            )
-        self.n_nodes = int(values.shape[0])
-        self.t0 = float(t0)
-        self.t1 = float(t0 + max(self.n_nodes - 1, 1)) if t1 is None else float(t1)
-        if not (math.isfinite(self.t0) and math.isfinite(self.t1)) or self.t1 <= self.t0:
-            raise ValueError(f"PiecewiseLinear: expected t0 < t1, got t0={t0}, t1={t1}")
-        self.positive = bool(positive)
-        if self.positive:
-            if not bool((values > 0).all()):
-                raise ValueError(
-                    "PiecewiseLinear(positive=True): expected values > 0, "
-                    f"got min {float(values.min()):g}"
-                )
-            values = values.log()
-        self.raw = nn.Parameter(values.detach().clone(), requires_grad=requires_grad)
+    _row = "node"
+
+    @staticmethod
+    def _default_span(n_rows: int) -> float:
+        return float(max(n_rows - 1, 1))
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.raw.shape[1:])
-
-    @property
-    def values(self) -> Tensor:
-        """The node values, shape ``(n_nodes, *shape)``."""
-        return self.raw.exp() if self.positive else self.raw
+    def n_nodes(self) -> int:
+        return int(self.raw.shape[0])
 
     def breakpoints(self) -> list[float]:
         """The node times :math:`t_0, \\dots, t_{n-1}` (where the control has kinks)."""
@@ -95,8 +59,7 @@ class PiecewiseLinear(Control):
         t = _time_of(t)
         n = self.n_nodes - 1
         if n == 0:
-            v = self.raw[0]
-            return v.exp() if self.positive else v
+            return self._out(self.raw[0])
         s = (t - self.t0) / (self.t1 - self.t0) * n
         if s < -_BREAK_TOL * max(1.0, n) or s > n * (1 + _BREAK_TOL):
             raise ValueError(
@@ -106,27 +69,4 @@ class PiecewiseLinear(Control):
         s = min(max(s, 0.0), float(n))
         i = min(int(math.floor(s)), n - 1)
         lam = s - i
-        v = self.raw[i] if lam == 0.0 else (1.0 - lam) * self.raw[i] + lam * self.raw[i + 1]
-        return v.exp() if self.positive else v
-
-    def validate(self, grid, name: str = "control") -> None:
-        self.check_grid(self.shape, grid, name)
-
-    @torch.no_grad()
-    def fill_(self, values: Tensor) -> PiecewiseLinear:
-        """Overwrite all nodes (``values`` of shape ``(n_nodes, *shape)`` or ``shape``)."""
-        values = torch.as_tensor(values, dtype=self.raw.dtype, device=self.raw.device)
-        if self.positive:
-            if not bool((values > 0).all()):
-                raise ValueError("fill_: a positive control needs values > 0")
-            values = values.log()
-        self.raw.copy_(values.expand_as(self.raw))
-        return self
-
-    def extra_repr(self) -> str:
-        s = f"n_nodes={self.n_nodes}, shape={self.shape}, t=[{self.t0:g}, {self.t1:g}]"
-        if self.axes:
-            s += f", axes={self.axes}"
-        if self.positive:
-            s += ", positive=True"
-        return s
+        return self._out(self.raw[i] if lam == 0.0 else (1.0 - lam) * self.raw[i] + lam * self.raw[i + 1])
