@@ -12,9 +12,11 @@ eq. 7).  opsplit's pieces, in the order data flows through them:
 - :class:`opsplit.Propagator`  the composed map f -> u(T)
 - :mod:`opsplit.models`     named discretisations (the paper's transformer, ...)
 - :mod:`opsplit.functional` attention kernels as functions (sliced ReLU, ReLU-bump, kernel)
+- :mod:`opsplit.analysis`   measuring: convergence orders, plots
+- :mod:`opsplit.reference`  the unsplit continuous-time solution
 """
 
-from . import controls, functional, grid, models, operators, schemes, solvers
+from . import analysis, controls, functional, grid, models, operators, reference, schemes, solvers
 from .grid import Grid, Interval
 from .propagator import Propagator
 
@@ -24,11 +26,13 @@ __all__ = [
     "Grid",
     "Interval",
     "Propagator",
+    "analysis",
     "controls",
     "functional",
     "grid",
     "models",
     "operators",
+    "reference",
     "schemes",
     "solvers",
 ]

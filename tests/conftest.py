@@ -35,3 +35,12 @@ def device(request):
 @pytest.fixture(params=[torch.float32, torch.float64], ids=["f32", "f64"])
 def dtype(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests on one intra-op thread (for modules of tiny tensors)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

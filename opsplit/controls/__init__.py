@@ -3,5 +3,23 @@ r"""Controls :math:`\theta(t)` (paper 002, eq. 8): *with what* the operators mov
 from .base import Control, as_control
 from .basis import CosineSeries
 from .piecewise import Constant, PiecewiseConstant
+from .piecewise_linear import PiecewiseLinear
+from .polynomial import PolynomialSeries
+from .reference_grid import OnReferenceGrid
+from .time_basis import TimeBasis, basis_matrix
+from .timepoints import LeftLimit, is_left_limit
 
-__all__ = ["Control", "as_control", "PiecewiseConstant", "Constant", "CosineSeries"]
+__all__ = [
+    "Control",
+    "as_control",
+    "PiecewiseConstant",
+    "Constant",
+    "CosineSeries",
+    "PiecewiseLinear",
+    "TimeBasis",
+    "basis_matrix",
+    "PolynomialSeries",
+    "OnReferenceGrid",
+    "LeftLimit",
+    "is_left_limit",
+]

@@ -1,6 +1,33 @@
 """Named discretisations that recover known architectures."""
 
 from .continuous import ContinuousTransformer
+from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
 from .paper import PaperTransformer, paper_scheme
+from .torch_exact import (
+    LayerConfig,
+    TorchDecoder,
+    TorchEncoder,
+    decoder_layer_scheme,
+    encoder_layer_scheme,
+)
+from .vit import ClassTokenReadout, PatchEmbedding, ViT, ViTOutput, from_hf
 
-__all__ = ["PaperTransformer", "paper_scheme", "ContinuousTransformer"]
+__all__ = [
+    "PaperTransformer",
+    "paper_scheme",
+    "ContinuousTransformer",
+    "TorchEncoder",
+    "TorchDecoder",
+    "LayerConfig",
+    "encoder_layer_scheme",
+    "decoder_layer_scheme",
+    "from_torch",
+    "to_torch",
+    "torch_state_dict",
+    "load_torch_state_dict",
+    "ViT",
+    "ViTOutput",
+    "PatchEmbedding",
+    "ClassTokenReadout",
+    "from_hf",
+]

@@ -17,13 +17,12 @@ from .._checks import check_positive_float, check_positive_int
 from ..controls import Constant, CosineSeries, PiecewiseConstant
 from ..grid import Grid, Interval
 from ..operators import FFNIntegral, ProjectionS1, SoftmaxAttention
-from ..propagator import Propagator
-from .paper import paper_scheme
+from .paper import PaperSchemePropagator, paper_scheme
 
 __all__ = ["ContinuousTransformer"]
 
 
-class ContinuousTransformer(Propagator):
+class ContinuousTransformer(PaperSchemePropagator):
     r"""The scheme (13)–(17) with controls that are smooth functions of :math:`(x, y)`.
 
     Args:
@@ -78,18 +77,6 @@ class ContinuousTransformer(Propagator):
         super().__init__(paper_scheme(attention, norm, ffn), n_steps, t0=0.0, t1=T, grid=grid)
         self.n_modes, self.J, self.kernel_scale = n_modes, J, float(kernel_scale)
         self.reset_parameters(generator)
-
-    @property
-    def attention(self) -> SoftmaxAttention:
-        return self.scheme.substeps[0].terms[0]
-
-    @property
-    def norm(self) -> ProjectionS1:
-        return self.scheme.substeps[1].terms[0]
-
-    @property
-    def ffn(self) -> tuple[FFNIntegral, ...]:
-        return tuple(s.terms[0] for s in self.scheme.substeps[2].terms[0].steps)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:

@@ -32,7 +32,7 @@ from ..propagator import Propagator
 from ..schemes import Lie
 from ..solvers import ExplicitEuler, Implicit, SemiImplicit, Substep
 
-__all__ = ["PaperTransformer", "paper_scheme"]
+__all__ = ["PaperTransformer", "PaperSchemePropagator", "paper_scheme"]
 
 
 def paper_scheme(
@@ -61,7 +61,25 @@ def paper_scheme(
     )
 
 
-class PaperTransformer(Propagator):
+class PaperSchemePropagator(Propagator):
+    """A propagator over :func:`paper_scheme`, with named access to its operators."""
+
+    @property
+    def attention(self) -> SoftmaxAttention:
+        return self.scheme.substeps[0].terms[0]
+
+    @property
+    def norm(self) -> ProjectionS1:
+        """The :math:`S_1` projection of substeps (14) and (17)."""
+        return self.scheme.substeps[1].terms[0]
+
+    @property
+    def ffn(self) -> tuple[FFNIntegral, ...]:
+        """The FFN layers :math:`j = 1, \\dots, J` of substeps (15)."""
+        return tuple(s.terms[0] for s in self.scheme.substeps[2].terms[0].steps)
+
+
+class PaperTransformer(PaperSchemePropagator):
     r"""The paper's single-head transformer: :math:`N_t` steps of the scheme (13)–(17).
 
     Args:
@@ -139,19 +157,6 @@ class PaperTransformer(Propagator):
         self.n_y, self.J, self.bias_axis = n_y, J, bias_axis
         self._sigma_init = (float(sigma1), float(sigma2))
         self.reset_parameters()
-
-    # named access to the operators of the scheme
-    @property
-    def attention(self) -> SoftmaxAttention:
-        return self.scheme.substeps[0].terms[0]
-
-    @property
-    def norm(self) -> ProjectionS1:
-        return self.scheme.substeps[1].terms[0]
-
-    @property
-    def ffn(self) -> tuple[FFNIntegral, ...]:
-        return tuple(s.terms[0] for s in self.scheme.substeps[2].terms[0].steps)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

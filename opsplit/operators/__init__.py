@@ -1,12 +1,20 @@
 """Operators: the terms of the continuous model, *what moves u* (one operator per file)."""
 
+from .activation import ACTIVATIONS, Activation
+from .affine import PointwiseAffine
 from .attention import SoftmaxAttention
 from .base import Operator
+from .context import ContextGrid
+from .dropout import FieldDropout
+from .feedforward import FeedForward
 from .ffn import FFNIntegral
 from .kernel_attention import KernelAttention
 from .layernorm import ProjectionS1, project_s1
+from .multihead import MultiHeadAttention
+from .prenorm import PreNorm
 from .relaxation import Relaxation
 from .relu import ProjectionS2
+from .relu_attention import ReLUAttention
 from .sliced_attention import SlicedReLUAttention, SlicedReLUBumpAttention
 
 __all__ = [
@@ -20,4 +28,13 @@ __all__ = [
     "SlicedReLUAttention",
     "SlicedReLUBumpAttention",
     "KernelAttention",
+    "MultiHeadAttention",
+    "ReLUAttention",
+    "ContextGrid",
+    "PointwiseAffine",
+    "Activation",
+    "ACTIVATIONS",
+    "FeedForward",
+    "PreNorm",
+    "FieldDropout",
 ]

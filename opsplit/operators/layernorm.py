@@ -88,10 +88,14 @@ class ProjectionS1(Operator):
 
     def __init__(self, sigma1=0.0, sigma2=1.0, *, eps: float = 0.0):
         super().__init__()
+        # numbers become float64 0-d buffers: exact in a float64 model, and a 0-d tensor
+        # does not promote a float32 state (module.to(dtype) converts them as well)
         if isinstance(sigma1, (int, float)):
-            sigma1 = torch.tensor(float(sigma1))
+            sigma1 = torch.tensor(float(sigma1), dtype=torch.float64)
         if isinstance(sigma2, (int, float)):
-            sigma2 = torch.tensor(check_positive_float(sigma2, "ProjectionS1.sigma2"))
+            sigma2 = torch.tensor(
+                check_positive_float(sigma2, "ProjectionS1.sigma2"), dtype=torch.float64
+            )
         if isinstance(sigma2, Tensor):
             if not bool((sigma2 > 0).all()):
                 raise ValueError(

@@ -1,6 +1,9 @@
 """Splitting schemes: *in what order* (one scheme per file, each declares its order)."""
 
 from .base import Scheme
+from .hybrid import Hybrid
 from .lie import Lie
+from .parallel import Parallel, ScaledOperator
+from .strang import Strang
 
-__all__ = ["Scheme", "Lie"]
+__all__ = ["Scheme", "Lie", "Strang", "Parallel", "Hybrid", "ScaledOperator"]

@@ -1,7 +1,13 @@
 r"""The exact solution map of a substep, for operators that know it (an affine term with
-frozen controls, a relaxation map): :math:`u \mapsto \Phi^{A}_{\Delta t}(u)`.  Its order
-is unbounded; it is declared as a large number so that a scheme's order is set by the
-scheme and its other substeps."""
+frozen controls, a relaxation map): :math:`u \mapsto \Phi^{A}_{\Delta t}(u)`.
+
+Operators' flows freeze their controls at the substep's start time ``t``.  The flow is
+then exact when the controls are constant over the substep (piecewise-constant controls
+aligned with the time grid, the paper's case), and the declared order is unbounded (a
+large number, so that a scheme's order is set by the scheme and its other substeps).
+When the controls vary inside a substep, freezing them at ``t`` is first order in time:
+use :class:`~opsplit.solvers.ExactMidpoint` (order 2) or
+:class:`~opsplit.solvers.ODESolve` there."""
 
 from __future__ import annotations
 

@@ -1,0 +1,35 @@
+"""Measuring: convergence orders in time and space, seeded test problems, plots; spline
+degree of ReLU networks along a line."""
+
+from .convergence import (
+    ConvergenceStudy,
+    OrderFit,
+    fit_order,
+    plot_convergence,
+    relative_error,
+    resample,
+    self_convergence,
+    spatial_convergence,
+    temporal_convergence,
+)
+from .problems import SmoothTransformer, smooth_transformer
+from .spline import DegreeEstimate, finite_difference, line, piecewise_degree, relu_sign_patterns
+
+__all__ = [
+    "ConvergenceStudy",
+    "OrderFit",
+    "fit_order",
+    "plot_convergence",
+    "relative_error",
+    "resample",
+    "self_convergence",
+    "spatial_convergence",
+    "temporal_convergence",
+    "SmoothTransformer",
+    "smooth_transformer",
+    "DegreeEstimate",
+    "finite_difference",
+    "line",
+    "piecewise_degree",
+    "relu_sign_patterns",
+]

@@ -1,0 +1,46 @@
+r"""Dropout on a term's output: :math:`A(t; u) \mapsto \mathrm{Dropout}_p(A(t; u))`.
+
+``nn.TransformerEncoderLayer`` applies dropout to the output of each sub-block before the
+residual sum (``x + dropout(F(x))``).  In eval mode it is the identity, so it does not
+change the continuous model; in training mode it is a random multiplicative mask on the
+vector field (a stochastic perturbation of the explicit step, with mean :math:`A`).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..grid import Grid
+from .base import Operator
+
+__all__ = ["FieldDropout"]
+
+
+class FieldDropout(Operator):
+    """Dropout (probability ``p``, training mode only) on the field of ``inner``."""
+
+    has_field = True
+    default_solver = "explicit"
+
+    def __init__(self, inner: Operator, p: float):
+        super().__init__()
+        if not isinstance(inner, Operator) or not inner.has_field:
+            raise TypeError(
+                f"FieldDropout.inner: expected an opsplit Operator with a field, got {type(inner).__name__}"
+            )
+        p = float(p)
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"FieldDropout.p: expected 0 <= p < 1, got {p}")
+        self.inner = inner
+        self.p = p
+
+    def check(self, grid: Grid) -> None:
+        self.inner.check(grid)
+
+    def field(self, t, u: Tensor, grid: Grid) -> Tensor:
+        f = self.inner.field(t, u, grid)
+        return F.dropout(f, self.p, True) if self.training and self.p > 0 else f
+
+    def extra_repr(self) -> str:
+        return f"p={self.p:g}"

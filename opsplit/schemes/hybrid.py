@@ -1,0 +1,119 @@
+r"""Hybrid splitting (PottsMGNet), paper 002 Appendix C: sequential groups, each group a
+parallel splitting step (eq. 59) of its own substeps.
+
+With groups :math:`G_1, \dots, G_m` (a partition of the substeps), one step is
+
+.. math::  u^{n + g/m} = \frac{1}{|G_g|} \sum_{k \in G_g} v_k,\qquad
+           v_t = |G_g|\, A_k(t; v)\ \text{on } (t^n, t^{n+1}],\ v(t^n) = u^{n + (g-1)/m},
+
+for :math:`g = 1, \dots, m`.  Groups of one substep make it the Lie scheme (eq. 58), a
+single group the parallel scheme (eq. 59).  First order.  Each group runs its
+independent substeps batched where their structures agree (see
+:mod:`opsplit.schemes.parallel`).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .base import Scheme
+from .parallel import ParallelGroup
+
+__all__ = ["Hybrid"]
+
+
+def _is_group(g) -> bool:
+    return isinstance(g, (list, tuple)) and not isinstance(g, nn.Module)
+
+
+class Hybrid(Scheme):
+    """Sequential groups of parallel substeps. Order 1.
+
+    Two ways to give the groups:
+
+    * ``Hybrid([[a, b], [c], [d, e]])``: nested lists of operators / substeps, in order;
+    * ``Hybrid([a, b, c, d, e], groups=[[0, 1], [2], [3, 4]])``: the substeps and a
+      partition of their indices (every index exactly once), in the order the groups run.
+
+    Args:
+        batch: run substeps of the same structure inside a group as one vmapped call
+            (``True``, ``False`` or ``"auto"``, as in :class:`~opsplit.schemes.Parallel`).
+    """
+
+    order = 1
+
+    def __init__(self, substeps, groups=None, *, batch="auto"):
+        substeps = list(substeps) if not isinstance(substeps, nn.Module) else [substeps]
+        if groups is None:
+            if not substeps:
+                raise ValueError("Hybrid: a scheme needs at least one operator (got none)")
+            if not all(_is_group(g) for g in substeps):
+                raise ValueError(
+                    "Hybrid: expected a list of groups (lists of operators/substeps), or the "
+                    "substeps with groups=[[indices], ...]"
+                )
+            groups, flat = [], []
+            for g in substeps:
+                g = list(g)
+                if not g:
+                    raise ValueError(
+                        f"Hybrid: group {len(groups)} is empty; every group needs a substep"
+                    )
+                groups.append(list(range(len(flat), len(flat) + len(g))))
+                flat.extend(g)
+            substeps = flat
+        super().__init__(substeps)
+        self.groups = self._check_groups(groups, len(self.substeps))
+        self.batch = batch
+        self._parts = nn.ModuleList(
+            ParallelGroup([self.substeps[i] for i in g], batch=batch) for g in self.groups
+        )
+
+    @staticmethod
+    def _check_groups(groups, n: int) -> tuple[tuple[int, ...], ...]:
+        if not _is_group(groups) or not groups:
+            raise ValueError(
+                f"Hybrid.groups: expected a non-empty list of index lists covering the {n} "
+                f"substeps 0..{n - 1}, got {groups!r}"
+            )
+        seen: dict[int, int] = {}
+        out = []
+        for gi, g in enumerate(groups):
+            if not _is_group(g) or len(g) == 0:
+                raise ValueError(
+                    f"Hybrid.groups[{gi}]: expected a non-empty list of substep indices, got {g!r}"
+                )
+            for i in g:
+                if isinstance(i, bool) or not isinstance(i, int):
+                    raise TypeError(
+                        f"Hybrid.groups[{gi}]: expected integer substep indices, got {i!r}"
+                    )
+                if not 0 <= i < n:
+                    raise ValueError(
+                        f"Hybrid.groups[{gi}]: index {i} is out of range; the scheme has {n} "
+                        f"substeps (indices 0..{n - 1})"
+                    )
+                if i in seen:
+                    raise ValueError(
+                        f"Hybrid.groups: substep {i} appears in group {seen[i]} and in group {gi}; "
+                        "every substep must be in exactly one group"
+                    )
+                seen[i] = gi
+            out.append(tuple(int(i) for i in g))
+        missing = sorted(set(range(n)) - set(seen))
+        if missing:
+            raise ValueError(
+                f"Hybrid.groups do not cover the operators: substep(s) {missing} are in no group "
+                f"(the scheme has {n} substeps; every one must be in exactly one group)"
+            )
+        return tuple(out)
+
+    def step(self, t, dt: float, u: Tensor, grid) -> Tensor:
+        for part in self._parts:
+            u = part(t, dt, u, grid)
+        return u
+
+    def extra_repr(self) -> str:
+        return (
+            super().extra_repr() + f", groups={[list(g) for g in self.groups]}, batch={self.batch}"
+        )

@@ -1,0 +1,61 @@
+"""Helpers shared by the explicit multi-stage substep solvers (Heun, RK4, ODESolve).
+
+A substep advanced by one of these solvers may hold several operators with explicit
+fields; it then advances their sum :math:`u_t = \\sum_k A_k(t; u)` (unsplit).  Stage
+times are the solver's own: the end of the substep is passed as the left limit
+:math:`(t + \\Delta t)^-` (:class:`~opsplit.controls.LeftLimit`), so controls that are
+piecewise constant on the time grid are seen as constant on each substep.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..controls.timepoints import LeftLimit
+
+__all__ = ["check_field_terms", "field_sum", "end_time", "stage_time"]
+
+
+def check_field_terms(solver, terms) -> None:
+    """Raise a clear error unless every term has an explicit field."""
+    name = type(solver).__name__
+    if len(terms) < 1:
+        raise ValueError(f"{name}: expected at least one operator with an explicit field")
+    for k, term in enumerate(terms):
+        if not getattr(term, "has_field", False):
+            caps = [c for c in ("field", "resolvent", "flow") if getattr(term, f"has_{c}", False)]
+            raise ValueError(
+                f"{name} needs operators with an explicit field, but term {k} "
+                f"({type(term).__name__}) has only {caps or 'nothing'}; its default solver is "
+                f"{getattr(term, 'default_solver', '?')!r}"
+            )
+
+
+def field_sum(terms, t, u: Tensor, grid) -> Tensor:
+    """:math:`\\sum_k A_k(t; u)`."""
+    out = terms[0].field(t, u, grid)
+    for term in terms[1:]:
+        out = out + term.field(t, u, grid)
+    return out
+
+
+def end_time(t, dt) -> LeftLimit:
+    """The substep's end :math:`(t + \\Delta t)^-`."""
+    return LeftLimit(float(t) + float(dt))
+
+
+def stage_time(t_start: float, t_end: float, s: float):
+    """A stage time ``s`` of a substep over ``[t_start, t_end]``, read from inside it.
+
+    Times at or before the start are the start (read from the right, as the first-order
+    solvers do); times at or after the end are the end's left limit; a time in the second
+    half of the interval is read as a left limit too, so that a stage a round-off below
+    the end (``t_end - 1 ulp``) is not rounded up into the next piece of a
+    piecewise-constant control.
+    """
+    lo, hi = (t_start, t_end) if t_start <= t_end else (t_end, t_start)
+    if s <= lo:
+        return float(lo)
+    if s >= hi:
+        return LeftLimit(hi)
+    return LeftLimit(s) if s >= 0.5 * (lo + hi) else float(s)
