@@ -1,8 +1,12 @@
 import os
 
-import pytest
-import torch
-from hypothesis import HealthCheck, settings
+# OpenMP threads that spin while waiting slow small ops down by orders of magnitude on a
+# busy machine; set before torch starts its thread pool
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "opsplit",
