@@ -444,3 +444,11 @@ def test_schemes_cuda_match_cpu():
         gpu = prop.to("cuda")(f.cuda())
         torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-10, atol=1e-10)
         prop.to("cpu")
+
+
+def test_exact_midpoint_rejects_composite_relaxation():
+    from opsplit.operators import ProjectionS2, Relaxation
+    from opsplit.solvers import ExactMidpoint
+
+    with pytest.raises(ValueError, match="ExactMidpoint cannot advance Relaxation"):
+        Substep(Relaxation([ProjectionS2()]), ExactMidpoint())

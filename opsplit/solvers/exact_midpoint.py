@@ -26,5 +26,15 @@ class ExactMidpoint(Solver):
     order = 2
     requires = "flow"
 
+    def check(self, terms) -> None:
+        super().check(terms)
+        if hasattr(terms[0], "steps"):
+            # a composite (Relaxation) runs its inner substeps over [t, t + dt]: shifting its
+            # start time would move that interval, not just the controls' evaluation time
+            raise ValueError(
+                f"ExactMidpoint cannot advance {type(terms[0]).__name__}: its flow runs inner "
+                "substeps over [t, t + dt]; use Exact, or give the inner substeps their own solvers"
+            )
+
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         return terms[0].flow(float(t) + 0.5 * dt, dt, u, grid)
