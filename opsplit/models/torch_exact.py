@@ -309,6 +309,27 @@ class _TorchExact(Propagator):
                 f"{name}: dtype {x.dtype} differs from the model's {p.dtype} "
                 f"(convert the model with .to({x.dtype}) or the input with .to({p.dtype}))"
             )
+        self._check_device(x, name)
+
+    def _check_device(self, x: Tensor, name: str) -> None:
+        p = next(self.parameters(), None)
+        if p is not None and x.device != p.device:
+            raise TypeError(
+                f"{name}: on device {x.device}, the model is on {p.device} (move one with .to(device))"
+            )
+
+    def _check_mask_values(self, mask: Tensor, name: str) -> None:
+        """Device, and no NaN or +inf in a float mask (it is added to the scores: -inf masks a
+        key out, NaN or +inf would make the attention weights NaN)."""
+        self._check_device(mask, name)
+        if self.check_finite_input and mask.is_floating_point() and bool(torch.any(torch.isnan(mask) | (mask == float("inf")))):
+            raise ValueError(f"{name}: a float mask must hold finite values or -inf, found NaN or +inf")
+
+    @staticmethod
+    def _check_causal(flag, name: str) -> bool:
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool or None, got {type(flag).__name__} {flag!r}")
+        return bool(flag)
 
     def _to_state(self, x: Tensor, name: str) -> tuple[Tensor, bool]:
         """torch layout -> opsplit state (B, N, E); returns (state, unbatched)."""
@@ -329,6 +350,8 @@ class _TorchExact(Propagator):
                 f"{name}: expected d_model = {self.d_model} features in the last dimension, got "
                 f"{x.shape[-1]} (shape {tuple(x.shape)})"
             )
+        if x.shape[1] == 0:
+            raise ValueError(f"{name}: expected at least one token (N >= 1), got shape {tuple(x.shape)}")
         return x, unbatched
 
     def _from_state(self, u: Tensor, unbatched: bool) -> Tensor:
@@ -350,6 +373,7 @@ class _TorchExact(Propagator):
                 f"scores), got dtype {mask.dtype}"
             )
         check_attn_mask(mask, name, B, self.nhead, Nq, Nk)
+        self._check_mask_values(mask, name)
         return mask
 
     def _kpm(self, mask, name: str, B: int, Nk: int, unbatched: bool):
@@ -364,6 +388,7 @@ class _TorchExact(Propagator):
         if unbatched and mask.dim() == 1:
             mask = mask.unsqueeze(0)
         check_key_padding_mask(mask, name, B, Nk)
+        self._check_mask_values(mask, name)
         return mask
 
     def _finish(self, u: Tensor, grid) -> Tensor:
@@ -480,7 +505,7 @@ class TorchEncoder(_TorchExact):
             mask = src_mask
         u, unbatched = self._to_state(src, "src")
         B, N = u.shape[0], u.shape[1]
-        mask = self._mask(mask, "src_mask", B, N, N, unbatched, bool(is_causal), u.device)
+        mask = self._mask(mask, "src_mask", B, N, N, unbatched, self._check_causal(is_causal, "is_causal"), u.device)
         kpm = self._kpm(src_key_padding_mask, "src_key_padding_mask", B, N, unbatched)
         grid = self.grid
         if mask is not None or kpm is not None:
@@ -573,8 +598,10 @@ class TorchDecoder(_TorchExact):
                 f"shape {tuple(memory.shape)} (batch_first={self.batch_first})"
             )
         B, N, S = u.shape[0], u.shape[1], m.shape[1]
-        tgt_mask = self._mask(tgt_mask, "tgt_mask", B, N, N, unbatched, bool(tgt_is_causal), u.device)
-        memory_mask = self._mask(memory_mask, "memory_mask", B, N, S, unbatched, bool(memory_is_causal), u.device)
+        tgt_mask = self._mask(tgt_mask, "tgt_mask", B, N, N, unbatched, self._check_causal(tgt_is_causal, "tgt_is_causal"),
+                              u.device)
+        memory_mask = self._mask(memory_mask, "memory_mask", B, N, S, unbatched,
+                                 self._check_causal(memory_is_causal, "memory_is_causal"), u.device)
         tkpm = self._kpm(tgt_key_padding_mask, "tgt_key_padding_mask", B, N, unbatched)
         mkpm = self._kpm(memory_key_padding_mask, "memory_key_padding_mask", B, S, unbatched)
         if self.check_finite_input and not bool(torch.isfinite(m).all()):

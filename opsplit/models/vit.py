@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_positive_int
 from ..operators.activation import activation_fn
 from .hf import from_hf, register_hf_converter
 from .torch_exact import TorchEncoder
@@ -43,12 +44,12 @@ from .torch_exact import TorchEncoder
 __all__ = ["PatchEmbedding", "ClassTokenReadout", "ViT", "ViTOutput", "from_hf"]
 
 
-def _pair(v) -> tuple[int, int]:
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ValueError(f"expected an int or a pair, got {v!r}")
-        return int(v[0]), int(v[1])
-    return int(v), int(v)
+def _pair(v, name: str = "size") -> tuple[int, int]:
+    """A positive int or a pair of them -> (height, width)."""
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+    if len(vals) != 2:
+        raise ValueError(f"{name}: expected an int or a pair (height, width), got {v!r}")
+    return tuple(check_positive_int(x, name) for x in vals)
 
 
 class PatchEmbedding(nn.Module):
@@ -68,11 +69,17 @@ class PatchEmbedding(nn.Module):
                  dropout: float = 0.0, device=None, dtype=None):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
-        self.image_size, self.patch_size = _pair(image_size), _pair(patch_size)
+        self.image_size, self.patch_size = _pair(image_size, "image_size"), _pair(patch_size, "patch_size")
         (H, W), (ph, pw) = self.image_size, self.patch_size
         if H % ph or W % pw:
-            raise ValueError(f"PatchEmbedding: patch size {self.patch_size} does not divide image size {self.image_size}")
-        self.num_channels, self.n_y = int(num_channels), int(n_y)
+            raise ValueError(
+                f"patch_size: {self.patch_size} does not divide image_size {self.image_size} (PatchEmbedding)"
+            )
+        self.num_channels = check_positive_int(num_channels, "num_channels")
+        self.n_y = check_positive_int(n_y, "n_y")
+        dropout = float(dropout)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"PatchEmbedding.dropout: expected 0 <= p < 1, got {dropout}")
         self.grid_size = (H // ph, W // pw)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         D = self.num_channels * ph * pw
@@ -80,7 +87,7 @@ class PatchEmbedding(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.n_y, **fk)) if bias else None
         self.cls_token = nn.Parameter(torch.empty(self.n_y, **fk))  # v_0
         self.position = nn.Parameter(torch.empty(self.num_patches + 1, self.n_y, **fk))
-        self.dropout = float(dropout)
+        self.dropout = dropout
         self.reset_parameters()
 
     @torch.no_grad()
@@ -107,7 +114,25 @@ class PatchEmbedding(nn.Module):
         x = pixel_values.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)
         return x.reshape(B, gh * gw, C * ph * pw)
 
+    def check_input(self, pixel_values) -> None:
+        """Type, dtype and device of the pixels (shapes: :meth:`patches`)."""
+        if not isinstance(pixel_values, Tensor):
+            raise TypeError(f"pixel_values: expected a torch.Tensor (B, C, H, W), got {type(pixel_values).__name__}")
+        if not pixel_values.is_floating_point():
+            raise TypeError(
+                f"pixel_values: expected a floating-point tensor, got dtype {pixel_values.dtype} (normalise "
+                "the image and convert it with .float() first)"
+            )
+        if pixel_values.device != self.weight.device:
+            raise TypeError(
+                f"pixel_values: on device {pixel_values.device}, the model is on {self.weight.device} "
+                "(move one with .to(device))"
+            )
+
     def forward(self, pixel_values: Tensor) -> Tensor:
+        r"""``(B, C, H, W)`` floating-point pixels (cast to the model's dtype, as Hugging Face's
+        ViT does) -> :math:`\mathbf u_0`, shape ``(B, N_x, N_y)``."""
+        self.check_input(pixel_values)
         pixel_values = pixel_values.to(self.weight.dtype)
         R = self.patches(pixel_values)
         u = torch.nn.functional.linear(R, self.weight.t(), self.bias)  # R E + b
@@ -133,6 +158,7 @@ class ClassTokenReadout(nn.Module):
                  device=None, dtype=None):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
+        n_y, d = check_positive_int(n_y, "n_y"), check_positive_int(d, "d")
         self.weight = nn.Parameter(torch.empty(n_y, d, **fk))
         self.bias = nn.Parameter(torch.empty(d, **fk)) if bias else None
         activation_fn(activation)
@@ -183,9 +209,27 @@ class ViT(nn.Module):
             raise TypeError("ViT.encoder: expected a TorchEncoder with batch_first=True")
         if embedding.n_y != encoder.d_model:
             raise ValueError(f"ViT: embedding size {embedding.n_y} != encoder d_model {encoder.d_model}")
+        for name, head in (("pooler", pooler), ("classifier", classifier)):
+            if head is not None and not isinstance(head, ClassTokenReadout):
+                raise TypeError(f"ViT.{name}: expected a ClassTokenReadout or None, got {type(head).__name__}")
+            if head is not None and head.weight.shape[0] != encoder.d_model:
+                raise ValueError(f"ViT.{name}: reads {head.weight.shape[0]} features, the encoder has d_model = "
+                                 f"{encoder.d_model}")
         self.embedding, self.encoder, self.pooler, self.classifier = embedding, encoder, pooler, classifier
 
-    def forward(self, pixel_values: Tensor) -> ViTOutput:
+    def forward(self, pixel_values: Tensor, *, bool_masked_pos=None, interpolate_pos_encoding=None) -> ViTOutput:
+        """``pixel_values`` ``(B, C, H, W)`` (floating point, on the model's device; cast to its
+        dtype as Hugging Face does).  ``bool_masked_pos`` and ``interpolate_pos_encoding``
+        (Hugging Face's options) are refused: not converted."""
+        if bool_masked_pos is not None:
+            raise ValueError("bool_masked_pos: masked image modelling (the mask token) is not converted")
+        if interpolate_pos_encoding:
+            raise ValueError(
+                f"interpolate_pos_encoding: not converted; the model takes images of size {self.embedding.image_size}"
+            )
+        self.embedding.check_input(pixel_values)
+        if self.encoder.check_finite_input and not bool(torch.isfinite(pixel_values).all()):
+            raise ValueError("pixel_values: expected finite values, found NaN/inf")
         u = self.encoder(self.embedding(pixel_values))
         return ViTOutput(
             last_hidden_state=u,
