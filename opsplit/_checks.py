@@ -37,6 +37,8 @@ __all__ = [
     "module_dtype_device",
     "check_like_module",
     "check_parameters_finite",
+    "check_dtype_arg",
+    "check_generator",
 ]
 
 
@@ -156,6 +158,25 @@ def check_time(t, name: str = "t"):
         return t
     check_finite_float(t, name)
     return t  # unchanged: a LeftLimit keeps its side
+
+
+def check_dtype_arg(dtype, name: str):
+    """A ``dtype=`` factory argument: ``None`` or a floating ``torch.dtype``."""
+    if dtype is None:
+        return None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"{name}: expected a floating-point torch.dtype (e.g. torch.float32, torch.float64) "
+            f"or None, got {dtype!r}"
+        )
+    return dtype
+
+
+def check_generator(generator, name: str):
+    """A ``generator=`` argument: ``None`` or a ``torch.Generator``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{name}: expected a torch.Generator or None, got {type(generator).__name__}")
+    return generator
 
 
 def check_shape(x: Tensor, expected: Sequence[int], name: str, what: str = "") -> None:

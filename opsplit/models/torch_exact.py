@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int
+from .._checks import check_positive_float, check_positive_int
 from ..controls import PiecewiseConstant
 from ..grid import Grid
 from ..operators import (
@@ -181,9 +181,7 @@ class LayerConfig:
             self.dropout if self.activation_dropout is None else self.activation_dropout, "activation_dropout"
         )
         activation_fn(self.activation)
-        self.layer_norm_eps = float(self.layer_norm_eps)
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps: expected > 0 (torch's LayerNorm eps), got {self.layer_norm_eps}")
+        self.layer_norm_eps = check_positive_float(self.layer_norm_eps, "layer_norm_eps (torch's LayerNorm eps)")
         for name in ("batch_first", "norm_first", "bias", "fused_norm", "final_norm", "norm_affine"):
             _check_bool(getattr(self, name), name)
         self.qkv_bias = self.bias if self.qkv_bias is None else _check_bool(self.qkv_bias, "qkv_bias")
