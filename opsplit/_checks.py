@@ -38,6 +38,7 @@ __all__ = [
     "check_like_module",
     "check_parameters_finite",
     "check_dtype_arg",
+    "check_probability",
     "check_generator",
 ]
 
@@ -68,7 +69,7 @@ def check_float_dtype(x: Tensor, name: str) -> None:
 def check_finite(x: Tensor, name: str, what: str = "") -> None:
     """Raise if ``x`` holds NaN or inf (one reduction; syncs on CUDA).  Skipped under
     ``torch.compile`` / ``torch.jit`` tracing (see the module docstring)."""
-    if skip_value_checks():
+    if skip_value_checks() or x.device.type == "meta":  # a meta tensor has no values
         return
     if not bool(torch.isfinite(x).all()):
         n_bad = int((~torch.isfinite(x)).sum())
@@ -109,7 +110,7 @@ def check_positive_int(n, name: str) -> int:
 
 
 def _real(x, name: str) -> float:
-    if isinstance(x, bool) or isinstance(x, complex):
+    if isinstance(x, (bool, complex, str, bytes)):
         raise TypeError(f"{name}: expected a real number, got {x!r}")
     if isinstance(x, Tensor) and x.numel() != 1:
         raise TypeError(f"{name}: expected a real number, got a tensor of shape {tuple(x.shape)}")
@@ -133,6 +134,14 @@ def check_finite_float(x, name: str) -> float:
     if not math.isfinite(xf):
         raise ValueError(f"{name}: expected a finite number, got {x!r}")
     return xf
+
+
+def check_probability(p, name: str) -> float:
+    """A dropout probability: a real number with ``0 <= p < 1``."""
+    pf = _real(p, name)
+    if not 0.0 <= pf < 1.0:
+        raise ValueError(f"{name}: expected a probability 0 <= p < 1, got {p!r}")
+    return pf
 
 
 def check_time_step(dt, name: str = "dt"):

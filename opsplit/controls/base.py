@@ -76,7 +76,7 @@ def as_control(value, name: str, axes=()) -> Control:
     if isinstance(value, Control):
         return value
     if isinstance(value, Tensor):
-        return Constant(value, axes=axes)
+        return Constant(value, axes=axes, name=name)
     raise TypeError(f"{name}: expected a Control or a torch.Tensor, got {type(value).__name__}")
 
 
