@@ -13,6 +13,8 @@ domain.  Scalars and plain matrices have no axes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -84,8 +86,14 @@ def _time_of(t) -> float:
     if isinstance(t, Tensor):
         if t.numel() != 1:
             raise ValueError(f"control time: expected a scalar time, got shape {tuple(t.shape)}")
-        return float(t.detach())
-    return float(t)
+        t = float(t.detach())
+    elif isinstance(t, (str, bytes, bool)):
+        raise TypeError(f"control time: expected a real number, got {t!r}")
+    else:
+        t = float(t)
+    if not math.isfinite(t):
+        raise ValueError(f"control time: expected a finite number, got {t}")
+    return t
 
 
 def _check_values(values, name: str) -> Tensor:
