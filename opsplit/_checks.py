@@ -99,6 +99,8 @@ def check_state(u, grid, name: str = "u", *, finite: bool = True) -> Tensor:
 
 
 def check_positive_int(n, name: str) -> int:
+    if isinstance(n, Tensor) and n.dim() == 0 and not n.is_floating_point() and n.dtype != torch.bool:
+        n = int(n)  # a size read off a tensor's shape under torch.jit.trace is a 0-d tensor
     if isinstance(n, bool) or not isinstance(n, int) and not (
         isinstance(n, float) and n.is_integer()
     ):
@@ -156,12 +158,14 @@ def check_time_step(dt, name: str = "dt"):
         if not skip_value_checks() and not bool(torch.isfinite(dt).all() & (dt > 0).all()):
             raise ValueError(f"{name}: expected a finite time step > 0, got {float(dt)!r}")
         return dt
+    if skip_value_checks():  # the time step may be a symbolic float under torch.compile
+        return dt
     return check_positive_float(dt, name)
 
 
 def check_time(t, name: str = "t"):
     """A time: a finite number (a tensor is passed through unchecked)."""
-    if isinstance(t, Tensor):
+    if isinstance(t, Tensor) or skip_value_checks():  # (a symbolic float under torch.compile)
         return t
     if type(t) is float and math.isfinite(t):  # fast path, called per substep
         return t

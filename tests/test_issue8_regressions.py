@@ -157,3 +157,70 @@ def test_finding8_state_dict_round_trip_with_weights_only(name):
     buf.seek(0)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(buf, weights_only=True)
+
+
+def test_finding8_compile_fullgraph_with_end_time_solvers_reads_the_left_limit():
+    # finding 8: Heun/RK4/CatchUp evaluate controls at (t + dt)^- (a LeftLimit, a float
+    # subclass dynamo could not build: fullgraph compile failed); under compile the end
+    # time is computed at trace time and must still select the piece that ends there
+    from opsplit.controls import PiecewiseConstant
+    from opsplit.solvers import RK4, CatchUp, Heun, Substep
+
+    # a model compiled earlier in the process with another T makes dynamo treat the times
+    # as symbolic floats, for which the left limit cannot be built (documented limitation
+    # of fullgraph compile with these solvers; torch._dynamo.reset() or
+    # torch._dynamo.config.specialize_float = True lift it)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    W = PiecewiseConstant(0.5 * torch.randn(2, 4, 4, dtype=F64), t1=1.0, axes=("y", "y"))
+    s2 = PiecewiseConstant(torch.tensor([1.0, 3.0], dtype=F64), t1=1.0, positive=True)
+    from opsplit.schemes import Lie, Strang
+
+    x = torch.randn(2, 3, 4, dtype=F64)
+    strang = Propagator(Strang([Substep(FFNIntegral(W), Heun()), Substep(ProjectionS1(0.0, s2), CatchUp())]), 2, t1=1.0)
+    compiled = torch.compile(strang, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled(x), strang(x), rtol=0, atol=1e-13)
+    lie = Propagator(Lie([Substep(FFNIntegral(W), RK4()), Substep(ProjectionS1(0.0, s2), CatchUp())]), 2, t1=1.0)
+    compiled = torch.compile(lie, fullgraph=True, backend="eager")
+    _, traj = compiled(x, return_trajectory=True)
+    # CatchUp projects at the step's end (t^n)^-: sigma_2 of the piece that ends there
+    # (1 at t = 0.5, 3 at t = 1), not of the piece that starts there
+    std = traj.std(-1, unbiased=False)
+    assert torch.allclose(std[:, 1], torch.full((2, 3), 1.0, dtype=F64))
+    assert torch.allclose(std[:, 2], torch.full((2, 3), 3.0, dtype=F64))
+    assert torch.allclose(traj, lie(x, return_trajectory=True)[1], rtol=0, atol=1e-13)
+
+
+def test_finding8_compile_fullgraph_of_paper_models_with_different_T():
+    # finding 8: a second compiled model with another final time T saw symbolic times, and
+    # the per-substep finite-time checks (math.isfinite) broke the graph
+    x = torch.randn(2, 4, 6, dtype=F64)
+    for T in (2.0, 0.5):
+        torch.manual_seed(0)
+        model = PaperTransformer(6, n_x=4, J=1, n_steps=2, T=T, sigma1=0.5, dtype=F64)
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        assert torch.allclose(compiled(x), model(x), rtol=0, atol=1e-13)
+
+
+def test_finding8_compile_fullgraph_of_a_decoder():
+    # finding 8: the decoder's memory and mask value checks broke the graph
+    from opsplit.models import TorchDecoder
+
+    torch.manual_seed(0)
+    model = TorchDecoder(4, 2, 6, dropout=0.0, batch_first=True, dtype=F64)
+    x, mem = torch.randn(2, 3, 4, dtype=F64), torch.randn(2, 5, 4, dtype=F64)
+    mask = torch.zeros(3, 5, dtype=F64)
+    mask[0, 1] = float("-inf")
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled(x, mem, memory_mask=mask), model(x, mem, memory_mask=mask), rtol=0, atol=1e-13)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_finding8_jit_trace_of_a_model_whose_grid_reads_sizes_from_the_input():
+    # finding 8: "n: expected a positive integer, got tensor(5)": under torch.jit.trace a
+    # size read off the input's shape is a 0-d tensor (every open grid: not only sliced)
+    model = ContinuousTransformer(2, J=1, n_steps=2, dtype=F64)
+    x = torch.randn(2, 5, 6, dtype=F64)
+    traced = torch.jit.trace(model, (x,), check_trace=False)
+    y = torch.randn(2, 5, 6, dtype=F64)
+    assert torch.allclose(traced(y), model(y), rtol=0, atol=1e-13)

@@ -36,7 +36,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_like_module, check_positive_int, check_probability, check_tensor
+from .._checks import (
+    check_finite,
+    check_like_module,
+    check_positive_int,
+    check_probability,
+    check_tensor,
+)
 from ..operators.activation import activation_fn
 from .hf import from_hf, register_hf_converter
 from .torch_exact import TorchEncoder
@@ -235,8 +241,8 @@ class ViT(nn.Module):
                 f"interpolate_pos_encoding: not converted; the model takes images of size {self.embedding.image_size}"
             )
         self.embedding.check_input(pixel_values)
-        if self.encoder.check_finite_input and not bool(torch.isfinite(pixel_values).all()):
-            raise ValueError("pixel_values: expected finite values, found NaN/inf")
+        if self.encoder.check_finite_input:
+            check_finite(pixel_values, "pixel_values")
         u = self.encoder(self.embedding(pixel_values))
         return ViTOutput(
             last_hidden_state=u,

@@ -9,6 +9,7 @@ piecewise constant on the time grid are seen as constant on each substep.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..controls.timepoints import LeftLimit
@@ -39,8 +40,11 @@ def field_sum(terms, t, u: Tensor, grid) -> Tensor:
     return out
 
 
+@torch.compiler.assume_constant_result
 def end_time(t, dt) -> LeftLimit:
-    """The substep's end :math:`(t + \\Delta t)^-`."""
+    """The substep's end :math:`(t + \\Delta t)^-`.  (Times are Python numbers; under
+    ``torch.compile`` the result is computed at trace time, since dynamo cannot build a
+    ``float`` subclass inside the graph.)"""
     return LeftLimit(float(t) + float(dt))
 
 
