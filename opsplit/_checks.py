@@ -43,14 +43,14 @@ __all__ = [
 ]
 
 
+_is_compiling = torch.compiler.is_compiling  # (dynamo folds this call to True)
+
+
 def skip_value_checks() -> bool:
     """True while ``torch.compile`` (dynamo) or ``torch.jit`` traces or scripts the code:
-    value checks (which need ``bool(tensor)``) are skipped there."""
-    compiler = getattr(torch, "compiler", None)
-    is_compiling = getattr(compiler, "is_compiling", None)
-    if is_compiling is not None and is_compiling():
-        return True
-    return bool(torch.jit.is_tracing() or torch.jit.is_scripting())
+    value checks (which need ``bool(tensor)``) are skipped there.  (Called per substep:
+    kept to a few fast calls.)"""
+    return _is_compiling() or torch._C._get_tracing_state() is not None or torch.jit.is_scripting()
 
 
 def check_tensor(x, name: str) -> Tensor:
