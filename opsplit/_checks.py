@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 
-_is_compiling = torch.compiler.is_compiling  # (dynamo folds this call to True)
+# (dynamo folds this call to True; torch < 2.3 has no torch.compiler.is_compiling)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 
 def skip_value_checks() -> bool:

@@ -14,6 +14,9 @@ from torch import Tensor
 
 from ..controls.timepoints import LeftLimit
 
+# under torch.compile, computed at trace time (a no-op decorator where torch lacks it)
+_assume_constant_result = getattr(getattr(torch, "compiler", None), "assume_constant_result", lambda f: f)
+
 __all__ = ["check_field_terms", "field_sum", "end_time", "stage_time"]
 
 
@@ -40,7 +43,7 @@ def field_sum(terms, t, u: Tensor, grid) -> Tensor:
     return out
 
 
-@torch.compiler.assume_constant_result
+@_assume_constant_result
 def end_time(t, dt) -> LeftLimit:
     """The substep's end :math:`(t + \\Delta t)^-`.  (Times are Python numbers; under
     ``torch.compile`` the result is computed at trace time, since dynamo cannot build a
