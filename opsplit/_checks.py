@@ -100,8 +100,10 @@ def check_state(u, grid, name: str = "u", *, finite: bool = True) -> Tensor:
 
 
 def check_positive_int(n, name: str) -> int:
-    if isinstance(n, Tensor) and n.dim() == 0 and not n.is_floating_point() and n.dtype != torch.bool:
-        n = int(n)  # a size read off a tensor's shape under torch.jit.trace is a 0-d tensor
+    if isinstance(n, Tensor) and n.dim() == 0 and n.dtype in (torch.int64, torch.int32):
+        # a size read while torch.jit.trace records the code (shapes are traced as 0-d
+        # integer tensors); the trace keeps the value of its example input
+        n = int(n)
     if isinstance(n, bool) or not isinstance(n, int) and not (
         isinstance(n, float) and n.is_integer()
     ):
