@@ -64,7 +64,9 @@ import math
 import torch
 from torch import Tensor
 
+from .._checks import all_finite
 from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
+from ._sums import bump_attention_composed, relu_attention_composed
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
@@ -108,11 +110,12 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
         )
     if zk.shape[-1] == 0:
         raise ValueError(f"{fn}: expected at least one key (N_k >= 1), got zk {tuple(zk.shape)}")
-    for name, x in (("zq", zq), ("zk", zk)):
-        if not bool(torch.isfinite(x).all()):
+    for name, x in (("zq", zq), ("zk", zk), ("v", v)):
+        if not all_finite(x):
             n_bad = int((~torch.isfinite(x)).sum())
+            what = "values" if name == "v" else "scores"
             raise ValueError(
-                f"{fn}: {name}: expected finite scores, found {n_bad} NaN/inf entries"
+                f"{fn}: {name}: expected finite {what}, found {n_bad} NaN/inf entries"
             )
     w = None
     if key_weights is not None:
@@ -120,6 +123,11 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
             key_weights = torch.as_tensor(key_weights, dtype=zk.dtype, device=zk.device)
         if not key_weights.is_floating_point():
             raise TypeError(f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
+        if key_weights.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{fn}: key_weights: gradients with respect to the key weights are not "
+                f"supported; pass weights that do not require grad (e.g. key_weights.detach())"
+            )
         try:
             w = key_weights.to(dtype=zk.dtype, device=zk.device).expand(zk.shape)
         except RuntimeError:
@@ -127,7 +135,7 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
                 f"{fn}: key_weights: expected a shape broadcastable to zk {tuple(zk.shape)}, "
                 f"got {tuple(key_weights.shape)}"
             ) from None
-        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        if not all_finite(w) or bool((w < 0).any()):
             raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
     if key_padding_mask is not None:
         m = key_padding_mask
@@ -148,6 +156,32 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
         keep = (~m).to(zk.dtype)
         w = keep if w is None else w * keep
     return w
+
+
+_COMPILE_REASON = (
+    "opsplit's sliced attention kernels sort and chunk by data-dependent sizes; under "
+    "torch.compile they run eagerly (a graph break), so fullgraph=True is not supported"
+)
+
+
+def _is_batched(x) -> bool:
+    f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return bool(f is not None and isinstance(x, Tensor) and f(x))
+
+
+def _refuse_tracing(fn: str, *tensors) -> None:
+    if any(_is_batched(x) for x in tensors):
+        raise RuntimeError(
+            f"{fn}: torch.func.vmap is not supported (the kernel sorts and branches on the "
+            f"scores); add the vmapped dimension as a leading batch dimension instead, or "
+            f"loop (operators built on it are run unbatched by Parallel schemes)"
+        )
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{fn}: torch.jit.trace is not supported: the kernel sorts the scores and "
+            f"chunks its work by sizes read at run time, which a trace would freeze to the "
+            f"example input's; use eager mode or torch.compile (which runs the kernel eagerly)"
+        )
 
 
 def _rows(x: Tensor, n: int) -> Tensor:
@@ -278,6 +312,23 @@ class _Keys:
         return self.Kc0.gather(1, p)
 
 
+def _backward_by_recompute(ctx, g: Tensor, fn, inputs) -> tuple:
+    """The backward pass when it must itself be differentiable (``create_graph=True``):
+    recompute the output as ``fn(*inputs)``, a composition of the differentiable sliced
+    sums of :mod:`~opsplit.functional._sums`, and differentiate that with
+    ``create_graph=True``.  ``inputs`` are the saved inputs (``None`` where not saved), in
+    the order of ``ctx.needs_input_grad``."""
+    idx = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
+    with torch.enable_grad():
+        out = fn(*inputs)
+    grads = torch.autograd.grad(out, [inputs[i] for i in idx], g, create_graph=True,
+                                allow_unused=True)
+    res = [None] * len(inputs)
+    for i, gr in zip(idx, grads):
+        res[i] = gr
+    return tuple(res)
+
+
 def _safe_inv(x64: Tensor) -> Tensor:
     nz = x64 != 0
     return torch.where(nz, 1.0 / torch.where(nz, x64, torch.ones_like(x64)), torch.zeros_like(x64))
@@ -347,6 +398,11 @@ class _SlicedReLU(torch.autograd.Function):
     def backward(ctx, g):
         (zq, zk, v, w, out, den, m, m_lo, Aflat, p, p_le, c, Wlt, Klt, W, Wc, order_q, lt_k,
          le_k) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward pass
+            centered = ctx.centered
+            return _backward_by_recompute(
+                ctx, g, lambda a, b, c_, d, e: relu_attention_composed(a, b, c_, d, centered),
+                (zq, zk, v, w, None))
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
@@ -435,6 +491,7 @@ class _SlicedReLU(torch.autograd.Function):
         return dzq, dzk, dv, None, None
 
 
+@torch.compiler.disable(reason=_COMPILE_REASON)
 def sliced_relu_attention(
     zq: Tensor,
     zk: Tensor,
@@ -470,6 +527,7 @@ def sliced_relu_attention(
     Float32 and float64, any device; differentiable in ``zq``, ``zk`` and ``v`` by a custom
     backward pass that is again sorted prefix sums (no ``N_q x N_k`` tensor).
     """
+    _refuse_tracing("sliced_relu_attention", zq, zk, v)
     w = _check_inputs("sliced_relu_attention", zq, zk, v, key_padding_mask, key_weights)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
@@ -586,6 +644,10 @@ class _SlicedBump(torch.autograd.Function):
     def backward(ctx, g):
         (zq, zk, v, w, b, out, m, Aflat, a0, a1, a2, alt, Wc, W, c, order_q,
          t0, t1, t2, t3) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward pass
+            return _backward_by_recompute(
+                ctx, g, lambda a, b_, c_, d, e: bump_attention_composed(a, b_, c_, d, e),
+                (zq, zk, v, w, b))
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
@@ -693,6 +755,7 @@ class _SlicedBump(torch.autograd.Function):
         return dzq, dzk, dv, None, db
 
 
+@torch.compiler.disable(reason=_COMPILE_REASON)
 def sliced_relu_bump_attention(
     zq: Tensor,
     zk: Tensor,
@@ -722,9 +785,12 @@ def sliced_relu_bump_attention(
         ``(..., N_q, D)``; a row with no unmasked key gives 0.
     """
     fn = "sliced_relu_bump_attention"
+    _refuse_tracing(fn, zq, zk, v, bandwidth)
     w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
+    if isinstance(bandwidth, bool):
+        raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
     if isinstance(bandwidth, Tensor):
         if not bandwidth.is_floating_point():
             raise TypeError(f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}")

@@ -28,8 +28,10 @@ parameter shapes (for instance :math:`J` FFN layers, or several attention heads 
 separate terms) — are run as one batched call: their parameters are stacked along a new
 leading dimension and the substep is evaluated once under ``torch.func.vmap`` (with
 ``torch.func.functional_call``), giving all :math:`v_k` of the group as one tensor.
-Other substeps (and solvers that cannot be vmapped, such as adaptive ``ODESolve``) are
-called one by one.  ``batch=False`` forces the loop, ``batch=True`` the vmapped calls;
+Other substeps are called one by one: solvers that cannot be vmapped (adaptive
+``ODESolve``) and substeps holding a module that declares ``batchable = False`` (an
+operator whose field branches on data, for instance the sliced attentions, which sort
+their scores inside a custom autograd function).  ``batch=False`` forces the loop, ``batch=True`` the vmapped calls;
 both give the same result.  The default ``batch="auto"`` batches on CUDA and, on the CPU,
 only small states (at most ``ParallelGroup.auto_numel = 8192`` entries): on the CPU the
 vmapped call saves dispatch overhead (measured 1.3–1.5x forward, 2–3x forward+backward
@@ -130,6 +132,9 @@ def _signature(sub: nn.Module):
     try:
         mods = []
         for name, m in sub.named_modules():
+            if not getattr(m, "batchable", True):
+                # a module (typically an operator) that declares it cannot run under vmap
+                return None
             attrs = tuple(
                 sorted(
                     (k, _freeze(v))
