@@ -96,6 +96,10 @@ def check_state(u, grid, name: str = "u", *, finite: bool = True) -> Tensor:
 
 
 def check_positive_int(n, name: str) -> int:
+    if isinstance(n, Tensor) and n.dim() == 0 and n.dtype in (torch.int64, torch.int32):
+        # a size read while torch.jit.trace records the code (shapes are traced as 0-d
+        # integer tensors); the trace keeps the value of its example input
+        n = int(n)
     if isinstance(n, bool) or not isinstance(n, int) and not (
         isinstance(n, float) and n.is_integer()
     ):

@@ -12,28 +12,22 @@ key vectors :math:`\gamma_j` (``(R, N, D)``):
 
 with :math:`p_i = \#\{j : k_j < q_i\}` (ranks decided on the exact values) and the
 exclusive prefix sums :math:`A_p = \sum_{j<p}\gamma_j`, :math:`B_p = \sum_{j<p} k_j\gamma_j`
-over the sorted keys.  Their derivatives are again sliced sums, with queries and keys
-exchanged (:math:`\mathrm{ReLU}(q_i - k_j) = \mathrm{ReLU}((-k_j) - (-q_i))`):
-
-.. math::
-
-    \partial_{\gamma_j}\langle g, \mathrm{relu\_sum}\rangle
-        &= \mathrm{relu\_sum}(-k, -q, g)_j,\qquad
-    \partial_{q_i} = \langle g_i, \mathrm{step\_sum}(q, k, \gamma)_i\rangle,\qquad
-    \partial_{k_j} = -\langle \gamma_j, \mathrm{step\_sum}(-k, -q, g)_j\rangle, \\
-    \partial_{\gamma_j}\langle g, \mathrm{step\_sum}\rangle
-        &= \mathrm{step\_sum}(-k, -q, g)_j,\qquad \partial_{q}\,\mathrm{step\_sum} =
-        \partial_{k}\,\mathrm{step\_sum} = 0
-
-(the conventions of ``torch.relu``: :math:`\mathrm{ReLU}'(0) = 0`, :math:`\mathrm{ReLU}'' = 0`).
-Both are :math:`O((M + N)\log N + (M + N) D)` and never form an :math:`M \times N` tensor.
+over the sorted keys.  Both are written with plain torch operations (``sort``,
+``searchsorted``, ``gather``, ``cumsum``), so autograd differentiates them to any order:
+the ranks :math:`p_i` are piecewise constant (no derivative), so the derivatives are the
+exact ones with the conventions of ``torch.relu`` (:math:`\mathrm{ReLU}'(0) = 0`,
+:math:`\mathrm{ReLU}'' = 0`; a key tied with a query contributes nothing, as in the naive
+formula).  Both are :math:`O((M + N)\log N + (M + N) D)`, never form an
+:math:`M \times N` tensor and have no data-dependent Python control flow (so they also run
+under ``torch.compile(fullgraph=True)``, ``torch.jit.trace`` and ``torch.func.vmap``).
 
 They are the *differentiable* path of the sliced attentions: the fast kernels of
-:mod:`opsplit.functional.sliced` have a hand-written first-order backward pass, and when
-that backward pass is itself differentiated (``create_graph=True``: Hessian-vector products,
+:mod:`opsplit.functional.sliced` have a hand-written first-order backward pass; when that
+backward pass is itself differentiated (``create_graph=True``: Hessian-vector products,
 gradient penalties) it recomputes the attention as a composition of these primitives
-(:func:`relu_attention_composed`, :func:`bump_attention_composed`) and differentiates that.
-Prefix sums are accumulated in float64.
+(:func:`relu_attention_composed`, :func:`bump_attention_composed`) and differentiates that;
+and under ``torch.compile``, ``torch.jit.trace`` and ``vmap`` the composition is the whole
+kernel.  Prefix sums are accumulated in float64.
 """
 
 from __future__ import annotations
@@ -48,7 +42,7 @@ def _eval(q: Tensor, k: Tensor, gamma: Tensor, relu: bool) -> Tensor:
     R, N = k.shape
     M, D = q.shape[1], gamma.shape[2]
     ks, order = torch.sort(k, dim=1)
-    # keys strictly below each query, on the exact (unshifted) values
+    # keys strictly below each query, decided on the exact (unshifted) values
     p = torch.searchsorted(ks, q.contiguous(), side="left")
     gs = gamma.gather(1, order.unsqueeze(-1).expand(R, N, D)).double()
     idx = p.unsqueeze(-1).expand(R, M, D)
@@ -58,58 +52,23 @@ def _eval(q: Tensor, k: Tensor, gamma: Tensor, relu: bool) -> Tensor:
         return Ap.to(gamma.dtype)
     # shift the scores by the median key (the sum is shift-invariant): prefix sums of the
     # size of the result
-    c = ks[:, (N - 1) // 2 : (N - 1) // 2 + 1].double() if N else ks.new_zeros(R, 1).double()
+    mid = (N - 1) // 2
+    c = ks[:, mid : mid + 1].double()
     kc = (ks.double() - c).unsqueeze(-1)
     B = torch.nn.functional.pad(torch.cumsum(kc * gs, 1), (0, 0, 1, 0))
     qc = (q.double() - c).unsqueeze(-1)
     return (qc * Ap - B.gather(1, idx)).to(gamma.dtype)
 
 
-def _dot(a: Tensor, b: Tensor) -> Tensor:
-    return (a * b).sum(-1)
-
-
-class _ReluSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, gamma):
-        ctx.save_for_backward(q, k, gamma)
-        return _eval(q, k, gamma, relu=True)
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, gamma = ctx.saved_tensors
-        dq = dk = dgamma = None
-        if ctx.needs_input_grad[0]:
-            dq = _dot(g, step_sum(q, k, gamma))
-        if ctx.needs_input_grad[1]:
-            dk = -_dot(gamma, step_sum(-k, -q, g))
-        if ctx.needs_input_grad[2]:
-            dgamma = relu_sum(-k, -q, g)
-        return dq, dk, dgamma
-
-
-class _StepSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, gamma):
-        ctx.save_for_backward(q, k)
-        return _eval(q, k, gamma, relu=False)
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k = ctx.saved_tensors
-        dgamma = step_sum(-k, -q, g) if ctx.needs_input_grad[2] else None
-        return None, None, dgamma
-
-
 def relu_sum(q: Tensor, k: Tensor, gamma: Tensor) -> Tensor:
-    r""":math:`\sum_j \mathrm{ReLU}(q_i - k_j)\gamma_j`; ``q (R, M)``, ``k (R, N)``,
-    ``gamma (R, N, D)`` -> ``(R, M, D)``; differentiable to any order."""
-    return _ReluSum.apply(q, k, gamma)
+    r""":math:`\sum_j \mathrm{ReLU}(q_i - k_j)\gamma_j`; ``q (R, M)``, ``k (R, N)`` (``N >= 1``),
+    ``gamma (R, N, D)`` -> ``(R, M, D)``; differentiable to any order by autograd."""
+    return _eval(q, k, gamma, relu=True)
 
 
 def step_sum(q: Tensor, k: Tensor, gamma: Tensor) -> Tensor:
     r""":math:`\sum_j \mathbf 1[q_i > k_j]\gamma_j`; shapes as :func:`relu_sum`."""
-    return _StepSum.apply(q, k, gamma)
+    return _eval(q, k, gamma, relu=False)
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:

@@ -64,7 +64,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._checks import all_finite
+from .._checks import all_finite, skip_value_checks
 from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
 from ._sums import bump_attention_composed, relu_attention_composed
 
@@ -79,7 +79,7 @@ _STEP = 1 << 13
 # --------------------------------------------------------------------------------------
 # validation
 # --------------------------------------------------------------------------------------
-def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
+def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights, check_values=True):
     for name, x in (("zq", zq), ("zk", zk), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -110,7 +110,7 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
         )
     if zk.shape[-1] == 0:
         raise ValueError(f"{fn}: expected at least one key (N_k >= 1), got zk {tuple(zk.shape)}")
-    for name, x in (("zq", zq), ("zk", zk), ("v", v)):
+    for name, x in (("zq", zq), ("zk", zk), ("v", v)) if check_values else ():
         if not all_finite(x):
             n_bad = int((~torch.isfinite(x)).sum())
             what = "values" if name == "v" else "scores"
@@ -135,7 +135,7 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
                 f"{fn}: key_weights: expected a shape broadcastable to zk {tuple(zk.shape)}, "
                 f"got {tuple(key_weights.shape)}"
             ) from None
-        if not all_finite(w) or bool((w < 0).any()):
+        if check_values and (not all_finite(w) or bool((w < 0).any())):
             raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
     if key_padding_mask is not None:
         m = key_padding_mask
@@ -158,30 +158,18 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
     return w
 
 
-_COMPILE_REASON = (
-    "opsplit's sliced attention kernels sort and chunk by data-dependent sizes; under "
-    "torch.compile they run eagerly (a graph break), so fullgraph=True is not supported"
-)
-
-
 def _is_batched(x) -> bool:
     f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
     return bool(f is not None and isinstance(x, Tensor) and f(x))
 
 
-def _refuse_tracing(fn: str, *tensors) -> None:
-    if any(_is_batched(x) for x in tensors):
-        raise RuntimeError(
-            f"{fn}: torch.func.vmap is not supported (the kernel sorts and branches on the "
-            f"scores); add the vmapped dimension as a leading batch dimension instead, or "
-            f"loop (operators built on it are run unbatched by Parallel schemes)"
-        )
-    if torch.jit.is_tracing():
-        raise RuntimeError(
-            f"{fn}: torch.jit.trace is not supported: the kernel sorts the scores and "
-            f"chunks its work by sizes read at run time, which a trace would freeze to the "
-            f"example input's; use eager mode or torch.compile (which runs the kernel eagerly)"
-        )
+def _graph_mode(*tensors) -> bool:
+    """True under ``torch.compile``, ``torch.jit`` tracing and ``torch.func.vmap``: there
+    the kernels are evaluated by their composition of differentiable sliced sums
+    (:mod:`~opsplit.functional._sums`), which has no data-dependent Python control flow and
+    no custom autograd function (the fast kernels chunk their work by sizes read at run
+    time, which a graph would freeze)."""
+    return skip_value_checks() or any(_is_batched(x) for x in tensors)
 
 
 def _rows(x: Tensor, n: int) -> Tensor:
@@ -491,7 +479,6 @@ class _SlicedReLU(torch.autograd.Function):
         return dzq, dzk, dv, None, None
 
 
-@torch.compiler.disable(reason=_COMPILE_REASON)
 def sliced_relu_attention(
     zq: Tensor,
     zk: Tensor,
@@ -527,14 +514,19 @@ def sliced_relu_attention(
     Float32 and float64, any device; differentiable in ``zq``, ``zk`` and ``v`` by a custom
     backward pass that is again sorted prefix sums (no ``N_q x N_k`` tensor).
     """
-    _refuse_tracing("sliced_relu_attention", zq, zk, v)
-    w = _check_inputs("sliced_relu_attention", zq, zk, v, key_padding_mask, key_weights)
+    graph = _graph_mode(zq, zk, v)
+    w = _check_inputs("sliced_relu_attention", zq, zk, v, key_padding_mask, key_weights,
+                      check_values=not graph)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
     R = math.prod(lead)
     if R == 0 or Nq == 0 or D == 0:
         return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum())
     wr = None if w is None else _rows(w, Nk).contiguous()
+    if graph:
+        out = relu_attention_composed(_rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D), wr,
+                                      bool(centered))
+        return out.view(*lead, Nq, D)
     out = _SlicedReLU.apply(
         _rows(zq, Nq).contiguous(), _rows(zk, Nk).contiguous(),
         v.reshape(R, Nk, D).contiguous(), wr, bool(centered),
@@ -755,7 +747,6 @@ class _SlicedBump(torch.autograd.Function):
         return dzq, dzk, dv, None, db
 
 
-@torch.compiler.disable(reason=_COMPILE_REASON)
 def sliced_relu_bump_attention(
     zq: Tensor,
     zk: Tensor,
@@ -785,8 +776,8 @@ def sliced_relu_bump_attention(
         ``(..., N_q, D)``; a row with no unmasked key gives 0.
     """
     fn = "sliced_relu_bump_attention"
-    _refuse_tracing(fn, zq, zk, v, bandwidth)
-    w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights)
+    graph = _graph_mode(zq, zk, v, bandwidth)
+    w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights, check_values=not graph)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
     if isinstance(bandwidth, bool):
@@ -800,7 +791,7 @@ def sliced_relu_bump_attention(
             bt = torch.tensor(float(bandwidth), dtype=zq.dtype, device=zq.device)
         except (TypeError, ValueError):
             raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}") from None
-    if not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any()):
+    if not graph and (not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any())):
         raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
     try:
         b_full = bt.expand(lead) if bt.dim() <= len(lead) else None
@@ -815,6 +806,10 @@ def sliced_relu_bump_attention(
     if R == 0 or Nq == 0 or D == 0:
         return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + bt.sum())
     wr = None if w is None else _rows(w, Nk).contiguous()
+    if graph:
+        out = bump_attention_composed(_rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D), wr,
+                                      b_full.reshape(R, 1))
+        return out.view(*lead, Nq, D)
     out = _SlicedBump.apply(
         _rows(zq, Nq).contiguous(), _rows(zk, Nk).contiguous(),
         v.reshape(R, Nk, D).contiguous(), wr, b_full.reshape(R, 1),

@@ -30,9 +30,10 @@ leading dimension and the substep is evaluated once under ``torch.func.vmap`` (w
 ``torch.func.functional_call``), giving all :math:`v_k` of the group as one tensor.
 Other substeps are called one by one: solvers that cannot be vmapped (adaptive
 ``ODESolve``) and substeps holding a module that declares ``batchable = False`` (an
-operator whose field branches on data, for instance the sliced attentions, which sort
-their scores inside a custom autograd function).  ``batch=False`` forces the loop, ``batch=True`` the vmapped calls;
-both give the same result.  The default ``batch="auto"`` batches on CUDA and, on the CPU,
+operator whose field branches on data, for instance the sliced attentions, whose fast
+kernels sort their scores and chunk their work by sizes read at run time).
+``batch=False`` forces the loop, ``batch=True`` the vmapped calls; both give the same
+result (under ``torch.jit.trace`` the loop is used).  The default ``batch="auto"`` batches on CUDA and, on the CPU,
 only small states (at most ``ParallelGroup.auto_numel = 8192`` entries): on the CPU the
 vmapped call saves dispatch overhead (measured 1.3–1.5x forward, 2–3x forward+backward
 for 16 small substeps) but is slower once the stacked tensors leave the cache (0.75x at
@@ -264,6 +265,14 @@ class ParallelGroup(nn.Module):
 
     def use_batch(self, u: Tensor) -> bool:
         """Whether this call runs same-structure substeps as one vmapped call."""
+        if torch.jit.is_tracing() or torch.jit.is_scripting():
+            # torch.func.functional_call does not run on traced modules
+            if self.batch is True:
+                raise RuntimeError(
+                    "Parallel(batch=True) cannot be traced by torch.jit (the batched call "
+                    "uses torch.func.functional_call); use batch=False or 'auto'"
+                )
+            return False
         if self.batch == "auto":
             return u.is_cuda or u.numel() <= self.auto_numel
         return self.batch
