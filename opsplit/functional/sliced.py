@@ -780,7 +780,7 @@ def sliced_relu_bump_attention(
     w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights, check_values=not graph)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
-    if isinstance(bandwidth, bool):
+    if isinstance(bandwidth, (bool, str, bytes)):
         raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
     if isinstance(bandwidth, Tensor):
         if not bandwidth.is_floating_point():
