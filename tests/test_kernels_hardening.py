@@ -327,3 +327,11 @@ def test_graph_path_gradients_match_fast_kernel():
         torch.testing.assert_close(out, fn(zq, zk, v), rtol=1e-12, atol=1e-12)
         for a, b in zip(fast, comp, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "epanechnikov", "boxcar"])
+def test_kernel_attention_under_vmap(kernel):
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(3, 2, n, d, generator=gen, dtype=F64) for n, d in ((4, 3), (5, 3), (5, 2)))
+    out = torch.func.vmap(lambda a, b, x: nadaraya_watson_attention(a, b, x, kernel=kernel))(q, k, v)
+    torch.testing.assert_close(out, nadaraya_watson_attention(q, k, v, kernel=kernel))

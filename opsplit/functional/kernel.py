@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._checks import skip_value_checks
+
 __all__ = ["KERNELS", "kernel_profile", "nadaraya_watson_attention"]
 
 #: the radial kernels K(r) of paper 001 §2.2 (normalising constants included)
@@ -100,7 +102,8 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
         h = torch.tensor(float(bandwidth), dtype=torch.float64)
     else:
         raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
-    if not bool(torch.isfinite(h).all()) or bool((h <= 0).any()):
+    values = not _graph_mode(q, k, v, bandwidth)
+    if values and (not bool(torch.isfinite(h).all()) or bool((h <= 0).any())):
         raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
     lead, Nk = k.shape[:-2], k.shape[-2]
     try:
@@ -111,15 +114,15 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
         raise ValueError(
             f"{fn}: bandwidth: expected a number or a shape broadcastable to the leading dims "
             f"{tuple(lead)}, got {tuple(h.shape)}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    for name, x in (("q", q), ("k", k), ("v", v)) if values else ():
         if not bool(torch.isfinite(x).all()):
             n_bad = int((~torch.isfinite(x)).sum())
             raise ValueError(f"{fn}: {name}: expected finite values, found {n_bad} NaN/inf entries")
-    if q.numel() and k.numel():
+    if values and q.numel() and k.numel():
         # the kernel is evaluated on (q - c)/h, (k - c)/h (c: the mean key): their squared
         # norms and products must be representable
         c = k.mean(-2, keepdim=True)
-        m = torch.maximum((q - c).abs().amax(), (k - c).abs().amax()).double()
+        m = torch.maximum((q - c).abs().amax(), (k - c).abs().amax()).detach().double()
         big = float(m / h.double().amin()) ** 2 * 4 * q.shape[-1]
         if not big < torch.finfo(q.dtype).max:
             raise ValueError(
@@ -142,7 +145,7 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
                 raise TypeError(
                     f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
             kw = key_weights.to(dtype=k.dtype, device=k.device)
-            if not bool(torch.isfinite(kw).all()) or bool((kw < 0).any()):
+            if values and (not bool(torch.isfinite(kw).all()) or bool((kw < 0).any())):
                 raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
             try:
                 w = (w * kw).expand(*lead, Nk)
@@ -168,6 +171,13 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
                 ) from None
         logw = torch.where(w > 0, w.clamp_min(1e-300).log(), torch.full_like(w, -math.inf))
     return bandwidth_tensor(bandwidth, q), logw
+
+
+def _graph_mode(*xs) -> bool:
+    """Under torch.compile / torch.jit tracing / torch.func.vmap: no value checks."""
+    f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return skip_value_checks() or (
+        f is not None and any(isinstance(x, Tensor) and f(x) for x in xs))
 
 
 def bandwidth_tensor(bandwidth, like: Tensor) -> Tensor:

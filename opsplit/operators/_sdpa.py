@@ -11,7 +11,8 @@ NaN.  :func:`attention` bounds the scores first, by
 differences of scores stay finite too) SDPA runs as is; otherwise a float32 call is
 evaluated in float64 (where the scores fit) and rounded back, and a float64 call whose
 scores may overflow raises a ``ValueError`` that says so.  The bound is a value check: it
-is skipped under ``torch.compile`` / ``torch.jit`` tracing (:func:`opsplit._checks.skip_value_checks`).
+is skipped under ``torch.compile`` / ``torch.jit`` tracing (:func:`opsplit._checks.skip_value_checks`)
+and under ``torch.func.vmap`` (a parallel scheme's batched call).
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from torch import Tensor
 from .._checks import skip_value_checks
 
 __all__ = ["attention", "score_bound", "check_scores"]
+
+
+def _unchecked(*xs) -> bool:
+    """Value checks are skipped under torch.compile / torch.jit and torch.func.vmap."""
+    f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return skip_value_checks() or (f is not None and any(f(x) for x in xs))
 
 
 def score_bound(q: Tensor, k: Tensor, scale: float) -> float:
@@ -38,7 +45,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
               is_causal: bool = False) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)``
     with the overflow guard of the module docstring; ``name`` names the caller in errors."""
-    if not skip_value_checks():
+    if not _unchecked(q, k):
         bound = score_bound(q, k, scale)
         if not bound < torch.finfo(q.dtype).max / 4:
             if q.dtype == torch.float32 and bound < torch.finfo(torch.float64).max / 4:
@@ -60,7 +67,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
 
 def check_scores(a: Tensor, name: str) -> Tensor:
     """Raise a ``ValueError`` if dense scores ``a`` (before the softmax) overflowed."""
-    if not skip_value_checks() and a.numel() and bool(torch.isposinf(a).any() | torch.isnan(a).any()):
+    if not _unchecked(a) and a.numel() and bool(torch.isposinf(a).any() | torch.isnan(a).any()):
         raise ValueError(
             f"{name}: the attention scores overflow {a.dtype} (finite inputs of too large a "
             f"magnitude): the softmax would be NaN; scale the input (or the weights) down"
