@@ -60,6 +60,7 @@ on a grid; uniform weights cancel).  ``key_padding_mask`` (``True`` = ignore the
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch import Tensor
@@ -207,6 +208,45 @@ def _table_rows(N: int, D: int, dtype, R: int) -> int:
     return max(1, min(R, _TABLE_BYTES // max(1, per_row)))
 
 
+# Reused CPU workspaces: a prefix table (and the gather / block-sum buffers it holds) is
+# kept after a call for the next call of the same shape, at most _WORKSPACE_MAX tables (each
+# at most _TABLE_BYTES plus its work buffers).  Fresh memory costs a page fault per 4 KiB on
+# first touch, which at N = 4K is more than half of a call's time; on CUDA torch's caching
+# allocator already reuses memory.  clear_workspace() frees them.
+_WORKSPACE: dict = {}
+_WORKSPACE_MAX = 2
+_WORKSPACE_LOCK = threading.Lock()
+
+
+def clear_workspace() -> None:
+    """Free the prefix tables kept for reuse between calls of the sliced kernels (CPU)."""
+    with _WORKSPACE_LOCK:
+        _WORKSPACE.clear()
+
+
+def _take_table(R: int, N: int, D: int, n_extra: int, dtype, device) -> PrefixTable:
+    key = (R, N, D, n_extra, dtype, str(device))
+    if torch.device(device).type == "cpu":
+        with _WORKSPACE_LOCK:
+            tab = _WORKSPACE.pop(key, None)  # one user at a time (threads)
+        if tab is not None:
+            return tab
+    tab = PrefixTable(R, N, D, n_extra, dtype=dtype, device=device)
+    tab._key = key
+    return tab
+
+
+def _give_back(tab: PrefixTable) -> None:
+    key = getattr(tab, "_key", None)
+    if key is None or tab.flat.device.type != "cpu":
+        return
+    with _WORKSPACE_LOCK:
+        _WORKSPACE.pop(key, None)
+        while len(_WORKSPACE) >= _WORKSPACE_MAX:
+            _WORKSPACE.pop(next(iter(_WORKSPACE)))
+        _WORKSPACE[key] = tab
+
+
 def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=False):
     """Build prefix tables over ``N`` sorted positions and combine them for ``M`` outputs
     per row, chunk of rows by chunk of rows through one reused table.
@@ -217,14 +257,16 @@ def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=Fa
     A-table or None, per-row results)``; with ``keep_A`` the table A of every row is kept.
     """
     c = _table_rows(N, D, dtype, R)
-    tab = PrefixTable(c, N, D, c if n_extra else 0, dtype=dtype, device=device)
+    tab = _take_table(c, N, D, c if n_extra else 0, dtype, device)
     keep = _ATable(R, tab.Np, D, dtype, device) if keep_A else None
     if c == R:
         extra = build(tab, 0, R)
         if keep is not None:
             keep.copy_from(tab, 0, R)
         index, coeff = combine(tab, 0, R)
-        return tab.combine(index, coeff).view(R, M, D), keep, extra
+        out = tab.combine(index, coeff).view(R, M, D)
+        _give_back(tab)
+        return out, keep, extra
     out = torch.empty(R, M, D, dtype=dtype, device=device)
     extras = []
     for r0 in range(0, R, c):
@@ -235,6 +277,7 @@ def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=Fa
         index, coeff = combine(tab, r0, r1)
         tab.combine_into(out[r0:r1].view(-1, D), index, coeff)
     extra = None if extras[0] is None else torch.cat(extras)
+    _give_back(tab)
     return out, keep, extra
 
 
@@ -463,9 +506,10 @@ class _SlicedReLU(torch.autograd.Function):
                                    build=build, combine=combine)
         else:
             c_rows = _table_rows(Nq, D, dt, R)
-            tq = PrefixTable(c_rows, Nq, D, 0, dtype=dt, device=v.device)
+            tq = _take_table(c_rows, Nq, D, 0, dt, v.device)
             for r0 in range(0, R, c_rows):
                 build(tq, r0, min(R, r0 + c_rows))
+            _give_back(tq)
         if need_k:
             # scalar prefix sums over the queries in increasing order
             Sc = torch.cumsum(s.gather(1, order_q), 1)
@@ -736,9 +780,10 @@ class _SlicedBump(torch.autograd.Function):
                                        combine=combine)
             else:
                 c_rows = _table_rows(Nq, D, dt, R)
-                tq = PrefixTable(c_rows, Nq, D, c_rows, dtype=dt, device=v.device)
+                tq = _take_table(c_rows, Nq, D, c_rows, dt, v.device)
                 for r0 in range(0, R, c_rows):
                     build(tq, r0, min(R, r0 + c_rows))
+                _give_back(tq)
             if need_k:
                 gbar = torch.cat(gbar_all)
                 cnt = (_gather0(Cc, b2) - _gather0(Cc, b1k)) - (_gather0(Cc, blt) - _gather0(Cc, b0))
