@@ -201,6 +201,17 @@ def check_shape(x: Tensor, expected: Sequence[int], name: str, what: str = "") -
         raise ValueError(f"{name}: expected shape {tuple(expected)}{extra}, got {tuple(x.shape)}")
 
 
+def all_finite(x: Tensor) -> bool:
+    """Whether ``x`` holds no NaN or inf, by one sum (NaN and inf propagate through it;
+    several times cheaper than ``torch.isfinite(x).all()`` on the CPU); only when the sum
+    overflows are the entries tested one by one."""
+    if x.numel() == 0:
+        return True
+    if bool(torch.isfinite(x.sum())):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
 def module_dtype_device(module: torch.nn.Module):
     """The floating dtype and the device of a module's parameters (else of its
     non-scalar floating buffers), or ``(None, None)`` when it has neither.  0-d buffers
