@@ -148,7 +148,7 @@ def model_metadata(model: nn.Module) -> dict:
                 "grid": _grid_meta(m.grid),
                 "scheme": _scheme_meta(m.scheme),
             }
-    controls = {name: _control_meta(m) for name, m in model.named_modules() if isinstance(m, Control)}
+    controls = {name: _control_meta(m) for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, Control)}
     return {
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "state": list(model.state_dict().keys()),
@@ -474,7 +474,7 @@ def _plan_model_state(ckpt: Checkpoint, model: nn.Module, resample: bool) -> tup
         )
     if meta["class"] != cls:
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds a {meta['class']}, the model is a {cls}")
-    controls = dict(model.named_modules())
+    controls = dict(model.named_modules(remove_duplicate=False))
     new, resampled = {}, []
     for k, target in own.items():
         v = saved[k]
