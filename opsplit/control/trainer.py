@@ -98,10 +98,14 @@ class Trainer:
             ``DistributedDataParallel`` wrapper of it).  Checkpoints and running costs
             always use ``model``.
         metrics: extra evaluation metrics ``{name: fn(outputs, targets) -> float}``.
+        augment: ``fn(inputs, generator) -> inputs`` applied to every training batch (e.g.
+            :func:`opsplit.data.random_shift`); ``generator`` is the trainer's own
+            ``torch.Generator`` (seeded with ``config.seed``, saved in checkpoints).
     """
 
     def __init__(self, model: nn.Module, objective: Objective, config: TrainConfig | dict | None = None, *,
-                 forward_model: nn.Module | None = None, metrics: dict | None = None, **overrides):
+                 forward_model: nn.Module | None = None, metrics: dict | None = None, augment=None,
+                 **overrides):
         if not isinstance(model, nn.Module):
             raise TypeError(f"Trainer.model: expected an nn.Module, got {type(model).__name__}")
         if not isinstance(objective, Objective):
@@ -119,6 +123,10 @@ class Trainer:
         self.model, self.objective = model, objective
         self.forward_model = forward_model if forward_model is not None else model
         self.metrics = dict(metrics or {})
+        if augment is not None and not callable(augment):
+            raise TypeError(f"Trainer.augment: expected a callable fn(inputs, generator), got {augment!r}")
+        self.augment = augment
+        self.generator = torch.Generator().manual_seed(self.config.seed)
         self.params = params
         self.optimizer = self._make_optimizer(params)
         self._total_steps = 1
@@ -193,7 +201,7 @@ class Trainer:
     def save(self, path) -> Path:
         """Write a checkpoint folder (model, optimizer, scheduler, RNG, counters, history)."""
         return save_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                               trainer=self.state(), config=self.config.to_dict())
+                               generator=self.generator, trainer=self.state(), config=self.config.to_dict())
 
     def load(self, path, *, restore_rng: bool = True):
         """Load a checkpoint (or the latest ``step-*`` one under a run folder) into the
@@ -204,7 +212,7 @@ class Trainer:
         if p is None:
             raise FileNotFoundError(f"resume: no checkpoint found at {str(path)!r}")
         ck = load_checkpoint(p, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                             restore_rng=restore_rng)
+                             generator=self.generator, restore_rng=restore_rng)
         t = ck.trainer or {}
         self.step = int(t.get("step", 0))
         self.elapsed = float(t.get("elapsed", 0.0))
@@ -289,6 +297,7 @@ class Trainer:
                 self.load(resume)
             else:
                 torch.manual_seed(c.seed)
+                self.generator.manual_seed(c.seed)
             out = Path(out_dir) if out_dir is not None else None
             self._loop(train, evald, spe, out)
         finally:
@@ -353,6 +362,8 @@ class Trainer:
     def _train_step(self, train: TensorData, idx: Tensor) -> dict:
         c = self.config
         x, y = train[idx]
+        if self.augment is not None:
+            x = self.augment(x, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         val = self.objective(self.forward_model, x, y, costs_model=self.model)
         if not torch.isfinite(val.total):

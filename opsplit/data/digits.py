@@ -8,7 +8,7 @@ import torch
 
 from .base import TensorData
 
-__all__ = ["load_digits"]
+__all__ = ["load_digits", "random_shift"]
 
 
 def load_digits(*, test_fraction: float = 0.2, seed: int = 0, dtype=torch.float32,
@@ -51,3 +51,26 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, dtype=torch.float3
             "pixel_scale": 1 / 16, "mean": mean if normalize else 0.0, "std": std if normalize else 1.0}
     return (TensorData(xtr.to(dtype), y[tr], name="digits_train", info=info),
             TensorData(xte.to(dtype), y[te], name="digits_test", info=info))
+
+
+def random_shift(images: torch.Tensor, generator: torch.Generator | None = None, *, max_shift: int = 1,
+                 fill: float | None = None) -> torch.Tensor:
+    """Translate every image of ``(B, C, H, W)`` by its own random integer offset in
+    ``[-max_shift, max_shift]`` along both axes (drawn from ``generator``), filling the
+    uncovered border with ``fill`` (default: the batch minimum, the background of
+    standardised digits).  A training augmentation for :class:`~opsplit.control.Trainer`
+    (``augment=random_shift``)."""
+    if not isinstance(images, torch.Tensor) or images.dim() != 4:
+        raise ValueError(f"random_shift.images: expected (B, C, H, W), got {getattr(images, 'shape', images)}")
+    B, _, H, W = images.shape
+    m = int(max_shift)
+    if m == 0:
+        return images
+    bg = float(images.min()) if fill is None else float(fill)
+    pad = torch.nn.functional.pad(images, (m, m, m, m), value=bg)
+    off = torch.randint(0, 2 * m + 1, (B, 2), generator=generator)
+    rows = (off[:, 0, None] + torch.arange(H)[None, :])  # (B, H)
+    cols = (off[:, 1, None] + torch.arange(W)[None, :])  # (B, W)
+    b = torch.arange(B)[:, None, None]
+    out = pad.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
+    return out.permute(0, 3, 1, 2).contiguous()
