@@ -245,18 +245,27 @@ class SequenceForecaster(nn.Module):
     r"""Next-value prediction on windows of a scalar series, at every position (causal).
 
     :math:`F`: the window :math:`x \in \mathbb R^{L}` is normalised,
-    :math:`\tilde x = (x - \mu)/s` with the window's mean and standard deviation (plus
-    ``eps``), lifted :math:`u_0(k, \cdot) = \tilde x_k e + b + P_k` (learned positions).
-    :math:`\bar{\mathcal N}`: a causal propagator.  :math:`G`: LayerNorm, a linear read-out
+    :math:`\tilde x = (x - \mu)/s` with the window's mean and standard deviation plus ``eps``
+    (``center=False``: :math:`\mu = 0` and :math:`s` the root mean square — the map is then
+    equivariant under scaling only, so a homogeneous linear recurrence such as
+    :math:`x_{k+1} = 2\cos(h) x_k - x_{k-1}` is representable exactly), lifted :math:`u_0(k, \cdot) = E(\tilde x_{k-p+1}, \dots, \tilde x_k) + b + P_k`
+    (a linear map :math:`E` of the last ``delay`` = :math:`p` values — the 1-D analogue of
+    ViT's patches, the window's first value repeated before its start — and learned
+    positions :math:`P`).
+    :math:`\bar{\mathcal N}`: a causal propagator.  :math:`G`: LayerNorm (``final_norm``), a linear read-out
     :math:`r_k`, and :math:`\hat x_{k+1} = \mu + s(\tilde x_k + r_k)` (the read-out predicts
     the normalised increment).
 
     Args:
         window: :math:`L`, the number of tokens.
         encoder: the propagator (causal attention, e.g. ``SplitEncoder(causal=True)``).
+        delay: :math:`p`, the number of past values each token's lift reads (``1``: the value only).
+        center: subtract the window mean (else scale by the root mean square only).
+        final_norm: a LayerNorm before the read-out.
     """
 
-    def __init__(self, window: int, encoder: Propagator, *, eps: float = 1e-3, device=None, dtype=None):
+    def __init__(self, window: int, encoder: Propagator, *, delay: int = 1, center: bool = True,
+                 final_norm: bool = True, eps: float = 1e-3, device=None, dtype=None):
         super().__init__()
         window = check_positive_int(window, "SequenceForecaster.window")
         if not isinstance(encoder, Propagator):
@@ -264,10 +273,12 @@ class SequenceForecaster(nn.Module):
         d = encoder.grid.y.n if encoder.grid.y.n is not None else getattr(encoder, "d_model", None)
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.window, self.eps = window, float(eps)
-        self.lift = nn.Linear(1, d, **fk)
+        self.delay = check_positive_int(delay, "SequenceForecaster.delay")
+        self.lift = nn.Linear(self.delay, d, **fk)
         self.position = nn.Parameter(torch.empty(window, d, **fk))
         self.encoder = encoder
-        self.norm = nn.LayerNorm(d, **fk)
+        self.center = bool(center)
+        self.norm = nn.LayerNorm(d, **fk) if final_norm else None
         self.readout = nn.Linear(d, 1, **fk)
         self.reset_parameters()
 
@@ -275,7 +286,8 @@ class SequenceForecaster(nn.Module):
     def reset_parameters(self) -> None:
         self.lift.reset_parameters()
         nn.init.normal_(self.position, std=0.02)
-        self.norm.reset_parameters()
+        if self.norm is not None:
+            self.norm.reset_parameters()
         self.readout.reset_parameters()
         self.readout.weight.mul_(0.1)
         self.readout.bias.zero_()
@@ -284,10 +296,19 @@ class SequenceForecaster(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.window:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"SequenceForecaster: expected windows of shape (B, {self.window}), got {shape}")
-        mu = x.mean(1, keepdim=True)
-        s = x.std(1, keepdim=True) + self.eps
+        if self.center:
+            mu = x.mean(1, keepdim=True)
+            s = x.std(1, keepdim=True) + self.eps
+        else:
+            mu = torch.zeros_like(x[:, :1])
+            s = x.square().mean(1, keepdim=True).sqrt() + self.eps
         xt = (x - mu) / s
-        u = self.lift(xt.unsqueeze(-1)) + self.position
+        if self.delay > 1:
+            pad = xt[:, :1].expand(-1, self.delay - 1)
+            lagged = torch.cat([pad, xt], dim=1).unfold(1, self.delay, 1)  # (B, L, p), last = x_k
+        else:
+            lagged = xt.unsqueeze(-1)
+        u = self.lift(lagged) + self.position
         u = self.encoder(u, n_steps=n_steps)
-        r = self.readout(self.norm(u)).squeeze(-1)
+        r = self.readout(u if self.norm is None else self.norm(u)).squeeze(-1)
         return mu + s * (xt + r)
