@@ -29,7 +29,8 @@ def build(args, window, scheme=None, seed=None):
     torch.manual_seed(seed)
     enc = SplitEncoder(args.d_model, args.heads, args.d_ff, n_steps=args.n_steps, T=args.T,
                        scheme=scheme or args.scheme, control=args.control, causal=True, generator=g)
-    return SequenceForecaster(window, enc, delay=args.delay, center=args.center, final_norm=args.final_norm)
+    return SequenceForecaster(window, enc, delay=args.delay, center=args.center, final_norm=args.final_norm,
+                              positions=getattr(args, "positions", "learned"))
 
 
 def config(args):
@@ -89,6 +90,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--delay", type=int, default=8)
+    p.add_argument("--positions", default="learned", choices=["learned", "sinusoidal"])
     p.add_argument("--center", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--final-norm", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--loss-from", type=int, default=50, help="positions >= this enter the loss")

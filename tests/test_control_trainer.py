@@ -273,3 +273,39 @@ def test_save_is_atomic_and_replaces(tmp_path):
     path, m = _checkpoint(tmp_path)
     save_checkpoint(path, m)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def _affine_model(ny, slope_w, slope_b):
+    from opsplit import Propagator
+    from opsplit.grid import Grid
+    from opsplit.operators import PointwiseAffine
+    from opsplit.schemes import Lie
+
+    grid = Grid.uniform(None, ny, ly=1.0)
+    y = grid.y.nodes(dtype=torch.float64)
+    w = torch.stack([0.5 + slope_w * y, 0.2 - slope_w * y])  # 2 time pieces, linear in y
+    b = torch.stack([slope_b * y, 1.0 + slope_b * y])
+    op = PointwiseAffine(PiecewiseConstant(w, t0=0.0, t1=2.0, axes=("y",)),
+                         PiecewiseConstant(b, t0=0.0, t1=2.0, axes=("y",)))
+    return Propagator(Lie([op]), 2, t1=2.0, grid=grid)
+
+
+def test_load_at_another_grid_resolution_interpolates_in_y(tmp_path):
+    src = _affine_model(8, 0.7, -0.3)
+    path = save_checkpoint(tmp_path / "ck", src)
+    tgt = _affine_model(16, 0.0, 0.0)
+    with pytest.raises(CheckpointError, match="shape"):
+        load_checkpoint(path, tgt, restore_rng=False)
+    ck = load_checkpoint(path, tgt, resample=True, restore_rng=False)
+    assert len(ck.resampled) == 2
+    ref = _affine_model(16, 0.7, -0.3)  # the same functions of y sampled on the fine grid
+    for (k, v), (_, r) in zip(tgt.state_dict().items(), ref.state_dict().items()):
+        torch.testing.assert_close(v, r, rtol=1e-12, atol=1e-12, msg=k)
+    # on a grid whose domain is N (L = N) nothing can be resampled
+    from opsplit.grid import Grid
+
+    paper = _affine_model(8, 0.7, -0.3)
+    paper.grid = Grid.paper(None, 8)
+    p2 = save_checkpoint(tmp_path / "ck2", paper)
+    with pytest.raises(CheckpointError, match="length|domain"):
+        load_checkpoint(p2, tgt, resample=True, restore_rng=False)

@@ -261,11 +261,14 @@ class SequenceForecaster(nn.Module):
         encoder: the propagator (causal attention, e.g. ``SplitEncoder(causal=True)``).
         delay: :math:`p`, the number of past values each token's lift reads (``1``: the value only).
         center: subtract the window mean (else scale by the root mean square only).
+        positions: ``"learned"`` (a parameter, initialised small) or ``"sinusoidal"`` (fixed
+            sines and cosines of the position, as in the original transformer: relative
+            offsets are rotations, which attention can read).
         final_norm: a LayerNorm before the read-out.
     """
 
     def __init__(self, window: int, encoder: Propagator, *, delay: int = 1, center: bool = True,
-                 final_norm: bool = True, eps: float = 1e-3, device=None, dtype=None):
+                 final_norm: bool = True, positions: str = "learned", eps: float = 1e-3, device=None, dtype=None):
         super().__init__()
         window = check_positive_int(window, "SequenceForecaster.window")
         if not isinstance(encoder, Propagator):
@@ -275,7 +278,18 @@ class SequenceForecaster(nn.Module):
         self.window, self.eps = window, float(eps)
         self.delay = check_positive_int(delay, "SequenceForecaster.delay")
         self.lift = nn.Linear(self.delay, d, **fk)
-        self.position = nn.Parameter(torch.empty(window, d, **fk))
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"SequenceForecaster.positions: expected 'learned' or 'sinusoidal', got {positions!r}")
+        self.positions = positions
+        if positions == "learned":
+            self.position = nn.Parameter(torch.empty(window, d, **fk))
+        else:
+            k = torch.arange(window, dtype=torch.float64)[:, None]
+            freq = torch.exp(-math.log(1e4) * torch.arange(0, d, 2, dtype=torch.float64) / d)
+            pe = torch.zeros(window, d, dtype=torch.float64)
+            pe[:, 0::2] = torch.sin(k * freq)
+            pe[:, 1::2] = torch.cos(k * freq)[:, : d // 2]
+            self.register_buffer("position", pe.to(**fk))
         self.encoder = encoder
         self.center = bool(center)
         self.norm = nn.LayerNorm(d, **fk) if final_norm else None
@@ -285,7 +299,8 @@ class SequenceForecaster(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         self.lift.reset_parameters()
-        nn.init.normal_(self.position, std=0.02)
+        if self.positions == "learned":
+            nn.init.normal_(self.position, std=0.02)
         if self.norm is not None:
             self.norm.reset_parameters()
         self.readout.reset_parameters()
