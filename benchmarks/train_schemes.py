@@ -67,6 +67,7 @@ def run_one(task: str, scheme: str, args) -> dict:
 
     if task == "digits":
         import train_digits as td
+
         from opsplit.control import Objective, TrainConfig
         from opsplit.data import load_digits
 
@@ -84,6 +85,7 @@ def run_one(task: str, scheme: str, args) -> dict:
         metric = {"test_accuracy": tr.evaluate(test)["accuracy"]}
     else:
         import train_periodic as tp
+
         from opsplit.data import periodic_task
 
         ns = argparse.Namespace(seed=args.seed, d_model=32, heads=2, d_ff=64, n_steps=2, T=None, scheme=scheme,
