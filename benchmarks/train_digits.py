@@ -2,7 +2,7 @@
 encoder, class-token read-out G) on scikit-learn's bundled digits with opsplit's Trainer;
 report the held-out test accuracy and the wall time.
 
-    OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_digits.py [--epochs 40] [--out runs/digits]
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_digits.py --out benchmarks/out/digits
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ def build(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--epochs", type=int, default=40)
-    p.add_argument("--d-model", type=int, default=48)
+    p.add_argument("--epochs", type=int, default=35)
+    p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--d-ff", type=int, default=96)
+    p.add_argument("--d-ff", type=int, default=64)
     p.add_argument("--n-steps", type=int, default=4)
     p.add_argument("--T", type=float, default=None)
     p.add_argument("--patch", type=int, default=2)
@@ -44,7 +44,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--wd", type=float, default=0.05)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--shift", type=int, default=1)
+    p.add_argument("--shift", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--gradient", default="backprop")

@@ -11,6 +11,29 @@ from .base import TensorData
 __all__ = ["load_digits", "random_shift"]
 
 
+def _bundled_digits():
+    """``(images (1797, 8, 8), labels (1797,))`` from the CSV scikit-learn ships
+    (``sklearn/datasets/data/digits.csv.gz``, what ``sklearn.datasets.load_digits`` reads),
+    located without importing ``sklearn.datasets`` (slow); that loader is the fallback."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise ImportError("load_digits needs scikit-learn (its bundled digits): pip install 'opsplit[train]'")
+    for loc in spec.submodule_search_locations or []:
+        f = Path(loc) / "datasets" / "data" / "digits.csv.gz"
+        if f.is_file():
+            data = np.loadtxt(f, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits as _load  # pragma: no cover - other layouts
+
+    d = _load()
+    return d.images, d.target
+
+
 def load_digits(*, test_fraction: float = 0.2, seed: int = 0, dtype=torch.float32,
                 normalize: bool = True) -> tuple[TensorData, TensorData]:
     """``(train, test)``: images ``(B, 1, 8, 8)`` and labels ``(B,)`` (int64).
@@ -18,19 +41,16 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, dtype=torch.float3
     The split is a seeded stratified permutation: ``round(test_fraction * n_c)`` images of
     every class ``c`` go to the test set (360 of 1797 for 0.2).  Pixels (0…16) are scaled
     by 1/16 and, with ``normalize``, standardised with the *training* mean and standard
-    deviation (one scalar each).  ``info`` of both sets records the split.
+    deviation (one scalar each).  ``info`` of both sets records the split (sizes, seed, and
+    the indices into scikit-learn's array: ``train_index``, ``test_index``).
     """
-    try:
-        from sklearn.datasets import load_digits as _load
-    except ImportError as e:  # pragma: no cover - environment
-        raise ImportError("load_digits needs scikit-learn: pip install 'opsplit[train]'") from e
     if not isinstance(test_fraction, float) or not 0.0 < test_fraction < 1.0:
         raise ValueError(f"load_digits.test_fraction: expected a float in (0, 1), got {test_fraction!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"load_digits.seed: expected an integer, got {seed!r}")
-    d = _load()
-    x = torch.as_tensor(d.images, dtype=torch.float64).unsqueeze(1) / 16.0
-    y = torch.as_tensor(d.target, dtype=torch.int64)
+    images, target = _bundled_digits()
+    x = torch.as_tensor(images, dtype=torch.float64).unsqueeze(1) / 16.0
+    y = torch.as_tensor(target, dtype=torch.int64)
     g = torch.Generator().manual_seed(seed)
     test_idx, train_idx = [], []
     for c in range(10):
@@ -46,7 +66,7 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, dtype=torch.float3
     mean, std = float(xtr.mean()), float(xtr.std())
     if normalize:
         xtr, xte = (xtr - mean) / std, (xte - mean) / std
-    info = {"source": "sklearn.datasets.load_digits", "n_total": len(y), "n_train": len(tr), "n_test": len(te),
+    info = {"source": "sklearn.datasets.load_digits", "train_index": tr.tolist(), "test_index": te.tolist(), "n_total": len(y), "n_train": len(tr), "n_test": len(te),
             "test_fraction": test_fraction, "split_seed": seed, "split": "stratified per class",
             "pixel_scale": 1 / 16, "mean": mean if normalize else 0.0, "std": std if normalize else 1.0}
     return (TensorData(xtr.to(dtype), y[tr], name="digits_train", info=info),
