@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from opsplit.data import TensorData, load_digits, periodic_series, periodic_task, random_shift, rollout
+from opsplit.data import (
+    TensorData,
+    load_digits,
+    periodic_series,
+    periodic_task,
+    random_shift,
+    rollout,
+)
 
 
 def test_digits_split_stratified_seeded_disjoint():
