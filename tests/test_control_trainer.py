@@ -309,3 +309,20 @@ def test_load_at_another_grid_resolution_interpolates_in_y(tmp_path):
     p2 = save_checkpoint(tmp_path / "ck2", paper)
     with pytest.raises(CheckpointError, match="length|domain"):
         load_checkpoint(p2, tgt, resample=True, restore_rng=False)
+
+
+def test_trains_a_paper_transformer_with_running_costs():
+    from opsplit.models import PaperTransformer
+
+    torch.manual_seed(0)
+    kw = dict(n_y=6, n_x=4, J=2, n_steps=3, dtype=torch.float64)
+    teacher, student = PaperTransformer(**kw), PaperTransformer(**kw)
+    x = torch.randn(32, 4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        y = teacher(x)
+    obj = Objective("mse", smoothness=1e-3, energy=1e-4)
+    tr = Trainer(student, obj, tiny_config(epochs=3, batch_size=16, lr=2e-2))
+    before = tr.evaluate((x, y))["mse"]
+    h = tr.fit((x, y))
+    assert "smoothness" in h.steps[0] and "energy" in h.steps[0]
+    assert tr.evaluate((x, y))["mse"] < 0.9 * before

@@ -131,7 +131,7 @@ def _cost(control: Control, kind: str) -> Tensor:
     for a, b in intervals:
         half = 0.5 * (b - a)
         ts = [a + half * (1.0 + xi) for xi in x]
-        v = _samples(control, ts).flatten(1)  # (m, numel)
+        v = _samples(control, ts).reshape(len(ts), -1)  # (m, numel); scalar controls too
         wq = torch.as_tensor(w * half, dtype=v.dtype, device=v.device)
         if kind == "energy":
             term = (wq[:, None] * v.square()).sum()
