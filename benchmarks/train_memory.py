@@ -25,6 +25,7 @@ Two CPU measurements, each in a fresh subprocess per (mode, N_t):
   the OS; smaller blocks stay cached, so RSS undercounts small tensors.
 
     OMP_NUM_THREADS=1 python benchmarks/train_memory.py [--n-steps 8 16 32 64 128 256]
+    OMP_NUM_THREADS=1 python benchmarks/train_memory.py --inner 1 4 16 64   # resolution inside substeps
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ from opsplit.control import gradient_mode
 from opsplit.models import SplitEncoder
 from opsplit.solvers import ODESolve
 
-mode, n = {mode!r}, {n}
+mode, n, inner = {mode!r}, {n}, {inner}
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(0)
+opts = {{"step_size": 1.0 / (n * inner)}} if inner > 1 else None
 m = SplitEncoder(32, 2, 64, n_steps=n, T=1.0, scheme="lie", control="legendre", n_modes=3,
-                 generator=g, solver=ODESolve("euler"))
+                 generator=g, solver=ODESolve("euler", options=opts))
 x = torch.randn(16, 16, 32)
 
 def step():
@@ -99,13 +101,13 @@ with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
     step()
 dt = time.perf_counter() - t0
 hwm = status("VmHWM")
-print(json.dumps({{"mode": mode, "n_steps": n, "saved_mb": live[1] / 2**20, "rss_mb": hwm - rss0,
+print(json.dumps({{"mode": mode, "n_steps": n, "inner": inner, "saved_mb": live[1] / 2**20, "rss_mb": hwm - rss0,
                   "time_s": dt}}))
 """
 
 
-def measure(mode: str, n: int) -> dict:
-    code = _CHILD.format(root=str(ROOT), mode=mode, n=n)
+def measure(mode: str, n: int, inner: int = 1) -> dict:
+    code = _CHILD.format(root=str(ROOT), mode=mode, n=n, inner=inner)
     # a fixed mmap threshold: freed large blocks go back to the OS, so RSS follows live memory
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=900,
@@ -117,8 +119,25 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--n-steps", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     p.add_argument("--modes", nargs="+", default=["backprop", "checkpoint", "adjoint"])
+    p.add_argument("--inner", type=int, nargs="*", default=[],
+                   help="also: N_t = 8 with this many euler steps inside every substep (backprop vs adjoint)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.inner:
+        rows = []
+        for k in args.inner:
+            for mode in ("backprop", "adjoint"):
+                r = measure(mode, 8, k)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+        print("\n| inner steps per substep (N_t = 8) | backprop saved MB | backprop RSS MB | adjoint saved MB | "
+              "adjoint RSS MB |")
+        print("|---|---|---|---|---|")
+        for k in args.inner:
+            b = next(r for r in rows if r["inner"] == k and r["mode"] == "backprop")
+            a = next(r for r in rows if r["inner"] == k and r["mode"] == "adjoint")
+            print(f"| {k} | {b['saved_mb']:.1f} | {b['rss_mb']:.1f} | {a['saved_mb']:.1f} | {a['rss_mb']:.1f} |")
+        return rows
     rows = []
     for n in args.n_steps:
         for mode in args.modes:
