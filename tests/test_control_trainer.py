@@ -326,3 +326,19 @@ def test_trains_a_paper_transformer_with_running_costs():
     h = tr.fit((x, y))
     assert "smoothness" in h.steps[0] and "energy" in h.steps[0]
     assert tr.evaluate((x, y))["mse"] < 0.9 * before
+
+
+def test_data_parallel_slices_partition_the_global_batch():
+    cfg = tiny_config(drop_last=True, batch_size=4)
+    trs = [Trainer(TinyClassifier(), Objective("cross_entropy"), cfg, rank=r, world_size=2) for r in (0, 1)]
+    single = Trainer(TinyClassifier(), Objective("cross_entropy"), cfg.replace(batch_size=8))
+    for epoch in (0, 3):
+        a, b = (t._epoch_batches(40, epoch) for t in trs)
+        g = single._epoch_batches(40, epoch)
+        assert len(a) == len(b) == len(g) == 5
+        for x, y, z in zip(a, b, g):
+            assert torch.equal(torch.cat([x, y]), z)
+    with pytest.raises(ValueError, match="drop_last"):
+        Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=0, world_size=2).fit(tiny_data())
+    with pytest.raises(ValueError, match="rank"):
+        Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=2, world_size=2)

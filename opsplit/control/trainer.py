@@ -98,6 +98,11 @@ class Trainer:
             ``DistributedDataParallel`` wrapper of it).  Checkpoints and running costs
             always use ``model``.
         metrics: extra evaluation metrics ``{name: fn(outputs, targets) -> float}``.
+        rank, world_size: data parallelism (with ``forward_model`` a
+            ``DistributedDataParallel``): every step draws a global batch of
+            ``world_size * batch_size`` samples from the shared seeded order and process
+            ``rank`` trains on its slice; only rank 0 writes checkpoints, CSV, plots and the
+            progress bar.
         augment: ``fn(inputs, generator) -> inputs`` applied to every training batch (e.g.
             :func:`opsplit.data.random_shift`); ``generator`` is the trainer's own
             ``torch.Generator`` (seeded with ``config.seed``, saved in checkpoints).
@@ -105,7 +110,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, objective: Objective, config: TrainConfig | dict | None = None, *,
                  forward_model: nn.Module | None = None, metrics: dict | None = None, augment=None,
-                 **overrides):
+                 rank: int = 0, world_size: int = 1, **overrides):
         if not isinstance(model, nn.Module):
             raise TypeError(f"Trainer.model: expected an nn.Module, got {type(model).__name__}")
         if not isinstance(objective, Objective):
@@ -126,6 +131,12 @@ class Trainer:
         if augment is not None and not callable(augment):
             raise TypeError(f"Trainer.augment: expected a callable fn(inputs, generator), got {augment!r}")
         self.augment = augment
+        for v, nm in ((world_size, "world_size"), (rank, "rank")):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"Trainer.{nm}: expected an integer, got {v!r}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"Trainer: expected 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        self.rank, self.world_size = rank, world_size
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.params = params
         self.optimizer = self._make_optimizer(params)
@@ -159,10 +170,11 @@ class Trainer:
 
     # -- data ---------------------------------------------------------------------------------
     def _steps_per_epoch(self, n: int) -> int:
-        b = self.config.batch_size
+        b = self.config.batch_size * self.world_size
         k = n // b if self.config.drop_last else -(-n // b)
         if k == 0:
-            raise ValueError(f"train_data: {n} samples give no batch of {b} with drop_last=True")
+            raise ValueError(f"train_data: {n} samples give no batch of {b} (batch_size x world_size) with "
+                             "drop_last=True")
         return k
 
     def _epoch_batches(self, n: int, epoch: int):
@@ -171,7 +183,10 @@ class Trainer:
         if c.shuffle:
             g = torch.Generator().manual_seed(c.seed * 1_000_003 + epoch)
             perm = torch.randperm(n, generator=g)
-        return _batches(n, c.batch_size, c.drop_last, perm)
+        batches = _batches(n, c.batch_size * self.world_size, c.drop_last, perm)
+        if self.world_size > 1:
+            batches = [b.tensor_split(self.world_size)[self.rank] for b in batches]
+        return batches
 
     def _check_batch(self, data: TensorData) -> None:
         """The model's output on two samples against the targets and the loss."""
@@ -286,6 +301,9 @@ class Trainer:
         train = as_dataset(train_data, "train_data")
         evald = as_dataset(eval_data, "eval_data") if eval_data is not None else None
         n = len(train)
+        if self.world_size > 1 and not c.drop_last:
+            raise ValueError("TrainConfig.drop_last: expected True with world_size > 1 (every process needs a "
+                             "non-empty slice of every global batch)")
         spe = self._steps_per_epoch(n)
         self._total_steps = min(c.max_steps, spe * c.epochs) if c.max_steps else spe * c.epochs
         self._check_batch(train)
@@ -298,7 +316,7 @@ class Trainer:
             else:
                 torch.manual_seed(c.seed)
                 self.generator.manual_seed(c.seed)
-            out = Path(out_dir) if out_dir is not None else None
+            out = Path(out_dir) if out_dir is not None and self.rank == 0 else None
             self._loop(train, evald, spe, out)
         finally:
             restore_gradient_mode(previous)
@@ -312,7 +330,7 @@ class Trainer:
         c = self.config
         total = self._total_steps
         bar = None
-        if c.progress:
+        if c.progress and self.rank == 0:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=total, initial=self.step, desc="train", leave=False, dynamic_ncols=True)
