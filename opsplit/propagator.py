@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ._checks import check_finite, check_float_dtype, check_positive_int, check_tensor
 from .grid import Grid
-from .schemes.base import Scheme
+from .schemes.base import Scheme, changes_grid
 
 __all__ = ["Propagator"]
 
@@ -119,12 +119,18 @@ class Propagator(nn.Module):
         g = self.resolve_grid(f, grid)
         if check_finite_input:
             check_finite(f, "f")
+        if return_trajectory and any(changes_grid(s) for s in self.scheme.substeps):
+            raise ValueError(
+                f"return_trajectory: {type(self.scheme).__name__} may move the state to other grids (grid "
+                "transfers), so its states cannot be stacked; solve step by step with scheme.advance instead"
+            )
         self.scheme.check(g)
         times = self.times(n_steps)
         u = f
         traj = [u] if return_trajectory else None
         for n in range(len(times) - 1):
-            u = self.scheme.step(times[n], times[n + 1] - times[n], u, g)
+            # a scheme with grid transfers returns the grid of the new state (Scheme.advance)
+            u, g = self.scheme.advance(times[n], times[n + 1] - times[n], u, g)
             if traj is not None:
                 traj.append(u)
         if unbatched:
