@@ -232,6 +232,9 @@ def main(argv=None):
         os.path.join(OUT, "convergence_space.png"),
         title="same continuous model at N_y, N_x = 16 ... 128",
     )
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
     with open(os.path.join(OUT, "convergence.json"), "w") as fh:
         json.dump({k: [s.to_dict() for s in v] for k, v in results.items()}, fh, indent=1)
     print(f"\nplots and JSON in {OUT}  (total {time.perf_counter() - t0:.0f} s)")

@@ -2,6 +2,16 @@
 
 Every check raises a ``ValueError`` (or ``TypeError``) whose message names what was
 expected and what was received, so that bad input never reaches a matmul.
+
+**Static and value checks.**  Checks of types, ranks, shapes, dtypes and devices are
+plain Python on tensor metadata: free, and kept everywhere (also under ``torch.compile``
+and ``torch.jit.trace``, where they are evaluated once, at trace time).  Checks of tensor
+*values* (finiteness, positivity) need a reduction and a host synchronisation; they run
+once per call of a public entry point (a model's or propagator's ``forward``, a public
+function), never per substep, and they are skipped while ``torch.compile`` or
+``torch.jit`` traces the code (:func:`skip_value_checks`), where a data-dependent Python
+branch would break the graph.  A compiled or traced model therefore runs without value
+checks: validate inputs eagerly first if they can hold NaN/inf.
 """
 
 from __future__ import annotations
@@ -11,6 +21,33 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+__all__ = [
+    "skip_value_checks",
+    "check_tensor",
+    "check_float_dtype",
+    "check_finite",
+    "check_state",
+    "check_positive_int",
+    "check_positive_float",
+    "check_finite_float",
+    "check_time_step",
+    "check_time",
+    "check_shape",
+    "module_dtype_device",
+    "check_like_module",
+    "check_parameters_finite",
+]
+
+
+def skip_value_checks() -> bool:
+    """True while ``torch.compile`` (dynamo) or ``torch.jit`` traces or scripts the code:
+    value checks (which need ``bool(tensor)``) are skipped there."""
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = getattr(compiler, "is_compiling", None)
+    if is_compiling is not None and is_compiling():
+        return True
+    return bool(torch.jit.is_tracing() or torch.jit.is_scripting())
 
 
 def check_tensor(x, name: str) -> Tensor:
@@ -26,11 +63,15 @@ def check_float_dtype(x: Tensor, name: str) -> None:
         )
 
 
-def check_finite(x: Tensor, name: str) -> None:
-    """Raise if ``x`` holds NaN or inf (one reduction; syncs on CUDA)."""
+def check_finite(x: Tensor, name: str, what: str = "") -> None:
+    """Raise if ``x`` holds NaN or inf (one reduction; syncs on CUDA).  Skipped under
+    ``torch.compile`` / ``torch.jit`` tracing (see the module docstring)."""
+    if skip_value_checks():
+        return
     if not bool(torch.isfinite(x).all()):
         n_bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name}: expected finite values, found {n_bad} NaN/inf entries")
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name}: expected finite values, found {n_bad} NaN/inf entries{extra}")
 
 
 def check_state(u, grid, name: str = "u", *, finite: bool = True) -> Tensor:
@@ -42,6 +83,12 @@ def check_state(u, grid, name: str = "u", *, finite: bool = True) -> Tensor:
             f"{name}: expected a tensor of shape (B, N_x, N_y) = (B, {grid.nx_str}, {grid.ny_str}) "
             f"(rank 3), got rank {u.dim()} with shape {tuple(u.shape)}"
         )
+    for n, what in ((u.shape[-2], "N_x tokens"), (u.shape[-1], "N_y features")):
+        if n == 0:
+            raise ValueError(
+                f"{name}: empty state: expected at least one of the {what}, got shape "
+                f"{tuple(u.shape)}"
+            )
     grid.check_shape(u.shape[-2:], name)
     if finite:
         check_finite(u, name)
@@ -59,18 +106,120 @@ def check_positive_int(n, name: str) -> int:
     return n
 
 
-def check_positive_float(x, name: str, *, allow_zero: bool = False) -> float:
+def _real(x, name: str) -> float:
+    if isinstance(x, bool) or isinstance(x, complex):
+        raise TypeError(f"{name}: expected a real number, got {x!r}")
+    if isinstance(x, Tensor) and x.numel() != 1:
+        raise TypeError(f"{name}: expected a real number, got a tensor of shape {tuple(x.shape)}")
     try:
-        xf = float(x)
+        return float(x)
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected a real number, got {x!r}") from None
+
+
+def check_positive_float(x, name: str, *, allow_zero: bool = False) -> float:
+    xf = _real(x, name)
     if not math.isfinite(xf) or (xf < 0 if allow_zero else xf <= 0):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name}: expected a finite number {bound}, got {x!r}")
     return xf
 
 
+def check_finite_float(x, name: str) -> float:
+    """A finite real number (NaN and inf are refused)."""
+    xf = _real(x, name)
+    if not math.isfinite(xf):
+        raise ValueError(f"{name}: expected a finite number, got {x!r}")
+    return xf
+
+
+def check_time_step(dt, name: str = "dt"):
+    """A time step :math:`\\Delta t`: a finite number > 0 (a Python number is checked;
+    a 0-d floating tensor is accepted as is, its value checked outside compilation)."""
+    if isinstance(dt, Tensor):
+        if dt.numel() != 1 or not dt.is_floating_point():
+            raise TypeError(
+                f"{name}: expected a number or a 0-d floating tensor, got a {dt.dtype} tensor "
+                f"of shape {tuple(dt.shape)}"
+            )
+        if not skip_value_checks() and not bool(torch.isfinite(dt).all() & (dt > 0).all()):
+            raise ValueError(f"{name}: expected a finite time step > 0, got {float(dt)!r}")
+        return dt
+    return check_positive_float(dt, name)
+
+
+def check_time(t, name: str = "t"):
+    """A time: a finite number (a tensor is passed through unchecked)."""
+    if isinstance(t, Tensor):
+        return t
+    if type(t) is float and math.isfinite(t):  # fast path, called per substep
+        return t
+    check_finite_float(t, name)
+    return t  # unchanged: a LeftLimit keeps its side
+
+
 def check_shape(x: Tensor, expected: Sequence[int], name: str, what: str = "") -> None:
     if tuple(x.shape) != tuple(expected):
         extra = f" ({what})" if what else ""
         raise ValueError(f"{name}: expected shape {tuple(expected)}{extra}, got {tuple(x.shape)}")
+
+
+def module_dtype_device(module: torch.nn.Module):
+    """The floating dtype and the device of a module's parameters (else of its
+    non-scalar floating buffers), or ``(None, None)`` when it has neither.  0-d buffers
+    (numbers given as controls, kept in float64 so that they promote nothing) do not
+    count."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype, p.device
+    for b in module.buffers():
+        if b.is_floating_point() and b.dim() > 0:
+            return b.dtype, b.device
+    return None, None
+
+
+def check_like_module(x: Tensor, module: torch.nn.Module, name: str, what: str = "the model") -> None:
+    """Raise a ``TypeError`` / ``ValueError`` naming ``name`` if ``x`` has another floating
+    dtype or another device than ``module``'s parameters."""
+    dtype, device = module_dtype_device(module)
+    if dtype is None:
+        return
+    if x.dtype != dtype:
+        raise TypeError(
+            f"{name}: dtype {x.dtype} differs from {what}'s {dtype} (convert the model with "
+            f".to({x.dtype}) or the input with .to({dtype}))"
+        )
+    if x.device != device and not (x.device.type == device.type and device.index is None):
+        raise ValueError(
+            f"{name}: device {x.device} differs from {what}'s {device} (move the model with "
+            f".to('{x.device}') or the input with .to('{device}'))"
+        )
+
+
+def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
+    """Raise if a floating parameter or buffer of ``module`` holds NaN/inf, naming it.
+
+    One reduction for all tensors, and only for tensors modified since the last check
+    (their version counter or storage changed): a forward after an optimiser step
+    checks the parameters once; repeated forwards with the same parameters check
+    nothing.  Skipped under ``torch.compile`` / ``torch.jit`` tracing."""
+    if skip_value_checks():
+        return
+    named = [
+        (n, t)
+        for n, t in list(module.named_parameters()) + list(module.named_buffers())
+        if t.is_floating_point() and t.numel() > 0
+    ]
+    key = tuple((id(t), t._version, t.data_ptr()) for _, t in named)
+    if getattr(module, "_opsplit_checked_parameters", None) == key:
+        return
+    if named:
+        with torch.no_grad():
+            flags = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named])
+        if not bool(flags.all()):
+            bad = [n for (n, _), ok in zip(named, flags.tolist()) if not ok]
+            raise ValueError(
+                f"{what}: parameters must be finite, but {', '.join(bad)} hold(s) NaN/inf "
+                "(a diverged training step, or a non-finite value given at construction)"
+            )
+    object.__setattr__(module, "_opsplit_checked_parameters", key)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ._checks import check_positive_float, check_positive_int
 
-__all__ = ["Interval", "Grid", "RULES"]
+__all__ = ["Interval", "Grid", "RULES", "check_grid"]
 
 #: Quadrature rules: name -> (order for smooth non-periodic integrands, description).
 RULES = {
@@ -216,6 +216,39 @@ def _as_interval(v, name: str) -> Interval | None:
     raise TypeError(f"Grid.{name}: expected an Interval or an int (L = N), got {type(v).__name__}")
 
 
+def _axis_with_n(itv: Interval, n: int, what: str, unit: str, name: str | None) -> Interval:
+    """``itv`` at the tensor's ``n`` nodes, with errors that say which axis and why."""
+    pre = f"{name}: " if name else ""
+    if itv.n is not None:
+        if itv.n != n:
+            raise ValueError(
+                f"{pre}grid/tensor mismatch: the grid has {what} = {itv.n} {unit}, the tensor has {n}"
+            )
+        return itv
+    if n < 1:
+        raise ValueError(f"{pre}empty tensor: expected {what} >= 1 {unit}, the tensor has {n}")
+    if itv.rule == "trapezoid" and n < 2:
+        raise ValueError(
+            f"{pre}the grid's {what} interval uses the trapezoid rule, which needs {what} >= 2 "
+            f"nodes; the tensor has {n} {unit}"
+        )
+    return itv.with_n(n)
+
+
+def check_grid(grid, name: str = "grid", *, optional: bool = True):
+    """``grid`` if it is a :class:`Grid` (or ``None`` when ``optional``), else a clear
+    ``TypeError`` naming the argument."""
+    if grid is None and optional:
+        return None
+    if not isinstance(grid, Grid):
+        what = "an opsplit Grid or None" if optional else "an opsplit Grid"
+        raise TypeError(
+            f"{name}: expected {what} (e.g. Grid.paper(N_x, N_y) or Grid.uniform(...)), got "
+            f"{type(grid).__name__} {grid!r}"
+        )
+    return grid
+
+
 @dataclass(frozen=True)
 class Grid:
     r"""The grid of :math:`\Omega_x \times \Omega_y` (and :math:`\Omega_h`).
@@ -294,22 +327,14 @@ class Grid:
     def is_complete(self) -> bool:
         return self.x.is_complete and self.y.is_complete
 
-    def with_shape(self, nx: int, ny: int) -> Grid:
-        """This grid with node counts read from data (checks the fixed ones)."""
+    def with_shape(self, nx: int, ny: int, name: str | None = None) -> Grid:
+        """This grid with node counts read from data (checks the fixed ones).
+
+        ``name`` (the tensor's argument name) prefixes the error messages."""
         if self.x.n == nx and self.y.n == ny:
             return self
-        try:
-            x = self.x.with_n(nx)
-        except ValueError:
-            raise ValueError(
-                f"grid/tensor mismatch: the grid has N_x = {self.x.n} tokens, the tensor has {nx}"
-            ) from None
-        try:
-            y = self.y.with_n(ny)
-        except ValueError:
-            raise ValueError(
-                f"grid/tensor mismatch: the grid has N_y = {self.y.n} features, the tensor has {ny}"
-            ) from None
+        x = _axis_with_n(self.x, nx, "N_x", "tokens", name)
+        y = _axis_with_n(self.y, ny, "N_y", "features", name)
         return replace(self, x=x, y=y)
 
     def check_shape(self, shape, name: str = "u") -> None:

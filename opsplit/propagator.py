@@ -13,13 +13,19 @@ controls held by the scheme's operators.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_finite, check_float_dtype, check_positive_int, check_tensor
-from .grid import Grid
+from ._checks import (
+    check_finite,
+    check_finite_float,
+    check_float_dtype,
+    check_like_module,
+    check_parameters_finite,
+    check_positive_int,
+    check_tensor,
+)
+from .grid import Grid, check_grid
 from .schemes.base import Scheme, changes_grid
 
 __all__ = ["Propagator"]
@@ -31,14 +37,29 @@ class Propagator(nn.Module):
     Args:
         scheme: a :class:`~opsplit.schemes.Scheme` (e.g. :class:`~opsplit.schemes.Lie`).
         n_steps: :math:`N_t \\ge 1`.
-        t0, t1: the time interval; ``t1`` defaults to ``t0 + n_steps`` (:math:`\\Delta t = 1`,
-            the paper's choice).
+        t0, t1: the time interval, finite, ``t0 < t1``; ``t1`` defaults to ``t0 + n_steps``
+            (:math:`\\Delta t = 1`, the paper's choice).
         grid: the spatial :class:`~opsplit.grid.Grid`; ``None`` is ``Grid.paper`` with node
             counts read from the input (``L = N``).  Node counts left open in the grid are
             read from the input.
 
     ``forward(f)`` takes ``f`` of shape ``(B, N_x, N_y)`` (or ``(N_x, N_y)``, unbatched) and
     returns :math:`u^{N_t}` of the same shape.
+
+    **Validation** (once per call, never per substep): ``f`` is a floating tensor of rank 2
+    or 3 whose shape fits the grid, on the dtype and device of the parameters, with at
+    least one token and one feature; the parameters and ``f`` are finite; every operator
+    checks its controls against the grid; and the result is checked to be finite (NaN/inf
+    from finite input means an intermediate left the float range: the error says so).
+    The value checks (finiteness) are skipped under ``torch.compile`` and ``torch.jit``
+    tracing (see :mod:`opsplit._checks`) and with ``check_finite_input=False``.
+
+    **Saving and loading.**  Save the parameters, not the module:
+    ``torch.save(model.state_dict(), path)``, then build the same model (same constructor
+    arguments) and ``model.load_state_dict(torch.load(path))`` — this works with
+    ``torch.load``'s default ``weights_only=True``.  Pickling the whole module
+    (``torch.save(model)``) stores opsplit's classes by reference and needs
+    ``torch.load(..., weights_only=False)``, i.e. trusting the file.
     """
 
     def __init__(
@@ -55,13 +76,14 @@ class Propagator(nn.Module):
             raise TypeError(f"Propagator.scheme: expected an opsplit Scheme, got {type(scheme).__name__}")
         self.scheme = scheme
         self.n_steps = check_positive_int(n_steps, "Propagator.n_steps (N_t)")
-        self.t0 = float(t0)
-        self.t1 = float(self.t0 + self.n_steps) if t1 is None else float(t1)
-        if not (math.isfinite(self.t0) and math.isfinite(self.t1)) or self.t1 <= self.t0:
-            raise ValueError(f"Propagator: expected t0 < t1 (T), got t0={t0}, t1={t1}")
-        if grid is not None and not isinstance(grid, Grid):
-            raise TypeError(f"Propagator.grid: expected an opsplit Grid, got {type(grid).__name__}")
-        self.grid = grid if grid is not None else Grid.paper(None, None)
+        self.t0 = check_finite_float(t0, "Propagator.t0")
+        if t1 is None:
+            self.t1 = float(self.t0 + self.n_steps)
+        else:
+            self.t1 = check_finite_float(t1, "Propagator.t1 (T)")
+            if self.t1 <= self.t0:
+                raise ValueError(f"Propagator.t1 (T): expected t0 < t1, got t0={t0}, t1={t1}")
+        self.grid = check_grid(grid, "Propagator.grid") or Grid.paper(None, None)
 
     @property
     def T(self) -> float:
@@ -69,7 +91,7 @@ class Propagator(nn.Module):
 
     def dt(self, n_steps: int | None = None) -> float:
         """:math:`\\Delta t = (t_1 - t_0)/N_t`."""
-        n = self.n_steps if n_steps is None else n_steps
+        n = self.n_steps if n_steps is None else check_positive_int(n_steps, "n_steps (N_t)")
         return (self.t1 - self.t0) / n
 
     def times(self, n_steps: int | None = None) -> list[float]:
@@ -78,11 +100,9 @@ class Propagator(nn.Module):
         return [self.t0 + (self.t1 - self.t0) * k / n for k in range(n + 1)]
 
     def resolve_grid(self, f: Tensor, grid: Grid | None = None) -> Grid:
-        g = self.grid if grid is None else grid
-        if not isinstance(g, Grid):
-            raise TypeError(f"grid: expected an opsplit Grid, got {type(g).__name__}")
+        g = self.grid if grid is None else check_grid(grid, "grid")
         g.check_shape(f.shape[-2:], "f")
-        return g.with_shape(f.shape[-2], f.shape[-1])
+        return g.with_shape(f.shape[-2], f.shape[-1], "f")
 
     def forward(
         self,
@@ -103,7 +123,9 @@ class Propagator(nn.Module):
                 can be evaluated there).
             return_trajectory: also return the states at :math:`t^0, \\dots, t^{N_t}`
                 stacked on a new dimension 1 (after the batch).
-            check_finite_input: reject NaN/inf in ``f`` (one reduction).
+            check_finite_input: reject NaN/inf in ``f`` and in the parameters, and raise if
+                the solve produces NaN/inf (one reduction each; the parameters are
+                re-checked only after they change).
         """
         f = check_tensor(f, "f")
         check_float_dtype(f, "f")
@@ -111,21 +133,23 @@ class Propagator(nn.Module):
         if unbatched:
             f = f.unsqueeze(0)
         if f.dim() != 3:
-            g0 = self.grid if grid is None else grid
+            g0 = self.grid if grid is None else check_grid(grid, "grid")
             raise ValueError(
                 f"f: expected shape (B, N_x, N_y) = (B, {g0.nx_str}, {g0.ny_str}) or unbatched "
                 f"(N_x, N_y), got rank {f.dim()} with shape {tuple(f.shape)}"
             )
+        check_like_module(f, self, "f", f"the {type(self).__name__}")
         g = self.resolve_grid(f, grid)
+        times = self.times(n_steps)
         if check_finite_input:
             check_finite(f, "f")
+            check_parameters_finite(self, type(self).__name__)
         if return_trajectory and any(changes_grid(s) for s in self.scheme.substeps):
             raise ValueError(
                 f"return_trajectory: {type(self.scheme).__name__} may move the state to other grids (grid "
                 "transfers), so its states cannot be stacked; solve step by step with scheme.advance instead"
             )
         self.scheme.check(g)
-        times = self.times(n_steps)
         u = f
         traj = [u] if return_trajectory else None
         for n in range(len(times) - 1):
@@ -133,6 +157,12 @@ class Propagator(nn.Module):
             u, g = self.scheme.advance(times[n], times[n + 1] - times[n], u, g)
             if traj is not None:
                 traj.append(u)
+        if check_finite_input:
+            check_finite(
+                u, f"{type(self).__name__} output",
+                f"produced from a finite input and finite parameters: an intermediate value "
+                f"left the range of {u.dtype}; scale the input down or use float64",
+            )
         if unbatched:
             u = u.squeeze(0)
         if not return_trajectory:

@@ -48,9 +48,9 @@ from .controls.timepoints import LeftLimit
 from .grid import Grid
 from .operators import ProjectionS1, ProjectionS2
 from .operators.base import Operator
-from .operators.layernorm import project_s1
+from .operators.layernorm import constant_tokens, project_s1
 from .solvers.odeint import ODESolve
-from .solvers.projected import tangent_s1, token_moments
+from .solvers.projected import tangent_s1
 
 __all__ = ["solve_reference", "unsplit_terms", "ReferenceField", "control_breakpoints"]
 
@@ -216,11 +216,10 @@ def solve_reference(
     tol = 1e-12 * max(1.0, abs(t0), abs(t1))
     knots = [t0] + sorted(c for c in cuts if t0 + tol < c < t1 - tol) + [t1]
     if constraint is not None:
-        _, var = token_moments(f, g)
-        if not bool((var > 0).all()):
+        if bool(constant_tokens(f).any()):
             raise ValueError(
-                "solve_reference: a token of f has zero variance; its projection onto S1 is not "
-                "defined"
+                "solve_reference: f: a token is constant (zero variance, max - min <= "
+                "8 eps_machine max|f|); its projection onto S1 is not defined"
             )
         z = project_s1(f, 0.0, 1.0, g)
     else:

@@ -223,6 +223,29 @@ def test_convergence_study_plot_returns_axes():
     assert "1/n" in str(st)
 
 
+def test_plots_are_pyplot_figures_that_show_and_save(tmp_path):
+    """Issue 8, finding 9: ``study.plot()`` drew on a figure pyplot did not know, so
+    ``plt.show()``/``plt.savefig`` and a notebook saw nothing; ``str`` of an unlabelled
+    study began with a stray colon."""
+    import matplotlib.pyplot as plt
+
+    st = temporal_convergence(
+        lambda n: torch.full((1, 1, 1), 1.0 + 1.0 / n, dtype=D),
+        [2, 4, 8],
+        torch.ones(1, 1, 1, dtype=D),
+    )
+    assert str(st).startswith("order 1.00")
+    plt.close("all")
+    ax = st.plot(path=tmp_path / "one.png")
+    assert plt.get_fignums() == [ax.figure.number]
+    assert (tmp_path / "one.png").stat().st_size > 0
+    plt.savefig(tmp_path / "current.png")  # pyplot's current figure is the study's
+    assert (tmp_path / "current.png").stat().st_size > 0
+    fig = plot_convergence([st])
+    assert fig.number in plt.get_fignums()
+    plt.close("all")
+
+
 def test_propagator_reference_defaults():
     g = Grid.uniform(3, 4)
     att = SoftmaxAttention(*(torch.randn(4, 4, dtype=D) for _ in range(3)))

@@ -178,3 +178,163 @@ def test_bad_inputs_are_named():
         TorchDecoder(10, 3, 20)
     with pytest.raises(ValueError, match="activation: expected one of"):
         TorchEncoder(12, 3, 20, activation="swish")
+
+
+# -- LayerNorm without elementwise affine or without bias -------------------------------------------
+def _with_norms(layer, E, decoder, affine, bias, dtype):
+    for k in (1, 2, 3) if decoder else (1, 2):
+        setattr(layer, f"norm{k}", nn.LayerNorm(E, eps=1e-5, elementwise_affine=affine, bias=bias, dtype=dtype))
+    return layer
+
+
+@pytest.mark.parametrize("affine,bias", [(False, True), (True, False), (False, False)],
+                         ids=["no affine", "no bias", "no affine no bias"])
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post", "pre"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_layer_norm_without_affine_or_bias(affine, bias, decoder, norm_first, fused):
+    """nn.LayerNorm(elementwise_affine=False) is the S1(0, 1) projection with eps, bias=False an
+    affine map without shift: converted exactly (outputs, input and weight gradients), no
+    weight that torch does not have, and back to torch with the same parameters."""
+    torch.manual_seed(0)
+    E = 12
+    Layer = nn.TransformerDecoderLayer if decoder else nn.TransformerEncoderLayer
+    layer = _with_norms(Layer(E, 3, 20, dropout=0.0, batch_first=True, norm_first=norm_first, dtype=F64),
+                        E, decoder, affine, bias, F64)
+    Stack = nn.TransformerDecoder if decoder else nn.TransformerEncoder
+    kw = {} if decoder else {"enable_nested_tensor": False}
+    # the final norm with the other setting: it has its own flags
+    ref = Stack(layer, 2, norm=nn.LayerNorm(E, elementwise_affine=not affine, bias=not bias, dtype=F64), **kw)
+    _perturb(ref)
+    model = from_torch(ref, fused_norm=fused)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    x = torch.randn(2, 5, E, dtype=F64)
+    args = (torch.randn(2, 4, E, dtype=F64),) if decoder else ()
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_ref, y = ref(x1, *args), model(x2, *args)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
+    w = torch.randn_like(y)
+    (y_ref * w).sum().backward()
+    (y * w).sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=1e-10)
+    grads = torch_state_dict(model, grads=True)
+    assert set(grads) == {n for n, _ in ref.named_parameters()}
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+    back = to_torch(model)
+    assert [n for n, _ in back.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    for (_, p1), (_, p2) in zip(ref.named_parameters(), back.named_parameters()):
+        torch.testing.assert_close(p2, p1, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x, *args), y_ref, rtol=0, atol=1e-12)
+
+
+def test_layer_norm_flags_in_one_layer_must_agree():
+    layer = nn.TransformerEncoderLayer(12, 3, 20)
+    layer.norm2 = nn.LayerNorm(12, elementwise_affine=False)
+    with pytest.raises(ValueError, match="LayerNorms of a layer must share elementwise_affine and bias"):
+        from_torch(layer)
+
+
+# -- requires_grad -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("no_grad", [False, True], ids=["grad mode", "under no_grad"])
+def test_requires_grad_is_kept(no_grad):
+    torch.manual_seed(0)
+    ref = nn.TransformerEncoder(nn.TransformerEncoderLayer(12, 3, 20, dropout=0.0, batch_first=True, dtype=F64), 2,
+                                norm=nn.LayerNorm(12, dtype=F64), enable_nested_tensor=False)
+    frozen = {"norm.weight"} | {f"layers.{n}.{w}" for n in range(2)
+                                for w in ("self_attn.in_proj_weight", "linear1.bias", "norm2.weight")}
+    for name, p in ref.named_parameters():
+        p.requires_grad_(name not in frozen)
+    with torch.set_grad_enabled(not no_grad):
+        model = from_torch(ref)
+    m = model
+    assert not m.attention.WQ.raw.requires_grad and not m.attention.WV.raw.requires_grad
+    assert m.attention.bQ.raw.requires_grad and m.attention.WO.raw.requires_grad
+    assert not m.ffn.b1.raw.requires_grad and m.ffn.W1.raw.requires_grad
+    assert not m.norm(2).weight.raw.requires_grad and m.norm(1).weight.raw.requires_grad
+    assert not m.final_affine.weight.value.requires_grad and m.final_affine.bias.value.requires_grad
+    model(torch.randn(2, 5, 12, dtype=F64)).sum().backward()
+    for name, g in torch_state_dict(model, grads=True).items():
+        assert (g is None) == (name in frozen), name
+    back = to_torch(model)
+    assert {n for n, p in back.named_parameters() if not p.requires_grad} == frozen
+    ref.layers[1].linear2.weight.requires_grad_(False)  # frozen in one layer only
+    with pytest.raises(ValueError, match=r"linear2.weight.requires_grad differs between layers \(frozen in layers \[1\]\)"):
+        from_torch(ref)
+    mha = nn.MultiheadAttention(12, 3, batch_first=True)
+    mha.out_proj.weight.requires_grad_(False)
+    op = from_torch(mha)
+    assert not op.WO.raw.requires_grad and op.WQ.raw.requires_grad and op.bO.raw.requires_grad
+
+
+def test_to_torch_refuses_split_requires_grad():
+    model = TorchEncoder(12, 3, 20)
+    model.attention.WK.raw.requires_grad_(False)  # WQ, WK, WV are one in_proj_weight in torch
+    with pytest.raises(ValueError, match="in_proj_weight is made of opsplit weights of which some require grad"):
+        to_torch(model)
+
+
+# -- training mode: dropout exactly where torch has it ---------------------------------------------------
+class _RandomDraws(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the random draws (op, number of elements) of a forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.draws = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if any(k in name for k in ("bernoulli", "dropout", "rand", "uniform", "normal")):
+            self.draws.append((name, args[0].numel() if isinstance(args[0], torch.Tensor) else args[0]))
+        return func(*args, **(kwargs or {}))
+
+
+def _dropouts(layer, residual, activation, attention):
+    for k in (1, 2, 3):
+        if hasattr(layer, f"dropout{k}"):
+            getattr(layer, f"dropout{k}").p = residual
+    layer.dropout.p = activation
+    layer.self_attn.dropout = attention
+    if hasattr(layer, "multihead_attn"):
+        layer.multihead_attn.dropout = attention
+    return layer
+
+
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post", "pre"])
+@pytest.mark.parametrize("ps", [(0.4, 0.4, 0.4), (0.4, 0.2, 0.3)], ids=["one p", "three ps"])
+def test_train_mode_dropout_is_torchs(decoder, norm_first, ps):
+    """torch draws, per layer: attention weights, after attention (dropout1), [cross-attention
+    weights, dropout2], inside the FFN (dropout), after the FFN: the converted model draws the
+    same masks in the same order.  With batch size 1 the masks are the same numbers (torch
+    draws the attention output's mask in its internal (N, B, E) layout, opsplit in (B, N, E):
+    for B > 1 the same draws, placed differently), so outputs and gradients agree exactly."""
+    torch.manual_seed(0)
+    Layer = nn.TransformerDecoderLayer if decoder else nn.TransformerEncoderLayer
+    layer = _dropouts(Layer(12, 3, 20, batch_first=True, norm_first=norm_first, dtype=F64), *ps)
+    Stack = nn.TransformerDecoder if decoder else nn.TransformerEncoder
+    ref = Stack(layer, 2, **({} if decoder else {"enable_nested_tensor": False})).train()
+    _perturb(ref)
+    model = from_torch(ref)
+    assert model.training and (model.dropout_p, model.activation_dropout, model.attention_dropout) == ps
+    back = to_torch(model)
+    for mod in back.layers:
+        assert (mod.dropout1.p, mod.dropout.p, mod.self_attn.dropout) == ps
+    mem = (torch.randn(3, 4, 12, dtype=F64),) if decoder else ()
+    x = torch.randn(3, 5, 12, dtype=F64)
+    with _RandomDraws() as r_ref:
+        ref(x, *mem)
+    with _RandomDraws() as r_ops:
+        model(x, *mem)
+    assert r_ops.draws == r_ref.draws and len(r_ref.draws) == 2 * (6 if decoder else 4)
+    x1, x2 = x[:1].clone().requires_grad_(), x[:1].clone().requires_grad_()
+    mem1 = tuple(m[:1] for m in mem)
+    torch.manual_seed(5)
+    y_ref = ref(x1, *mem1)
+    torch.manual_seed(5)
+    y = model(x2, *mem1)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
+    y_ref.square().sum().backward()
+    y.square().sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=1e-12)

@@ -146,12 +146,16 @@ class ConvergenceStudy:
             "meta": dict(self.meta),
         }
 
-    def plot(self, ax=None, **kwargs):
-        """Draw the errors and the fitted line on log-log axes; returns the axes."""
-        if ax is None:
-            from matplotlib.figure import Figure
+    def plot(self, ax=None, path=None, **kwargs):
+        """Draw the errors and the fitted line on log-log axes; returns the axes.
 
-            ax = Figure(figsize=(5, 4)).subplots()
+        Without ``ax`` a new pyplot figure is made (so it shows in a notebook and
+        ``plt.show()`` / ``plt.savefig`` see it); ``path`` saves the figure there.
+        """
+        if ax is None:
+            import matplotlib.pyplot as plt
+
+            _, ax = plt.subplots(figsize=(5, 4), layout="constrained")
         (line,) = ax.loglog(
             self.h, self.errors, "o-", label=f"{self.label}: {self.fit.order:.2f}", **kwargs
         )
@@ -165,11 +169,14 @@ class ConvergenceStudy:
         )
         ax.set_xlabel({"dt": "Δt", "dx": "Δx", "dy": "Δy"}.get(self.variable, self.variable))
         ax.set_ylabel("relative error")
+        if path is not None:
+            ax.figure.savefig(path, dpi=120)
         return ax
 
     def __str__(self) -> str:
         exp = "" if self.expected is None else f" (theory {self.expected:g})"
-        return f"{self.label}: order {self.fit}{exp}"
+        head = f"{self.label}: " if self.label else ""
+        return f"{head}order {self.fit}{exp}"
 
 
 def relative_error(u: Tensor, ref: Tensor, grid: Grid | None = None) -> float:
@@ -291,12 +298,12 @@ def self_convergence(
 
 def plot_convergence(studies, path=None, *, ax=None, title: str | None = None):
     """Draw several studies on one log-log plot; save it to ``path`` if given.  Returns the
-    matplotlib ``Figure`` (no pyplot state is touched)."""
-    from matplotlib.figure import Figure
-
+    matplotlib ``Figure``; without ``ax`` it is a new pyplot figure (shown in a notebook,
+    seen by ``plt.show()``; close it with ``plt.close(fig)`` in loops)."""
     if ax is None:
-        fig = Figure(figsize=(6.5, 4.8), layout="constrained")
-        ax = fig.subplots()
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.5, 4.8), layout="constrained")
     else:
         fig = ax.figure
     for s in studies:

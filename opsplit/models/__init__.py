@@ -2,6 +2,7 @@
 
 from .continuous import ContinuousTransformer
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
+from .hf import from_hf, hf_converters, register_hf_converter
 from .paper import PaperTransformer, paper_scheme
 from .torch_exact import (
     LayerConfig,
@@ -10,7 +11,7 @@ from .torch_exact import (
     decoder_layer_scheme,
     encoder_layer_scheme,
 )
-from .vit import ClassTokenReadout, PatchEmbedding, ViT, ViTOutput, from_hf
+from .vit import ClassTokenReadout, PatchEmbedding, ViT, ViTOutput
 
 __all__ = [
     "PaperTransformer",
@@ -30,4 +31,6 @@ __all__ = [
     "PatchEmbedding",
     "ClassTokenReadout",
     "from_hf",
+    "register_hf_converter",
+    "hf_converters",
 ]

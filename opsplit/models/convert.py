@@ -113,38 +113,67 @@ def _layer_config(layer, where: str, strict: bool) -> dict:
         _check_mha(layer.multihead_attn, f"{where}.multihead_attn", E)
     norms = [layer.norm1, layer.norm2] + ([layer.norm3] if decoder else [])
     for k, nrm in enumerate(norms, 1):
-        if not isinstance(nrm, nn.LayerNorm) or tuple(nrm.normalized_shape) != (E,):
-            raise ValueError(f"{where}.norm{k}: expected nn.LayerNorm(d_model={E}), got {nrm!r}")
+        _check_layer_norm(nrm, f"{where}.norm{k}", E, strict)
     eps = {float(n.eps) for n in norms}
     if len(eps) != 1:
         raise ValueError(f"{where}: LayerNorms with different eps {sorted(eps)} are not supported")
+    norm_flags = {f"norm{k}": _norm_flags(n) for k, n in enumerate(norms, 1)}
+    if len(set(norm_flags.values())) != 1:
+        shown = {k: f"elementwise_affine={a}, bias={b}" for k, (a, b) in norm_flags.items()}
+        raise ValueError(f"{where}: the LayerNorms of a layer must share elementwise_affine and bias, got {shown}")
+    norm_affine, norm_bias = norm_flags["norm1"]
+    for name in ("linear1", "linear2"):
+        if type(getattr(layer, name)) is not nn.Linear and strict:
+            raise TypeError(f"{where}.{name}: expected nn.Linear, got {type(getattr(layer, name)).__name__}")
     mhas = [layer.self_attn] + ([layer.multihead_attn] if decoder else [])
     biases = {
         "linear1.bias": layer.linear1.bias is not None,
         "linear2.bias": layer.linear2.bias is not None,
-        **{f"norm{k}.bias": n.bias is not None for k, n in enumerate(norms, 1)},
         **{f"attn{k}.in_proj_bias": m.in_proj_bias is not None for k, m in enumerate(mhas)},
         **{f"attn{k}.out_proj.bias": m.out_proj.bias is not None for k, m in enumerate(mhas)},
     }
     if len(set(biases.values())) != 1:
-        raise ValueError(f"{where}: mixed bias settings are not supported: {biases}")
-    ps = {float(layer.dropout.p), float(layer.dropout1.p), float(layer.dropout2.p)}
-    ps |= {float(m.dropout) for m in mhas}
-    if decoder:
-        ps.add(float(layer.dropout3.p))
-    if len(ps) != 1:
-        raise ValueError(f"{where}: different dropout probabilities {sorted(ps)} are not supported")
+        raise ValueError(
+            f"{where}: mixed bias settings of the linear maps are not supported (all with or all without "
+            f"bias): {biases}"
+        )
+    # torch: dropout1/2(/3) after each sub-block (the residual dropout), layer.dropout on the
+    # FFN's hidden activation, MultiheadAttention.dropout on the attention weights
+    res = {f"dropout{k}.p": float(getattr(layer, f"dropout{k}").p) for k in ((1, 2, 3) if decoder else (1, 2))}
+    if len(set(res.values())) != 1:
+        raise ValueError(f"{where}: different residual dropout probabilities {res} are not supported")
+    att = {f"attn{k}.dropout": float(m.dropout) for k, m in enumerate(mhas)}
+    if len(set(att.values())) != 1:
+        raise ValueError(f"{where}: different attention dropout probabilities {att} are not supported")
     return dict(
         d_model=E,
         nhead=layer.self_attn.num_heads,
         dim_feedforward=layer.linear1.out_features,
-        dropout=ps.pop(),
+        dropout=next(iter(res.values())),
+        attention_dropout=next(iter(att.values())),
+        activation_dropout=float(layer.dropout.p),
         activation=_activation_name(layer.activation, f"{where}.activation"),
         layer_norm_eps=eps.pop(),
         batch_first=bool(layer.self_attn.batch_first),
         norm_first=bool(layer.norm_first),
         bias=next(iter(biases.values())),
+        norm_affine=norm_affine,
+        norm_bias=norm_bias,
     )
+
+
+def _norm_flags(norm: nn.LayerNorm) -> tuple[bool, bool]:
+    """(has a weight, has a bias): torch's (elementwise_affine, bias and elementwise_affine)."""
+    return norm.weight is not None, norm.bias is not None
+
+
+def _check_layer_norm(norm, where: str, E: int, strict: bool = True) -> None:
+    if not isinstance(norm, nn.LayerNorm) or (strict and type(norm) is not nn.LayerNorm):
+        raise ValueError(f"{where}: expected nn.LayerNorm(d_model={E}), got {norm!r}")
+    if tuple(norm.normalized_shape) != (E,):
+        raise ValueError(f"{where}: expected nn.LayerNorm(d_model={E}), got normalized_shape {tuple(norm.normalized_shape)}")
+    if norm.weight is None and norm.bias is not None:
+        raise ValueError(f"{where}: a LayerNorm with a bias but no weight is not supported")
 
 
 # -- the weight map ----------------------------------------------------------------------
@@ -218,9 +247,12 @@ def _pairs_ffn(ffn, prefix: str = ""):
 
 
 def _pairs_norm(aff, name: str):
+    """A LayerNorm's weight and bias (those it has; none without elementwise_affine)."""
     I = lambda v: v  # noqa: E731
-    out = [(name + ".weight", (aff.weight,), I, lambda v: [v])]
-    if aff.bias is not None:
+    out = []
+    if aff is not None and aff.weight is not None:
+        out.append((name + ".weight", (aff.weight,), I, lambda v: [v]))
+    if aff is not None and aff.bias is not None:
         out.append((name + ".bias", (aff.bias,), I, lambda v: [v]))
     return out
 
@@ -298,16 +330,16 @@ def _check_model(model) -> None:
 
 # -- from torch ---------------------------------------------------------------------------
 def _torch_state(layers, decoder: bool, final_norm, stacked: bool) -> dict:
-    """torch weights, with LayerNorm weights made explicit (elementwise_affine=False -> 1)."""
+    """torch's parameters under their names (the tensors themselves: their requires_grad is
+    the torch module's)."""
     state = {}
     for n, layer in enumerate(layers):
         p = f"layers.{n}." if stacked else ""
         mhas = [("self_attn.", layer.self_attn)] + ([("multihead_attn.", layer.multihead_attn)] if decoder else [])
-        for name, mha in mhas:
-            (Wq, Wk, Wv), (bq, bk, bv) = _mha_weights(mha)
-            state[p + name + "in_proj_weight"] = torch.cat([Wq, Wk, Wv], 0)
-            if bq is not None:
-                state[p + name + "in_proj_bias"] = torch.cat([bq, bk, bv], 0)
+        for name, mha in mhas:  # kdim = vdim = embed_dim (checked): one in_proj_weight
+            state[p + name + "in_proj_weight"] = mha.in_proj_weight
+            if mha.in_proj_bias is not None:
+                state[p + name + "in_proj_bias"] = mha.in_proj_bias
             state[p + name + "out_proj.weight"] = mha.out_proj.weight
             if mha.out_proj.bias is not None:
                 state[p + name + "out_proj.bias"] = mha.out_proj.bias
@@ -318,31 +350,51 @@ def _torch_state(layers, decoder: bool, final_norm, stacked: bool) -> dict:
                 state[p + lin + ".bias"] = m.bias
         for k in (1, 2, 3) if decoder else (1, 2):
             nrm = getattr(layer, f"norm{k}")
-            E = nrm.normalized_shape[0]
-            state[p + f"norm{k}.weight"] = nrm.weight if nrm.weight is not None else _ones(E, layer)
-            if nrm.bias is not None:
-                state[p + f"norm{k}.bias"] = nrm.bias
+            for w in ("weight", "bias"):
+                if getattr(nrm, w) is not None:
+                    state[p + f"norm{k}.{w}"] = getattr(nrm, w)
     if final_norm is not None:
-        E = final_norm.normalized_shape[0]
-        state["norm.weight"] = final_norm.weight if final_norm.weight is not None else _ones(E, layers[0])
-        if final_norm.bias is not None:
-            state["norm.bias"] = final_norm.bias
+        for w in ("weight", "bias"):
+            if getattr(final_norm, w) is not None:
+                state[f"norm.{w}"] = getattr(final_norm, w)
     return state
 
 
-def _ones(n: int, like: nn.Module) -> Tensor:
-    p = next(like.parameters())
-    return torch.ones(n, device=p.device, dtype=p.dtype)
-
-
-def _final_norm(norm, E: int, where: str, bias: bool):
+def _final_norm(norm, E: int, where: str, strict: bool):
     if norm is None:
         return None
-    if not isinstance(norm, nn.LayerNorm) or tuple(norm.normalized_shape) != (E,):
+    if not isinstance(norm, nn.LayerNorm):
         raise ValueError(f"{where}.norm: expected None or nn.LayerNorm(d_model={E}), got {norm!r}")
-    if (norm.bias is not None) != bias:
-        raise ValueError(f"{where}.norm: its bias setting differs from the layers' (bias={bias})")
+    _check_layer_norm(norm, f"{where}.norm", E, strict)
     return norm
+
+
+def _stacked_requires_grad(state: dict, where: str) -> None:
+    """A weight is one opsplit parameter for all layers (piecewise constant in t): its
+    ``requires_grad`` must be the same in every layer."""
+    by = {}
+    for name, v in state.items():
+        if name.startswith("layers."):
+            n, rest = name[len("layers."):].split(".", 1)
+            by.setdefault(rest, {})[int(n)] = bool(v.requires_grad)
+    for rest, flags in by.items():
+        if len(set(flags.values())) != 1:
+            frozen = [n for n, f in flags.items() if not f]
+            raise ValueError(
+                f"from_torch: {where}: {rest}.requires_grad differs between layers (frozen in layers "
+                f"{frozen}); opsplit holds a weight of all layers in one parameter, with one requires_grad"
+            )
+
+
+def _leaf(c) -> Tensor:
+    """The tensor that holds a control's values (its requires_grad is the control's)."""
+    if isinstance(c, PiecewiseConstant):
+        return c.raw
+    if isinstance(c, Constant):
+        return c.value
+    if isinstance(c, Tensor):
+        return c
+    raise TypeError(f"cannot read requires_grad of a {type(c).__name__} control")
 
 
 def from_torch(module: nn.Module, *, strict: bool = True, fused_norm: bool = True):
@@ -365,6 +417,9 @@ def from_torch(module: nn.Module, *, strict: bool = True, fused_norm: bool = Tru
     if _has_hooks(module):
         raise ValueError("from_torch: the module has forward hooks or pre-hooks, which are not converted")
     if isinstance(module, nn.MultiheadAttention):
+        if strict and type(module) is not nn.MultiheadAttention:
+            raise TypeError(f"from_torch: {type(module).__name__} is a subclass of nn.MultiheadAttention; "
+                            "pass strict=False")
         return _mha_from_torch(module)
     if isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
         layers, final, source, where = [module], None, type(module).__name__, type(module).__name__
@@ -391,20 +446,31 @@ def from_torch(module: nn.Module, *, strict: bool = True, fused_norm: bool = Tru
             diff = {k: (configs[0][k], v) for k, v in cfg.items() if configs[0][k] != v}
             raise ValueError(f"{where}: layer {n} differs from layer 0 in {diff}; a stack must share one configuration")
     cfg = configs[0]
-    final = _final_norm(final, cfg["d_model"], where, cfg["bias"])
-    p0 = next(module.parameters())
+    final = _final_norm(final, cfg["d_model"], where, strict)
+    kinds = {(p.dtype, p.device) for p in module.parameters()}
+    if len(kinds) != 1:
+        raise ValueError(f"from_torch: {where}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
+                         "move the module with .to(dtype, device) first")
+    dtype, device = kinds.pop()
+    if not dtype.is_floating_point:
+        raise TypeError(f"from_torch: {where}: expected floating-point parameters, got {dtype}")
+    kind = "stack" if source in ("TransformerEncoder", "TransformerDecoder") else "layer"
+    state = _torch_state(layers, decoder, final, kind == "stack")
+    _stacked_requires_grad(state, where)
     cls = TorchDecoder if decoder else TorchEncoder
+    fa, fb = (None, None) if final is None else _norm_flags(final)
     model = cls(**cfg, num_layers=len(layers), final_norm=final is not None, fused_norm=fused_norm,
-                device=p0.device, dtype=p0.dtype)
+                final_norm_affine=fa, final_norm_bias=fb, device=device, dtype=dtype)
     if final is not None:
         model.final_projection.eps = float(final.eps)
     model.torch_source = source
     if source == "TransformerEncoder":
         model.torch_options = {"enable_nested_tensor": bool(module.enable_nested_tensor),
                                "mask_check": bool(getattr(module, "mask_check", True))}
-    kind = "stack" if source in ("TransformerEncoder", "TransformerDecoder") else "layer"
-    state = _torch_state(layers, decoder, final, kind == "stack")
     load_torch_state_dict(model, {k: v.detach() for k, v in state.items()}, kind=kind)
+    for _, name, controls, _, _ in _pairs(model, kind == "stack"):
+        for c in controls:
+            _leaf(c).requires_grad_(bool(state[name].requires_grad))
     model.train(module.training)
     return model
 
@@ -417,16 +483,19 @@ def _mha_from_torch(mha: nn.MultiheadAttention) -> MultiHeadAttention:
     p0 = mha.out_proj.weight
     fk = {"device": p0.device, "dtype": p0.dtype}
 
-    def pc(x):
-        return PiecewiseConstant(x.detach().clone().unsqueeze(0).to(**fk))
+    def pc(x, src):
+        c = PiecewiseConstant(x.detach().clone().unsqueeze(0).to(**fk))
+        c.raw.requires_grad_(bool(src.requires_grad))
+        return c
 
+    W, b = mha.in_proj_weight, mha.in_proj_bias
     op = MultiHeadAttention(
-        pc(Wq.t().reshape(E, H, d)), pc(Wk.t().reshape(E, H, d)), pc(Wv.t().reshape(E, H, d)),
-        pc(mha.out_proj.weight.t().reshape(H, d, E)),
-        bQ=None if bs[0] is None else pc(bs[0].reshape(H, d)),
-        bK=None if bs[1] is None else pc(bs[1].reshape(H, d)),
-        bV=None if bs[2] is None else pc(bs[2].reshape(H, d)),
-        bO=None if mha.out_proj.bias is None else pc(mha.out_proj.bias),
+        pc(Wq.t().reshape(E, H, d), W), pc(Wk.t().reshape(E, H, d), W), pc(Wv.t().reshape(E, H, d), W),
+        pc(mha.out_proj.weight.t().reshape(H, d, E), mha.out_proj.weight),
+        bQ=None if bs[0] is None else pc(bs[0].reshape(H, d), b),
+        bK=None if bs[1] is None else pc(bs[1].reshape(H, d), b),
+        bV=None if bs[2] is None else pc(bs[2].reshape(H, d), b),
+        bO=None if mha.out_proj.bias is None else pc(mha.out_proj.bias, mha.out_proj.bias),
         scale=d ** -0.5, dropout=float(mha.dropout), attn_mask="attn_mask", key_padding_mask="key_padding_mask",
     )
     op.train(mha.training)
@@ -487,13 +556,25 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
     )
     decoder = isinstance(model, TorchDecoder)
     kind = _kind(model, kind)
+    requires_grad = _torch_requires_grad(model, kind == "stack")
     layer = (nn.TransformerDecoderLayer if decoder else nn.TransformerEncoderLayer)(**kw)
+    # the options nn.Transformer*Layer's constructor does not take: set on the prototype layer
+    # (the stack deep-copies it)
+    layer.dropout.p = model.activation_dropout
+    for mha in (layer.self_attn, layer.multihead_attn) if decoder else (layer.self_attn,):
+        mha.dropout = model.attention_dropout
+    if (model.norm_affine, model.norm_bias) != (True, model.bias):
+        for k in (1, 2, 3) if decoder else (1, 2):
+            setattr(layer, f"norm{k}", nn.LayerNorm(model.d_model, eps=model.layer_norm_eps,
+                                                    elementwise_affine=model.norm_affine, bias=model.norm_bias,
+                                                    device=p0.device, dtype=p0.dtype))
     if kind == "layer":
         module = layer
     else:
         norm = None
         if model.final_norm is not None:
-            norm = nn.LayerNorm(model.d_model, eps=model.final_projection.eps, bias=model.bias,
+            norm = nn.LayerNorm(model.d_model, eps=model.final_projection.eps,
+                                elementwise_affine=model.final_norm_affine, bias=model.final_norm_bias,
                                 device=p0.device, dtype=p0.dtype)
         if decoder:
             module = nn.TransformerDecoder(layer, model.num_layers, norm=norm)
@@ -505,12 +586,31 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
                 mask_check=opts.get("mask_check", True),
             )
     state = torch_state_dict(model, kind=kind)
+    own = dict(module.named_parameters())
+    if set(own) != set(state):
+        raise RuntimeError(f"to_torch: torch's parameters {sorted(set(own) ^ set(state))} have no opsplit counterpart")
     with torch.no_grad():
-        own = dict(module.named_parameters())
         for name, v in state.items():
             own[name].copy_(v)
+    for name, p in own.items():
+        p.requires_grad_(requires_grad[name])
     module.train(model.training)
     return module
+
+
+def _torch_requires_grad(model, stacked: bool) -> dict[str, bool]:
+    """torch name -> requires_grad, from the controls each torch parameter is made of (all of
+    them must agree: WQ, WK, WV make one in_proj_weight)."""
+    out = {}
+    for _, name, controls, _, _ in _pairs(model, stacked):
+        flags = {bool(_leaf(c).requires_grad) for c in controls}
+        if len(flags) != 1:
+            raise ValueError(
+                f"to_torch: {name} is made of opsplit weights of which some require grad and some do not; "
+                "torch holds it in one parameter with one requires_grad"
+            )
+        out[name] = flags.pop()
+    return out
 
 
 def _nested_ok(kw) -> bool:

@@ -75,6 +75,21 @@ from ..solvers import Exact, ExplicitEuler, Implicit, Substep
 __all__ = ["TorchEncoder", "TorchDecoder", "LayerConfig", "encoder_layer_scheme", "decoder_layer_scheme"]
 
 
+def _check_p(p, name: str) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name}: expected a probability (float), got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name}: expected 0 <= p < 1, got {p}")
+    return p
+
+
+def _check_bool(v, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(v).__name__} {v!r}")
+    return v
+
+
 def _norm_substeps(norm) -> list:
     """A norm given as one map or as (projection, affine) -> the substeps that apply it."""
     if isinstance(norm, (list, tuple)):
@@ -139,6 +154,12 @@ class LayerConfig:
     final_norm: bool = False
     device: object = None
     dtype: object = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
+    norm_affine: bool = True
+    norm_bias: bool | None = None
+    final_norm_affine: bool | None = None
+    final_norm_bias: bool | None = None
 
     def __post_init__(self):
         self.d_model = check_positive_int(self.d_model, "d_model")
@@ -152,14 +173,29 @@ class LayerConfig:
                 )
             self.head_dim = self.d_model // self.nhead
         self.head_dim = check_positive_int(self.head_dim, "head_dim")
-        self.dropout = float(self.dropout)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout: expected 0 <= p < 1, got {self.dropout}")
+        self.dropout = _check_p(self.dropout, "dropout")
+        self.attention_dropout = _check_p(
+            self.dropout if self.attention_dropout is None else self.attention_dropout, "attention_dropout"
+        )
+        self.activation_dropout = _check_p(
+            self.dropout if self.activation_dropout is None else self.activation_dropout, "activation_dropout"
+        )
         activation_fn(self.activation)
         self.layer_norm_eps = float(self.layer_norm_eps)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps: expected > 0 (torch's LayerNorm eps), got {self.layer_norm_eps}")
-        self.qkv_bias = self.bias if self.qkv_bias is None else bool(self.qkv_bias)
+        for name in ("batch_first", "norm_first", "bias", "fused_norm", "final_norm", "norm_affine"):
+            _check_bool(getattr(self, name), name)
+        self.qkv_bias = self.bias if self.qkv_bias is None else _check_bool(self.qkv_bias, "qkv_bias")
+        # torch's nn.LayerNorm(elementwise_affine=False) has neither weight nor bias
+        self.norm_bias = (self.bias if self.norm_bias is None else _check_bool(self.norm_bias, "norm_bias")) \
+            and self.norm_affine
+        if self.final_norm_affine is None:
+            self.final_norm_affine = self.norm_affine
+        _check_bool(self.final_norm_affine, "final_norm_affine")
+        self.final_norm_bias = (
+            self.norm_bias if self.final_norm_bias is None else _check_bool(self.final_norm_bias, "final_norm_bias")
+        ) and self.final_norm_affine
         self.dtype = self.dtype or torch.get_default_dtype()
 
     # -- builders ---------------------------------------------------------------------------
@@ -175,28 +211,40 @@ class LayerConfig:
             self.pc(E, H, d), self.pc(E, H, d), self.pc(E, H, d), self.pc(H, d, E),
             bQ=self.pc(H, d) if qb else None, bK=self.pc(H, d) if qb else None,
             bV=self.pc(H, d) if qb else None, bO=self.pc(E) if self.bias else None,
-            scale=1.0 / math.sqrt(d), dropout=self.dropout, **kwargs,
+            scale=1.0 / math.sqrt(d), dropout=self.attention_dropout, **kwargs,
         )
 
     def ffn(self) -> FeedForward:
         E, Fz = self.d_model, self.dim_feedforward
         return FeedForward(
             self.pc(E, Fz), self.pc(Fz) if self.bias else None, self.pc(Fz, E), self.pc(E) if self.bias else None,
-            activation=self.activation, dropout=self.dropout,
+            activation=self.activation, dropout=self.activation_dropout,
         )
 
     def layer_norm(self, stacked: bool = True):
-        """``nn.LayerNorm(d_model, eps, bias)``: projection + affine, fused (one
-        ``F.layer_norm``) or as two maps (the core projection's resolvent, then the affine)."""
+        """``nn.LayerNorm(d_model, eps, elementwise_affine, bias)``: projection + affine, fused
+        (one ``F.layer_norm``) or as two maps (the core projection's resolvent, then the
+        affine).  The layers' norms (``stacked=True``, one value per layer) follow
+        ``norm_affine`` / ``norm_bias``; the final norm (``stacked=False``) follows
+        ``final_norm_affine`` / ``final_norm_bias``.  Without ``elementwise_affine`` the norm
+        is exactly the :math:`S_1(0, 1)` projection with :math:`\varepsilon` (unfused: that
+        projection alone); without bias the affine map has no shift."""
         E = self.d_model
+        affine, bias = (self.norm_affine, self.norm_bias) if stacked else (self.final_norm_affine, self.final_norm_bias)
+        w = b = None
         if stacked:
-            w, b = self.pc(E, fill=1.0), (self.pc(E) if self.bias else None)
+            if affine:
+                w = self.pc(E, fill=1.0)
+            if bias:
+                b = self.pc(E)
         else:
-            w = nn.Parameter(torch.ones(E, device=self.device, dtype=self.dtype))
-            b = nn.Parameter(torch.zeros(E, device=self.device, dtype=self.dtype)) if self.bias else None
+            if affine:
+                w = nn.Parameter(torch.ones(E, device=self.device, dtype=self.dtype))
+            if bias:
+                b = nn.Parameter(torch.zeros(E, device=self.device, dtype=self.dtype))
         P = ProjectionS1(0.0, 1.0, eps=self.layer_norm_eps)
         if not self.fused_norm:
-            return [P, PointwiseAffine(w, b)]
+            return [P, PointwiseAffine(w, b)] if affine else [P]
         return PointwiseAffine(w, b, projection=P)
 
 
@@ -208,7 +256,9 @@ class _TorchExact(Propagator):
                          grid=Grid.paper(None, cfg.d_model, nh=cfg.nhead))
         self.config = cfg
         for k in ("d_model", "nhead", "dim_feedforward", "num_layers", "head_dim", "activation",
-                  "layer_norm_eps", "batch_first", "norm_first", "bias", "qkv_bias", "fused_norm"):
+                  "layer_norm_eps", "batch_first", "norm_first", "bias", "qkv_bias", "fused_norm",
+                  "attention_dropout", "activation_dropout", "norm_affine", "norm_bias",
+                  "final_norm_affine", "final_norm_bias"):
             setattr(self, k, getattr(cfg, k))
         self.dropout_p = cfg.dropout
         # named access to the scheme's operators (not registered twice: they live in the scheme)
@@ -218,14 +268,16 @@ class _TorchExact(Propagator):
         self.check_finite_input = True
 
     @staticmethod
-    def _affine_of(norm) -> PointwiseAffine:
-        return norm[-1] if isinstance(norm, (list, tuple)) else norm
+    def _affine_of(norm) -> PointwiseAffine | None:
+        n = norm[-1] if isinstance(norm, (list, tuple, nn.ModuleList)) else norm
+        return n if isinstance(n, PointwiseAffine) else None
 
     @property
     def final_affine(self) -> PointwiseAffine | None:
-        """The affine map of the final LayerNorm (``None`` without one)."""
+        """The affine map of the final LayerNorm (``None`` without a final norm, or for an
+        unfused one without ``elementwise_affine``)."""
         fn = self.final_norm
-        return None if fn is None else (fn[-1] if isinstance(fn, nn.ModuleList) else fn)
+        return None if fn is None else self._affine_of(fn)
 
     @property
     def final_projection(self) -> ProjectionS1 | None:
@@ -239,9 +291,10 @@ class _TorchExact(Propagator):
     def ffn(self) -> FeedForward:
         return self._parts["ffn"]
 
-    def norm(self, i: int) -> PointwiseAffine:
+    def norm(self, i: int) -> PointwiseAffine | None:
         """The affine part (with the projection when fused) of the layer's ``i``-th LayerNorm
-        (1-based, as torch's ``norm1``, ``norm2``, ``norm3``)."""
+        (1-based, as torch's ``norm1``, ``norm2``, ``norm3``); ``None`` for an unfused norm
+        without ``elementwise_affine`` (the projection alone)."""
         return self._affine_of(self._parts["norms"][i - 1])
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -256,6 +309,27 @@ class _TorchExact(Propagator):
                 f"{name}: dtype {x.dtype} differs from the model's {p.dtype} "
                 f"(convert the model with .to({x.dtype}) or the input with .to({p.dtype}))"
             )
+        self._check_device(x, name)
+
+    def _check_device(self, x: Tensor, name: str) -> None:
+        p = next(self.parameters(), None)
+        if p is not None and x.device != p.device:
+            raise TypeError(
+                f"{name}: on device {x.device}, the model is on {p.device} (move one with .to(device))"
+            )
+
+    def _check_mask_values(self, mask: Tensor, name: str) -> None:
+        """Device, and no NaN or +inf in a float mask (it is added to the scores: -inf masks a
+        key out, NaN or +inf would make the attention weights NaN)."""
+        self._check_device(mask, name)
+        if self.check_finite_input and mask.is_floating_point() and bool(torch.any(torch.isnan(mask) | (mask == float("inf")))):
+            raise ValueError(f"{name}: a float mask must hold finite values or -inf, found NaN or +inf")
+
+    @staticmethod
+    def _check_causal(flag, name: str) -> bool:
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool or None, got {type(flag).__name__} {flag!r}")
+        return bool(flag)
 
     def _to_state(self, x: Tensor, name: str) -> tuple[Tensor, bool]:
         """torch layout -> opsplit state (B, N, E); returns (state, unbatched)."""
@@ -276,6 +350,8 @@ class _TorchExact(Propagator):
                 f"{name}: expected d_model = {self.d_model} features in the last dimension, got "
                 f"{x.shape[-1]} (shape {tuple(x.shape)})"
             )
+        if x.shape[1] == 0:
+            raise ValueError(f"{name}: expected at least one token (N >= 1), got shape {tuple(x.shape)}")
         return x, unbatched
 
     def _from_state(self, u: Tensor, unbatched: bool) -> Tensor:
@@ -297,6 +373,7 @@ class _TorchExact(Propagator):
                 f"scores), got dtype {mask.dtype}"
             )
         check_attn_mask(mask, name, B, self.nhead, Nq, Nk)
+        self._check_mask_values(mask, name)
         return mask
 
     def _kpm(self, mask, name: str, B: int, Nk: int, unbatched: bool):
@@ -311,6 +388,7 @@ class _TorchExact(Propagator):
         if unbatched and mask.dim() == 1:
             mask = mask.unsqueeze(0)
         check_key_padding_mask(mask, name, B, Nk)
+        self._check_mask_values(mask, name)
         return mask
 
     def _finish(self, u: Tensor, grid) -> Tensor:
@@ -359,6 +437,13 @@ class TorchEncoder(_TorchExact):
         qkv_bias: bias of the Q/K/V projections (default ``bias``).
         fused_norm: compute each LayerNorm with ``F.layer_norm`` (the same formula, one
             kernel) or as the core projection's resolvent followed by the affine map.
+        attention_dropout: dropout on the attention weights (default ``dropout``, as torch).
+        activation_dropout: dropout on the FFN's hidden activation (default ``dropout``, as
+            torch; 0 for Hugging Face ViT, whose MLP has none).
+        norm_affine, norm_bias: the layers' LayerNorms have a weight (``elementwise_affine``)
+            and a bias (default ``bias``; never without ``norm_affine``).
+        final_norm_affine, final_norm_bias: the same for the final LayerNorm (default: as the
+            layers').
 
     ``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)`` takes and returns
     what torch's module does (layout per ``batch_first``; unbatched ``(N, d_model)`` too).
@@ -384,11 +469,22 @@ class TorchEncoder(_TorchExact):
         head_dim: int | None = None,
         qkv_bias: bool | None = None,
         fused_norm: bool = True,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
+        norm_affine: bool = True,
+        norm_bias: bool | None = None,
+        final_norm_affine: bool | None = None,
+        final_norm_bias: bool | None = None,
         device=None,
         dtype=None,
     ):
-        cfg = LayerConfig(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
-                          norm_first, bias, num_layers, head_dim, qkv_bias, fused_norm, final_norm, device, dtype)
+        cfg = LayerConfig(
+            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
+            num_layers=num_layers, head_dim=head_dim, qkv_bias=qkv_bias, fused_norm=fused_norm,
+            final_norm=final_norm, device=device, dtype=dtype, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, norm_affine=norm_affine, norm_bias=norm_bias,
+            final_norm_affine=final_norm_affine, final_norm_bias=final_norm_bias,
+        )
         attention = cfg.attention(attn_mask="src_mask", key_padding_mask="src_key_padding_mask")
         ffn = cfg.ffn()
         norm1, norm2 = cfg.layer_norm(), cfg.layer_norm()
@@ -409,7 +505,7 @@ class TorchEncoder(_TorchExact):
             mask = src_mask
         u, unbatched = self._to_state(src, "src")
         B, N = u.shape[0], u.shape[1]
-        mask = self._mask(mask, "src_mask", B, N, N, unbatched, bool(is_causal), u.device)
+        mask = self._mask(mask, "src_mask", B, N, N, unbatched, self._check_causal(is_causal, "is_causal"), u.device)
         kpm = self._kpm(src_key_padding_mask, "src_key_padding_mask", B, N, unbatched)
         grid = self.grid
         if mask is not None or kpm is not None:
@@ -445,11 +541,22 @@ class TorchDecoder(_TorchExact):
         head_dim: int | None = None,
         qkv_bias: bool | None = None,
         fused_norm: bool = True,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
+        norm_affine: bool = True,
+        norm_bias: bool | None = None,
+        final_norm_affine: bool | None = None,
+        final_norm_bias: bool | None = None,
         device=None,
         dtype=None,
     ):
-        cfg = LayerConfig(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
-                          norm_first, bias, num_layers, head_dim, qkv_bias, fused_norm, final_norm, device, dtype)
+        cfg = LayerConfig(
+            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
+            num_layers=num_layers, head_dim=head_dim, qkv_bias=qkv_bias, fused_norm=fused_norm,
+            final_norm=final_norm, device=device, dtype=dtype, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, norm_affine=norm_affine, norm_bias=norm_bias,
+            final_norm_affine=final_norm_affine, final_norm_bias=final_norm_bias,
+        )
         self_attention = cfg.attention(attn_mask="tgt_mask", key_padding_mask="tgt_key_padding_mask")
         cross_attention = cfg.attention(
             memory="memory", attn_mask="memory_mask", key_padding_mask="memory_key_padding_mask"
@@ -491,8 +598,10 @@ class TorchDecoder(_TorchExact):
                 f"shape {tuple(memory.shape)} (batch_first={self.batch_first})"
             )
         B, N, S = u.shape[0], u.shape[1], m.shape[1]
-        tgt_mask = self._mask(tgt_mask, "tgt_mask", B, N, N, unbatched, bool(tgt_is_causal), u.device)
-        memory_mask = self._mask(memory_mask, "memory_mask", B, N, S, unbatched, bool(memory_is_causal), u.device)
+        tgt_mask = self._mask(tgt_mask, "tgt_mask", B, N, N, unbatched, self._check_causal(tgt_is_causal, "tgt_is_causal"),
+                              u.device)
+        memory_mask = self._mask(memory_mask, "memory_mask", B, N, S, unbatched,
+                                 self._check_causal(memory_is_causal, "memory_is_causal"), u.device)
         tkpm = self._kpm(tgt_key_padding_mask, "tgt_key_padding_mask", B, N, unbatched)
         mkpm = self._kpm(memory_key_padding_mask, "memory_key_padding_mask", B, S, unbatched)
         if self.check_finite_input and not bool(torch.isfinite(m).all()):

@@ -14,8 +14,18 @@ r"""The vision transformer as pre- and post-processing around a propagator (pape
   [1\ \mathbf 0]\,\mathbf u\,\mathbf B` — the class token's row times a matrix (plus a bias
   and, for the pooler, a tanh).
 
-:func:`from_hf` converts a Hugging Face ``transformers`` ``ViTModel`` (last hidden state and
-pooled output) or ``ViTForImageClassification`` (logits) built from a ``ViTConfig``.
+:func:`~opsplit.models.hf.from_hf` converts a Hugging Face ``transformers`` ``ViTModel``
+(last hidden state and pooled output) or ``ViTForImageClassification`` (logits); this
+module registers those two classes (exactly those: subclasses and look-alikes such as
+DeiT, DINOv2, BEiT, I-JEPA or ViTMAE are refused).  Before any compute the converter checks
+every sub-module's class and every option that changes the math: the activation modules
+(``hidden_act``, ``pooler_act``), ``use_mask_token`` (refused), LayerNorms with weight and
+bias and one ``eps``, a non-overlapping patch convolution, learned positions of the right
+size, one configuration for all layers, one dtype and device.  Dropout sits where HF puts
+it: on the embeddings, on the attention weights, after the attention and after the MLP —
+none inside the MLP (``activation_dropout=0``).  ``requires_grad`` is kept per parameter
+(a weight that some layers freeze and others train is refused: opsplit stacks it over the
+layers in one parameter).
 """
 
 from __future__ import annotations
@@ -26,18 +36,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_positive_int
 from ..operators.activation import activation_fn
+from .hf import from_hf, register_hf_converter
 from .torch_exact import TorchEncoder
 
 __all__ = ["PatchEmbedding", "ClassTokenReadout", "ViT", "ViTOutput", "from_hf"]
 
 
-def _pair(v) -> tuple[int, int]:
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ValueError(f"expected an int or a pair, got {v!r}")
-        return int(v[0]), int(v[1])
-    return int(v), int(v)
+def _pair(v, name: str = "size") -> tuple[int, int]:
+    """A positive int or a pair of them -> (height, width)."""
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+    if len(vals) != 2:
+        raise ValueError(f"{name}: expected an int or a pair (height, width), got {v!r}")
+    return tuple(check_positive_int(x, name) for x in vals)
 
 
 class PatchEmbedding(nn.Module):
@@ -57,11 +69,17 @@ class PatchEmbedding(nn.Module):
                  dropout: float = 0.0, device=None, dtype=None):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
-        self.image_size, self.patch_size = _pair(image_size), _pair(patch_size)
+        self.image_size, self.patch_size = _pair(image_size, "image_size"), _pair(patch_size, "patch_size")
         (H, W), (ph, pw) = self.image_size, self.patch_size
         if H % ph or W % pw:
-            raise ValueError(f"PatchEmbedding: patch size {self.patch_size} does not divide image size {self.image_size}")
-        self.num_channels, self.n_y = int(num_channels), int(n_y)
+            raise ValueError(
+                f"patch_size: {self.patch_size} does not divide image_size {self.image_size} (PatchEmbedding)"
+            )
+        self.num_channels = check_positive_int(num_channels, "num_channels")
+        self.n_y = check_positive_int(n_y, "n_y")
+        dropout = float(dropout)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"PatchEmbedding.dropout: expected 0 <= p < 1, got {dropout}")
         self.grid_size = (H // ph, W // pw)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         D = self.num_channels * ph * pw
@@ -69,7 +87,7 @@ class PatchEmbedding(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.n_y, **fk)) if bias else None
         self.cls_token = nn.Parameter(torch.empty(self.n_y, **fk))  # v_0
         self.position = nn.Parameter(torch.empty(self.num_patches + 1, self.n_y, **fk))
-        self.dropout = float(dropout)
+        self.dropout = dropout
         self.reset_parameters()
 
     @torch.no_grad()
@@ -96,7 +114,25 @@ class PatchEmbedding(nn.Module):
         x = pixel_values.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)
         return x.reshape(B, gh * gw, C * ph * pw)
 
+    def check_input(self, pixel_values) -> None:
+        """Type, dtype and device of the pixels (shapes: :meth:`patches`)."""
+        if not isinstance(pixel_values, Tensor):
+            raise TypeError(f"pixel_values: expected a torch.Tensor (B, C, H, W), got {type(pixel_values).__name__}")
+        if not pixel_values.is_floating_point():
+            raise TypeError(
+                f"pixel_values: expected a floating-point tensor, got dtype {pixel_values.dtype} (normalise "
+                "the image and convert it with .float() first)"
+            )
+        if pixel_values.device != self.weight.device:
+            raise TypeError(
+                f"pixel_values: on device {pixel_values.device}, the model is on {self.weight.device} "
+                "(move one with .to(device))"
+            )
+
     def forward(self, pixel_values: Tensor) -> Tensor:
+        r"""``(B, C, H, W)`` floating-point pixels (cast to the model's dtype, as Hugging Face's
+        ViT does) -> :math:`\mathbf u_0`, shape ``(B, N_x, N_y)``."""
+        self.check_input(pixel_values)
         pixel_values = pixel_values.to(self.weight.dtype)
         R = self.patches(pixel_values)
         u = torch.nn.functional.linear(R, self.weight.t(), self.bias)  # R E + b
@@ -122,6 +158,7 @@ class ClassTokenReadout(nn.Module):
                  device=None, dtype=None):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
+        n_y, d = check_positive_int(n_y, "n_y"), check_positive_int(d, "d")
         self.weight = nn.Parameter(torch.empty(n_y, d, **fk))
         self.bias = nn.Parameter(torch.empty(d, **fk)) if bias else None
         activation_fn(activation)
@@ -172,9 +209,27 @@ class ViT(nn.Module):
             raise TypeError("ViT.encoder: expected a TorchEncoder with batch_first=True")
         if embedding.n_y != encoder.d_model:
             raise ValueError(f"ViT: embedding size {embedding.n_y} != encoder d_model {encoder.d_model}")
+        for name, head in (("pooler", pooler), ("classifier", classifier)):
+            if head is not None and not isinstance(head, ClassTokenReadout):
+                raise TypeError(f"ViT.{name}: expected a ClassTokenReadout or None, got {type(head).__name__}")
+            if head is not None and head.weight.shape[0] != encoder.d_model:
+                raise ValueError(f"ViT.{name}: reads {head.weight.shape[0]} features, the encoder has d_model = "
+                                 f"{encoder.d_model}")
         self.embedding, self.encoder, self.pooler, self.classifier = embedding, encoder, pooler, classifier
 
-    def forward(self, pixel_values: Tensor) -> ViTOutput:
+    def forward(self, pixel_values: Tensor, *, bool_masked_pos=None, interpolate_pos_encoding=None) -> ViTOutput:
+        """``pixel_values`` ``(B, C, H, W)`` (floating point, on the model's device; cast to its
+        dtype as Hugging Face does).  ``bool_masked_pos`` and ``interpolate_pos_encoding``
+        (Hugging Face's options) are refused: not converted."""
+        if bool_masked_pos is not None:
+            raise ValueError("bool_masked_pos: masked image modelling (the mask token) is not converted")
+        if interpolate_pos_encoding:
+            raise ValueError(
+                f"interpolate_pos_encoding: not converted; the model takes images of size {self.embedding.image_size}"
+            )
+        self.embedding.check_input(pixel_values)
+        if self.encoder.check_finite_input and not bool(torch.isfinite(pixel_values).all()):
+            raise ValueError("pixel_values: expected finite values, found NaN/inf")
         u = self.encoder(self.embedding(pixel_values))
         return ViTOutput(
             last_hidden_state=u,
@@ -184,131 +239,304 @@ class ViT(nn.Module):
 
 
 # -- Hugging Face ----------------------------------------------------------------------------
+#: transformers activation modules (by class name) -> opsplit activation; the same function
+#: (to round-off: the tanh-GELU variants differ only in how the constant is written)
 _HF_ACTIVATIONS = {
-    "gelu": "gelu",
-    "relu": "relu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "silu": "silu",
-    "swish": "silu",
-    "quick_gelu": "quick_gelu",
-    "tanh": "tanh",
-    "linear": "identity",
+    "GELUActivation": "gelu",  # hidden_act "gelu", "gelu_python"
+    "NewGELUActivation": "gelu_tanh",  # "gelu_new"
+    "FastGELUActivation": "gelu_tanh",  # "gelu_fast"
+    "GELUTanh": "gelu_tanh",  # "gelu_pytorch_tanh", "gelu_python_tanh"
+    "PytorchGELUTanh": "gelu_tanh",  # transformers 4.x name of GELUTanh
+    "AccurateGELUActivation": "gelu_tanh",  # "gelu_accurate"
+    "QuickGELUActivation": "quick_gelu",  # "quick_gelu"
+    "SiLUActivation": "silu",  # "silu"
+    "LinearActivation": "identity",  # "linear"
 }
+#: torch.nn activation modules transformers' ACT2FN returns
+_TORCH_ACTIVATIONS = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Tanh: "tanh"}
+#: hidden_act names whose modules are converted (for the error message)
+_HF_ACT_NAMES = ("gelu", "gelu_python", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python_tanh",
+                 "gelu_accurate", "quick_gelu", "relu", "silu", "swish", "tanh", "linear")
 
 
-def _hf_activation(name, what: str) -> str:
-    if not isinstance(name, str) or name not in _HF_ACTIVATIONS:
-        raise ValueError(f"from_hf: unsupported {what} {name!r}; supported: {sorted(_HF_ACTIVATIONS)}")
-    return _HF_ACTIVATIONS[name]
+def _is_hf(obj, *names: str) -> bool:
+    cls = type(obj)
+    return cls.__name__ in names and (cls.__module__ or "").startswith("transformers.")
 
 
-def _hf_layers(vit):
-    """Per layer: (q, k, v, o, ln_before, ln_after, fc1, fc2) for transformers 5.x and 4.x."""
-    if hasattr(vit, "layers"):  # transformers >= 5
-        return [
-            (l.attention.q_proj, l.attention.k_proj, l.attention.v_proj, l.attention.o_proj,
-             l.layernorm_before, l.layernorm_after, l.mlp.fc1, l.mlp.fc2)
-            for l in vit.layers
-        ]
-    if hasattr(vit, "encoder") and hasattr(vit.encoder, "layer"):  # transformers 4.x
-        return [
-            (l.attention.attention.query, l.attention.attention.key, l.attention.attention.value,
-             l.attention.output.dense, l.layernorm_before, l.layernorm_after, l.intermediate.dense, l.output.dense)
-            for l in vit.encoder.layer
-        ]
-    raise TypeError("from_hf: unrecognised ViT module layout (expected transformers' ViTModel)")
+def _need_hf(obj, where: str, *names: str) -> None:
+    if not _is_hf(obj, *names):
+        raise TypeError(f"from_hf: {where}: expected transformers' {' or '.join(names)}, got {type(obj).__name__}")
+
+
+def _hf_act(act, where: str, option: str, config) -> str:
+    if type(act) in _TORCH_ACTIVATIONS:
+        return _TORCH_ACTIVATIONS[type(act)]
+    if _is_hf(act, *_HF_ACTIVATIONS):
+        return _HF_ACTIVATIONS[type(act).__name__]
+    raise ValueError(
+        f"from_hf: {where}: unsupported {option}={getattr(config, option, None)!r} (module "
+        f"{type(act).__name__}); opsplit converts {option} in {list(_HF_ACT_NAMES)}"
+    )
+
+
+def _check_linear(lin, where: str, n_in: int, n_out: int | None = None, *, bias: bool | None = True) -> None:
+    if type(lin) is not nn.Linear:
+        raise TypeError(f"from_hf: {where}: expected nn.Linear, got {type(lin).__name__}")
+    if lin.in_features != n_in or (n_out is not None and lin.out_features != n_out):
+        raise ValueError(
+            f"from_hf: {where}: expected nn.Linear({n_in}, {n_out if n_out is not None else '*'}), got "
+            f"nn.Linear({lin.in_features}, {lin.out_features})"
+        )
+    if bias is not None and (lin.bias is not None) != bias:
+        raise ValueError(f"from_hf: {where}: expected bias={bias}, got bias={lin.bias is not None}")
+
+
+def _check_layer_norm(ln, where: str, E: int) -> float:
+    if type(ln) is not nn.LayerNorm:
+        raise TypeError(f"from_hf: {where}: expected nn.LayerNorm, got {type(ln).__name__}")
+    if tuple(ln.normalized_shape) != (E,) or ln.weight is None or ln.bias is None:
+        raise ValueError(
+            f"from_hf: {where}: expected nn.LayerNorm({E}) with weight and bias (ViT's), got {ln!r}"
+        )
+    return float(ln.eps)
+
+
+def _dropout_p(m, where: str) -> float:
+    if type(m) is not nn.Dropout:
+        raise TypeError(f"from_hf: {where}: expected nn.Dropout, got {type(m).__name__}")
+    return float(m.p)
+
+
+def _hf_layer(layer, where: str, E: int, config) -> dict:
+    """One ViT layer's modules and options (transformers 5.x layout; 4.x read, untested)."""
+    _need_hf(layer, where, "ViTLayer")
+    if hasattr(layer, "mlp"):  # transformers >= 5
+        att = layer.attention
+        _need_hf(att, where + ".attention", "ViTAttention")
+        _need_hf(layer.mlp, where + ".mlp", "ViTMLP")
+        H, d = int(att.num_attention_heads), int(att.head_dim)
+        if getattr(att, "is_causal", False):
+            raise ValueError(f"from_hf: {where}.attention: is_causal=True is not a ViT")
+        scaling = float(att.scaling)
+        q, k, v, o = att.q_proj, att.k_proj, att.v_proj, att.o_proj
+        fc1, fc2 = layer.mlp.fc1, layer.mlp.fc2
+        act = _hf_act(layer.mlp.activation_fn, where + ".mlp.activation_fn", "hidden_act", config)
+        p_attn = float(att.attention_dropout)
+        p_hidden = [_dropout_p(layer.dropout, where + ".dropout")] * 2
+    elif hasattr(layer, "intermediate"):  # transformers 4.x
+        sa = layer.attention.attention
+        _need_hf(sa, where + ".attention.attention", "ViTSelfAttention", "ViTSdpaSelfAttention")
+        _need_hf(layer.intermediate, where + ".intermediate", "ViTIntermediate")
+        _need_hf(layer.output, where + ".output", "ViTOutput")
+        H, d = int(sa.num_attention_heads), int(sa.attention_head_size)
+        scaling = d ** -0.5
+        q, k, v, o = sa.query, sa.key, sa.value, layer.attention.output.dense
+        fc1, fc2 = layer.intermediate.dense, layer.output.dense
+        act = _hf_act(layer.intermediate.intermediate_act_fn, where + ".intermediate", "hidden_act", config)
+        p_attn = _dropout_p(sa.dropout, where + ".attention.attention.dropout")
+        p_hidden = [_dropout_p(layer.attention.output.dropout, where + ".attention.output.dropout"),
+                    _dropout_p(layer.output.dropout, where + ".output.dropout")]
+    else:
+        raise TypeError(f"from_hf: {where}: unrecognised ViTLayer layout (neither transformers 5.x nor 4.x)")
+    if abs(scaling - d ** -0.5) > 1e-12 * d ** -0.5:
+        raise ValueError(f"from_hf: {where}.attention: score scale {scaling} is not head_dim**-0.5 = {d ** -0.5}")
+    qkv_bias = q.bias is not None
+    for name, lin in (("q", q), ("k", k), ("v", v)):
+        _check_linear(lin, f"{where}.attention.{name}", E, H * d, bias=qkv_bias)
+    _check_linear(o, f"{where}.attention.output projection", H * d, E)
+    _check_linear(fc1, f"{where} MLP fc1", E)
+    _check_linear(fc2, f"{where} MLP fc2", fc1.out_features, E)
+    eps = {_check_layer_norm(layer.layernorm_before, where + ".layernorm_before", E),
+           _check_layer_norm(layer.layernorm_after, where + ".layernorm_after", E)}
+    if len(set(p_hidden)) != 1:
+        raise ValueError(f"from_hf: {where}: different hidden dropout probabilities {p_hidden}")
+    return dict(
+        modules=dict(q=q, k=k, v=v, o=o, ln1=layer.layernorm_before, ln2=layer.layernorm_after, fc1=fc1, fc2=fc2),
+        options=dict(H=H, d=d, F=fc1.out_features, act=act, qkv_bias=qkv_bias, p_attn=p_attn,
+                     p_hidden=p_hidden[0], eps=eps),
+    )
+
+
+def _hf_vit_parts(model) -> dict:
+    """Everything from_hf reads, checked before any tensor is computed."""
+    cls = type(model).__name__
+    if cls == "ViTForImageClassification":
+        vit, head = model.vit, model.classifier
+        if type(head) not in (nn.Linear, nn.Identity):
+            raise TypeError(f"from_hf: {cls}.classifier: expected nn.Linear or nn.Identity, got {type(head).__name__}")
+        where = f"{cls}.vit"
+    else:
+        vit, head, where = model, None, cls
+    _need_hf(vit, where, "ViTModel")
+    emb = vit.embeddings
+    _need_hf(emb, where + ".embeddings", "ViTEmbeddings")
+    if getattr(emb, "mask_token", None) is not None:
+        raise ValueError(
+            f"from_hf: {where}: use_mask_token=True (a masked-image-modelling mask token for bool_masked_pos) "
+            "is not converted; build the ViTModel with use_mask_token=False"
+        )
+    ln = vit.layernorm
+    if type(ln) is not nn.LayerNorm:
+        raise TypeError(f"from_hf: {where}.layernorm: expected nn.LayerNorm, got {type(ln).__name__}")
+    E = int(ln.normalized_shape[0])
+    final_eps = _check_layer_norm(ln, where + ".layernorm", E)
+    layers = list(vit.layers) if hasattr(vit, "layers") else list(getattr(getattr(vit, "encoder", None), "layer", []))
+    if not layers:
+        raise ValueError(f"from_hf: {where}: no transformer layers (num_hidden_layers = 0) to convert")
+    parsed = [_hf_layer(layer, f"{where}.layers[{n}]", E, vit.config) for n, layer in enumerate(layers)]
+    opts = parsed[0]["options"]
+    for n, p in enumerate(parsed[1:], 1):
+        if p["options"] != opts:
+            diff = {k: (opts[k], v) for k, v in p["options"].items() if opts[k] != v}
+            raise ValueError(f"from_hf: {where}: layer {n} differs from layer 0 in {diff}")
+    eps = opts["eps"] | {final_eps}
+    if len(eps) != 1:
+        raise ValueError(f"from_hf: {where}: LayerNorms with different eps {sorted(eps)} are not supported")
+    # embeddings: a non-overlapping patch convolution, class token, learned positions
+    pe = emb.patch_embeddings
+    _need_hf(pe, where + ".embeddings.patch_embeddings", "ViTPatchEmbeddings")
+    conv = pe.projection
+    ps = _pair(pe.patch_size)
+    if (type(conv) is not nn.Conv2d or tuple(conv.kernel_size) != ps or tuple(conv.stride) != ps
+            or tuple(conv.padding) != (0, 0) or tuple(conv.dilation) != (1, 1) or conv.groups != 1
+            or conv.in_channels != pe.num_channels or conv.out_channels != E):
+        raise ValueError(
+            f"from_hf: {where}.embeddings.patch_embeddings.projection: expected a non-overlapping patch "
+            f"convolution nn.Conv2d({pe.num_channels}, {E}, kernel_size={ps}, stride={ps}), got {conv!r}"
+        )
+    image = _pair(pe.image_size)
+    if image[0] % ps[0] or image[1] % ps[1]:
+        raise ValueError(f"from_hf: {where}: patch size {ps} does not divide image size {image}")
+    n_patches = (image[0] // ps[0]) * (image[1] // ps[1])
+    if tuple(emb.cls_token.shape) != (1, 1, E):
+        raise ValueError(f"from_hf: {where}.embeddings.cls_token: expected shape (1, 1, {E}), got {tuple(emb.cls_token.shape)}")
+    pos = getattr(emb, "position_embeddings", None)
+    if not isinstance(pos, Tensor) or tuple(pos.shape) != (1, n_patches + 1, E):
+        raise ValueError(
+            f"from_hf: {where}.embeddings.position_embeddings: expected learned positions of shape "
+            f"(1, {n_patches + 1}, {E}), got {None if not isinstance(pos, Tensor) else tuple(pos.shape)}"
+        )
+    p_emb = _dropout_p(emb.dropout, where + ".embeddings.dropout")
+    pooler = getattr(vit, "pooler", None)
+    pool_act = None
+    if pooler is not None:
+        _need_hf(pooler, where + ".pooler", "ViTPooler")
+        _check_linear(pooler.dense, where + ".pooler.dense", E, bias=None)
+        pool_act = _hf_act(pooler.activation, where + ".pooler.activation", "pooler_act", vit.config)
+    if isinstance(head, nn.Linear):
+        _check_linear(head, f"{cls}.classifier", E, bias=None)
+    # one dtype and device, floating point
+    tensors = list(model.parameters()) + list(model.buffers())
+    kinds = {(t.dtype, t.device) for t in tensors}
+    if len(kinds) != 1:
+        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
+                         "move the model with .to(dtype, device) first")
+    dtype, device = kinds.pop()
+    if not dtype.is_floating_point:
+        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
+    return dict(vit=vit, head=head, layers=[p["modules"] for p in parsed], opts=opts, eps=eps.pop(), E=E,
+                emb=emb, conv=conv, image=image, patch=ps, p_emb=p_emb, pooler=pooler, pool_act=pool_act,
+                fk={"dtype": dtype, "device": device}, where=where)
+
+
+def _stacked_rg(layers, key: str, attr: str, where: str) -> bool:
+    """The one ``requires_grad`` of a weight stacked over the layers (refused when they differ)."""
+    flags = [getattr(layer[key], attr).requires_grad for layer in layers]
+    if len(set(flags)) != 1:
+        raise ValueError(
+            f"from_hf: {where}: {key}.{attr}.requires_grad differs between layers ({flags}); opsplit holds a "
+            "weight of all layers in one parameter (piecewise constant in t), with one requires_grad"
+        )
+    return flags[0]
 
 
 @torch.no_grad()
-def from_hf(model) -> ViT:
-    """The opsplit :class:`ViT` of a Hugging Face ``ViTModel`` or ``ViTForImageClassification``
-    (same weights; eval/train mode kept).
+def _vit_from_hf(model) -> ViT:
+    """``ViTModel`` / ``ViTForImageClassification`` -> :class:`ViT` (registered with
+    :func:`~opsplit.models.hf.register_hf_converter`)."""
+    P = _hf_vit_parts(model)
+    layers, o, E, fk = P["layers"], P["opts"], P["E"], P["fk"]
+    H, d = o["H"], o["d"]
+    where = P["where"]
+    names = [("WQ", "q", "weight"), ("WK", "k", "weight"), ("WV", "v", "weight"), ("WO", "o", "weight"),
+             ("bO", "o", "bias"), ("W1", "fc1", "weight"), ("b1", "fc1", "bias"), ("W2", "fc2", "weight"),
+             ("b2", "fc2", "bias"), ("g1", "ln1", "weight"), ("be1", "ln1", "bias"), ("g2", "ln2", "weight"),
+             ("be2", "ln2", "bias")]
+    if o["qkv_bias"]:
+        names += [("bQ", "q", "bias"), ("bK", "k", "bias"), ("bV", "v", "bias")]
+    rg = {ours: _stacked_rg(layers, key, attr, where) for ours, key, attr in names}
 
-    ``ViTModel`` -> ``last_hidden_state`` and ``pooler_output`` (when it has a pooler);
-    ``ViTForImageClassification`` -> ``last_hidden_state`` and ``logits``.  Not converted
-    (clear errors): masked-image-modelling mask tokens, interpolated position encodings,
-    activations outside ``gelu``/``relu``/``gelu_new``/``silu``/``quick_gelu``.
-    """
-    cls = type(model).__name__
-    classifier = None
-    if hasattr(model, "vit") and hasattr(model, "classifier"):
-        vit, head = model.vit, model.classifier
-    elif cls.startswith("ViTModel") or hasattr(model, "embeddings"):
-        vit, head = model, None
-    else:
-        raise TypeError(f"from_hf: expected a transformers ViTModel or ViTForImageClassification, got {cls}")
-    cfg = vit.config
-    layers = _hf_layers(vit)
-    E, H = cfg.hidden_size, cfg.num_attention_heads
-    d = getattr(cfg, "head_dim", None) or E // H
-    act = _hf_activation(cfg.hidden_act, "hidden_act")
-    p0 = vit.embeddings.patch_embeddings.projection.weight
-    fk = {"device": p0.device, "dtype": p0.dtype}
-    eps = {float(l[4].eps) for l in layers} | {float(l[5].eps) for l in layers} | {float(vit.layernorm.eps)}
-    if len(eps) != 1:
-        raise ValueError(f"from_hf: LayerNorms with different eps {sorted(eps)}")
-    if any(l[6].bias is None or l[7].bias is None or l[3].bias is None for l in layers):
-        raise ValueError("from_hf: MLP and output projections without bias are not supported")
-    qkv_bias = layers[0][0].bias is not None
+    # HF ViT has three dropouts per layer (attention weights, after attention, after the MLP)
+    # and none inside the MLP: activation_dropout = 0
     encoder = TorchEncoder(
-        E, H, cfg.intermediate_size, dropout=float(cfg.hidden_dropout_prob), activation=act,
-        layer_norm_eps=eps.pop(), batch_first=True, norm_first=True, bias=True, num_layers=len(layers),
-        final_norm=True, head_dim=d, qkv_bias=qkv_bias, **fk,
+        E, H, o["F"], dropout=o["p_hidden"], attention_dropout=o["p_attn"], activation_dropout=0.0,
+        activation=o["act"], layer_norm_eps=P["eps"], batch_first=True, norm_first=True, bias=True,
+        num_layers=len(layers), final_norm=True, head_dim=d, qkv_bias=o["qkv_bias"], **fk,
     )
-    encoder.attention.dropout = float(cfg.attention_probs_dropout_prob)
-    a, ffn = encoder.attention, encoder.ffn
-    for n, (q, k, v, o, ln1, ln2, fc1, fc2) in enumerate(layers):
-        a.WQ.raw[n].copy_(q.weight.t().reshape(E, H, d))
-        a.WK.raw[n].copy_(k.weight.t().reshape(E, H, d))
-        a.WV.raw[n].copy_(v.weight.t().reshape(E, H, d))
-        if qkv_bias:
-            a.bQ.raw[n].copy_(q.bias.reshape(H, d))
-            a.bK.raw[n].copy_(k.bias.reshape(H, d))
-            a.bV.raw[n].copy_(v.bias.reshape(H, d))
-        a.WO.raw[n].copy_(o.weight.t().reshape(H, d, E))
-        a.bO.raw[n].copy_(o.bias)
-        ffn.W1.raw[n].copy_(fc1.weight.t())
-        ffn.b1.raw[n].copy_(fc1.bias)
-        ffn.W2.raw[n].copy_(fc2.weight.t())
-        ffn.b2.raw[n].copy_(fc2.bias)
-        for norm, ln in ((encoder.norm(1), ln1), (encoder.norm(2), ln2)):
+    a, ffn, n1, n2 = encoder.attention, encoder.ffn, encoder.norm(1), encoder.norm(2)
+    ours = {"WQ": a.WQ, "WK": a.WK, "WV": a.WV, "WO": a.WO, "bO": a.bO, "bQ": a.bQ, "bK": a.bK, "bV": a.bV,
+            "W1": ffn.W1, "b1": ffn.b1, "W2": ffn.W2, "b2": ffn.b2,
+            "g1": n1.weight, "be1": n1.bias, "g2": n2.weight, "be2": n2.bias}
+    for n, m in enumerate(layers):
+        a.WQ.raw[n].copy_(m["q"].weight.t().reshape(E, H, d))
+        a.WK.raw[n].copy_(m["k"].weight.t().reshape(E, H, d))
+        a.WV.raw[n].copy_(m["v"].weight.t().reshape(E, H, d))
+        if o["qkv_bias"]:
+            a.bQ.raw[n].copy_(m["q"].bias.reshape(H, d))
+            a.bK.raw[n].copy_(m["k"].bias.reshape(H, d))
+            a.bV.raw[n].copy_(m["v"].bias.reshape(H, d))
+        a.WO.raw[n].copy_(m["o"].weight.t().reshape(H, d, E))
+        a.bO.raw[n].copy_(m["o"].bias)
+        ffn.W1.raw[n].copy_(m["fc1"].weight.t())
+        ffn.b1.raw[n].copy_(m["fc1"].bias)
+        ffn.W2.raw[n].copy_(m["fc2"].weight.t())
+        ffn.b2.raw[n].copy_(m["fc2"].bias)
+        for norm, ln in ((n1, m["ln1"]), (n2, m["ln2"])):
             norm.weight.raw[n].copy_(ln.weight)
             norm.bias.raw[n].copy_(ln.bias)
-    encoder.final_affine.weight.value.copy_(vit.layernorm.weight)
-    encoder.final_affine.bias.value.copy_(vit.layernorm.bias)
+    for key, flag in rg.items():
+        ours[key].raw.requires_grad_(flag)
+    ln = P["vit"].layernorm
+    fa = encoder.final_affine
+    for c, src in ((fa.weight, ln.weight), (fa.bias, ln.bias)):
+        c.value.copy_(src)
+        c.value.requires_grad_(src.requires_grad)
 
-    pe = vit.embeddings.patch_embeddings
-    conv = pe.projection
-    emb = PatchEmbedding(pe.image_size, pe.patch_size, pe.num_channels, E, bias=conv.bias is not None,
-                         dropout=float(cfg.hidden_dropout_prob), **fk)
-    if tuple(conv.stride) != tuple(conv.kernel_size) or tuple(conv.kernel_size) != emb.patch_size:
-        raise ValueError("from_hf: the patch projection is not a non-overlapping patch convolution")
-    emb.weight.copy_(conv.weight.reshape(E, -1).t())
+    emb_hf, conv = P["emb"], P["conv"]
+    emb = PatchEmbedding(P["image"], P["patch"], conv.in_channels, E, bias=conv.bias is not None,
+                         dropout=P["p_emb"], **fk)
+    pairs = [(emb.weight, conv.weight, conv.weight.reshape(E, -1).t()),
+             (emb.cls_token, emb_hf.cls_token, emb_hf.cls_token.reshape(E)),
+             (emb.position, emb_hf.position_embeddings, emb_hf.position_embeddings.reshape(-1, E))]
     if conv.bias is not None:
-        emb.bias.copy_(conv.bias)
-    emb.cls_token.copy_(vit.embeddings.cls_token.reshape(E))
-    emb.position.copy_(vit.embeddings.position_embeddings.reshape(-1, E))
+        pairs.append((emb.bias, conv.bias, conv.bias))
 
     pooler = None
-    if getattr(vit, "pooler", None) is not None:
-        dense = vit.pooler.dense
-        pooler = ClassTokenReadout(E, dense.out_features, bias=dense.bias is not None,
-                                   activation=_hf_activation(getattr(cfg, "pooler_act", "tanh"), "pooler_act"), **fk)
-        pooler.weight.copy_(dense.weight.t())
+    if P["pooler"] is not None:
+        dense = P["pooler"].dense
+        pooler = ClassTokenReadout(E, dense.out_features, bias=dense.bias is not None, activation=P["pool_act"], **fk)
+        pairs.append((pooler.weight, dense.weight, dense.weight.t()))
         if dense.bias is not None:
-            pooler.bias.copy_(dense.bias)
-    if head is not None and isinstance(head, nn.Linear):
+            pairs.append((pooler.bias, dense.bias, dense.bias))
+    classifier = None
+    head = P["head"]
+    if isinstance(head, nn.Linear):
         classifier = ClassTokenReadout(E, head.out_features, bias=head.bias is not None, **fk)
-        classifier.weight.copy_(head.weight.t())
+        pairs.append((classifier.weight, head.weight, head.weight.t()))
         if head.bias is not None:
-            classifier.bias.copy_(head.bias)
+            pairs.append((classifier.bias, head.bias, head.bias))
     elif isinstance(head, nn.Identity):  # num_labels = 0: the logits are the class token
         classifier = ClassTokenReadout(E, E, bias=False, **fk)
         classifier.weight.copy_(torch.eye(E, **fk))
-    elif head is not None:
-        raise TypeError(f"from_hf: unsupported classifier {type(head).__name__}")
+        classifier.weight.requires_grad_(False)  # not a weight of the HF model
+    for dst, src, value in pairs:
+        dst.copy_(value)
+        dst.requires_grad_(src.requires_grad)
     out = ViT(emb, encoder, pooler=pooler, classifier=classifier)
     out.train(model.training)
     return out
+
+
+register_hf_converter("ViTModel", _vit_from_hf)
+register_hf_converter("ViTForImageClassification", _vit_from_hf)

@@ -33,7 +33,7 @@ from torch import Tensor
 from ..controls import as_control
 from ..grid import Grid
 from .base import Operator
-from .layernorm import ProjectionS1, project_s1
+from .layernorm import ProjectionS1, _project_s1
 
 __all__ = ["PointwiseAffine"]
 
@@ -100,7 +100,7 @@ class PointwiseAffine(Operator):
                 if b is not None:
                     gb = gb + b
                 return F.layer_norm(u, (n,), gw, gb, P.eps)
-            u = project_s1(u, s1, s2, grid, P.eps)
+            u = _project_s1(u, s1, s2, grid, P.eps)
         if w is not None:
             return torch.addcmul(b, u, w) if b is not None else u * w
         return u if b is None else u + b

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .._checks import check_state
-from ..grid import Grid
+from .._checks import check_finite_float, check_like_module, check_parameters_finite, check_state
+from ..grid import Grid, check_grid
 
 __all__ = ["Operator"]
 
@@ -72,16 +72,28 @@ class Operator(nn.Module):
             if isinstance(m, Operator):
                 m.check(grid)
 
-    def resolve_grid(self, u: Tensor, grid: Grid | None) -> Grid:
+    def resolve_grid(self, u: Tensor, grid: Grid | None, name: str = "u") -> Grid:
+        grid = check_grid(grid, "grid")
         if grid is None:
             return Grid.paper(u.shape[-2], u.shape[-1])
-        return grid.with_shape(u.shape[-2], u.shape[-1])
+        return grid.with_shape(u.shape[-2], u.shape[-1], name)
 
     def forward(self, u: Tensor, t: float = 0.0, grid: Grid | None = None) -> Tensor:
         """Apply the operator: the field of an explicit term, else its projection / map
-        (resolvent or flow with :math:`\\Delta t = 1`)."""
-        u = check_state(u, grid or Grid.paper(None, None), f"{type(self).__name__} input")
-        g = self.resolve_grid(u, grid)
+        (resolvent or flow with :math:`\\Delta t = 1`).
+
+        Validates ``u`` (a float tensor ``(B, N_x, N_y)`` matching ``grid``, finite, on the
+        dtype and device of the operator's parameters), ``grid`` (a
+        :class:`~opsplit.grid.Grid` or ``None``) and ``t`` (a finite number), then the
+        operator's controls against the grid."""
+        grid = check_grid(grid, "grid")
+        name = f"{type(self).__name__} input"
+        u = check_state(u, grid or Grid.paper(None, None), name)
+        check_like_module(u, self, name, f"the {type(self).__name__}")
+        if not isinstance(t, Tensor):
+            check_finite_float(t, "t")
+        check_parameters_finite(self, type(self).__name__)
+        g = self.resolve_grid(u, grid, name)
         self.check(g)
         if self.has_field:
             return self.field(t, u, g)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .._checks import check_time, check_time_step
+from ..grid import check_grid
 from ..solvers import Substep
 
 __all__ = ["Scheme", "changes_grid"]
@@ -74,6 +76,12 @@ class Scheme(nn.Module):
         return grid
 
     def forward(self, t, dt: float, u: Tensor, grid) -> Tensor:
+        """One step :math:`u^n \\mapsto u^{n+1}` over ``[t, t + dt]``: ``t`` finite, ``dt``
+        finite and > 0, ``grid`` a complete :class:`~opsplit.grid.Grid` for ``u``.  No
+        value checks of ``u`` (that is the propagator's job, once per solve)."""
+        check_time(t, f"{type(self).__name__}: t")
+        check_time_step(dt, f"{type(self).__name__}: dt")
+        grid = check_grid(grid, f"{type(self).__name__}: grid", optional=False)
         return self.step(t, dt, u, grid)
 
     def extra_repr(self) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .._checks import check_finite_float, check_time
+
 __all__ = ["Solver", "Substep", "solver_for"]
 
 
@@ -104,6 +106,11 @@ class Substep(nn.Module):
             op.check(grid)
 
     def forward(self, t, dt: float, u: Tensor, grid) -> Tensor:
+        """Advance ``u`` over ``[t, t + dt]``.  ``t`` and ``dt`` must be finite numbers (a
+        cheap check on Python numbers; the scheme and the propagator check the sign)."""
+        check_time(t, "Substep: t")
+        if not isinstance(dt, Tensor):
+            check_finite_float(dt, "Substep: dt")
         return self.solver.step(self.terms, t, dt, u, grid)
 
     def extra_repr(self) -> str:

@@ -21,8 +21,12 @@ The formula uses only :math:`u` (not :math:`\sigma`), so it extends off the mani
 any :math:`u` with non-zero variance it projects onto the tangent space of the level set
 of :math:`(g_1, g_2)` through :math:`u` — the flow of :math:`v(t,u) = P_T(u) F(t, u)`
 conserves every token's mean and variance exactly (:math:`\frac{d}{dt}\bar u = \overline{P_T
-F} = 0`, :math:`\frac{d}{dt}\overline{d^2} = 2\langle d, P_T F\rangle = 0`).  For a token
-with zero variance (:math:`d = 0`) the :math:`d`-component is dropped.
+F} = 0`, :math:`\frac{d}{dt}\overline{d^2} = 2\langle d, P_T F\rangle = 0`).  For a
+constant token (zero variance, decided by the rule of
+:func:`~opsplit.operators.project_s1`: ``max - min <= 8 eps_machine max|u|``) the
+:math:`d`-component is dropped.  The formula is 0-homogeneous in :math:`d`, so it is
+evaluated with :math:`d` divided by its max-abs: no overflow or underflow at any finite
+magnitude.
 
 **The constrained model.**  With :math:`S_1` as a constraint, eq. (7) without
 :math:`S_2` reads :math:`u_t \in F(t, u) - N_{S_1}(u)`, :math:`u \in S_1`; the velocity
@@ -48,7 +52,7 @@ from torch import Tensor
 
 from ..grid import Grid
 from ..operators.base import Operator
-from ..operators.layernorm import project_s1
+from ..operators.layernorm import _normalise, _project_s1, token_mean_std
 from .base import Solver
 
 __all__ = ["ProjectedS1", "TangentS1", "tangent_s1", "token_moments"]
@@ -60,22 +64,23 @@ def _mean(f: Tensor, grid: Grid | None) -> Tensor:
 
 def token_moments(u: Tensor, grid: Grid | None = None) -> tuple[Tensor, Tensor]:
     """Per-token mean :math:`\\bar u` and variance :math:`\\overline{(u - \\bar u)^2}`,
-    shapes ``(..., N_x, 1)``, in the grid's y-quadrature (plain means if ``grid=None``)."""
-    m = _mean(u, grid)
-    d = u - m
-    return m, _mean(d * d, grid)
+    shapes ``(..., N_x, 1)``, in the grid's y-quadrature (plain means if ``grid=None``).
+    The variance is the square of :func:`~opsplit.operators.layernorm.token_mean_std`'s
+    standard deviation (0 on constant tokens; it over/underflows only where the true
+    variance is outside the float range)."""
+    m, sd, _ = token_mean_std(u, grid)
+    return m, sd * sd
 
 
 def tangent_s1(u: Tensor, v: Tensor, grid: Grid | None = None) -> Tensor:
     """Project ``v`` onto the tangent space of :math:`S_1` at ``u`` (per token):
     :math:`P_T(u) v = v - \\bar v - \\langle v, d\\rangle/\\langle d, d\\rangle\\, d`,
-    :math:`d = u - \\bar u`."""
-    m, var = token_moments(u, grid)
-    d = u - m
-    pos = var > 0
-    c = _mean(v * d, grid) / torch.where(pos, var, torch.ones_like(var))
-    c = torch.where(pos, c, torch.zeros_like(c))
-    return v - _mean(v, grid) - c * d
+    :math:`d = u - \\bar u` (evaluated with :math:`d` scaled to max-abs 1; the
+    :math:`d`-component is dropped on constant tokens)."""
+    const, _, _, _, r, beta = _normalise(u, grid)
+    c = _mean(v * r, grid) / beta
+    c = torch.where(const, torch.zeros_like(c), c)
+    return v - _mean(v, grid) - c * r
 
 
 class TangentS1(Operator):
@@ -139,14 +144,12 @@ class ProjectedS1(Solver):
         self.base.check(tuple(_Probe() for _ in terms))
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
-        m0, var0 = token_moments(u, grid)
+        m0, sd0, _ = token_mean_std(u, grid)
         tangent = tuple(TangentS1(term) for term in terms)
         v = self.base.step(tangent, t, dt, u, grid)
-        pos = var0 > 0
-        # sqrt only where the variance is positive (a constant token stays constant; no
-        # infinite gradient of sqrt at 0)
-        sd = torch.where(pos, torch.where(pos, var0, torch.ones_like(var0)).sqrt(), 0.0)
-        return project_s1(v, m0, sd, grid)
+        # a constant token (sd0 = 0) stays constant at its mean; no sqrt of a variance, so
+        # no infinite gradient at 0 and no overflow at extreme magnitudes
+        return _project_s1(v, m0, sd0, grid, 0.0)
 
     def __repr__(self) -> str:
         return f"ProjectedS1({self.base!r})"
