@@ -77,7 +77,7 @@ class ConvAttention(MultiHeadAttention):
             ``prefix="keep"``, :class:`~opsplit.operators.BatchNormMap`); ``None`` is the
             identity.
 
-    The state lives on an :class:`~opsplit.grid2d.ImageGrid`.
+    The state lives on an :class:`~opsplit.grid.ImageGrid`.
     """
 
     def __init__(self, WQ, WK, WV, WO=None, *, q_proj=None, k_proj=None, v_proj=None, bQ=None, bK=None,

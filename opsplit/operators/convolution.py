@@ -1,6 +1,6 @@
 r"""Convolution integral operators on a 2-D token grid (paper 002, §6, eq. 42).
 
-On an :class:`~opsplit.grid2d.ImageGrid` the token variable :math:`x` runs over a 2-D
+On an :class:`~opsplit.grid.ImageGrid` the token variable :math:`x` runs over a 2-D
 image domain and :math:`u(x, \cdot)` is a vector of :math:`N_y` channels.  A
 translation-invariant integral operator on :math:`\Omega_x` is a convolution (eq. 42):
 
@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from ..controls import Control, as_control
 from ..grid import Grid
-from ..grid2d import ImageGrid
+from ..grid import ImageGrid
 from .base import Operator
 
 __all__ = ["ContinuousKernel", "Convolution2d", "convolve", "image_grid_of", "kernel_shape"]
@@ -69,10 +69,10 @@ def _pair_float(v, name: str) -> tuple[float, float]:
 
 
 def image_grid_of(grid, who: str) -> ImageGrid:
-    """``grid`` if it is an :class:`~opsplit.grid2d.ImageGrid`, else a clear error."""
+    """``grid`` if it is an :class:`~opsplit.grid.ImageGrid`, else a clear error."""
     if not isinstance(grid, ImageGrid):
         raise ValueError(
-            f"{who}: expected an ImageGrid (a 2-D token grid, opsplit.grid2d.ImageGrid), got "
+            f"{who}: expected an ImageGrid (a 2-D token grid, opsplit.grid.ImageGrid), got "
             f"{type(grid).__name__}; build one with ImageGrid.paper((N_1, N_2), N_y)"
         )
     return grid

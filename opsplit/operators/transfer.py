@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from ..controls import as_control
 from ..grid import Grid, Interval
-from ..grid2d import ImageGrid
+from ..grid import ImageGrid
 from .base import Operator
 from .convolution import (
     ContinuousKernel,
