@@ -149,5 +149,19 @@ class ConvAttention(MultiHeadAttention):
         v = self._pointwise(xv, WV, bV, g).view(B, xv.shape[1], H, dv).transpose(1, 2)
         return q, k, v
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """As :meth:`MultiHeadAttention.attend`; in training mode with attention dropout the
+        weights are formed explicitly and dropped by ``nn.Dropout``'s draw (what
+        ``transformers``' ``CvtSelfAttention`` does), so a seeded training step is
+        reproduced."""
+        if not (self.training and self.dropout > 0):
+            return super().attend(q, k, v, grid)
+        B, H, N, _ = q.shape
+        bias, _ = self._log_weights(grid, B, H, N, k.shape[2], q.dtype, q.device)
+        a = self.score_scale(grid) * (q @ k.transpose(-1, -2))
+        if bias is not None:
+            a = a + bias
+        return F.dropout(a.softmax(-1), self.dropout, True) @ v
+
     def extra_repr(self) -> str:
         return super().extra_repr() + ", conv projections"

@@ -49,8 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..controls import Control, as_control
-from ..grid import Grid
-from ..grid import ImageGrid
+from ..grid import Grid, ImageGrid
 from .base import Operator
 
 __all__ = ["ContinuousKernel", "Convolution2d", "convolve", "image_grid_of", "kernel_shape"]
@@ -96,16 +95,28 @@ class ContinuousKernel(Control):
     so it grows as the grid is refined.  An ``nn.Module`` ``fn`` is registered (its
     parameters train with the operator).
 
+    **Quadrature on the stencil.**  The operator is the product rule of
+    :math:`\int_{[-r_1, r_1]\times[-r_2, r_2]} W(\xi)\,u(x - \xi)\,d\xi` on the grid's
+    offsets: every tap carries the cell area :math:`h_1 h_2` (applied by the operator) times
+    the stencil weight returned here.  ``rule="trapezoid"`` (default) halves the weight of
+    the outermost taps in each direction: the tensor trapezoid rule, second order for a
+    smooth kernel and a smooth :math:`u` when :math:`r_i` is a multiple of :math:`h_i` (the
+    outermost taps lie on the support's boundary).  ``rule="rectangle"`` gives every tap the
+    same weight: first order for a kernel that does not vanish on the support's boundary
+    (both are measured in ``benchmarks/cvt_convergence.py`` and ``tests/test_cvt_operators.py``).
+    For a kernel that vanishes on the boundary the two rules coincide.
+
     Args:
         fn: the kernel :math:`W(\xi_1, \xi_2)`.
         support: :math:`r` or :math:`(r_1, r_2)`, the half-widths of the support (the kernel
             is taken as zero beyond; give the domain length for a kernel without compact
             support).
         channels: ``(C_out, C_in/groups)`` for a scalar ``fn``; default ``(1, 1)``.
+        rule: ``"trapezoid"`` or ``"rectangle"`` (see above).
         dtype, device: of the sampled values (they follow ``.to()``).
     """
 
-    def __init__(self, fn, support, *, channels=(1, 1), dtype=None, device=None):
+    def __init__(self, fn, support, *, channels=(1, 1), rule: str = "trapezoid", dtype=None, device=None):
         super().__init__(axes=())
         if not callable(fn):
             raise TypeError(f"ContinuousKernel.fn: expected a callable W(xi1, xi2), got {type(fn).__name__}")
@@ -114,6 +125,11 @@ class ContinuousKernel(Control):
         if not isinstance(channels, (tuple, list)) or len(channels) != 2:
             raise ValueError(f"ContinuousKernel.channels: expected (C_out, C_in/groups), got {channels!r}")
         self.channels = (int(channels[0]), int(channels[1]))
+        if self.channels[0] < 1 or self.channels[1] < 1:
+            raise ValueError(f"ContinuousKernel.channels: expected positive sizes, got {channels!r}")
+        if rule not in ("trapezoid", "rectangle"):
+            raise ValueError(f"ContinuousKernel.rule: expected 'trapezoid' or 'rectangle', got {rule!r}")
+        self.rule = rule
         self.register_buffer("_ref", torch.zeros((), dtype=dtype or torch.get_default_dtype(), device=device),
                              persistent=False)
 
@@ -134,20 +150,26 @@ class ContinuousKernel(Control):
         if not isinstance(w, Tensor):
             raise TypeError(f"ContinuousKernel.fn: expected a tensor of kernel values, got {type(w).__name__}")
         k = (2 * m1 + 1, 2 * m2 + 1)
-        if w.shape == k:
-            return w.expand(*self.channels, *k)
-        if w.dim() == 4 and tuple(w.shape[2:]) == k:
-            return w
-        raise ValueError(
-            f"ContinuousKernel.fn: expected values of shape {k} or (C_out, C_in/groups, {k[0]}, {k[1]}), "
-            f"got {tuple(w.shape)}"
-        )
+        if w.shape != k and not (w.dim() == 4 and tuple(w.shape[2:]) == k):
+            raise ValueError(
+                f"ContinuousKernel.fn: expected values of shape {k} or (C_out, C_in/groups, {k[0]}, {k[1]}), "
+                f"got {tuple(w.shape)}"
+            )
+        if self.rule == "trapezoid":
+            q1 = torch.ones(k[0], dtype=w.dtype, device=w.device)
+            q2 = torch.ones(k[1], dtype=w.dtype, device=w.device)
+            if m1 > 0:
+                q1[0] = q1[-1] = 0.5
+            if m2 > 0:
+                q2[0] = q2[-1] = 0.5
+            w = w * (q1[:, None] * q2[None, :])
+        return w.expand(*self.channels, *k) if w.shape == k else w
 
     def validate(self, grid, name: str = "control") -> None:
         image_grid_of(grid, name)
 
     def extra_repr(self) -> str:
-        return f"support={self.support}, channels={self.channels}"
+        return f"support={self.support}, channels={self.channels}, rule={self.rule!r}"
 
 
 def convolve(img: Tensor, weight: Tensor, bias: Tensor | None, *, stride=1, padding=0, groups: int = 1,

@@ -41,8 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..controls import as_control
-from ..grid import Grid, Interval
-from ..grid import ImageGrid
+from ..grid import Grid, ImageGrid, Interval
 from .base import Operator
 from .convolution import (
     ContinuousKernel,
