@@ -162,8 +162,8 @@ class CvtReadout(nn.Module):
         self.use_cls_token = bool(use_cls_token)
         self.norm = PointwiseAffine(nn.Parameter(torch.ones(n_y, **fk)), nn.Parameter(torch.zeros(n_y, **fk)),
                                     projection=ProjectionS1(0.0, 1.0, eps=eps))
-        self.weight = nn.Parameter(torch.empty(n_y, num_labels, **fk)) if num_labels else None
-        self.bias = nn.Parameter(torch.empty(num_labels, **fk)) if num_labels and bias else None
+        self.weight = nn.Parameter(torch.zeros(n_y, num_labels, **fk)) if num_labels else None
+        self.bias = nn.Parameter(torch.zeros(num_labels, **fk)) if num_labels and bias else None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -222,8 +222,8 @@ def _stage(spec: CvtStageSpec, t0: float, name: str, fk) -> Stage:
     s, n, E = spec, spec.depth, spec.embed_dim
     H, d = s.num_heads, s.embed_dim // s.num_heads
     # -- entry: convolutional token embedding (eq. 44) and its projection onto S1 (eq. 45)
-    embed = ConvTransfer(nn.Parameter(torch.empty(E, s.in_channels, s.patch_size, s.patch_size, **fk)),
-                         nn.Parameter(torch.empty(E, **fk)), stride=s.patch_stride, padding=s.patch_padding,
+    embed = ConvTransfer(nn.Parameter(torch.zeros(E, s.in_channels, s.patch_size, s.patch_size, **fk)),
+                         nn.Parameter(torch.zeros(E, **fk)), stride=s.patch_stride, padding=s.patch_padding,
                          prefix="drop")
     entry = [[embed], [_layer_norm(s.layer_norm_eps, None, E, t0, fk)]]
     labels = ["eq. 44: u <- W^C *_s u + b^C (new grid)", "eq. 45: projection onto S1, then LayerNorm's affine"]
@@ -231,7 +231,7 @@ def _stage(spec: CvtStageSpec, t0: float, name: str, fk) -> Stage:
         entry.append([StateDropout(s.drop_rate)])
         labels.append("dropout (training mode)")
     if s.cls_token:
-        entry.append([PrependTokens(nn.Parameter(torch.empty(1, E, **fk)))])
+        entry.append([PrependTokens(nn.Parameter(torch.zeros(1, E, **fk)))])
         labels.append("class token [v_0; u] (§4.2)")
 
     # -- body: one step = one CvT layer

@@ -257,8 +257,8 @@ class Convolution2d(Operator):
         k1, k2 = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
         g = n_y if groups == "depthwise" else groups
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        w = nn.Parameter(torch.empty(n_y, n_y // g, k1, k2, **fk))
-        b = nn.Parameter(torch.empty(n_y, **fk)) if bias else None
+        w = nn.Parameter(torch.zeros(n_y, n_y // g, k1, k2, **fk))
+        b = nn.Parameter(torch.zeros(n_y, **fk)) if bias else None
         op = cls(w, b, groups=groups)
         op.reset_parameters()
         return op

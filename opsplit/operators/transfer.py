@@ -225,7 +225,7 @@ class PrependTokens(GridTransfer):
     @classmethod
     def create(cls, n_y: int, n: int = 1, *, std: float = 0.02, device=None, dtype=None) -> PrependTokens:
         """Trainable tokens, truncated-normal initialised (ViT's and CvT's class token)."""
-        op = cls(nn.Parameter(torch.empty(n, n_y, device=device, dtype=dtype or torch.get_default_dtype())))
+        op = cls(nn.Parameter(torch.zeros(n, n_y, device=device, dtype=dtype or torch.get_default_dtype())))
         op.std = float(std)
         op.reset_parameters()
         return op
