@@ -90,6 +90,7 @@ class ConvAttention(MultiHeadAttention):
     def check(self, grid: Grid) -> None:
         g = image_grid_of(grid, "ConvAttention")
         super().check(g)
+        out = {}
         for name in ("q_proj", "k_proj", "v_proj"):
             gg = g
             for m in getattr(self, name):
@@ -104,6 +105,17 @@ class ConvAttention(MultiHeadAttention):
                     f"ConvAttention.{name}: the projection changes the channels ({g.y.n} -> {gg.y.n}); "
                     "the pointwise kernels act on N_y channels"
                 )
+            out[name] = gg
+        if out["q_proj"].nx != g.nx:
+            raise ValueError(
+                f"ConvAttention.q_proj: the query projection must keep the token grid ({g} -> {out['q_proj']}): "
+                "the term is a field on the state's grid (stride 1, 'same' padding)"
+            )
+        if out["k_proj"].nx != out["v_proj"].nx:
+            raise ValueError(
+                f"ConvAttention: the key and value projections give different token grids ({out['k_proj']} vs "
+                f"{out['v_proj']}); the values are integrated over the keys' grid (same stride and padding)"
+            )
 
     def project_inputs(self, t, u: Tensor, grid) -> tuple[Tensor, Tensor, Tensor]:
         """The convolutional projections of ``u`` (tokens, prefix first): the inputs of the
