@@ -265,16 +265,20 @@ def test_requires_grad_is_kept():
     hf = hf_model(cfg, "CvtModel", torch.float64, 1)
     st = hf.encoder.stages[0]
     st.embedding.convolution_embeddings.projection.weight.requires_grad_(False)
-    for layer in st.layers:
-        layer.intermediate.dense.weight.requires_grad_(False)
+    st.layers[0].intermediate.dense.weight.requires_grad_(False)
     model = from_hf(hf)
     ops = model.stage_operators(0)
     assert not ops["embed"].weight.value.requires_grad and ops["embed"].bias.value.requires_grad
-    assert not ops["ffn"].W1.raw.requires_grad and ops["ffn"].W2.raw.requires_grad
+    W1 = ops["ffn"].W1.pieces  # one parameter per layer: per-layer flags
+    assert not W1[0].requires_grad and all(p.requires_grad for p in W1[1:]) and ops["ffn"].W2.pieces[0].requires_grad
+    # the batch-norm parameters of a stage are one stacked parameter: one flag for all layers
+    bn = st.layers[0].attention.attention.convolution_projection_query.convolution_projection.normalization
+    bn.weight.requires_grad_(False)
     if len(st.layers) > 1:
-        st.layers[0].intermediate.dense.weight.requires_grad_(True)
         with pytest.raises(ValueError, match="requires_grad differs"):
             from_hf(hf)
+    else:
+        assert not from_hf(hf).stage_operators(0)["attention"].q_proj[1].weight.raw.requires_grad
 
 
 def test_schedule_lists_stages_grids_substeps():

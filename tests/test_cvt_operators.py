@@ -483,14 +483,14 @@ def test_one_head_cvt_is_eqs_42_and_13_to_17():
 
     u = f
     for s in range(n):
-        q = _shared_conv(u, size, attn.q_proj[0].weight.raw[s, 0, 0])
-        k = _shared_conv(u, size, attn.k_proj[0].weight.raw[s, 0, 0])
-        v = _shared_conv(u, size, attn.v_proj[0].weight.raw[s, 0, 0])
+        q = _shared_conv(u, size, attn.q_proj[0].weight.pieces[s][0, 0])
+        k = _shared_conv(u, size, attn.k_proj[0].weight.pieces[s][0, 0])
+        v = _shared_conv(u, size, attn.v_proj[0].weight.pieces[s][0, 0])
         u1 = u + torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(C), -1) @ v  # (42), (13)
         u2 = ln(u1)  # (14)
         z = u2
         for layer in ffn:
-            z = torch.relu(z + z @ layer.W.raw[s] + layer.b.raw[s])  # (15)
+            z = torch.relu(z + z @ layer.W.pieces[s] + layer.b.pieces[s])  # (15)
         u = ln(0.5 * (z + u2))  # (16), (17)
     torch.testing.assert_close(out, u, rtol=0, atol=1e-12)
     torch.manual_seed(8)

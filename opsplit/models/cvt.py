@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int
-from ..controls import Constant, PiecewiseConstant
+from ..controls import Constant, LayerwiseConstant
 from ..grid import ImageGrid
 from ..operators import (
     BatchNormMap,
@@ -203,8 +203,16 @@ class CvTOutput:
     logits: Tensor | None = None
 
 
-def _pc(n: int, shape, t0: float, fk, fill: float = 0.0, axes=()) -> PiecewiseConstant:
-    return PiecewiseConstant(torch.full((n, *shape), fill, **fk), t0=t0, t1=t0 + n, axes=axes)
+def _pc(n: int, shape, t0: float, fk, fill: float = 0.0, axes=()) -> LayerwiseConstant:
+    """One value per layer on ``[t0, t0 + n]`` (piecewise constant in t; one parameter per
+    layer, so a deep stage's backward pass does not build a full-size gradient per layer)."""
+    return LayerwiseConstant(torch.full((n, *shape), fill, **fk), t0=t0, t1=t0 + n, axes=axes)
+
+
+def _rows(c):
+    """The per-layer tensors of a per-layer control (pieces of a :class:`LayerwiseConstant`,
+    rows of a stacked ``PiecewiseConstant``)."""
+    return list(c.pieces) if isinstance(c, LayerwiseConstant) else [c.raw[n] for n in range(c.n_pieces)]
 
 
 def _layer_norm(eps: float, n: int | None, E: int, t0: float, fk) -> PointwiseAffine:
@@ -367,23 +375,20 @@ class CvT(nn.Module):
             ops["embed_norm"].bias.value.zero_()
             if ops["cls"] is not None:
                 nn.init.trunc_normal_(ops["cls"].tokens.value, std=0.02)
-            a = ops["attention"]
-            for c in (a.WQ, a.WK, a.WV, a.WO):
-                nn.init.trunc_normal_(c.raw, std=0.02)
-            for c in (a.bQ, a.bK, a.bV, a.bO):
+            a, f = ops["attention"], ops["ffn"]
+            for c in (a.WQ, a.WK, a.WV, a.WO, a.q_proj[0].weight, a.k_proj[0].weight, a.v_proj[0].weight,
+                      f.W1, f.W2):
+                for r in _rows(c):
+                    nn.init.trunc_normal_(r, std=0.02)
+            for c in (a.bQ, a.bK, a.bV, a.bO, f.b1, f.b2, ops["norm1"].bias, ops["norm2"].bias):
                 if c is not None:
-                    c.raw.zero_()
+                    for r in _rows(c):
+                        r.zero_()
+            for c in (ops["norm1"].weight, ops["norm2"].weight):
+                for r in _rows(c):
+                    r.fill_(1.0)
             for proj in (a.q_proj, a.k_proj, a.v_proj):
-                nn.init.trunc_normal_(proj[0].weight.raw, std=0.02)
                 proj[1].reset_parameters()
-            f = ops["ffn"]
-            nn.init.trunc_normal_(f.W1.raw, std=0.02)
-            nn.init.trunc_normal_(f.W2.raw, std=0.02)
-            f.b1.raw.zero_()
-            f.b2.raw.zero_()
-            for nm in (ops["norm1"], ops["norm2"]):
-                nm.weight.raw.fill_(1.0)
-                nm.bias.raw.zero_()
         if self.readout is not None:
             self.readout.reset_parameters()
 
@@ -668,23 +673,23 @@ def _pairs(model: CvT, parts, head=None, ln=None):
         for n, m in enumerate(p["layers"]):
             for ours, name in ((a.q_proj, "query"), (a.k_proj, "key"), (a.v_proj, "value")):
                 c, bn = m["projs"][name]
-                out += [(ours[0].weight.raw[n], c.weight, lambda x: x),
+                out += [(_rows(ours[0].weight)[n], c.weight, lambda x: x),
                         (ours[1].weight.raw[n], bn.weight, lambda x: x),
                         (ours[1].bias.raw[n], bn.bias, lambda x: x),
                         (ours[1].running_mean[n], bn.running_mean, lambda x: x),
                         (ours[1].running_var[n], bn.running_var, lambda x: x),
                         (ours[1].num_batches_tracked[n], bn.num_batches_tracked, lambda x: x)]
             for W, b, lin in ((a.WQ, a.bQ, m["q"]), (a.WK, a.bK, m["k"]), (a.WV, a.bV, m["v"])):
-                out.append((W.raw[n], lin.weight, lambda x, E=E, H=H, d=d: x.t().reshape(E, H, d)))
+                out.append((_rows(W)[n], lin.weight, lambda x, E=E, H=H, d=d: x.t().reshape(E, H, d)))
                 if b is not None:
-                    out.append((b.raw[n], lin.bias, lambda x, H=H, d=d: x.reshape(H, d)))
-            out += [(a.WO.raw[n], m["o"].weight, lambda x, E=E, H=H, d=d: x.t().reshape(H, d, E)),
-                    (a.bO.raw[n], m["o"].bias, lambda x: x)]
+                    out.append((_rows(b)[n], lin.bias, lambda x, H=H, d=d: x.reshape(H, d)))
+            out += [(_rows(a.WO)[n], m["o"].weight, lambda x, E=E, H=H, d=d: x.t().reshape(H, d, E)),
+                    (_rows(a.bO)[n], m["o"].bias, lambda x: x)]
             f = ops["ffn"]
-            out += [(f.W1.raw[n], m["fc1"].weight, lambda x: x.t()), (f.b1.raw[n], m["fc1"].bias, lambda x: x),
-                    (f.W2.raw[n], m["fc2"].weight, lambda x: x.t()), (f.b2.raw[n], m["fc2"].bias, lambda x: x)]
+            out += [(_rows(f.W1)[n], m["fc1"].weight, lambda x: x.t()), (_rows(f.b1)[n], m["fc1"].bias, lambda x: x),
+                    (_rows(f.W2)[n], m["fc2"].weight, lambda x: x.t()), (_rows(f.b2)[n], m["fc2"].bias, lambda x: x)]
             for nm, hl in ((ops["norm1"], m["ln1"]), (ops["norm2"], m["ln2"])):
-                out += [(nm.weight.raw[n], hl.weight, lambda x: x), (nm.bias.raw[n], hl.bias, lambda x: x)]
+                out += [(_rows(nm.weight)[n], hl.weight, lambda x: x), (_rows(nm.bias)[n], hl.bias, lambda x: x)]
     if ln is not None:
         r = model.readout
         out += [(r.norm.weight.value, ln.weight, lambda x: x), (r.norm.bias.value, ln.bias, lambda x: x)]
@@ -843,5 +848,6 @@ def one_head_cvt(size, n_y: int, *, kernel_size: int = 3, J: int = 2, n_steps: i
         for p in prop.parameters():
             nn.init.uniform_(p, -1.0 / math.sqrt(n_y), 1.0 / math.sqrt(n_y))
         for c in (attn.q_proj[0], attn.k_proj[0], attn.v_proj[0]):
-            nn.init.uniform_(c.weight.raw, -1.0 / k, 1.0 / k)
+            for r in _rows(c.weight):
+                nn.init.uniform_(r, -1.0 / k, 1.0 / k)
     return prop
