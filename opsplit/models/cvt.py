@@ -284,6 +284,8 @@ class CvT(nn.Module):
         num_labels: ``None`` (``CvtModel``: no read-out) or the classifier's output size
             (``CvtForImageClassification``; ``0``: identity head).
         layer_norm_eps: of the read-out's LayerNorm.
+        reset: initialise the parameters (:meth:`reset_parameters`); ``False`` leaves them at
+            zeros and ones (for a converter that overwrites them).
         device, dtype: factory kwargs.
 
     ``forward(pixel_values)`` takes ``(B, C, H, W)`` floating-point images of any size the
@@ -293,7 +295,7 @@ class CvT(nn.Module):
     """
 
     def __init__(self, num_channels: int, stages, *, num_labels: int | None = None,
-                 layer_norm_eps: float = 1e-5, device=None, dtype=None):
+                 layer_norm_eps: float = 1e-5, reset: bool = True, device=None, dtype=None):
         super().__init__()
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.num_channels = check_positive_int(num_channels, "CvT.num_channels")
@@ -321,7 +323,8 @@ class CvT(nn.Module):
         self.readout = None
         if num_labels is not None:
             self.readout = CvtReadout(c, num_labels, use_cls_token=specs[-1].cls_token, eps=layer_norm_eps, **fk)
-        self.reset_parameters()
+        if reset:
+            self.reset_parameters()
 
     # -- structure ------------------------------------------------------------------------------------
     @property
@@ -708,7 +711,7 @@ def _cvt_from_hf(model) -> CvT:
         num_labels = P["head"].out_features if isinstance(P["head"], nn.Linear) else 0
     head_bias = isinstance(P["head"], nn.Linear) and P["head"].bias is not None
     out = CvT(int(cfg.num_channels), P["specs"], num_labels=num_labels,
-              layer_norm_eps=P["ro_eps"] or 1e-5, **P["fk"])
+              layer_norm_eps=P["ro_eps"] or 1e-5, reset=False, **P["fk"])
     if out.readout is not None and isinstance(P["head"], nn.Linear) and not head_bias:
         out.readout.bias = None
     pairs = _pairs(out, P["parts"], P["head"], P["ln"])

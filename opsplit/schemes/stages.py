@@ -125,9 +125,8 @@ class Schedule:
     def __str__(self) -> str:
         lines = []
         for k, s in enumerate(self.stages):
-            lines.append(
-                f"stage {k + 1} ({s.name}): t in [{s.t0:g}, {s.t1:g}], {s.n_steps} step(s), grid {s.grid}"
-            )
+            name = f"stage {k + 1}" if s.name == f"stage {k + 1}" else f"stage {k + 1} ({s.name})"
+            lines.append(f"{name}: t in [{s.t0:g}, {s.t1:g}], {s.n_steps} step(s), grid {s.grid}")
             if s.entry:
                 lines.append(f"  entry, once at t = {s.t0:g} (from {s.grid_in}):")
                 for i, (d, label, g) in enumerate(s.entry):
