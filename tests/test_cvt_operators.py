@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from opsplit import Propagator
+from opsplit.controls import LayerwiseConstant, PiecewiseConstant
 from opsplit.grid import Grid, ImageGrid, Interval
 from opsplit.models import CvT, CvtStageSpec, one_head_cvt
 from opsplit.operators import (
@@ -380,6 +381,35 @@ def test_gradcheck_batchnorm_and_attention(train):
         return op.field(0.0, u, g)
 
     _gradcheck(attn, u, wk, W, fast=True)
+
+
+def test_gradcheck_drop_path_in_training():
+    g = ImageGrid.paper((2, 2), 3)
+    u = torch.randn(4, 4, 3, dtype=torch.float64, requires_grad=True)
+    dp, sd = DropPath(0.5).train(), StateDropout(0.3).train()
+
+    def fn(u):  # one fixed draw per evaluation
+        torch.manual_seed(0)
+        return sd.flow(0.0, 1.0, dp.flow(0.0, 1.0, u, g), g)
+
+    _gradcheck(fn, u)
+
+
+def test_layerwise_constant_is_piecewise_constant():
+    v = torch.randn(3, 2, 4, dtype=torch.float64)
+    a, b = LayerwiseConstant(v, t0=1.0, t1=4.0), PiecewiseConstant(v, t0=1.0, t1=4.0)
+    for t in (1.0, 1.5, 2.0, 2.999, 3.0, 4.0):
+        assert torch.equal(a(t), b(t)) and a.piece(t) == b.piece(t)
+    assert a.shape == (2, 4) and a.n_pieces == 3 and torch.equal(a.values, v)
+    assert len(list(a.parameters())) == 3  # one parameter per piece
+    (a(1.2).sum() + 2 * a(3.5).sum()).backward()
+    assert torch.equal(a.pieces[0].grad, torch.ones(2, 4, dtype=torch.float64)) and a.pieces[1].grad is None
+    with pytest.raises(ValueError, match="outside its time interval"):
+        a(4.5)
+    with pytest.raises(ValueError, match="finite"):
+        LayerwiseConstant(torch.tensor([[float("inf")]]))
+    with pytest.raises(ValueError, match="t0 < t1"):
+        LayerwiseConstant(v, t0=1.0, t1=1.0)
 
 
 # -- the Stages scheme and grid-threading -----------------------------------------------------------------------

@@ -715,7 +715,8 @@ def _cvt_from_hf(model) -> CvT:
     if out.readout is not None and isinstance(P["head"], nn.Linear) and not head_bias:
         out.readout.bias = None
     pairs = _pairs(out, P["parts"], P["head"], P["ln"])
-    # requires_grad of stacked (per-layer) parameters: one flag per parameter
+    # requires_grad: one flag per opsplit parameter (per layer for LayerwiseConstant pieces; per stage for
+    # the stacked batch-norm parameters, refused when the layers differ)
     flags: dict[int, tuple] = {}
     with torch.no_grad():
         for dst, src, view in pairs:
@@ -742,12 +743,12 @@ def cvt_from_hf(model) -> CvT:
     """``transformers``' ``CvtModel`` / ``CvtForImageClassification`` -> :class:`CvT`.
 
     Same weights and batch-norm statistics, same outputs to round-off, training mode, dtype,
-    device and per-parameter ``requires_grad`` (a per-layer weight that some layers of a stage
-    freeze and others train is refused).  Registered with :func:`~opsplit.models.hf.from_hf`.
+    device and per-parameter ``requires_grad`` (the batch-norm parameters of a stage are one
+    stacked parameter: layers that differ in their ``requires_grad`` are refused).  Registered with :func:`~opsplit.models.hf.from_hf`.
 
     The model takes images of any size the strides divide (the stages' grids are built from
-    the input, as Hugging Face's model does).  Checked before any compute: the class of every sub-module and every
-    option that changes the math — ``qkv_projection_method`` other than ``"dw_bn"``
+    the input, as Hugging Face's model does).  Checked before any compute: the class of every
+    sub-module and every option that changes the math — ``qkv_projection_method`` other than ``"dw_bn"``
     (transformers' ``"avg"`` builds no convolution and fails at its first forward), a query
     projection that changes the token grid, key and value projections that differ,
     LayerNorms / batch norms / dropout rates that differ within a stage, channel mismatches
@@ -798,6 +799,8 @@ def _to_hf(model: CvT):
         # src is opsplit's dst here: write the HF tensor from ours through the inverse view
         target = view(src)
         target.copy_(dst)
+        if not torch.equal(view(src), dst):  # the views are views (transposes, splits of a dimension)
+            raise RuntimeError("CvT.to_hf: internal error: a weight view of the transformers model is a copy")
         src.requires_grad_(dst.requires_grad if src.is_floating_point() else False)
     hf.train(model.training)
     return hf
