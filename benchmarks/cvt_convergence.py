@@ -17,12 +17,15 @@ Run:  OMP_NUM_THREADS=1 python benchmarks/cvt_convergence.py
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from opsplit.grid import ImageGrid
-from opsplit.operators import ContinuousKernel, Convolution2d
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from opsplit.grid import ImageGrid  # noqa: E402
+from opsplit.operators import ContinuousKernel, Convolution2d  # noqa: E402
 
 SIGMA, R = 0.15, 0.25
 

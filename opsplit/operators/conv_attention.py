@@ -117,6 +117,23 @@ class ConvAttention(MultiHeadAttention):
                 f"{out['v_proj']}); the values are integrated over the keys' grid (same stride and padding)"
             )
 
+    def projection_grids(self, grid: Grid) -> dict:
+        """The token grids of the projected Q, K and V inputs for a state on ``grid``."""
+        out = {}
+        for name in ("q_proj", "k_proj", "v_proj"):
+            gg = grid
+            for m in getattr(self, name):
+                if getattr(m, "changes_grid", False):
+                    gg = m.target_grid(gg)
+            out[name[0].upper()] = gg
+        return out
+
+    def schedule_note(self, grid: Grid) -> str:
+        """What a schedule shows: the heads and the token grids of the keys and values."""
+        g = self.projection_grids(grid)["K"]
+        size = f"{g.size[0]}x{g.size[1]}" + (f" + {g.n_prefix}" if g.n_prefix else "")
+        return f"heads {self.n_heads}, K/V on {size}"
+
     def project_inputs(self, t, u: Tensor, grid) -> tuple[Tensor, Tensor, Tensor]:
         """The convolutional projections of ``u`` (tokens, prefix first): the inputs of the
         pointwise maps for :math:`Q, K, V`."""

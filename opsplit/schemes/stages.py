@@ -35,17 +35,22 @@ from .base import Scheme
 __all__ = ["Stage", "Stages", "Schedule", "describe_substep"]
 
 
-def _describe_op(op) -> str:
+def _describe_op(op, grid=None) -> str:
     name = type(op).__name__
     inner = getattr(op, "inner", None)
     if isinstance(inner, nn.Module) and hasattr(inner, "has_field"):
-        name += f"({_describe_op(inner)})"
+        name += f"({_describe_op(inner, grid)})"
+    note = getattr(op, "schedule_note", None)
+    if grid is not None and callable(note):
+        name += f" {{{note(grid)}}}"
     return name
 
 
-def describe_substep(substep) -> str:
-    """``"<solver>: <operator chain>"`` for a :class:`~opsplit.solvers.Substep`."""
-    ops = " + ".join(_describe_op(op) for op in substep.terms)
+def describe_substep(substep, grid=None) -> str:
+    """``"<solver>: <operator chain>"`` for a :class:`~opsplit.solvers.Substep`; operators
+    with a ``schedule_note(grid)`` method add what it says on ``grid`` (e.g. the grids of
+    an attention's keys and values)."""
+    ops = " + ".join(_describe_op(op, grid) for op in substep.terms)
     return f"{type(substep.solver).__name__}: {ops}"
 
 
@@ -265,7 +270,7 @@ class Stages(Scheme):
                         gg = sub.terms[0].target_grid(gg)
                     entry.append((describe_substep(sub), label, gg))
                 grid = s.entry.output_grid(grid)
-            body = [(describe_substep(sub), label) for sub, label in zip(s.body.substeps, s.body_labels)]
+            body = [(describe_substep(sub, grid), label) for sub, label in zip(s.body.substeps, s.body_labels)]
             body_scheme = type(s.body).__name__
             groups = getattr(s.body, "groups", None)
             if groups is not None:
