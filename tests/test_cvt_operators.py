@@ -527,3 +527,21 @@ def test_one_head_cvt_is_eqs_42_and_13_to_17():
     again = one_head_cvt(size, C, J=J, n_steps=n, dtype=torch.float64)
     assert torch.equal(again(f), out)  # seeded: reproducible
     assert isinstance(attn, ConvAttention)
+
+
+def test_cvt_converges_in_dt_at_the_scheme_order():
+    """The CvT is a continuous model: refining N_t (every stage change stays a step time)
+    converges at the order of its scheme (Lie splitting with explicit-Euler substeps: 1);
+    measured from successive differences, dt = 1/2 ... 1/16."""
+    torch.manual_seed(0)
+    specs = [CvtStageSpec(3, 8, 1, 2, patch_size=3, patch_stride=2, patch_padding=1),
+             CvtStageSpec(8, 12, 2, 3, patch_size=3, patch_stride=2, patch_padding=1, cls_token=True)]
+    model = CvT(3, specs, dtype=torch.float64).eval()
+    assert model.scheme.effective_order == 1
+    g = model.input_grid((16, 16))
+    f = ImageGrid.from_image(torch.randn(2, 3, 16, 16, dtype=torch.float64))
+    with torch.no_grad():
+        us = [model.propagator(f, grid=g, n_steps=3 * 2**k) for k in range(1, 5)]
+    d = [float((a - b).abs().max()) for a, b in zip(us[:-1], us[1:])]
+    order = math.log2(d[-2] / d[-1])
+    assert abs(order - 1) <= 0.15, (d, order)
