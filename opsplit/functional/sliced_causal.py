@@ -1,0 +1,587 @@
+r"""Causal sliced ReLU attention and causal sliced ReLU-bump attention (paper 004, eqs. 2,
+3 and 7 with the sums restricted to the causal prefix), exact, in :math:`O(n \log^2 n)`
+time and :math:`O(n D)` memory, with a hand-written backward pass.
+
+**Causality convention.**  Query :math:`i` (``0 <= i < N_q``) sees the keys
+:math:`l \le t_i := i + N_k - N_q` (bottom-right alignment: the last query sees every key,
+as in a decoder that appends :math:`N_q` new tokens to a cache of :math:`N_k - N_q`;
+with :math:`N_q = N_k`, :math:`t_i = i`).  A query with :math:`t_i < 0` sees no key and
+gets 0.  With weights :math:`w_l \ge 0` (``key_weights``, 0 at masked keys), let
+:math:`\mathcal P_i = \{l \le t_i\}` and :math:`W_i = \sum_{l \in \mathcal P_i} w_l`.
+
+.. math::
+
+    \text{(eq. 2, causal)}\quad o_i &= \frac{\sum_{j \in \mathcal P_i} w_j\,
+        \mathrm{ReLU}(z^q_i - z^k_j)\, v_j}{\sum_{l \in \mathcal P_i} w_l |z^q_i - z^k_l|}, \\
+    \text{(eq. 3, causal)}\quad o_i &= \frac{\sum_{j \in \mathcal P_i} w_j\,
+        \mathrm{ReLU}(z^q_i - z^k_j)\,(v_j - \bar v_i)}
+        {\sum_{l \in \mathcal P_i} w_l |z^q_i - z^k_l|},\qquad
+        \bar v_i = \frac{1}{W_i}\sum_{l \in \mathcal P_i} w_l v_l, \\
+    \text{(eq. 7, causal)}\quad o_i &= \frac{1}{W_i}\sum_{j \in \mathcal P_i} w_j\,
+        \mathrm{ReLU}\Big(1 - \frac{|z^q_i - z^k_j|}{b}\Big)\, v_j .
+
+**Centring (eq. 3).**  The values are centred by the mean over the query's own causal
+prefix, :math:`\bar v_i`, not by the mean over all keys.  Two reasons.  (i) Paper 004
+(§2.2.1, Prop. A.1) centres so that the weights :math:`\gamma_j = v_j - \bar v` summed by
+the kernel have zero sum over *the keys the kernel acts on*, where
+:math:`\mathrm{ReLU}(x - y)` is conditionally positive definite of order 1; for query
+:math:`i` that set is :math:`\mathcal P_i`, and :math:`\sum_{j \in \mathcal P_i} w_j
+(v_j - \bar v_i) = 0` exactly.  (ii) The mean over all keys would make :math:`o_i` depend on
+future values :math:`v_l, l > t_i`, and the attention would not be causal.  With
+:math:`N_q = N_k = n` and no mask the last query's output equals the full eq. 3.  For
+eq. 7 the normalisation :math:`1/n` becomes :math:`1/W_i`, the number (weight) of keys the
+query sees, again the full eq. 7 for the last query; eq. 7 has no centring.
+
+**Algorithm** (divide and conquer over positions).  Put the queries on the key positions
+(query :math:`i` at :math:`t_i`).  Below a block size :data:`BASE` the pairs
+:math:`l \le t` inside a block are summed densely (``BASE x BASE`` tiles).  Above it, at
+level :math:`s = \mathrm{BASE}, 2\,\mathrm{BASE}, \dots < N_k`, the positions are cut into
+nodes of :math:`2s`; the keys of a node's left half precede every query of its right half,
+so their interaction is the *full* sliced sum of eq. 6 (Prop. 2.1): sort the :math:`s`
+left keys, rank the right queries among them, and read prefix tables
+:math:`A_p = \sum_{j<p} w_j v_j`, :math:`B_p = \sum_{j<p} w_j z_j v_j` (sorted order):
+:math:`\sum_j w_j\,\mathrm{ReLU}(q - z_j)\, v_j = q A_{p} - B_{p}`.  Every pair
+:math:`l \le t_i` is counted exactly once (in the block, or at the level where
+:math:`l` and :math:`t_i` part), all nodes of a level are one batched sort.  Each level
+costs :math:`O(n \log n)` (sort) and there are :math:`\log_2(n / \mathrm{BASE})` levels:
+:math:`O(n \log^2 n)` time, :math:`O(n D)` memory (tables built in chunks of rows and
+columns of at most ``_TABLE_BYTES``); no :math:`N_q \times N_k` tensor exists.  The scalar
+sums (denominators, :math:`\sum w\,\mathrm{ReLU}`, kernel masses, prefix weights) are
+accumulated in float64.  The centring of eq. 3 is
+:math:`\sum_j w_j\mathrm{ReLU}(q_i - z_j)(v_j - \bar v_i) = N_i - R_i \bar v_i` with the
+causal sums :math:`N_i` above and :math:`R_i = \sum_{j\in\mathcal P_i} w_j
+\mathrm{ReLU}(q_i - z_j)` (scalar), and :math:`\bar v_i` a float64 prefix sum over positions.
+The ReLU-bump kernel reads the same tables over the window :math:`q - b < z < q + b`
+(Lemma B.4).
+
+**Conditioning.**  The formulas are invariant under a common shift of the scores and (eq. 3
+and 7 after adding back the kernel mass) of the values; the scores are shifted by the
+median key and the values by their weighted mean before the tables are built.  These
+shifts are constants of the forward pass (they cancel exactly in the formulas); the
+backward pass is the analytic gradient of the unshifted formulas, so the gradient of
+:math:`o_i` with respect to any input at a position after :math:`t_i` is exactly zero.
+
+**Ties** (as in :mod:`opsplit.functional.sliced`).  :math:`\mathrm{ReLU}(0) = |0| = 0`;
+ranks are decided on the exact float values, gradients use the convention of
+``torch.relu`` / ``torch.abs`` (derivative 0 at 0).  A query whose denominator vanishes
+(every visible key equal to it, or none visible) gets 0 with zero gradient through its
+normalisation.  For eq. 7 a pair is inside the window when ``q - b < z < q + b`` evaluated
+in floating point, identically in the forward and backward passes.
+
+**Double backward** is refused (``once_differentiable``): the backward pass is not itself
+differentiable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ["causal_sliced_relu_attention", "causal_sliced_relu_bump_attention", "BASE"]
+
+#: positions per dense block of the divide and conquer
+BASE = 64
+# bytes of one gathered value table per chunk (rows x columns)
+_TABLE_BYTES = 32 << 20
+# bytes of one dense base-case tile batch
+_TILE_BYTES = 32 << 20
+
+
+# --------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------
+def _check(fn, zq, zk, v, key_padding_mask, key_weights):
+    for name, x in (("zq", zq), ("zk", zk), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{fn}: {name}: expected a float32 or float64 tensor, got dtype {x.dtype}")
+    if not (zq.dtype == zk.dtype == v.dtype):
+        raise TypeError(f"{fn}: zq, zk and v must share one dtype, got {zq.dtype}, {zk.dtype}, {v.dtype}")
+    if not (zq.device == zk.device == v.device):
+        raise ValueError(f"{fn}: zq, zk and v must be on one device, got {zq.device}, {zk.device}, {v.device}")
+    if (zq.dim() < 1 or zk.dim() != zq.dim() or v.dim() != zq.dim() + 1
+            or zk.shape[:-1] != zq.shape[:-1] or v.shape[:-2] != zq.shape[:-1]
+            or v.shape[-2] != zk.shape[-1]):
+        raise ValueError(
+            f"{fn}: expected zq of shape (..., N_q), zk of shape (..., N_k) and v of shape "
+            f"(..., N_k, D) with the same leading dims (e.g. (B, H, N)); got zq "
+            f"{tuple(zq.shape)}, zk {tuple(zk.shape)}, v {tuple(v.shape)}")
+    if zk.shape[-1] == 0:
+        raise ValueError(f"{fn}: expected at least one key (N_k >= 1), got zk {tuple(zk.shape)}")
+    for name, x in (("zq", zq), ("zk", zk), ("v", v)):
+        bad = ~torch.isfinite(x)
+        if bool(bad.any()):
+            raise ValueError(f"{fn}: {name}: expected finite values, found {int(bad.sum())} NaN/inf entries")
+    w = None
+    if key_weights is not None:
+        if not isinstance(key_weights, Tensor):
+            key_weights = torch.as_tensor(key_weights, dtype=zk.dtype, device=zk.device)
+        if not key_weights.is_floating_point():
+            raise TypeError(f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
+        try:
+            w = key_weights.detach().to(dtype=zk.dtype, device=zk.device).expand(zk.shape)
+        except RuntimeError:
+            raise ValueError(f"{fn}: key_weights: expected a shape broadcastable to zk "
+                             f"{tuple(zk.shape)}, got {tuple(key_weights.shape)}") from None
+        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+            raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
+    if key_padding_mask is not None:
+        m = key_padding_mask
+        if not isinstance(m, Tensor) or m.dtype != torch.bool:
+            raise TypeError(
+                f"{fn}: key_padding_mask: expected a bool tensor (True = ignore the key), got "
+                f"{m.dtype if isinstance(m, Tensor) else type(m).__name__}")
+        if m.dim() == 2 and zk.dim() == 3 and m.shape == (zk.shape[0], zk.shape[2]):
+            m = m.unsqueeze(1)  # (B, N_k): one mask for every head
+        try:
+            m = m.to(zk.device).expand(zk.shape)
+        except RuntimeError:
+            raise ValueError(f"{fn}: key_padding_mask: expected shape (B, N_k) or one "
+                             f"broadcastable to zk {tuple(zk.shape)}, got "
+                             f"{tuple(key_padding_mask.shape)}") from None
+        keep = (~m).to(zk.dtype)
+        w = keep if w is None else w * keep
+    return w
+
+
+# --------------------------------------------------------------------------------------
+# layout: queries on key positions, levels of the divide and conquer
+# --------------------------------------------------------------------------------------
+class _Layout:
+    """Rows ``R``, ``N = N_k`` key positions; query ``i`` sits at ``i + N_k - N_q``."""
+
+    def __init__(self, R, Nq, Nk):
+        self.R, self.Nq, self.N = R, Nq, Nk
+        d = Nk - Nq
+        self.a0 = max(0, d)  # first position holding a query
+        self.i0 = max(0, -d)  # first query that sees a key
+        self.levels = []
+        s = BASE
+        while s < Nk:
+            self.levels.append(s)
+            s *= 2
+        self.P = max([-(-Nk // (2 * s)) * 2 * s for s in self.levels] + [-(-Nk // BASE) * BASE])
+
+    def to_pos(self, x: Tensor) -> Tensor:
+        """``(R, N_q, ...)`` -> ``(R, P, ...)`` on positions, 0 where no query sits."""
+        out = x.new_zeros(self.R, self.P, *x.shape[2:])
+        out[:, self.a0 : self.N] = x[:, self.i0 :]
+        return out
+
+    def from_pos(self, x: Tensor) -> Tensor:
+        out = x.new_zeros(self.R, self.Nq, *x.shape[2:])
+        out[:, self.i0 :] = x[:, self.a0 : self.N]
+        return out
+
+
+def _split(x: Tensor, s: int, half: int, M: int) -> Tensor:
+    """Positions ``(R, P, ...)`` -> one half (0: left, keys; 1: right, queries) of each of
+    the ``M`` nodes of ``2s`` positions: a strided view ``(R, M, s, ...)``."""
+    R = x.shape[0]
+    return x[:, : M * 2 * s].view(R, M, 2, s, *x.shape[2:])[:, :, half]
+
+
+def _chunks(rows: int, s: int, D: int, elt: int):
+    """Row chunks and column chunks so that one ``(rows, s, cols)`` table stays small."""
+    per_row = max(1, s * D * elt)
+    cr = max(1, min(rows, _TABLE_BYTES // per_row))
+    cd = D if cr > 1 or per_row <= _TABLE_BYTES else max(1, _TABLE_BYTES // (s * elt))
+    return cr, cd
+
+
+def _prefix(X: Tensor) -> Tensor:
+    """Exclusive prefix sums along dim 1: ``(n, s, C)`` -> ``(n, s + 1, C)``."""
+    n, s, C = X.shape
+    T = X.new_empty(n, s + 1, C)
+    T[:, 0] = 0
+    torch.cumsum(X, 1, out=T[:, 1:])
+    return T
+
+
+def _read(T: Tensor, p: Tensor) -> Tensor:
+    """``T[r, p[r, m]]`` for ``T (n, s + 1, C)``, ``p (n, M)`` -> ``(n, M, C)``."""
+    n, s1, C = T.shape
+    idx = p + torch.arange(n, device=p.device).unsqueeze(1) * s1
+    return T.reshape(n * s1, C).index_select(0, idx.reshape(-1)).view(n, p.shape[1], C)
+
+
+def _gather0(c0: Tensor, p: Tensor) -> Tensor:
+    return c0.gather(1, p)
+
+
+def _excl64(x: Tensor) -> Tensor:
+    """Exclusive float64 prefix sums along dim 1 of ``(n, s)`` -> ``(n, s + 1)``."""
+    return F.pad(torch.cumsum(x.double(), 1), (1, 0))
+
+
+def _safe_inv(x: Tensor) -> Tensor:
+    nz = x != 0
+    return torch.where(nz, 1.0 / torch.where(nz, x, torch.ones_like(x)), torch.zeros_like(x))
+
+
+class _Keys:
+    """The left halves (keys) and right halves (queries) of one level, keys sorted."""
+
+    def __init__(self, lay: _Layout, s: int, zp: Tensor, qp: Tensor, wp: Tensor):
+        R, N = lay.R, lay.N
+        self.s = s
+        M = -(-N // (2 * s))
+        self.M = M
+        self.z = _split(zp, s, 0, M).reshape(R * M, s)
+        self.q = _split(qp, s, 1, M).reshape(R * M, s)
+        self.w = _split(wp, s, 0, M).reshape(R * M, s)
+        self.zs, self.order = torch.sort(self.z, dim=1)
+        self.ws = self.w.gather(1, self.order)
+        # flat index of each sorted key into the (R * N + 1, D) values (last row: zeros)
+        rm = torch.arange(R * M, device=zp.device)
+        base = (rm // M) * N + (rm % M) * (2 * s)
+        pos = (rm % M).unsqueeze(1) * (2 * s) + self.order
+        self.flat = torch.where(pos < N, base.unsqueeze(1) + self.order, R * N)
+        self.Wc0 = _excl64(self.ws)
+        self.Kc0 = _excl64(self.ws * self.zs)
+        self.W = self.Wc0[:, -1:]
+        self.K = self.Kc0[:, -1:]
+
+    def rank(self, x: Tensor, side: str) -> Tensor:
+        return torch.searchsorted(self.zs, x.contiguous(), side=side)
+
+    def tables(self, vflat: Tensor, r0: int, r1: int, d0: int, d1: int):
+        """Exclusive prefix tables A (w v) and B (w z v) of rows ``r0:r1``, columns
+        ``d0:d1``, in sorted key order: ``(n, s + 1, d1 - d0)`` each."""
+        n = r1 - r0
+        X = vflat[:, d0:d1].index_select(0, self.flat[r0:r1].reshape(-1)).view(n, self.s, d1 - d0)
+        X.mul_(self.ws[r0:r1].unsqueeze(-1))
+        A = _prefix(X)
+        X.mul_(self.zs[r0:r1].unsqueeze(-1))
+        B = _prefix(X)
+        return A, B
+
+
+class _Queries:
+    """The right halves (queries) of one level sorted, for the transposed sums of the
+    backward pass (over the queries above / near each key)."""
+
+    def __init__(self, q: Tensor):
+        self.qs, self.order = torch.sort(q, dim=1)
+
+    def rank(self, x: Tensor, side: str, sorted_values: Tensor | None = None) -> Tensor:
+        ref = self.qs if sorted_values is None else sorted_values
+        return torch.searchsorted(ref, x.contiguous(), side=side)
+
+
+def _blocks(x: Tensor) -> Tensor:
+    """Positions ``(R, P, ...)`` -> ``(R * P / BASE, BASE, ...)`` over the first
+    ``ceil(N / BASE) * BASE`` positions (P is a multiple of BASE)."""
+    R, P = x.shape[:2]
+    return x.reshape(R * (P // BASE), BASE, *x.shape[2:])
+
+
+def _tile_steps(nblk: int, D: int, elt: int):
+    per = BASE * max(BASE, D) * elt * 4
+    step = max(1, min(nblk, _TILE_BYTES // per))
+    return range(0, nblk, step), step
+
+
+_TRIL: dict = {}
+
+
+def _tril(dtype, device) -> Tensor:
+    key = (dtype, str(device))
+    t = _TRIL.get(key)
+    if t is None:
+        t = torch.ones(BASE, BASE, dtype=dtype, device=device).tril()
+        _TRIL[key] = t
+    return t
+
+
+# --------------------------------------------------------------------------------------
+# causal sliced ReLU attention (eqs. 2-3)
+# --------------------------------------------------------------------------------------
+class _Prep:
+    """Inputs moved to positions, shifted scores and values."""
+
+    def __init__(self, zq, zk, v, w):
+        R, Nq = zq.shape
+        Nk, D = v.shape[1], v.shape[2]
+        lay = _Layout(R, Nq, Nk)
+        self.lay = lay
+        dt, dev = v.dtype, v.device
+        wk = torch.ones_like(zk) if w is None else w
+        self.wk = wk
+        # shift constants (cancel exactly in the formulas): the median key, the weighted mean
+        self.cz = zk.median(dim=1, keepdim=True).values
+        W = wk.double().sum(1, keepdim=True)
+        cv = torch.bmm(wk.double().unsqueeze(1), v.double()).squeeze(1)
+        self.cv = torch.where(W > 0, cv / torch.where(W > 0, W, torch.ones_like(W)), 0.0).to(dt)
+        self.zp = F.pad(zk - self.cz, (0, lay.P - Nk))
+        self.qp = lay.to_pos(zq - self.cz)
+        self.wp = F.pad(wk, (0, lay.P - Nk))
+        vc = v - self.cv.unsqueeze(1)
+        self.vflat = torch.cat([vc.reshape(R * Nk, D), vc.new_zeros(1, D)])
+        self.vp = F.pad(vc, (0, 0, 0, lay.P - Nk))  # (R, P, D), zeros beyond N_k
+        # prefix weights W_i (float64) per position
+        Wpre = torch.cumsum(self.wp.double(), 1)
+        self.Wpre = Wpre
+
+    def prefix_mean(self) -> Tensor:
+        """:math:`\\bar v_i - c` per position (float64), 0 where nothing is visible."""
+        Vpre = torch.cumsum(self.wp.double().unsqueeze(-1) * self.vp.double(), 1)
+        return Vpre * _safe_inv(self.Wpre).unsqueeze(-1)
+
+
+def _relu_forward(pp: _Prep):
+    """Sums over the causal prefix: ``num`` = sum w relu(q - z) (v - c) ``(R, P, D)`` (dtype),
+    ``den`` = sum w |q - z| and ``Rm`` = sum w relu(q - z) ``(R, P)`` (float64)."""
+    lay = pp.lay
+    R, P, N = lay.R, lay.P, lay.N
+    D = pp.vflat.shape[1]
+    dt, dev = pp.vflat.dtype, pp.vflat.device
+    num = torch.zeros(R, P, D, dtype=dt, device=dev)
+    den = torch.zeros(R, P, dtype=torch.float64, device=dev)
+    Rm = torch.zeros(R, P, dtype=torch.float64, device=dev)
+    # dense blocks: pairs l <= t inside a block of BASE positions
+    qb, zb, wb, vb = _blocks(pp.qp), _blocks(pp.zp), _blocks(pp.wp), _blocks(pp.vp)
+    numb, denb, Rmb = _blocks(num), _blocks(den), _blocks(Rm)
+    L = _tril(dt, dev)
+    rng, step = _tile_steps(qb.shape[0], D, dt.itemsize)
+    for b0 in rng:
+        b1 = min(qb.shape[0], b0 + step)
+        d = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)
+        mw = L * wb[b0:b1].unsqueeze(-2)
+        K = torch.relu(d) * mw
+        denb[b0:b1] += (d.abs() * mw).sum(-1, dtype=torch.float64)
+        Rmb[b0:b1] += K.sum(-1, dtype=torch.float64)
+        numb[b0:b1] += torch.bmm(K, vb[b0:b1])
+    for s in lay.levels:
+        lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
+        M = lv.M
+        q = lv.q
+        p = lv.rank(q, "left")
+        q64 = q.double()
+        Wlt, Klt = _gather0(lv.Wc0, p), _gather0(lv.Kc0, p)
+        dl = q64 * (2 * Wlt - lv.W) - (2 * Klt - lv.K)
+        rl = q64 * Wlt - Klt
+        _split(den, s, 1, M).add_(dl.view(R, lv.M, s))
+        _split(Rm, s, 1, M).add_(rl.view(R, lv.M, s))
+        nv = _split(num, s, 1, M)  # (R, M, s, D) view
+        rows = R * lv.M
+        cr, cd = _chunks(rows, s, D, dt.itemsize)
+        for r0 in range(0, rows, cr):
+            r1 = min(rows, r0 + cr)
+            for d0 in range(0, D, cd):
+                d1 = min(D, d0 + cd)
+                A, B = lv.tables(pp.vflat, r0, r1, d0, d1)
+                pr = p[r0:r1]
+                val = _read(A, pr).mul_(q[r0:r1].unsqueeze(-1)).sub_(_read(B, pr))
+                del A, B
+                _add_rows(nv, r0, r1, d0, d1, val, lv.M)
+    return num, den, Rm
+
+
+def _add_rows(view: Tensor, r0: int, r1: int, d0: int, d1: int, val: Tensor, M: int) -> None:
+    """``view`` ``(R, M, s, D)`` (a strided view of an accumulator): add ``val``
+    ``(r1 - r0, s, d1 - d0)`` into its flattened rows ``r0:r1`` (row = r * M + m)."""
+    k = r0
+    while k < r1:
+        r, m = divmod(k, M)
+        m1 = min(M, m + (r1 - k))
+        view[r, m:m1, :, d0:d1] += val[k - r0 : k - r0 + (m1 - m)]
+        k += m1 - m
+
+
+class _CausalReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, zq, zk, v, w, centered):
+        pp = _Prep(zq, zk, v, w)
+        lay = pp.lay
+        num, den, Rm = _relu_forward(pp)
+        if centered:
+            rho = -pp.prefix_mean()  # (R, P, D) float64: -(vbar_i - c)
+        else:
+            rho = pp.cv.double().unsqueeze(1).expand(lay.R, lay.P, -1)  # + c
+        inv = _safe_inv(den)
+        out_p = (num + (Rm.unsqueeze(-1) * rho).to(num.dtype)) * inv.unsqueeze(-1).to(num.dtype)
+        out = lay.from_pos(out_p)
+        ctx.save_for_backward(zq, zk, v, w, out)
+        ctx.centered = centered
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        zq, zk, v, w, out = ctx.saved_tensors
+        centered = ctx.centered
+        pp = _Prep(zq, zk, v, w)
+        lay = pp.lay
+        R, P, N = lay.R, lay.P, lay.N
+        D = v.shape[2]
+        dt, dev = v.dtype, v.device
+        # recompute the forward sums (cheaper in memory than keeping every level)
+        num, den, Rm = _relu_forward(pp)
+        del num
+        inv = _safe_inv(den)  # (R, P) float64
+        gp = lay.to_pos(g.contiguous())
+        op = lay.to_pos(out)
+        gh = gp * inv.unsqueeze(-1).to(dt)  # g_i / den_i
+        sden = -(gp.double() * op.double()).sum(-1) * inv  # dL/d den_i
+        if centered:
+            vbar = pp.prefix_mean()  # vbar_i - c
+            phi = -(gh.double() * vbar).sum(-1)  # dL/dR_i = <gh_i, -(vbar_i - c)>
+        else:
+            phi = (gh.double() * pp.cv.double().unsqueeze(1)).sum(-1)
+        dq = torch.zeros(R, P, dtype=torch.float64, device=dev)
+        dz = torch.zeros(R, P, dtype=torch.float64, device=dev)
+        dv = torch.zeros(R, P, D, dtype=dt, device=dev)
+        # dense blocks
+        qb, zb, wb, vb = _blocks(pp.qp), _blocks(pp.zp), _blocks(pp.wp), _blocks(pp.vp)
+        ghb, sb, phib = _blocks(gh), _blocks(sden), _blocks(phi)
+        dqb, dzb, dvb = _blocks(dq), _blocks(dz), _blocks(dv)
+        L = _tril(dt, dev)
+        rng, step = _tile_steps(qb.shape[0], D, dt.itemsize)
+        for b0 in rng:
+            b1 = min(qb.shape[0], b0 + step)
+            d = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)
+            mw = L * wb[b0:b1].unsqueeze(-2)
+            GV = torch.bmm(ghb[b0:b1], vb[b0:b1].transpose(1, 2))  # <gh_i, v_j - c>
+            T = ((d > 0).to(dt) * (GV + phib[b0:b1].unsqueeze(-1).to(dt))
+                 + torch.sign(d) * sb[b0:b1].unsqueeze(-1).to(dt)) * mw
+            dqb[b0:b1] += T.sum(-1, dtype=torch.float64)
+            dzb[b0:b1] -= T.sum(-2, dtype=torch.float64)
+            dvb[b0:b1] += torch.bmm((torch.relu(d) * mw).transpose(1, 2), ghb[b0:b1])
+        ghflat = torch.cat([gh.reshape(R * P, D), gh.new_zeros(1, D)])
+        for s in lay.levels:
+            lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
+            M, rows = lv.M, R * lv.M
+            q, z = lv.q, lv.z
+            p = lv.rank(q, "left")
+            ple = lv.rank(q, "right")
+            Wlt, Wle = _gather0(lv.Wc0, p), _gather0(lv.Wc0, ple)
+            ghq = _split(gh, s, 1, M).reshape(rows, s, D)
+            sq = _split(sden, s, 1, M).reshape(rows, s)
+            phq = _split(phi, s, 1, M).reshape(rows, s)
+            # queries: d/dq = <gh, A_p> + phi W_< + s (W_< + W_<= - W)
+            gA = torch.empty(rows, s, dtype=torch.float64, device=dev)
+            cr, cd = _chunks(rows, s, D, dt.itemsize)
+            for r0 in range(0, rows, cr):
+                r1 = min(rows, r0 + cr)
+                acc = torch.zeros(r1 - r0, s, dtype=torch.float64, device=dev)
+                for d0 in range(0, D, cd):
+                    d1 = min(D, d0 + cd)
+                    A, _ = lv.tables(pp.vflat, r0, r1, d0, d1)
+                    acc += (_read(A, p[r0:r1]) * ghq[r0:r1, :, d0:d1]).sum(-1, dtype=torch.float64)
+                    del A
+                gA[r0:r1] = acc
+            dql = gA + phq * Wlt + sq * (Wlt + Wle - lv.W)
+            _split(dq, s, 1, M).add_(dql.view(R, M, s))
+            # keys: sums over the queries above each key (queries sorted by decreasing score)
+            qd, qord = torch.sort(q, dim=1, descending=True)
+            qa = qd.flip(1)  # ascending
+            n_le = torch.searchsorted(qa, z.contiguous(), side="right")  # queries <= z
+            n_lt = torch.searchsorted(qa, z.contiguous(), side="left")  # queries < z
+            n_gt = s - n_le
+            sa = sq.gather(1, qord.flip(1))
+            Sc0 = _excl64(sa)
+            S_lt = _gather0(Sc0, n_lt)
+            S_gt = Sc0[:, -1:] - _gather0(Sc0, n_le)
+            Pc0 = _excl64(phq.gather(1, qord))  # descending
+            Phi_gt = _gather0(Pc0, n_gt)
+            # flat rows of gh in decreasing query order
+            rm = torch.arange(rows, device=dev)
+            qbase = ((rm // M) * P + (rm % M) * (2 * s) + s).unsqueeze(1)
+            qflat = qbase + qord
+            qdw = qd  # coefficient of the second table: q (shifted)
+            vG = torch.empty(rows, s, dtype=torch.float64, device=dev)
+            dvl = _split(dv, s, 0, M)
+            wl = lv.w
+            vkeys = _split(pp.vp, s, 0, M).reshape(rows, s, D)
+            for r0 in range(0, rows, cr):
+                r1 = min(rows, r0 + cr)
+                acc = torch.zeros(r1 - r0, s, dtype=torch.float64, device=dev)
+                for d0 in range(0, D, cd):
+                    d1 = min(D, d0 + cd)
+                    n = r1 - r0
+                    X = ghflat[:, d0:d1].index_select(0, qflat[r0:r1].reshape(-1)).view(n, s, d1 - d0)
+                    G = _prefix(X)
+                    X.mul_(qdw[r0:r1].unsqueeze(-1))
+                    Hq = _prefix(X)
+                    del X
+                    ng = n_gt[r0:r1]
+                    Gg = _read(G, ng)
+                    Hg = _read(Hq, ng)
+                    del G, Hq
+                    zz = z[r0:r1].unsqueeze(-1)
+                    vk = vkeys[r0:r1, :, d0:d1]
+                    acc += (vk * Gg).sum(-1, dtype=torch.float64)
+                    val = (Hg - zz * Gg) * wl[r0:r1].unsqueeze(-1)
+                    _add_rows(dvl, r0, r1, d0, d1, val, M)
+                vG[r0:r1] = acc
+            dzl = -wl.double() * (vG + Phi_gt + S_gt - S_lt)
+            _split(dz, s, 0, M).add_(dzl.view(R, M, s))
+        if centered:
+            # through vbar_i: dv_l += w_l sum_{t >= l} -Rm_t gh_t / W_t
+            X = -(Rm * _safe_inv(pp.Wpre)).unsqueeze(-1) * gh.double()
+            suffix = X.flip(1).cumsum(1).flip(1)
+            dv += (pp.wp.double().unsqueeze(-1) * suffix).to(dt)
+        dzq = lay.from_pos(dq).to(dt) if ctx.needs_input_grad[0] else None
+        dzk = dz[:, :N].to(dt) if ctx.needs_input_grad[1] else None
+        dvv = dv[:, :N].contiguous() if ctx.needs_input_grad[2] else None
+        return dzq, dzk, dvv, None, None
+
+
+def _prepare(fn, zq, zk, v, key_padding_mask, key_weights):
+    w = _check(fn, zq, zk, v, key_padding_mask, key_weights)
+    lead = zq.shape[:-1]
+    Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
+    R = math.prod(lead)
+    wr = None if w is None else w.reshape(R, Nk).contiguous()
+    return w, wr, lead, R, Nq, Nk, D
+
+
+def causal_sliced_relu_attention(
+    zq: Tensor,
+    zk: Tensor,
+    v: Tensor,
+    *,
+    centered: bool = True,
+    key_padding_mask: Tensor | None = None,
+    key_weights: Tensor | None = None,
+) -> Tensor:
+    r"""Causal sliced ReLU attention: paper 004 eq. (3) (eq. (2) with ``centered=False``)
+    with the sums restricted to the causal prefix :math:`l \le t_i = i + N_k - N_q`.
+
+    .. math::  o_i = \frac{\sum_{j \le t_i} w_j\,\mathrm{ReLU}(z^q_i - z^k_j)\,
+               (v_j - \bar v_i)}{\sum_{l \le t_i} w_l\,|z^q_i - z^k_l|},\qquad
+               \bar v_i = \frac{\sum_{l \le t_i} w_l v_l}{\sum_{l \le t_i} w_l}
+
+    (:math:`\bar v_i = 0` if not ``centered``): the values are centred over the query's own
+    causal prefix (see the module docstring for why), computed exactly in
+    :math:`O(n \log^2 n)` time and :math:`O(n D)` memory by divide and conquer over
+    positions with sorted prefix tables (eq. 6, Prop. 2.1) at every level.
+
+    Args:
+        zq: query scores, ``(..., N_q)``; zk: key scores, ``(..., N_k)``; v: values
+            ``(..., N_k, D)`` (e.g. ``(B, H, N)``, ``(B, H, N, D)``).
+        centered: eq. 3 (prefix-centred values) or, ``False``, eq. 2.
+        key_padding_mask: bool, ``True`` = ignore the key; ``(B, N_k)`` for ``(B, H, N_k)``
+            scores, or broadcastable to ``zk``.  Combined with causality: query ``i`` sees
+            the unmasked keys ``l <= t_i``.
+        key_weights: quadrature weights :math:`w_l \ge 0` broadcastable to ``zk`` (not
+            differentiated).
+
+    Returns:
+        ``(..., N_q, D)``; a query that sees no (unmasked) key, or whose denominator
+        vanishes, gets 0.  Differentiable in ``zq``, ``zk``, ``v`` by a hand-written
+        backward pass (again sorted prefix sums); double backward is refused.
+    """
+    fn = "causal_sliced_relu_attention"
+    w, wr, lead, R, Nq, Nk, D = _prepare(fn, zq, zk, v, key_padding_mask, key_weights)
+    if R == 0 or Nq == 0 or D == 0:
+        return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum())
+    out = _CausalReLU.apply(zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous(),
+                            v.reshape(R, Nk, D).contiguous(), wr, bool(centered))
+    return out.view(*lead, Nq, D)
