@@ -585,3 +585,258 @@ def causal_sliced_relu_attention(
     out = _CausalReLU.apply(zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous(),
                             v.reshape(R, Nk, D).contiguous(), wr, bool(centered))
     return out.view(*lead, Nq, D)
+
+
+# --------------------------------------------------------------------------------------
+# causal sliced ReLU-bump attention (eq. 7)
+# --------------------------------------------------------------------------------------
+def _bump_ranks(lv: _Keys, q: Tensor, b: Tensor):
+    """Ranks of the window ``q - b < z < q + b`` among the sorted keys: ``a0 = #{z <= q-b}``,
+    ``a_lt = #{z < q}``, ``a_le = #{z <= q}``, ``a2 = #{z < q+b}`` (clamped so that the
+    windows are ordered even where rounding makes ``q +- b == q``)."""
+    a_lt = lv.rank(q, "left")
+    a_le = lv.rank(q, "right")
+    a0 = torch.minimum(lv.rank(q - b, "right"), a_lt)
+    a2 = torch.maximum(lv.rank(q + b, "left"), a_le)
+    return a0, a_lt, a_le, a2
+
+
+def _bump_forward(pp: _Prep, b: Tensor):
+    """``num`` = sum_{j <= t} w hat(q - z) (v - c) ``(R, P, D)`` and the kernel mass
+    ``sum_{j <= t} w hat(q - z)`` ``(R, P)`` (float64), hat(t) = ReLU(1 - |t| / b)."""
+    lay = pp.lay
+    R, P = lay.R, lay.P
+    D = pp.vflat.shape[1]
+    dt, dev = pp.vflat.dtype, pp.vflat.device
+    num = torch.zeros(R, P, D, dtype=dt, device=dev)
+    mass = torch.zeros(R, P, dtype=torch.float64, device=dev)
+    qb, zb, wb, vb = _blocks(pp.qp), _blocks(pp.zp), _blocks(pp.wp), _blocks(pp.vp)
+    numb, massb = _blocks(num), _blocks(mass)
+    bb = b.repeat_interleave(P // BASE, 0).unsqueeze(-1)  # (R * P / BASE, 1, 1)
+    L = _tril(dt, dev)
+    rng, step = _tile_steps(qb.shape[0], D, dt.itemsize)
+    for b0 in rng:
+        b1 = min(qb.shape[0], b0 + step)
+        d = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)
+        K = torch.relu(1 - d.abs() / bb[b0:b1]) * (L * wb[b0:b1].unsqueeze(-2))
+        massb[b0:b1] += K.sum(-1, dtype=torch.float64)
+        numb[b0:b1] += torch.bmm(K, vb[b0:b1])
+    for s in lay.levels:
+        lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
+        M, rows = lv.M, R * lv.M
+        q = lv.q
+        br = b.repeat_interleave(M, 0)  # (rows, 1)
+        a0, _, a1, a2 = _bump_ranks(lv, q, br)
+        q64, ib = q.double(), 1.0 / br.double()
+        qb_ = q64 * ib
+        # coefficients of A[a0], A[a1], A[a2], B[a0], B[a1], B[a2] (Lemma B.4)
+        cA = (qb_ - 1, -2 * qb_, 1 + qb_)
+        cB = (-ib, 2 * ib, -ib)
+        ml = torch.zeros_like(q64)
+        for a, ca, cb in zip((a0, a1, a2), cA, cB):
+            ml += ca * _gather0(lv.Wc0, a) + cb * _gather0(lv.Kc0, a)
+        _split(mass, s, 1, M).add_(ml.view(R, M, s))
+        nv = _split(num, s, 1, M)
+        cr, cd = _chunks(rows, s, D, dt.itemsize)
+        cA_t = [c.to(dt).unsqueeze(-1) for c in cA]
+        cB_t = [c.to(dt).unsqueeze(-1) for c in cB]
+        for r0 in range(0, rows, cr):
+            r1 = min(rows, r0 + cr)
+            for d0 in range(0, D, cd):
+                d1 = min(D, d0 + cd)
+                A, B = lv.tables(pp.vflat, r0, r1, d0, d1)
+                val = None
+                for a, ca, cb in zip((a0, a1, a2), cA_t, cB_t):
+                    ar = a[r0:r1]
+                    cbr = cb[r0:r1] if cb.shape[0] == rows else cb
+                    t = _read(A, ar).mul_(ca[r0:r1]).add_(_read(B, ar).mul_(cbr))
+                    val = t if val is None else val.add_(t)
+                del A, B
+                _add_rows(nv, r0, r1, d0, d1, val, M)
+    return num, mass
+
+
+class _CausalBump(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, zq, zk, v, w, b):
+        pp = _Prep(zq, zk, v, w)
+        lay = pp.lay
+        num, mass = _bump_forward(pp, b)
+        invW = _safe_inv(pp.Wpre)  # (R, P)
+        out_p = (num + (mass.unsqueeze(-1) * pp.cv.double().unsqueeze(1)).to(num.dtype)) \
+            * invW.unsqueeze(-1).to(num.dtype)
+        out = lay.from_pos(out_p)
+        ctx.save_for_backward(zq, zk, v, w, b, out)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        zq, zk, v, w, b, out = ctx.saved_tensors
+        pp = _Prep(zq, zk, v, w)
+        lay = pp.lay
+        R, P, N = lay.R, lay.P, lay.N
+        D = v.shape[2]
+        dt, dev = v.dtype, v.device
+        gp = lay.to_pos(g.contiguous())
+        invW = _safe_inv(pp.Wpre)
+        gh = gp * invW.unsqueeze(-1).to(dt)  # g_i / W_i
+        gc = (gh.double() * pp.cv.double().unsqueeze(1)).sum(-1)  # <gh_i, c>
+        dq = torch.zeros(R, P, dtype=torch.float64, device=dev)
+        dz = torch.zeros(R, P, dtype=torch.float64, device=dev)
+        dv = torch.zeros(R, P, D, dtype=dt, device=dev)
+        db_q = torch.zeros(R, P, dtype=torch.float64, device=dev)  # per query: <gh, V_win(|t|/b)>
+        # dense blocks
+        qb, zb, wb, vb = _blocks(pp.qp), _blocks(pp.zp), _blocks(pp.wp), _blocks(pp.vp)
+        ghb, gcb = _blocks(gh), _blocks(gc)
+        dqb, dzb, dvb, dbb = _blocks(dq), _blocks(dz), _blocks(dv), _blocks(db_q)
+        bb = b.repeat_interleave(P // BASE, 0).unsqueeze(-1)
+        L = _tril(dt, dev)
+        rng, step = _tile_steps(qb.shape[0], D, dt.itemsize)
+        for b0 in rng:
+            b1 = min(qb.shape[0], b0 + step)
+            d = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)
+            mw = L * wb[b0:b1].unsqueeze(-2)
+            bk = bb[b0:b1]
+            x = 1 - d.abs() / bk
+            inside = (x > 0).to(dt) * mw
+            GV = torch.bmm(ghb[b0:b1], vb[b0:b1].transpose(1, 2)) + gcb[b0:b1].unsqueeze(-1).to(dt)
+            T = -torch.sign(d) / bk * inside * GV  # hat'(d) <gh_i, v_j>
+            dqb[b0:b1] += T.sum(-1, dtype=torch.float64)
+            dzb[b0:b1] -= T.sum(-2, dtype=torch.float64)
+            # (1/b) <gh_i, V(q-b, q+b)>; the -(1/b) <g_i, o_i> of d hat/db = |t|/b^2 is added
+            # once at the end
+            dbb[b0:b1] += (inside * GV / bk).sum(-1, dtype=torch.float64)
+            dvb[b0:b1] += torch.bmm((torch.relu(x) * mw).transpose(1, 2), ghb[b0:b1])
+        for s in lay.levels:
+            lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
+            M, rows = lv.M, R * lv.M
+            q, z = lv.q, lv.z
+            br = b.repeat_interleave(M, 0)
+            ib = 1.0 / br.double()
+            a0, alt, ale, a2 = _bump_ranks(lv, q, br)
+            ghq = _split(gh, s, 1, M).reshape(rows, s, D)
+            gcq = _split(gc, s, 1, M).reshape(rows, s)
+            W_ = [_gather0(lv.Wc0, a) for a in (a0, alt, ale, a2)]
+            # <gh_i, V(q-b, q) - V(q, q+b)> and <gh_i, V(q-b, q+b)> (true values: + c W)
+            sq = gcq * (W_[1] - W_[0] - W_[3] + W_[2])
+            sb = gcq * (W_[3] - W_[0])
+            cr, cd = _chunks(rows, s, D, dt.itemsize)
+            for r0 in range(0, rows, cr):
+                r1 = min(rows, r0 + cr)
+                for d0 in range(0, D, cd):
+                    d1 = min(D, d0 + cd)
+                    A, _ = lv.tables(pp.vflat, r0, r1, d0, d1)
+                    Ar = [_read(A, a[r0:r1]) for a in (a0, alt, ale, a2)]
+                    del A
+                    gq = ghq[r0:r1, :, d0:d1]
+                    sq[r0:r1] += ((Ar[1] - Ar[0] - Ar[3] + Ar[2]) * gq).sum(-1, dtype=torch.float64)
+                    sb[r0:r1] += ((Ar[3] - Ar[0]) * gq).sum(-1, dtype=torch.float64)
+            _split(dq, s, 1, M).add_((-ib * sq).view(R, M, s))
+            _split(db_q, s, 1, M).add_((ib * sb).view(R, M, s))
+            # keys: windows of queries (sorted); the pair test lo < z < hi is the forward's
+            qs, qord = torch.sort(q, dim=1)
+            zc = z.contiguous()
+            e1 = torch.searchsorted(qs, zc, side="left")  # q < z
+            e1p = torch.searchsorted(qs, zc, side="right")  # q <= z
+            e0 = torch.minimum(torch.searchsorted((qs + br).contiguous(), zc, side="right"), e1)
+            e2 = torch.maximum(torch.searchsorted((qs - br).contiguous(), zc, side="left"), e1p)
+            rm = torch.arange(rows, device=dev)
+            qflat = ((rm // M) * P + (rm % M) * (2 * s) + s).unsqueeze(1) + qord
+            ghflat = gh.reshape(R * P, D)
+            Cc0 = _excl64(gcq.gather(1, qord))  # <c, gh> in sorted order
+            C_ = [_gather0(Cc0, e) for e in (e0, e1, e1p, e2)]
+            zw = z.double() * ib  # z / b
+            wl = lv.w
+            vz = (C_[3] - C_[2]) - (C_[1] - C_[0])  # <c, G(z, z+b) - G(z-b, z)>
+            dvl = _split(dv, s, 0, M)
+            vkeys = _split(pp.vp, s, 0, M).reshape(rows, s, D)
+            coef = [(zw - 1), -2 * zw, (1 + zw)]  # G[e0], G[e1p], G[e2]
+            coefH = [ib, -2 * ib, ib]  # H[e0], H[e1p], H[e2] (times -1 below)
+            for r0 in range(0, rows, cr):
+                r1 = min(rows, r0 + cr)
+                n = r1 - r0
+                for d0 in range(0, D, cd):
+                    d1 = min(D, d0 + cd)
+                    X = ghflat[:, d0:d1].index_select(0, qflat[r0:r1].reshape(-1)).view(n, s, d1 - d0)
+                    G = _prefix(X)
+                    X.mul_(qs[r0:r1].unsqueeze(-1))
+                    Hq = _prefix(X)
+                    del X
+                    Gr = [_read(G, e[r0:r1]) for e in (e0, e1, e1p, e2)]
+                    Hr = [_read(Hq, e[r0:r1]) for e in (e0, e1p, e2)]
+                    del G, Hq
+                    vz[r0:r1] += (vkeys[r0:r1, :, d0:d1] * ((Gr[3] - Gr[2]) - (Gr[1] - Gr[0]))
+                                  ).sum(-1, dtype=torch.float64)
+                    # (1 - z/b)(G1' - G0) + (H1' - H0)/b + (1 + z/b)(G2 - G1') - (H2 - H1')/b
+                    val = None
+                    for Gx, Hx, cg, ch in zip((Gr[0], Gr[2], Gr[3]), Hr, coef, coefH):
+                        cgr = cg[r0:r1].to(dt).unsqueeze(-1)
+                        chr_ = (ch[r0:r1] if ch.shape[0] == rows else ch).to(dt).unsqueeze(-1)
+                        t = Gx * cgr - Hx * chr_
+                        val = t if val is None else val.add_(t)
+                    val = val * wl[r0:r1].unsqueeze(-1)
+                    _add_rows(dvl, r0, r1, d0, d1, val, M)
+            _split(dz, s, 0, M).add_((wl.double() * ib * vz).view(R, M, s))
+        dzq = lay.from_pos(dq).to(dt) if ctx.needs_input_grad[0] else None
+        dzk = dz[:, :N].to(dt) if ctx.needs_input_grad[1] else None
+        dvv = dv[:, :N].contiguous() if ctx.needs_input_grad[2] else None
+        db = None
+        if ctx.needs_input_grad[4]:
+            go = (g.double() * out.double()).sum(-1)  # (R, N_q)
+            db = (db_q.sum(1, keepdim=True) - go.sum(1, keepdim=True) / b.double()).to(b.dtype)
+        return dzq, dzk, dvv, None, db
+
+
+def causal_sliced_relu_bump_attention(
+    zq: Tensor,
+    zk: Tensor,
+    v: Tensor,
+    bandwidth,
+    *,
+    key_padding_mask: Tensor | None = None,
+    key_weights: Tensor | None = None,
+) -> Tensor:
+    r"""Causal sliced ReLU-bump (hat-kernel) attention: paper 004 eq. (7) with the sum
+    restricted to the causal prefix :math:`l \le t_i = i + N_k - N_q`,
+
+    .. math::  o_i = \frac{1}{\sum_{l \le t_i} w_l}\sum_{j \le t_i} w_j\,
+               \mathrm{ReLU}\Big(1 - \frac{|z^q_i - z^k_j|}{b}\Big)\, v_j
+
+    (the paper's :math:`1/n` becomes the number of keys the query sees), exactly, in
+    :math:`O(n \log^2 n)` time: at every level of the divide and conquer the hat kernel is
+    three sliced ReLU sums (Lemma B.4) read from one pair of prefix tables.
+
+    Args:
+        zq, zk, v, key_padding_mask, key_weights: as in
+            :func:`causal_sliced_relu_attention`.
+        bandwidth: :math:`b > 0`: a number or a tensor broadcastable to the leading dims of
+            ``zq`` (e.g. ``(H,)``); differentiable.
+
+    Returns:
+        ``(..., N_q, D)``; a query that sees no (unmasked) key gets 0.
+    """
+    fn = "causal_sliced_relu_bump_attention"
+    w, wr, lead, R, Nq, Nk, D = _prepare(fn, zq, zk, v, key_padding_mask, key_weights)
+    if isinstance(bandwidth, Tensor):
+        if not bandwidth.is_floating_point():
+            raise TypeError(f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}")
+        bt = bandwidth.to(device=zq.device, dtype=zq.dtype)
+    elif isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
+        bt = torch.tensor(float(bandwidth), dtype=zq.dtype, device=zq.device)
+    else:
+        raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
+    if not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any()):
+        raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
+    try:
+        if bt.dim() > len(lead):
+            raise RuntimeError
+        b_full = bt.expand(lead)
+    except RuntimeError:
+        raise ValueError(f"{fn}: bandwidth: expected a number or a shape broadcastable to the "
+                         f"leading dims {tuple(lead)} of zq, got {tuple(bt.shape)}") from None
+    if R == 0 or Nq == 0 or D == 0:
+        return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + bt.sum())
+    out = _CausalBump.apply(zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous(),
+                            v.reshape(R, Nk, D).contiguous(), wr, b_full.reshape(R, 1))
+    return out.view(*lead, Nq, D)
