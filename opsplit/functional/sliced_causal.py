@@ -194,20 +194,77 @@ def _chunks(rows: int, s: int, D: int, elt: int):
     return cr, cd
 
 
-def _prefix(X: Tensor) -> Tensor:
-    """Exclusive prefix sums along dim 1: ``(n, s, C)`` -> ``(n, s + 1, C)``."""
-    n, s, C = X.shape
-    T = X.new_empty(n, s + 1, C)
-    T[:, 0] = 0
-    torch.cumsum(X, 1, out=T[:, 1:])
-    return T
+#: rows per block of the in-block triangular products of :class:`_Table`
+_S = 8
+_TRIL_S: dict = {}
 
 
-def _read(T: Tensor, p: Tensor) -> Tensor:
-    """``T[r, p[r, m]]`` for ``T (n, s + 1, C)``, ``p (n, M)`` -> ``(n, M, C)``."""
-    n, s1, C = T.shape
-    idx = p + torch.arange(n, device=p.device).unsqueeze(1) * s1
-    return T.reshape(n * s1, C).index_select(0, idx.reshape(-1)).view(n, p.shape[1], C)
+class _Table:
+    r"""Exclusive prefix sums, in a sorted order, of gathered rows weighted by ``cA`` (table
+    A) and ``cB`` (table B), for ``n`` rows of ``s`` positions (eq. 6's :math:`a_i, b_i`).
+
+    Built in blocks of :data:`_S` positions: one ``bmm`` with lower-triangular matrices whose
+    columns are scaled by ``cA`` and ``cB`` gives both in-block prefix sums, and the block
+    offsets are a cumulative sum over the blocks.  Stored in one flat matrix (in-block rows,
+    then the offsets, then a row of zeros) that :meth:`combine` reads with one
+    ``embedding_bag``: a prefix is an in-block row plus an offset row.
+    """
+
+    def __init__(self, src: Tensor, idx: Tensor, cA: Tensor, cB: Tensor | None):
+        n, s = idx.shape
+        C = src.shape[1]
+        S = _S
+        nb = s // S
+        k = 1 if cB is None else 2
+        nblk = n * nb
+        size = nblk * k * S
+        dt, dev = src.dtype, src.device
+        self.flat = src.new_empty(size + nblk * k + 1, C)
+        self.flat[-1].zero_()
+        X = src.index_select(0, idx.reshape(-1)).view(nblk, S, C)
+        key = (dt, str(dev))
+        L = _TRIL_S.get(key)
+        if L is None:
+            L = _TRIL_S[key] = torch.ones(S, S, dtype=dt, device=dev).tril()
+        Lc = torch.empty(nblk, k * S, S, dtype=dt, device=dev)
+        torch.mul(L, cA.reshape(nblk, 1, S), out=Lc[:, :S])
+        if cB is not None:
+            torch.mul(L, cB.reshape(nblk, 1, S), out=Lc[:, S:])
+        Y = self.flat[:size].view(nblk, k * S, C)
+        torch.bmm(Lc, X, out=Y)
+        del X, Lc
+        tot = Y.view(n, nb, k, S, C)[:, :, :, S - 1]  # (n, nb, k, C) block totals
+        off = self.flat[size : size + nblk * k].view(n, nb, k, C)
+        off[:, 0] = 0
+        if nb > 1:
+            off[:, 1:] = torch.cumsum(tot[:, :-1], 1)
+        self.n, self.s, self.nb, self.k, self.size = n, s, nb, k, size
+
+    def _index(self, p: Tensor, t: int):
+        S = _S
+        j = p - 1
+        blk = torch.div(j, S, rounding_mode="floor")
+        rb = torch.arange(self.n, device=p.device).unsqueeze(1) * self.nb + blk
+        zero = self.flat.shape[0] - 1
+        irow = torch.where(p > 0, rb * (self.k * S) + t * S + (j & (S - 1)), zero)
+        ioff = torch.where(p > 0, self.size + rb * self.k + t, zero)
+        return irow, ioff
+
+    def combine(self, terms) -> Tensor:
+        """``sum_e coef_e * T_e[p_e]`` for ``terms = [(p, t, coef), ...]`` (``p``: ``(n, M)``
+        exclusive ranks, ``t``: 0 for A, 1 for B, ``coef``: ``(n, M)`` or broadcastable)
+        -> ``(n, M, C)``."""
+        idx, cf = [], []
+        for p, t, c in terms:
+            irow, ioff = self._index(p, t)
+            c = c.to(self.flat.dtype).expand(p.shape)
+            idx += [irow, ioff]
+            cf += [c, c]
+        n, M = terms[0][0].shape
+        E = len(idx)
+        out = F.embedding_bag(torch.stack(idx, -1).view(-1, E), self.flat,
+                              per_sample_weights=torch.stack(cf, -1).view(-1, E), mode="sum")
+        return out.view(n, M, -1)
 
 
 def _gather0(c0: Tensor, p: Tensor) -> Tensor:
@@ -237,29 +294,24 @@ class _Keys:
         self.w = _split(wp, s, 0, M).reshape(R * M, s)
         self.zs, self.order = torch.sort(self.z, dim=1)
         self.ws = self.w.gather(1, self.order)
-        # flat index of each sorted key into the (R * N + 1, D) values (last row: zeros)
+        # flat index of each sorted key into the (R * P, D) values (zero beyond N_k)
         rm = torch.arange(R * M, device=zp.device)
-        base = (rm // M) * N + (rm % M) * (2 * s)
-        pos = (rm % M).unsqueeze(1) * (2 * s) + self.order
-        self.flat = torch.where(pos < N, base.unsqueeze(1) + self.order, R * N)
+        self.base = ((rm // M) * lay.P + (rm % M) * (2 * s)).unsqueeze(1)  # left half start
+        self.flat = self.base + self.order
+        self.wzs = self.ws * self.zs
         self.Wc0 = _excl64(self.ws)
-        self.Kc0 = _excl64(self.ws * self.zs)
+        self.Kc0 = _excl64(self.wzs)
         self.W = self.Wc0[:, -1:]
         self.K = self.Kc0[:, -1:]
 
     def rank(self, x: Tensor, side: str) -> Tensor:
         return torch.searchsorted(self.zs, x.contiguous(), side=side)
 
-    def tables(self, vflat: Tensor, r0: int, r1: int, d0: int, d1: int):
-        """Exclusive prefix tables A (w v) and B (w z v) of rows ``r0:r1``, columns
-        ``d0:d1``, in sorted key order: ``(n, s + 1, d1 - d0)`` each."""
-        n = r1 - r0
-        X = vflat[:, d0:d1].index_select(0, self.flat[r0:r1].reshape(-1)).view(n, self.s, d1 - d0)
-        X.mul_(self.ws[r0:r1].unsqueeze(-1))
-        A = _prefix(X)
-        X.mul_(self.zs[r0:r1].unsqueeze(-1))
-        B = _prefix(X)
-        return A, B
+    def table(self, vflat: Tensor, r0: int, r1: int, d0: int, d1: int, B: bool = True):
+        """The prefix tables A (w v) and, with ``B``, B (w z v) of rows ``r0:r1``, columns
+        ``d0:d1``, in sorted key order."""
+        return _Table(vflat[:, d0:d1], self.flat[r0:r1], self.ws[r0:r1],
+                      self.wzs[r0:r1] if B else None)
 
 
 class _Queries:
@@ -310,7 +362,7 @@ class _Prep:
         Nk, D = v.shape[1], v.shape[2]
         lay = _Layout(R, Nq, Nk)
         self.lay = lay
-        dt, dev = v.dtype, v.device
+        dt = v.dtype
         wk = torch.ones_like(zk) if w is None else w
         self.wk = wk
         # shift constants (cancel exactly in the formulas): the median key, the weighted mean
@@ -322,8 +374,8 @@ class _Prep:
         self.qp = lay.to_pos(zq - self.cz)
         self.wp = F.pad(wk, (0, lay.P - Nk))
         vc = v - self.cv.unsqueeze(1)
-        self.vflat = torch.cat([vc.reshape(R * Nk, D), vc.new_zeros(1, D)])
         self.vp = F.pad(vc, (0, 0, 0, lay.P - Nk))  # (R, P, D), zeros beyond N_k
+        self.vflat = self.vp.view(R * lay.P, D)
         # prefix weights W_i (float64) per position
         Wpre = torch.cumsum(self.wp.double(), 1)
         self.Wpre = Wpre
@@ -338,7 +390,7 @@ def _relu_forward(pp: _Prep):
     """Sums over the causal prefix: ``num`` = sum w relu(q - z) (v - c) ``(R, P, D)`` (dtype),
     ``den`` = sum w |q - z| and ``Rm`` = sum w relu(q - z) ``(R, P)`` (float64)."""
     lay = pp.lay
-    R, P, N = lay.R, lay.P, lay.N
+    R, P = lay.R, lay.P
     D = pp.vflat.shape[1]
     dt, dev = pp.vflat.dtype, pp.vflat.device
     num = torch.zeros(R, P, D, dtype=dt, device=dev)
@@ -375,10 +427,10 @@ def _relu_forward(pp: _Prep):
             r1 = min(rows, r0 + cr)
             for d0 in range(0, D, cd):
                 d1 = min(D, d0 + cd)
-                A, B = lv.tables(pp.vflat, r0, r1, d0, d1)
+                T = lv.table(pp.vflat, r0, r1, d0, d1)
                 pr = p[r0:r1]
-                val = _read(A, pr).mul_(q[r0:r1].unsqueeze(-1)).sub_(_read(B, pr))
-                del A, B
+                val = T.combine([(pr, 0, q[r0:r1]), (pr, 1, -torch.ones_like(q[:1]))])
+                del T
                 _add_rows(nv, r0, r1, d0, d1, val, lv.M)
     return num, den, Rm
 
@@ -453,7 +505,7 @@ class _CausalReLU(torch.autograd.Function):
             dqb[b0:b1] += T.sum(-1, dtype=torch.float64)
             dzb[b0:b1] -= T.sum(-2, dtype=torch.float64)
             dvb[b0:b1] += torch.bmm((torch.relu(d) * mw).transpose(1, 2), ghb[b0:b1])
-        ghflat = torch.cat([gh.reshape(R * P, D), gh.new_zeros(1, D)])
+        ghflat = gh.view(R * P, D)
         for s in lay.levels:
             lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
             M, rows = lv.M, R * lv.M
@@ -472,9 +524,10 @@ class _CausalReLU(torch.autograd.Function):
                 acc = torch.zeros(r1 - r0, s, dtype=torch.float64, device=dev)
                 for d0 in range(0, D, cd):
                     d1 = min(D, d0 + cd)
-                    A, _ = lv.tables(pp.vflat, r0, r1, d0, d1)
-                    acc += (_read(A, p[r0:r1]) * ghq[r0:r1, :, d0:d1]).sum(-1, dtype=torch.float64)
-                    del A
+                    T = lv.table(pp.vflat, r0, r1, d0, d1, B=False)
+                    X = T.combine([(p[r0:r1], 0, torch.ones_like(q[:1]))])
+                    del T
+                    acc += (X * ghq[r0:r1, :, d0:d1]).sum(-1, dtype=torch.float64)
                 gA[r0:r1] = acc
             dql = gA + phq * Wlt + sq * (Wlt + Wle - lv.W)
             _split(dq, s, 1, M).add_(dql.view(R, M, s))
@@ -504,16 +557,13 @@ class _CausalReLU(torch.autograd.Function):
                 acc = torch.zeros(r1 - r0, s, dtype=torch.float64, device=dev)
                 for d0 in range(0, D, cd):
                     d1 = min(D, d0 + cd)
-                    n = r1 - r0
-                    X = ghflat[:, d0:d1].index_select(0, qflat[r0:r1].reshape(-1)).view(n, s, d1 - d0)
-                    G = _prefix(X)
-                    X.mul_(qdw[r0:r1].unsqueeze(-1))
-                    Hq = _prefix(X)
-                    del X
+                    T = _Table(ghflat[:, d0:d1], qflat[r0:r1], torch.ones_like(qdw[r0:r1]),
+                               qdw[r0:r1])
                     ng = n_gt[r0:r1]
-                    Gg = _read(G, ng)
-                    Hg = _read(Hq, ng)
-                    del G, Hq
+                    one = torch.ones_like(q[:1])
+                    Gg = T.combine([(ng, 0, one)])
+                    Hg = T.combine([(ng, 1, one)])
+                    del T
                     zz = z[r0:r1].unsqueeze(-1)
                     vk = vkeys[r0:r1, :, d0:d1]
                     acc += (vk * Gg).sum(-1, dtype=torch.float64)
@@ -638,20 +688,15 @@ def _bump_forward(pp: _Prep, b: Tensor):
         _split(mass, s, 1, M).add_(ml.view(R, M, s))
         nv = _split(num, s, 1, M)
         cr, cd = _chunks(rows, s, D, dt.itemsize)
-        cA_t = [c.to(dt).unsqueeze(-1) for c in cA]
-        cB_t = [c.to(dt).unsqueeze(-1) for c in cB]
         for r0 in range(0, rows, cr):
             r1 = min(rows, r0 + cr)
+            terms = [(a[r0:r1], 0, c[r0:r1]) for a, c in zip((a0, a1, a2), cA)]
+            terms += [(a[r0:r1], 1, c[r0:r1]) for a, c in zip((a0, a1, a2), cB)]
             for d0 in range(0, D, cd):
                 d1 = min(D, d0 + cd)
-                A, B = lv.tables(pp.vflat, r0, r1, d0, d1)
-                val = None
-                for a, ca, cb in zip((a0, a1, a2), cA_t, cB_t):
-                    ar = a[r0:r1]
-                    cbr = cb[r0:r1] if cb.shape[0] == rows else cb
-                    t = _read(A, ar).mul_(ca[r0:r1]).add_(_read(B, ar).mul_(cbr))
-                    val = t if val is None else val.add_(t)
-                del A, B
+                T = lv.table(pp.vflat, r0, r1, d0, d1)
+                val = T.combine(terms)
+                del T
                 _add_rows(nv, r0, r1, d0, d1, val, M)
     return num, mass
 
@@ -722,16 +767,19 @@ class _CausalBump(torch.autograd.Function):
             sq = gcq * (W_[1] - W_[0] - W_[3] + W_[2])
             sb = gcq * (W_[3] - W_[0])
             cr, cd = _chunks(rows, s, D, dt.itemsize)
+            one = torch.ones(1, 1, dtype=dt, device=dev)
             for r0 in range(0, rows, cr):
                 r1 = min(rows, r0 + cr)
+                A0, At, Ae, A2 = (a[r0:r1] for a in (a0, alt, ale, a2))
                 for d0 in range(0, D, cd):
                     d1 = min(D, d0 + cd)
-                    A, _ = lv.tables(pp.vflat, r0, r1, d0, d1)
-                    Ar = [_read(A, a[r0:r1]) for a in (a0, alt, ale, a2)]
-                    del A
+                    T = lv.table(pp.vflat, r0, r1, d0, d1, B=False)
+                    Xq = T.combine([(At, 0, one), (A0, 0, -one), (A2, 0, -one), (Ae, 0, one)])
+                    Xb = T.combine([(A2, 0, one), (A0, 0, -one)])
+                    del T
                     gq = ghq[r0:r1, :, d0:d1]
-                    sq[r0:r1] += ((Ar[1] - Ar[0] - Ar[3] + Ar[2]) * gq).sum(-1, dtype=torch.float64)
-                    sb[r0:r1] += ((Ar[3] - Ar[0]) * gq).sum(-1, dtype=torch.float64)
+                    sq[r0:r1] += (Xq * gq).sum(-1, dtype=torch.float64)
+                    sb[r0:r1] += (Xb * gq).sum(-1, dtype=torch.float64)
             _split(dq, s, 1, M).add_((-ib * sq).view(R, M, s))
             _split(db_q, s, 1, M).add_((ib * sb).view(R, M, s))
             # keys: windows of queries (sorted); the pair test lo < z < hi is the forward's
@@ -751,31 +799,22 @@ class _CausalBump(torch.autograd.Function):
             vz = (C_[3] - C_[2]) - (C_[1] - C_[0])  # <c, G(z, z+b) - G(z-b, z)>
             dvl = _split(dv, s, 0, M)
             vkeys = _split(pp.vp, s, 0, M).reshape(rows, s, D)
-            coef = [(zw - 1), -2 * zw, (1 + zw)]  # G[e0], G[e1p], G[e2]
-            coefH = [ib, -2 * ib, ib]  # H[e0], H[e1p], H[e2] (times -1 below)
+            ones_q = torch.ones_like(qs)
             for r0 in range(0, rows, cr):
                 r1 = min(rows, r0 + cr)
-                n = r1 - r0
+                E0, E1, E1p, E2 = (e[r0:r1] for e in (e0, e1, e1p, e2))
+                zr, ibr, wr_ = zw[r0:r1], ib[r0:r1], wl[r0:r1].double()
+                # w (1 - z/b)(G1' - G0) + (H1' - H0)/b + (1 + z/b)(G2 - G1') - (H2 - H1')/b
+                terms = [(E0, 0, wr_ * (zr - 1)), (E1p, 0, wr_ * (-2 * zr)), (E2, 0, wr_ * (1 + zr)),
+                         (E0, 1, -wr_ * ibr), (E1p, 1, 2 * wr_ * ibr), (E2, 1, -wr_ * ibr)]
                 for d0 in range(0, D, cd):
                     d1 = min(D, d0 + cd)
-                    X = ghflat[:, d0:d1].index_select(0, qflat[r0:r1].reshape(-1)).view(n, s, d1 - d0)
-                    G = _prefix(X)
-                    X.mul_(qs[r0:r1].unsqueeze(-1))
-                    Hq = _prefix(X)
-                    del X
-                    Gr = [_read(G, e[r0:r1]) for e in (e0, e1, e1p, e2)]
-                    Hr = [_read(Hq, e[r0:r1]) for e in (e0, e1p, e2)]
-                    del G, Hq
-                    vz[r0:r1] += (vkeys[r0:r1, :, d0:d1] * ((Gr[3] - Gr[2]) - (Gr[1] - Gr[0]))
-                                  ).sum(-1, dtype=torch.float64)
-                    # (1 - z/b)(G1' - G0) + (H1' - H0)/b + (1 + z/b)(G2 - G1') - (H2 - H1')/b
-                    val = None
-                    for Gx, Hx, cg, ch in zip((Gr[0], Gr[2], Gr[3]), Hr, coef, coefH):
-                        cgr = cg[r0:r1].to(dt).unsqueeze(-1)
-                        chr_ = (ch[r0:r1] if ch.shape[0] == rows else ch).to(dt).unsqueeze(-1)
-                        t = Gx * cgr - Hx * chr_
-                        val = t if val is None else val.add_(t)
-                    val = val * wl[r0:r1].unsqueeze(-1)
+                    T = _Table(ghflat[:, d0:d1], qflat[r0:r1], ones_q[r0:r1], qs[r0:r1])
+                    Gw = T.combine([(E2, 0, one), (E1p, 0, -one), (E1, 0, -one), (E0, 0, one)])
+                    vz[r0:r1] += (vkeys[r0:r1, :, d0:d1] * Gw).sum(-1, dtype=torch.float64)
+                    del Gw
+                    val = T.combine(terms)
+                    del T
                     _add_rows(dvl, r0, r1, d0, d1, val, M)
             _split(dz, s, 0, M).add_((wl.double() * ib * vz).view(R, M, s))
         dzq = lay.from_pos(dq).to(dt) if ctx.needs_input_grad[0] else None
