@@ -354,6 +354,23 @@ def _tril(dtype, device) -> Tensor:
 # --------------------------------------------------------------------------------------
 # causal sliced ReLU attention (eqs. 2-3)
 # --------------------------------------------------------------------------------------
+def _scan(x: Tensor) -> Tensor:
+    """Inclusive prefix sums along dim 1 of ``(R, P, C)`` (``P`` a multiple of :data:`_S`):
+    in-block triangular products, then the block totals (``torch.cumsum`` along a
+    non-innermost dimension is slow on the CPU)."""
+    R, P, C = x.shape
+    S = _S
+    key = (x.dtype, str(x.device))
+    L = _TRIL_S.get(key)
+    if L is None:
+        L = _TRIL_S[key] = torch.ones(S, S, dtype=x.dtype, device=x.device).tril()
+    y = torch.matmul(L, x.reshape(R * (P // S), S, C))
+    yb = y.view(R, P // S, S, C)
+    if P // S > 1:
+        yb[:, 1:] += torch.cumsum(yb[:, :-1, S - 1], 1).unsqueeze(2)
+    return y.view(R, P, C)
+
+
 class _Prep:
     """Inputs moved to positions, shifted scores and values."""
 
@@ -362,28 +379,29 @@ class _Prep:
         Nk, D = v.shape[1], v.shape[2]
         lay = _Layout(R, Nq, Nk)
         self.lay = lay
-        dt = v.dtype
+        P = lay.P
+        self.weighted = w is not None
         wk = torch.ones_like(zk) if w is None else w
-        self.wk = wk
         # shift constants (cancel exactly in the formulas): the median key, the weighted mean
+        # of the values (computed roughly: any constant would do)
         self.cz = zk.median(dim=1, keepdim=True).values
-        W = wk.double().sum(1, keepdim=True)
-        cv = torch.bmm(wk.double().unsqueeze(1), v.double()).squeeze(1)
-        self.cv = torch.where(W > 0, cv / torch.where(W > 0, W, torch.ones_like(W)), 0.0).to(dt)
-        self.zp = F.pad(zk - self.cz, (0, lay.P - Nk))
+        W = wk.sum(1, keepdim=True)
+        cv = torch.bmm(wk.unsqueeze(1), v).squeeze(1)
+        self.cv = torch.where(W > 0, cv / torch.where(W > 0, W, torch.ones_like(W)), 0.0)
+        self.zp = F.pad(zk - self.cz, (0, P - Nk))
         self.qp = lay.to_pos(zq - self.cz)
-        self.wp = F.pad(wk, (0, lay.P - Nk))
-        vc = v - self.cv.unsqueeze(1)
-        self.vp = F.pad(vc, (0, 0, 0, lay.P - Nk))  # (R, P, D), zeros beyond N_k
-        self.vflat = self.vp.view(R * lay.P, D)
-        # prefix weights W_i (float64) per position
-        Wpre = torch.cumsum(self.wp.double(), 1)
-        self.Wpre = Wpre
+        self.wp = F.pad(wk, (0, P - Nk))
+        self.vp = v.new_empty(R, P, D)  # (R, P, D): v - c, zeros beyond N_k
+        torch.sub(v, self.cv.unsqueeze(1), out=self.vp[:, :Nk])
+        self.vp[:, Nk:] = 0
+        self.vflat = self.vp.view(R * P, D)
+        self.Wpre = torch.cumsum(self.wp.double(), 1)  # prefix weights W_i (float64)
+        self.invWpre = _safe_inv(self.Wpre)
 
-    def prefix_mean(self) -> Tensor:
-        """:math:`\\bar v_i - c` per position (float64), 0 where nothing is visible."""
-        Vpre = torch.cumsum(self.wp.double().unsqueeze(-1) * self.vp.double(), 1)
-        return Vpre * _safe_inv(self.Wpre).unsqueeze(-1)
+    def prefix_sum(self) -> Tensor:
+        r""":math:`\sum_{l \le t} w_l (v_l - c)` per position ``(R, P, D)``."""
+        x = self.vp * self.wp.unsqueeze(-1) if self.weighted else self.vp
+        return _scan(x)
 
 
 def _relu_forward(pp: _Prep):
@@ -394,21 +412,23 @@ def _relu_forward(pp: _Prep):
     D = pp.vflat.shape[1]
     dt, dev = pp.vflat.dtype, pp.vflat.device
     num = torch.zeros(R, P, D, dtype=dt, device=dev)
-    den = torch.zeros(R, P, dtype=torch.float64, device=dev)
     Rm = torch.zeros(R, P, dtype=torch.float64, device=dev)
     # dense blocks: pairs l <= t inside a block of BASE positions
     qb, zb, wb, vb = _blocks(pp.qp), _blocks(pp.zp), _blocks(pp.wp), _blocks(pp.vp)
-    numb, denb, Rmb = _blocks(num), _blocks(den), _blocks(Rm)
+    numb, Rmb = _blocks(num), _blocks(Rm)
     L = _tril(dt, dev)
     rng, step = _tile_steps(qb.shape[0], D, dt.itemsize)
     for b0 in rng:
         b1 = min(qb.shape[0], b0 + step)
-        d = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)
-        mw = L * wb[b0:b1].unsqueeze(-2)
-        K = torch.relu(d) * mw
-        denb[b0:b1] += (d.abs() * mw).sum(-1, dtype=torch.float64)
+        K = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)
+        K.relu_()
+        K.mul_(L * wb[b0:b1].unsqueeze(-2) if pp.weighted else L)
         Rmb[b0:b1] += K.sum(-1, dtype=torch.float64)
         numb[b0:b1] += torch.bmm(K, vb[b0:b1])
+    # in-block denominators: sum w |q - z| = 2 sum w relu(q - z) - sum w (q - z)
+    wb64 = wb.double()
+    den = (2 * Rmb - qb.double() * torch.cumsum(wb64, 1)
+           + torch.cumsum(wb64 * zb.double(), 1)).view(R, P)
     for s in lay.levels:
         lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
         M = lv.M
@@ -423,13 +443,14 @@ def _relu_forward(pp: _Prep):
         nv = _split(num, s, 1, M)  # (R, M, s, D) view
         rows = R * lv.M
         cr, cd = _chunks(rows, s, D, dt.itemsize)
+        mone = -torch.ones(1, 1, dtype=dt, device=dev)
         for r0 in range(0, rows, cr):
             r1 = min(rows, r0 + cr)
             for d0 in range(0, D, cd):
                 d1 = min(D, d0 + cd)
                 T = lv.table(pp.vflat, r0, r1, d0, d1)
                 pr = p[r0:r1]
-                val = T.combine([(pr, 0, q[r0:r1]), (pr, 1, -torch.ones_like(q[:1]))])
+                val = T.combine([(pr, 0, q[r0:r1]), (pr, 1, mone)])
                 del T
                 _add_rows(nv, r0, r1, d0, d1, val, lv.M)
     return num, den, Rm
@@ -452,40 +473,39 @@ class _CausalReLU(torch.autograd.Function):
         pp = _Prep(zq, zk, v, w)
         lay = pp.lay
         num, den, Rm = _relu_forward(pp)
-        if centered:
-            rho = -pp.prefix_mean()  # (R, P, D) float64: -(vbar_i - c)
-        else:
-            rho = pp.cv.double().unsqueeze(1).expand(lay.R, lay.P, -1)  # + c
+        dt = num.dtype
         inv = _safe_inv(den)
-        out_p = (num + (Rm.unsqueeze(-1) * rho).to(num.dtype)) * inv.unsqueeze(-1).to(num.dtype)
-        out = lay.from_pos(out_p)
-        ctx.save_for_backward(zq, zk, v, w, out)
+        # o = (num + R rho) / den with rho = -(vbar_i - c) (centred) or c: in place in num
+        out_p = num.mul_(inv.to(dt).unsqueeze(-1))
+        if centered:
+            coef = (-Rm * inv * pp.invWpre).to(dt).unsqueeze(-1)
+            out_p.addcmul_(pp.prefix_sum(), coef)
+        else:
+            out_p.addcmul_(pp.cv.unsqueeze(1), (Rm * inv).to(dt).unsqueeze(-1))
+        out = out_p if out_p.shape[1] == zq.shape[1] == zk.shape[1] else lay.from_pos(out_p)
+        ctx.save_for_backward(zq, zk, v, w, out, den, Rm)
         ctx.centered = centered
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        zq, zk, v, w, out = ctx.saved_tensors
+        zq, zk, v, w, out, den, Rm = ctx.saved_tensors
         centered = ctx.centered
         pp = _Prep(zq, zk, v, w)
         lay = pp.lay
         R, P, N = lay.R, lay.P, lay.N
         D = v.shape[2]
         dt, dev = v.dtype, v.device
-        # recompute the forward sums (cheaper in memory than keeping every level)
-        num, den, Rm = _relu_forward(pp)
-        del num
         inv = _safe_inv(den)  # (R, P) float64
         gp = lay.to_pos(g.contiguous())
         op = lay.to_pos(out)
         gh = gp * inv.unsqueeze(-1).to(dt)  # g_i / den_i
         sden = -(gp.double() * op.double()).sum(-1) * inv  # dL/d den_i
-        if centered:
-            vbar = pp.prefix_mean()  # vbar_i - c
-            phi = -(gh.double() * vbar).sum(-1)  # dL/dR_i = <gh_i, -(vbar_i - c)>
+        if centered:  # dL/dR_i = <gh_i, -(vbar_i - c)>
+            phi = -(gh * pp.prefix_sum()).sum(-1, dtype=torch.float64) * pp.invWpre
         else:
-            phi = (gh.double() * pp.cv.double().unsqueeze(1)).sum(-1)
+            phi = (gh * pp.cv.unsqueeze(1)).sum(-1, dtype=torch.float64)
         dq = torch.zeros(R, P, dtype=torch.float64, device=dev)
         dz = torch.zeros(R, P, dtype=torch.float64, device=dev)
         dv = torch.zeros(R, P, D, dtype=dt, device=dev)
@@ -574,9 +594,9 @@ class _CausalReLU(torch.autograd.Function):
             _split(dz, s, 0, M).add_(dzl.view(R, M, s))
         if centered:
             # through vbar_i: dv_l += w_l sum_{t >= l} -Rm_t gh_t / W_t
-            X = -(Rm * _safe_inv(pp.Wpre)).unsqueeze(-1) * gh.double()
-            suffix = X.flip(1).cumsum(1).flip(1)
-            dv += (pp.wp.double().unsqueeze(-1) * suffix).to(dt)
+            X = gh * (-Rm * pp.invWpre).to(dt).unsqueeze(-1)
+            suffix = X.sum(1, keepdim=True) - _scan(X) + X
+            dv.addcmul_(pp.wp.unsqueeze(-1), suffix)
         dzq = lay.from_pos(dq).to(dt) if ctx.needs_input_grad[0] else None
         dzk = dz[:, :N].to(dt) if ctx.needs_input_grad[1] else None
         dvv = dv[:, :N].contiguous() if ctx.needs_input_grad[2] else None
