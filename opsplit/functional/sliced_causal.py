@@ -54,12 +54,15 @@ causal sums :math:`N_i` above and :math:`R_i = \sum_{j\in\mathcal P_i} w_j
 The ReLU-bump kernel reads the same tables over the window :math:`q - b < z < q + b`
 (Lemma B.4).
 
-**Conditioning.**  The formulas are invariant under a common shift of the scores and (eq. 3
-and 7 after adding back the kernel mass) of the values; the scores are shifted by the
-median key and the values by their weighted mean before the tables are built.  These
-shifts are constants of the forward pass (they cancel exactly in the formulas); the
-backward pass is the analytic gradient of the unshifted formulas, so the gradient of
-:math:`o_i` with respect to any input at a position after :math:`t_i` is exactly zero.
+**Conditioning and exact causality.**  The formulas are invariant under a common shift of
+the scores and (after adding back the kernel mass) of the values; the scores and values are
+shifted by those of the first unmasked key before the tables are built (a key every query
+that sees any key sees).  Every sum that reaches :math:`o_i` (dense block, sorted left
+halves, prefix scans) involves only positions :math:`\le t_i`, so :math:`o_i` does not
+depend on later inputs even in rounding: the outputs for a prefix of the sequence are
+bitwise those of the prefix alone (tested).  The backward pass is the analytic gradient of
+the unshifted formulas, and the gradient of :math:`o_i` with respect to any input at a
+position after :math:`t_i` is exactly zero.
 
 **Ties** (as in :mod:`opsplit.functional.sliced`).  :math:`\mathrm{ReLU}(0) = |0| = 0`;
 ranks are decided on the exact float values, gradients use the convention of
@@ -382,12 +385,12 @@ class _Prep:
         P = lay.P
         self.weighted = w is not None
         wk = torch.ones_like(zk) if w is None else w
-        # shift constants (cancel exactly in the formulas): the median key, the weighted mean
-        # of the values (computed roughly: any constant would do)
-        self.cz = zk.median(dim=1, keepdim=True).values
-        W = wk.sum(1, keepdim=True)
-        cv = torch.bmm(wk.unsqueeze(1), v).squeeze(1)
-        self.cv = torch.where(W > 0, cv / torch.where(W > 0, W, torch.ones_like(W)), 0.0)
+        # shift constants (they cancel exactly in the formulas): the score and the value of
+        # the first unmasked key, which every query that sees a key sees, so that no input
+        # after t_i takes part in o_i, not even in rounding
+        first = (wk > 0).to(torch.int8).argmax(1, keepdim=True)  # (R, 1); 0 if none
+        self.cz = zk.gather(1, first)
+        self.cv = v.gather(1, first.unsqueeze(-1).expand(R, 1, D)).squeeze(1)
         self.zp = F.pad(zk - self.cz, (0, P - Nk))
         self.qp = lay.to_pos(zq - self.cz)
         self.wp = F.pad(wk, (0, P - Nk))
