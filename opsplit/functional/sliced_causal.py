@@ -598,7 +598,7 @@ class _CausalReLU(torch.autograd.Function):
         if centered:
             # through vbar_i: dv_l += w_l sum_{t >= l} -Rm_t gh_t / W_t
             X = gh * (-Rm * pp.invWpre).to(dt).unsqueeze(-1)
-            suffix = X.sum(1, keepdim=True) - _scan(X) + X
+            suffix = _scan(X.flip(1)).flip(1)  # sums over t >= l (exact zeros after the last)
             dv.addcmul_(pp.wp.unsqueeze(-1), suffix)
         dzq = lay.from_pos(dq).to(dt) if ctx.needs_input_grad[0] else None
         dzk = dz[:, :N].to(dt) if ctx.needs_input_grad[1] else None
