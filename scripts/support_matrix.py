@@ -26,9 +26,8 @@ from opsplit.operators import (
     PreNorm,
     ProjectionS1,
     ProjectionS2,
-    Relaxation,
 )
-from opsplit.schemes import Hybrid, Lie, Parallel, Strang
+from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, Strang
 from opsplit.solvers import (
     RK4,
     CatchUp,

@@ -26,10 +26,9 @@ from opsplit.operators import (
     PreNorm,
     ProjectionS1,
     ProjectionS2,
-    Relaxation,
     project_s1,
 )
-from opsplit.schemes import Hybrid, Lie, Parallel, Strang
+from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, Strang
 from opsplit.solvers import (
     RK4,
     CatchUp,
