@@ -422,3 +422,39 @@ def test_operator_field_matches_dense_causal_weights():
     assert (op.field(0.0, u, g) - ref).abs().max() <= 1e-10
     with pytest.raises(TypeError, match="causal"):
         SlicedReLUAttention.build(4, 2, causal=1)
+
+
+def _causal_propagator(kind):
+    from opsplit import Grid, Interval, Propagator
+    from opsplit.operators import SlicedReLUAttention, SlicedReLUBumpAttention
+    from opsplit.schemes import Lie
+
+    cls = SlicedReLUAttention if kind == "relu" else SlicedReLUBumpAttention
+    op = cls.build(4, 2, causal=True, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
+    return Propagator(Lie([op]), 2, grid=Grid(x=Interval(length=1.0), y=Interval(n=4, length=2.0)))
+
+
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+def test_jit_trace_is_refused_clearly(kind):
+    # issue 8, finding 8 for the causal kernels: tracing failed with "unordered_map::at"
+    P = _causal_propagator(kind)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"causal_sliced_relu(_bump)?_attention: torch\.jit\.trace is not supported"):
+        torch.jit.trace(P, (x,), check_trace=False)
+
+
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+def test_compile_runs_the_kernel_eagerly(kind):
+    # issue 8, finding 8 for the causal kernels: torch.compile failed on a data-dependent
+    # guard.  The kernel is excluded from the graph: without fullgraph the compiled model
+    # equals eager at changing batch sizes; fullgraph=True names the kernel
+    torch._dynamo.reset()
+    P = _causal_propagator(kind)
+    C = torch.compile(P, backend="eager")
+    for B in (2, 5):
+        x = torch.randn(B, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(B))
+        torch.testing.assert_close(C(x), P(x), rtol=0, atol=1e-13)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"causal_sliced_relu(_bump)?_attention"):
+        torch.compile(P, fullgraph=True, backend="eager")(torch.randn(2, 3, 4, dtype=torch.float64))
+    torch._dynamo.reset()

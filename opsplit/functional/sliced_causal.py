@@ -102,6 +102,12 @@ _TILE_BYTES = 32 << 20
 # validation
 # --------------------------------------------------------------------------------------
 def _check(fn, zq, zk, v, key_padding_mask, key_weights):
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{fn}: torch.jit.trace is not supported: the causal kernel's divide and conquer "
+            "depends on the data (sorted prefix tables per level); run the model eagerly, or "
+            "compile it with torch.compile (without fullgraph: the kernel runs eagerly)"
+        )
     for name, x in (("zq", zq), ("zk", zk), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -642,6 +648,7 @@ def _prepare(fn, zq, zk, v, key_padding_mask, key_weights):
     return w, wr, lead, R, Nq, Nk, D
 
 
+@torch.compiler.disable(reason="causal_sliced_relu_attention: data-dependent divide and conquer, runs eagerly")
 def causal_sliced_relu_attention(
     zq: Tensor,
     zk: Tensor,
@@ -877,6 +884,7 @@ class _CausalBump(torch.autograd.Function):
         return dzq, dzk, dvv, None, db
 
 
+@torch.compiler.disable(reason="causal_sliced_relu_bump_attention: data-dependent divide and conquer, runs eagerly")
 def causal_sliced_relu_bump_attention(
     zq: Tensor,
     zk: Tensor,
