@@ -38,7 +38,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def build(args, device=None) -> torch.nn.Module:
-    """The model, from ``args.seed`` (the same weights on every rank)."""
+    """The model, from ``args.seed`` (the same weights on every rank; DDP would also
+    broadcast rank 0's at wrapping)."""
+    torch.manual_seed(args.seed)  # the embedding, norm and read-out draw from the global RNG
     g = torch.Generator().manual_seed(args.seed)
     enc = SplitEncoder(args.d_model, args.heads, args.d_ff, n_steps=args.n_steps, scheme=args.scheme,
                        generator=g)
