@@ -19,7 +19,12 @@ from torch import nn
 
 from opsplit.control import Objective, Trainer, load_checkpoint
 from opsplit.control import distributed as od
-from opsplit.control.distributed import DistEnv, check_data_parallel, env_from_environ, init_from_env
+from opsplit.control.distributed import (
+    DistEnv,
+    check_data_parallel,
+    env_from_environ,
+    init_from_env,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _train_helpers import TinyClassifier, tiny_config, tiny_data  # noqa: E402
