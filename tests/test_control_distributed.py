@@ -200,6 +200,7 @@ def test_rank_mismatch_is_refused(monkeypatch):
 COMMON = ["--dtype", "float64", "--n-train", "48", "--max-steps", "4", "--d-model", "8", "--heads", "2",
           "--d-ff", "16", "--n-steps", "2", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
           "--wd", "0.01", "--warmup", "1", "--grad-clip", "1.0", "--save-every", "2", "--no-plot"]
+CPU = [*COMMON, "--device", "cpu"]  # gloo even where CUDA is available
 RTOL = 1e-12
 
 
@@ -237,7 +238,7 @@ def _rel_diff(a: dict, b: dict) -> float:
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    res = _torchrun([*COMMON, "--batch", "8", "--out", str(out)])
+    res = _torchrun([*CPU, "--batch", "8", "--out", str(out)])
     return out, res
 
 
@@ -248,16 +249,16 @@ def test_torchrun_two_processes_equal_single_process_with_the_global_batch(ddp_r
     ex = _example()
     # the DDP run's final checkpoint, written by rank 0, loaded into a bare model (no "module." prefix)
     ck = out / "checkpoints" / "step-00000004"
-    ddp = _checkpoint_state(ck, ex, COMMON)
+    ddp = _checkpoint_state(ck, ex, CPU)
     # the reference: one process, no process group, batch 16 = 2 x 8
-    single = _state(ex.main([*COMMON, "--batch", "16"])["model"])
-    init = _state(ex.build(ex.parser().parse_args(COMMON)))
+    single = _state(ex.main([*CPU, "--batch", "16"])["model"])
+    init = _state(ex.build(ex.parser().parse_args(CPU)))
     moved = _rel_diff(single, init)
     assert moved > 1e-3  # training changed the parameters
     err = _rel_diff(ddp, single)
     assert err <= RTOL, f"DDP vs single process: relative difference {err:.3e} > {RTOL:g}"
     # the comparison is discriminating: one process with the per-rank batch (8) is another run
-    per_rank = _state(ex.main([*COMMON, "--batch", "8"])["model"])
+    per_rank = _state(ex.main([*CPU, "--batch", "8"])["model"])
     assert _rel_diff(per_rank, single) > 1e3 * RTOL
 
 
@@ -267,8 +268,8 @@ def test_ddp_checkpoint_resumes_in_one_process(ddp_run, tmp_path):
     global batch, ends where the two-process run ended (float tolerance)."""
     out, _ = ddp_run
     ex = _example()
-    ddp = _checkpoint_state(out / "checkpoints" / "step-00000004", ex, COMMON)
-    r = ex.main([*COMMON, "--batch", "16", "--resume", str(out / "checkpoints" / "step-00000002")])
+    ddp = _checkpoint_state(out / "checkpoints" / "step-00000004", ex, CPU)
+    r = ex.main([*CPU, "--batch", "16", "--resume", str(out / "checkpoints" / "step-00000002")])
     assert r["steps"] == 4
     err = _rel_diff(_state(r["model"]), ddp)
     assert err <= RTOL, f"resumed in one process vs DDP: relative difference {err:.3e}"
@@ -280,10 +281,10 @@ def test_torchrun_resume_is_bit_exact(ddp_run, tmp_path):
     uninterrupted two-process run ended."""
     out, _ = ddp_run
     ex = _example()
-    _torchrun([*COMMON, "--batch", "8", "--out", str(tmp_path),
+    _torchrun([*CPU, "--batch", "8", "--out", str(tmp_path),
                "--resume", str(out / "checkpoints" / "step-00000002")])
-    a = _checkpoint_state(tmp_path / "checkpoints" / "step-00000004", ex, COMMON)
-    b = _checkpoint_state(out / "checkpoints" / "step-00000004", ex, COMMON)
+    a = _checkpoint_state(tmp_path / "checkpoints" / "step-00000004", ex, CPU)
+    b = _checkpoint_state(out / "checkpoints" / "step-00000004", ex, CPU)
     for k in b:
         assert torch.equal(a[k], b[k]), k
 
