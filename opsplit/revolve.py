@@ -27,14 +27,21 @@ revolve", ACM TOMS 26(1), 2000):
   map, i.e. the same gradient as backpropagation (round-off aside: the per-unit
   parameter gradients are summed in another order).
 
-Cost: the forward pass evaluates every unit once without a graph, the backward pass
-re-evaluates :math:`R` units without a graph (:func:`revolve_cost`; each unit at most
-:math:`r - 1` times, :math:`r` the least integer with :math:`\binom{s + r}{s} \ge N`) and
-every unit once with a graph for its vector-Jacobian product.  Memory: at most :math:`s`
-states kept from the forward pass to the backward pass (they are what autograd saves),
-at most :math:`2s - 1` states alive during the backward pass (the forward pass's
-snapshots stay referenced by autograd until the backward pass ends), plus one unit's
-intermediates, the adjoint state and one gradient per parameter.
+Cost: the forward pass evaluates every unit once without a graph; the backward pass
+re-evaluates units without a graph (each unit at most :math:`r - 1` times, :math:`r` the
+least integer with :math:`\binom{s + r}{s} \ge N`) and every unit once with a graph for its
+vector-Jacobian product.  The graph-free evaluations number
+:math:`r N - \binom{s + r}{s + 1} + 1`: Griewank's minimum :math:`t(N, s) = r N -
+\beta(s + 1, r - 1)` for reversing :math:`N` steps with :math:`s` checkpoints, plus the
+forward pass's evaluation of the last unit (which produces the output; revolve would
+tape it instead).  :func:`revolve_cost` counts them by a dry run of the same schedule.
+
+Memory: kept from the forward pass to the backward pass (what autograd saves): at most
+:math:`s` snapshots plus the working state (the input of the last unit) and one RNG state
+each; alive during the backward pass: at most :math:`2s` states (the forward pass's stay
+referenced by autograd until the backward pass ends, and up to :math:`s - 1` more are
+placed by the sweep), plus one working state, one unit's intermediates, the adjoint state
+and one gradient per parameter — independent of :math:`N`.
 
 What is differentiated: the state and the parameters (and buffers that require grad) of
 the ``scheme`` — its controls.  A tensor that requires grad and that the scheme reads from
@@ -77,18 +84,30 @@ def _check_int(v, name):
 
 
 def _split(length: int, slots: int) -> int:
-    """Length of the left part of a segment of ``length`` units reversed with ``slots``."""
+    """Length :math:`l_1` of the left part of a segment of ``length`` units reversed with
+    ``slots`` slots (``slots >= 2``).  The cost (graph-free unit evaluations) of reversing
+    :math:`l` units with :math:`s` slots is :math:`t(l, s) = r l - \\beta(s + 1, r - 1)`,
+    :math:`r` = :func:`binomial_reps` (convex, piecewise linear in :math:`l` with slope
+    :math:`r`); :math:`l_1 + t(l_1, s) + t(l - l_1, s - 1)` is least where the slopes
+    match, :math:`r(l_1, s) = r - 1` and :math:`r(l - l_1, s - 1) = r`: any
+    :math:`l_1 \\in [\\max(\\beta(s, r-2), l - \\beta(s-1, r)),
+    \\min(\\beta(s, r-1), l - \\beta(s-1, r-1))]` (non-empty for
+    :math:`\\beta(s, r-1) < l \\le \\beta(s, r)`); the least is taken."""
     r = binomial_reps(length, slots)
-    return min(comb(slots + r - 1, slots), length - 1)
+    lo = max(comb(slots + r - 2, slots) if r >= 2 else 0, length - comb(slots - 1 + r, slots - 1), 1)
+    return min(lo, length - 1)
 
 
 def _forward_positions(n: int, s: int) -> list[int]:
-    """Unit indices whose start states the forward pass stores (0 included)."""
+    """Unit indices whose start states the forward pass stores: the snapshots of the first
+    descent (0 included) and the working state, the start of the last unit."""
     pos, a = [0], 0
     while n - a > 1 and s > 1:
         a += _split(n - a, s)
         s -= 1
         pos.append(a)
+    if pos[-1] != n - 1:
+        pos.append(n - 1)
     return pos
 
 
@@ -103,7 +122,7 @@ def _reverse(n: int, s: int, held: dict, run, vjp) -> None:
         a, b, s = stack.pop()
         if b - a == 1 or s <= 1:
             for j in range(b - 1, a, -1):
-                vjp(j, run(held[a], a, j))
+                vjp(j, held.pop(j) if j in held else run(held[a], a, j))
             vjp(a, held.pop(a))
             continue
         m = a + _split(b - a, s)
