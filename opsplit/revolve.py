@@ -205,6 +205,14 @@ def _external_leaf(y: Tensor, allowed: set):
     return None
 
 
+def _compact(u: Tensor) -> Tensor:
+    """``u`` itself, or a copy when it is a view into a larger storage (e.g. the last
+    time of a solver's stacked solution): a stored state holds its own bytes only."""
+    if u.untyped_storage().nbytes() > u.numel() * u.element_size():
+        return u.clone()
+    return u
+
+
 class _Plan:
     """The non-tensor arguments of the function: scheme, time grid, units, slots."""
 
@@ -232,7 +240,7 @@ class _BinomialCheckpoint(torch.autograd.Function):
         g = plan.grid
         for j in range(plan.n_units):
             if j in positions:
-                states.append(u)
+                states.append(_compact(u))
                 grids.append(g)
                 rngs.append(_rng_state(dev))
             u, g = plan.run_units(u, g, j, j + 1)
@@ -274,7 +282,7 @@ class _BinomialCheckpoint(torch.autograd.Function):
             _set_rng_state(rec[2], dev)
             with torch.no_grad(), torch.autocast(dtype, dtype=ac_dtype, enabled=ac_enabled):
                 u, g = plan.run_units(rec[0], rec[1], a, b)
-            return u, g, _rng_state(dev)
+            return _compact(u), g, _rng_state(dev)
 
         def vjp(j, rec):
             _set_rng_state(rec[2], dev)

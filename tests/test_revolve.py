@@ -162,9 +162,8 @@ def _saved_bytes(model, x, mode, **kw):
     with gradient_mode(model, mode, **kw):
         with torch.autograd.graph.saved_tensors_hooks(Saved, lambda s: s.t):
             loss = model(x).square().mean()
-        peak = live[1]
-        loss.backward()
-    return peak
+    del loss  # (the backward pass is not needed to count what the forward pass saves)
+    return live[1]
 
 
 def test_saved_memory_flat_in_n_steps():
@@ -173,16 +172,19 @@ def test_saved_memory_flat_in_n_steps():
     out = {}
     for n in (64, 256):
         g = torch.Generator().manual_seed(0)
-        m = SplitEncoder(8, 2, 16, n_steps=n, T=1.0, scheme="lie", control="legendre", n_modes=2, generator=g,
+        m = SplitEncoder(8, 2, 8, n_steps=n, T=1.0, scheme="lie", control="legendre", n_modes=2, generator=g,
                          solver=ODESolve("euler"))
         for mode, kw in (("backprop", {}), ("checkpoint", {"snapshots": 4}), ("adjoint", {"snapshots": 4}),
                          ("checkpoint", {"snapshots": None})):
             out[mode, kw.get("snapshots"), n] = _saved_bytes(m, x, mode, **kw)
     state = x.numel() * x.element_size()
+    rng = torch.get_rng_state().numel()
     for mode in ("checkpoint", "adjoint"):
         a, b = out[mode, 4, 64], out[mode, 4, 256]
         assert b <= a * 1.05 + 1024, (mode, a, b)
-        assert b <= 8 * state  # a handful of states, whatever N_t
+        # at most 4 snapshots + the working state, each with its RNG state, and a few
+        # tensors saved outside the time loop (the loss)
+        assert b <= 5 * (state + rng) + 4 * state, (mode, b)
     # plain backprop and one state per step grow linearly
     assert out["backprop", None, 256] > 3.5 * out["backprop", None, 64]
     assert out["checkpoint", None, 256] > 3.5 * out["checkpoint", None, 64]
