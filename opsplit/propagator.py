@@ -216,19 +216,20 @@ class Propagator(nn.Module):
 def _checkpointed_steps(scheme: Scheme, times, u: Tensor, grid: Grid, k: int):
     """The time loop with ``torch.utils.checkpoint`` around every block of ``k`` steps: the
     backward pass stores one state per block and recomputes the block's steps.  Returns
-    ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (it is computed from
-    the grid alone, :meth:`Scheme.output_grid`, so it need not cross the checkpoint)."""
+    ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (recorded when a block
+    runs; a recomputation records the same grid)."""
     from torch.utils.checkpoint import checkpoint
+
+    out_grid = [grid]
 
     def block(u, a, b, g):
         for n in range(a, b):
             u, g = scheme.advance(times[n], times[n + 1] - times[n], u, g)
+        out_grid[0] = g
         return u
 
     n = len(times) - 1
     for a in range(0, n, k):
         b = min(a + k, n)
-        u = checkpoint(block, u, a, b, grid, use_reentrant=False)
-        for _ in range(a, b):
-            grid = scheme.output_grid(grid)
-    return u, grid
+        u = checkpoint(block, u, a, b, out_grid[0], use_reentrant=False)
+    return u, out_grid[0]

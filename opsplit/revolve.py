@@ -244,6 +244,7 @@ class _BinomialCheckpoint(torch.autograd.Function):
                 grids.append(g)
                 rngs.append(_rng_state(dev))
             u, g = plan.run_units(u, g, j, j + 1)
+        plan.out_grid = g
         ctx.plan = plan
         ctx.positions = sorted(positions)
         ctx.grids = grids
@@ -324,14 +325,11 @@ class _BinomialCheckpoint(torch.autograd.Function):
 def revolve_steps(scheme, times, u: Tensor, grid, every: int, snapshots: int):
     """The time loop of :class:`~opsplit.Propagator` with binomial checkpointing: units of
     ``every`` steps, at most ``snapshots`` stored unit states.  Returns ``(u, grid)``;
-    the grid is threaded as in :meth:`Scheme.advance` (computed from the grid alone,
-    :meth:`Scheme.output_grid`)."""
+    the grid is threaded as in :meth:`Scheme.advance` (each snapshot stores its grid)."""
     _check_int(every, "checkpoint_every")
     _check_int(snapshots, "checkpoint_snapshots")
     plan = _Plan(scheme, times, grid, every, snapshots)
     params = [p for p in scheme.parameters() if p.requires_grad]
     params += [b for b in scheme.buffers() if b.requires_grad]
     out = _BinomialCheckpoint.apply(plan, u, *params)
-    for _ in range(len(times) - 1):
-        grid = scheme.output_grid(grid)
-    return out, grid
+    return out, plan.out_grid
