@@ -120,7 +120,7 @@ with gradient_mode(m, mode, checkpoint_every=1, snapshots=snapshots):
         loss = m(x).square().mean()
     saved = live[1]
     loss.backward()
-print(json.dumps({{"mode": mode, "snapshots": snapshots, "n_steps": n, "inner": inner, "saved_mb": saved / 2**20, "rss_mb": hwm - rss0,
+print(json.dumps({{"mode": mode, "snapshots": None if mode == "backprop" else snapshots, "n_steps": n, "inner": inner, "saved_mb": saved / 2**20, "rss_mb": hwm - rss0,
                   "time_s": dt}}))
 """
 
