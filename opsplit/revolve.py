@@ -12,11 +12,11 @@ revolve", ACM TOMS 26(1), 2000):
 * With :math:`s` snapshot slots (the initial state counts as one) and :math:`r` forward
   evaluations per unit at most, :math:`\beta(s, r) = \binom{s + r}{s}` units can be
   reversed, by the recursion :math:`\beta(s, r) = \beta(s, r-1) + \beta(s-1, r)`: a segment
-  of :math:`l \le \beta(s, r)` units starting at a held state is split at
-  :math:`l_1 = \min(\beta(s, r-1), l-1)`; the state there is stored, the right part
-  (:math:`\le \beta(s-1, r)` units) is reversed with the remaining :math:`s - 1` slots,
-  its slot is freed, and the left part is reversed with :math:`s` slots and one
-  evaluation fewer.  With one slot the segment is reversed by recomputing every state
+  of :math:`l \le \beta(s, r)` units starting at a held state is split at :math:`l_1`
+  (:math:`\le \beta(s, r-1)`, chosen where the cost is least, :func:`_split`); the state
+  there is stored, the right part (:math:`\le \beta(s-1, r)` units) is reversed with the
+  remaining :math:`s - 1` slots, its slot is freed, and the left part is reversed with
+  :math:`s` slots and one evaluation fewer.  With one slot the segment is reversed by recomputing every state
   from the held one (quadratic cost).
 * The forward pass (no graph recorded) stores the states of the first descent of that
   recursion; the backward pass follows it, and for each unit :math:`n` (last to first)
