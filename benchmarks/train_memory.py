@@ -168,7 +168,7 @@ def timing(specs, ns, repeats, snapshots):
                          generator=g, solver=ODESolve("euler"))
         x = torch.randn(16, 16, 32)
 
-        def step(mode, s):
+        def step(mode, s, m=m, x=x):
             m.zero_grad(set_to_none=True)
             with gradient_mode(m, mode, checkpoint_every=1, snapshots=s):
                 t0 = time.perf_counter()
