@@ -26,6 +26,7 @@ from ._checks import (
     check_tensor,
 )
 from .grid import Grid, check_grid
+from .revolve import revolve_steps
 from .schemes.base import Scheme, changes_grid
 
 __all__ = ["Propagator"]
@@ -52,7 +53,15 @@ class Propagator(nn.Module):
     steps and recomputes the block during the backward pass (``torch.utils.checkpoint``,
     non-reentrant, RNG state preserved, so dropout masks are the same in the recomputation).
     Used only when autograd records and no trajectory is asked for.  Set by
-    ``opsplit.control`` (``gradient="checkpoint"``).
+    ``opsplit.control`` (``gradient="checkpoint"`` and ``"adjoint"``).
+
+    ``checkpoint_snapshots`` (attribute, default ``None``): with ``checkpoint_every >= 1``,
+    ``None`` stores one state per block (memory linear in :math:`N_t`); ``s >= 1`` stores
+    at most ``s`` block states whatever :math:`N_t` and recomputes the others from them
+    during the backward pass (binomial checkpointing, :mod:`opsplit.revolve`: memory
+    bounded independently of :math:`N_t`, each block evaluated at most :math:`r` times without
+    a graph and once with one, :math:`\\binom{s + r}{s} \\ge N_t / k`; :func:`opsplit.revolve.revolve_cost` counts
+    the evaluations).  It differentiates the scheme's own parameters and buffers.
 
     **Validation** (once per call, never per substep): ``f`` is a floating tensor of rank 2
     or 3 whose shape fits the grid, on the dtype and device of the parameters, with at
@@ -72,6 +81,8 @@ class Propagator(nn.Module):
 
     #: gradient checkpointing of the time loop: 0 off, k >= 1 blocks of k steps
     checkpoint_every: int = 0
+    #: binomial checkpointing: at most this many stored block states (None: one per block)
+    checkpoint_snapshots: int | None = None
 
     def __init__(
         self,
@@ -164,7 +175,11 @@ class Propagator(nn.Module):
         u = f
         traj = [u] if return_trajectory else None
         if self.checkpoint_every and traj is None and torch.is_grad_enabled():
-            u, g = _checkpointed_steps(self.scheme, times, u, g, int(self.checkpoint_every))
+            if self.checkpoint_snapshots is None:
+                u, g = _checkpointed_steps(self.scheme, times, u, g, int(self.checkpoint_every))
+            else:
+                u, g = revolve_steps(self.scheme, times, u, g, int(self.checkpoint_every),
+                                     int(self.checkpoint_snapshots))
         else:
             for n in range(len(times) - 1):
                 # a scheme with grid transfers returns the grid of the new state (Scheme.advance)
@@ -193,30 +208,28 @@ class Propagator(nn.Module):
         )
         if self.checkpoint_every:
             s += f", checkpoint_every={self.checkpoint_every}"
+            if self.checkpoint_snapshots is not None:
+                s += f", checkpoint_snapshots={self.checkpoint_snapshots}"
         return s
 
 
 def _checkpointed_steps(scheme: Scheme, times, u: Tensor, grid: Grid, k: int):
     """The time loop with ``torch.utils.checkpoint`` around every block of ``k`` steps: the
     backward pass stores one state per block and recomputes the block's steps.  Returns
-    ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (it is computed from
-    the grid alone, :meth:`Scheme.output_grid`, so it need not cross the checkpoint)."""
+    ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (recorded when a block
+    runs; a recomputation records the same grid)."""
     from torch.utils.checkpoint import checkpoint
+
+    out_grid = [grid]
 
     def block(u, a, b, g):
         for n in range(a, b):
             u, g = scheme.advance(times[n], times[n + 1] - times[n], u, g)
+        out_grid[0] = g
         return u
 
     n = len(times) - 1
     for a in range(0, n, k):
         b = min(a + k, n)
-        u = checkpoint(block, u, a, b, grid, use_reentrant=False)
-        for _ in range(a, b):
-            grid = scheme.output_grid(grid)
-    return u, grid
-
-    n = len(times) - 1
-    for a in range(0, n, k):
-        u = checkpoint(block, u, a, min(a + k, n), use_reentrant=False)
-    return u
+        u = checkpoint(block, u, a, b, out_grid[0], use_reentrant=False)
+    return u, out_grid[0]

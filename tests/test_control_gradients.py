@@ -27,14 +27,15 @@ def _grads(model, x, target, mode, **kw):
 
 @pytest.mark.parametrize("scheme", ["lie", "hybrid"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_checkpoint_gradient_equals_backprop(scheme, k):
+@pytest.mark.parametrize("snapshots", [None, 2])
+def test_checkpoint_gradient_equals_backprop(scheme, k, snapshots):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     m = SplitEncoder(6, 2, 12, n_steps=5, T=1.0, scheme=scheme, generator=g, dtype=torch.float64)
     x = torch.randn(3, 4, 6, dtype=torch.float64)
     tgt = torch.randn(3, 4, 6, dtype=torch.float64)
     gb, lb = _grads(m, x, tgt, "backprop")
-    gc, lc = _grads(m, x, tgt, "checkpoint", checkpoint_every=k)
+    gc, lc = _grads(m, x, tgt, "checkpoint", checkpoint_every=k, snapshots=snapshots)
     assert m.checkpoint_every == 0  # restored
     assert lb == lc
     torch.testing.assert_close(gc, gb, rtol=1e-12, atol=1e-14)

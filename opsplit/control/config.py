@@ -7,7 +7,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .gradients import GRADIENT_MODES
+from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES"]
 
@@ -63,7 +63,13 @@ class TrainConfig:
         grad_clip: clip the global gradient norm to this value (``None``: no clipping).
         gradient: ``"backprop"``, ``"checkpoint"`` or ``"adjoint"``
             (:mod:`opsplit.control.gradients`).
-        checkpoint_every: steps per checkpointed block (``gradient="checkpoint"``).
+        checkpoint_every: steps per checkpointed block (``gradient="checkpoint"``, and
+            ``"adjoint"`` with a snapshot budget).
+        checkpoint_snapshots: the most block states stored for the backward pass in the
+            ``"checkpoint"`` and ``"adjoint"`` modes (binomial checkpointing: memory
+            bounded independently of N_t, blocks recomputed from the stored states;
+            :mod:`opsplit.revolve`); ``None``: one state per block (``"checkpoint"``) or
+            per substep (``"adjoint"``), memory linear in N_t.
         seed: seeds the parameters' RNG use during training, the data order and the
             augmentation generator.
         shuffle: reshuffle the training data every epoch (seeded).
@@ -90,6 +96,7 @@ class TrainConfig:
     grad_clip: float | None = None
     gradient: str = "backprop"
     checkpoint_every: int = 1
+    checkpoint_snapshots: int | None = DEFAULT_SNAPSHOTS
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
@@ -123,6 +130,7 @@ class TrainConfig:
         if self.gradient not in GRADIENT_MODES:
             raise ValueError(f"TrainConfig.gradient: expected one of {GRADIENT_MODES}, got {self.gradient!r}")
         self.checkpoint_every = _int(self.checkpoint_every, "checkpoint_every", 1)
+        self.checkpoint_snapshots = _int(self.checkpoint_snapshots, "checkpoint_snapshots", 1, allow_none=True)
         self.seed = _int(self.seed, "seed", 0)
         for name in ("shuffle", "drop_last", "progress"):
             if not isinstance(getattr(self, name), bool):

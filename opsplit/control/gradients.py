@@ -6,13 +6,15 @@ r"""Three ways to get :math:`\nabla_\theta J`, chosen by one argument.
     it grows linearly in :math:`N_t` with the full per-step footprint (attention weights,
     solver stages, ...).
 
-``"checkpoint"`` — the same gradient, bit for bit in exact arithmetic (round-off may differ
-    in the last bits only if a kernel is not deterministic), computed with
-    ``torch.utils.checkpoint`` around every block of ``checkpoint_every`` steps
-    (:attr:`opsplit.Propagator.checkpoint_every`): the forward pass stores one state per
-    block; the backward pass recomputes the block.  Memory: the stored states
-    (:math:`N_t/k` states of size :math:`B N_x N_y`) plus one block's intermediates — it
-    does not grow with :math:`N_t` beyond the stored states.  Cost: one extra forward.
+``"checkpoint"`` — the same gradient (the chain rule of the same discrete map; round-off
+    may differ in the last bits), computed without keeping the intermediates of the time
+    loop.  With ``snapshots = s`` (the default, :data:`DEFAULT_SNAPSHOTS`) the forward pass
+    keeps at most :math:`s` states of blocks of ``checkpoint_every`` steps and the backward
+    pass recomputes the others from them (binomial checkpointing, :mod:`opsplit.revolve`):
+    memory bounded independently of :math:`N_t`, at the cost of recomputing each block at
+    most :math:`r` times, :math:`\binom{s + r}{s} \ge N_t/k`.  With ``snapshots=None``:
+    ``torch.utils.checkpoint`` around every block, one stored state per block (memory
+    linear in :math:`N_t`, one extra forward pass).
 
 ``"adjoint"``  — *optimise, then discretise*: the substeps that are smooth ODEs are solved
     by ``torchdiffeq.odeint_adjoint`` (the :class:`~opsplit.solvers.ODESolve` substeps,
@@ -25,8 +27,13 @@ r"""Three ways to get :math:`\nabla_\theta J`, chosen by one argument.
     which vanishes as :math:`\Delta t \to 0` at the method's order (test:
     ``tests/test_control_gradients.py``).  Projections (:math:`S_1`, :math:`S_2`),
     relaxations and other discrete maps are differentiated per step by autograd (their
-    Jacobians are exact).  Memory: one state per substep, not the solver's internal
-    stages.
+    Jacobians are exact).  A substep's adjoint solve needs the substep's initial state;
+    a projection cannot be run backwards (it is not invertible), so these states are not
+    reconstructed by integrating backwards across steps: with ``snapshots = s`` (default)
+    they are recomputed from at most :math:`s` stored states exactly as in
+    ``"checkpoint"`` (memory bounded independently of :math:`N_t` and of the solver's
+    inner steps); with ``snapshots=None`` every substep's endpoints are stored (memory
+    linear in :math:`N_t`, independent of the inner steps).  Both give the same gradient.
 
 :func:`set_gradient_mode` configures a model for a mode and returns what it changed;
 :func:`gradient_mode` is the same as a context manager that restores the previous setting.
@@ -42,10 +49,12 @@ from ..propagator import Propagator
 from ..solvers.base import Solver, Substep
 from ..solvers.odeint import ODESolve
 
-__all__ = ["GRADIENT_MODES", "set_gradient_mode", "gradient_mode", "ode_solvers", "Unsplit"]
+__all__ = ["GRADIENT_MODES", "DEFAULT_SNAPSHOTS", "set_gradient_mode", "gradient_mode", "ode_solvers", "Unsplit"]
 
 #: the gradient modes
 GRADIENT_MODES = ("backprop", "checkpoint", "adjoint")
+#: default snapshot budget of the "checkpoint" and "adjoint" modes (stored states)
+DEFAULT_SNAPSHOTS = 8
 
 
 def _solvers_of(solver: Solver, seen: set):
@@ -76,6 +85,14 @@ def ode_solvers(model: nn.Module) -> list[ODESolve]:
     return out
 
 
+def _check_snapshots(snapshots):
+    if snapshots is None:
+        return None
+    if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
+        raise ValueError(f"snapshots: expected an integer >= 1 (stored states) or None, got {snapshots!r}")
+    return snapshots
+
+
 def _check_mode(mode, checkpoint_every) -> int:
     if mode not in GRADIENT_MODES:
         raise ValueError(f"gradient: expected one of {GRADIENT_MODES}, got {mode!r}")
@@ -84,20 +101,25 @@ def _check_mode(mode, checkpoint_every) -> int:
     return checkpoint_every
 
 
-def set_gradient_mode(model: nn.Module, mode: str, *, checkpoint_every: int = 1) -> dict:
+def set_gradient_mode(model: nn.Module, mode: str, *, checkpoint_every: int = 1,
+                      snapshots: int | None = DEFAULT_SNAPSHOTS) -> dict:
     """Configure ``model`` to compute gradients by ``mode`` (:data:`GRADIENT_MODES`).
 
-    Sets :attr:`~opsplit.Propagator.checkpoint_every` on every propagator of the model
-    (``checkpoint_every`` steps per block in ``"checkpoint"`` mode, ``0`` otherwise) and
-    ``adjoint`` on every :class:`~opsplit.solvers.ODESolve` of its substeps and of
-    :class:`Unsplit` (``True`` in ``"adjoint"`` mode only).  Returns the previous settings
-    (for :func:`gradient_mode` to restore).
+    Sets :attr:`~opsplit.Propagator.checkpoint_every` and
+    :attr:`~opsplit.Propagator.checkpoint_snapshots` on every propagator of the model
+    (``"checkpoint"``: ``checkpoint_every`` steps per block, ``snapshots`` stored block
+    states or ``None`` for one per block; ``"adjoint"``: the same with a snapshot budget,
+    checkpointing off with ``snapshots=None``; ``"backprop"``: off) and ``adjoint`` on
+    every :class:`~opsplit.solvers.ODESolve` of its substeps and of :class:`Unsplit`
+    (``True`` in ``"adjoint"`` mode only).  Returns the previous settings (for
+    :func:`gradient_mode` to restore).
 
     Raises ``ValueError`` before changing anything when the mode cannot apply: no propagator
     for ``"checkpoint"``; no smooth ODE substep (``ODESolve``) and no :class:`Unsplit` for
     ``"adjoint"``.
     """
     k = _check_mode(mode, checkpoint_every)
+    snapshots = _check_snapshots(snapshots)
     props = [m for m in model.modules() if isinstance(m, Propagator)]
     odes = ode_solvers(model)
     if mode == "checkpoint" and not props:
@@ -112,28 +134,32 @@ def set_gradient_mode(model: nn.Module, mode: str, *, checkpoint_every: int = 1)
             "train the unsplit reference (opsplit.control.Unsplit)"
         )
     previous = {
-        "propagators": [(p, p.checkpoint_every) for p in props],
+        "propagators": [(p, p.checkpoint_every, p.checkpoint_snapshots) for p in props],
         "ode_solvers": [(s, s.adjoint) for s in odes],
     }
     for p in props:
-        p.checkpoint_every = k if mode == "checkpoint" else 0
+        if mode == "checkpoint" or (mode == "adjoint" and snapshots is not None):
+            p.checkpoint_every, p.checkpoint_snapshots = k, snapshots
+        else:
+            p.checkpoint_every, p.checkpoint_snapshots = 0, None
     for s in odes:
         s.adjoint = mode == "adjoint"
     return previous
 
 
 def restore_gradient_mode(previous: dict) -> None:
-    for p, v in previous["propagators"]:
-        p.checkpoint_every = v
+    for p, k, s in previous["propagators"]:
+        p.checkpoint_every, p.checkpoint_snapshots = k, s
     for s, v in previous["ode_solvers"]:
         s.adjoint = v
 
 
 @contextlib.contextmanager
-def gradient_mode(model: nn.Module, mode: str, *, checkpoint_every: int = 1):
+def gradient_mode(model: nn.Module, mode: str, *, checkpoint_every: int = 1,
+                  snapshots: int | None = DEFAULT_SNAPSHOTS):
     """``with gradient_mode(model, "adjoint"): loss.backward()`` — :func:`set_gradient_mode`
     for the block, previous settings restored after."""
-    previous = set_gradient_mode(model, mode, checkpoint_every=checkpoint_every)
+    previous = set_gradient_mode(model, mode, checkpoint_every=checkpoint_every, snapshots=snapshots)
     try:
         yield model
     finally:

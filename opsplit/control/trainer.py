@@ -314,7 +314,8 @@ class Trainer:
         self._check_batch(train)
         if evald is not None:
             self._check_batch(evald)
-        previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every)
+        previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
+                                     snapshots=c.checkpoint_snapshots)
         try:
             if resume is not None:
                 self.load(resume)
