@@ -25,6 +25,7 @@ LAYERS = {
     "operators": 4,  # what moves u
     "solvers": 5,  # how one substep is advanced
     "schemes": 6,  # in what order
+    "revolve": 7,  # binomial checkpointing of a time loop (used by the propagator)
     "propagator": 7,  # the composed map
     "reference": 8,  # the unsplit model solved by torchdiffeq (terms, solvers, schemes)
     "models": 9,  # named discretisations and converters
