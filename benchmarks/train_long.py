@@ -60,7 +60,7 @@ def step_times(history) -> list[float]:
 def paired_step_times(args, attentions, length: int, pairs: int) -> dict:
     """One training step (forward, backward, optimizer) of every variant on the same batch,
     interleaved A B A B; one warm-up step each."""
-    data = flag_retrieval(args.batch, length, n_symbols=args.symbols, seed=args.seed + 7)
+    data = flag_retrieval(args.batch, length, n_symbols=args.symbols, flag_length=args.flag_length, seed=args.seed + 7)
     x, y = data.inputs, data.targets
     runs = {}
     for a in attentions:
@@ -96,18 +96,19 @@ def main(argv=None):
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--attentions", nargs="+", default=["sliced_relu", "softmax", "none"],
                    choices=["sliced_relu", "softmax", "sliced_bump", "none"])
-    p.add_argument("--steps", type=int, default=250)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--symbols", type=int, default=8)
+    p.add_argument("--flag-length", type=int, default=32, help="tokens in the flagged span")
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--d-ff", type=int, default=64)
     p.add_argument("--n-steps", type=int, default=1, help="N_t (layers)")
     p.add_argument("--bandwidth", type=float, default=1.0, help="initial bandwidth of sliced_bump")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-samples", type=int, default=32)
+    p.add_argument("--eval-samples", type=int, default=64)
     p.add_argument("--pairs", type=int, default=7, help="interleaved rounds of the paired step timing")
     p.add_argument("--time-lengths", type=int, nargs="*", default=[],
                    help="extra lengths: paired step times only, no training")
@@ -120,8 +121,10 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     n_train = args.steps * args.batch
     t = time.perf_counter()
-    train = flag_retrieval(n_train, args.length, n_symbols=args.symbols, seed=args.seed, name="train")
-    test = flag_retrieval(args.eval_samples, args.length, n_symbols=args.symbols, seed=args.seed + 1000, name="test")
+    train = flag_retrieval(n_train, args.length, n_symbols=args.symbols, flag_length=args.flag_length,
+                           seed=args.seed, name="train")
+    test = flag_retrieval(args.eval_samples, args.length, n_symbols=args.symbols, flag_length=args.flag_length,
+                          seed=args.seed + 1000, name="test")
     print(f"data: {n_train} training / {args.eval_samples} test sequences of {args.length} tokens "
           f"({time.perf_counter() - t:.1f} s)", flush=True)
     far = args.length // 2

@@ -30,6 +30,31 @@ def test_flag_retrieval_layout():
     assert d.info["vocab_size"] == 2 * C
 
 
+def test_flag_retrieval_span():
+    C, N, m = 4, 40, 5
+    d = flag_retrieval(30, N, n_symbols=C, flag_span=(0.0, 1.0), flag_length=m, seed=1)
+    for i in range(30):
+        p = d.info["flag"][i]
+        assert torch.nonzero(d.inputs[i] >= C).flatten().tolist() == list(range(p, p + m))
+        assert (d.inputs[i, p:p + m] == d.inputs[i, p]).all()  # one symbol along the span
+        assert (d.targets[i, : p + m] == IGNORE).all() and (d.targets[i, p + m:] == d.inputs[i, p] - C).all()
+        assert p + m <= N - 1
+    # flag_length 1 is the single flag (same draws)
+    assert torch.equal(flag_retrieval(4, 20, seed=2).inputs, flag_retrieval(4, 20, seed=2, flag_length=1).inputs)
+    # distances of retrieval_accuracy count from the span's last token
+    logits = torch.nn.functional.one_hot(d.targets.clamp(min=0), C).double()
+    assert retrieval_accuracy(logits, d.targets) == 1.0
+    # right answers closer than k tokens after the span's last token, wrong ones from k on
+    k = 3
+    last = torch.tensor(d.info["flag"])[:, None] + m - 1
+    dist = torch.arange(N)[None, :] - last
+    logits = torch.where((dist >= k)[..., None], logits.roll(1, dims=-1), logits)
+    n_near = int(((dist >= 1) & (dist < k)).sum())
+    assert retrieval_accuracy(logits, d.targets) == pytest.approx(n_near / int((dist >= 1).sum()))
+    assert retrieval_accuracy(logits, d.targets, min_distance=k) == 0.0
+    assert retrieval_accuracy(logits, d.targets, min_distance=k - 1) > 0.0
+
+
 def test_flag_retrieval_deterministic_by_seed():
     a = flag_retrieval(8, 100, seed=1)
     b = flag_retrieval(8, 100, seed=1)
@@ -55,6 +80,9 @@ def test_flag_retrieval_deterministic_by_seed():
         (dict(flag_span=(0.0, 1.5)), ValueError, "flag_span"),
         (dict(flag_span=(0.0, 0.001)), ValueError, "flag_span"),
         (dict(flag_span=0.5), TypeError, "flag_span"),
+        (dict(flag_length=0), ValueError, "flag_length"),
+        (dict(flag_length=16), ValueError, "flag_span"),
+        (dict(flag_span=(0.9, 1.0), flag_length=3), ValueError, "flag_span"),
         (dict(flag_span=(0.0, float("nan"))), TypeError, "flag_span"),
     ],
 )

@@ -5,7 +5,13 @@ Every sequence has ``length`` tokens.  Token :math:`k` carries a symbol
 :math:`p` — drawn uniformly in ``[floor(a N), floor(b N))`` for ``flag_span = (a, b)`` — is
 *flagged*: its token id is :math:`C + s_p` instead of :math:`s_p` (vocabulary :math:`2C`).
 The target at every position :math:`k > p` is :math:`s_p`, the flagged symbol; positions
-:math:`k \le p` have no target (:data:`IGNORE`).
+:math:`k \le p` have no target (:data:`IGNORE`).  With ``flag_length = m > 1`` the flag is
+a span: the :math:`m` tokens :math:`p, \dots, p + m - 1` all carry the flagged symbol
+:math:`C + s_p`, and the targets start after the span (:math:`p` is then drawn so that the
+span ends before the last token).  A longer span makes the task easier to learn (at
+initialisation attention spreads over all keys, and the flag's share of it is
+:math:`m / k`), not shorter-ranged: the nearest flagged token is :math:`k - p - m + 1`
+tokens back.
 
 A causal model answers position :math:`k` only by retrieving a token :math:`k - p` steps
 back — up to ``length - 1`` tokens — among :math:`k` distractors that carry the same
@@ -43,39 +49,43 @@ def _int(v, name: str, low: int) -> int:
     return v
 
 
-def flag_retrieval(n_samples: int, length: int, *, n_symbols: int = 8, flag_span=(0.0, 0.5), seed: int = 0,
-                   name: str = "flag_retrieval") -> TensorData:
+def flag_retrieval(n_samples: int, length: int, *, n_symbols: int = 8, flag_span=(0.0, 0.5), flag_length: int = 1,
+                   seed: int = 0, name: str = "flag_retrieval") -> TensorData:
     """``n_samples`` sequences of the module docstring's task.
 
     Returns a :class:`TensorData` with inputs ``(n_samples, length)`` (int64 token ids in
     ``[0, 2 n_symbols)``) and targets ``(n_samples, length)`` (int64: the flagged symbol
-    after the flag, :data:`IGNORE` elsewhere); ``info["flag"]`` holds the flag positions.
+    after the flag, :data:`IGNORE` elsewhere); ``info["flag"]`` holds the flag positions
+    (the first of each span; ``flag_length`` as in the module docstring).
     The same arguments give the same tensors (a ``torch.Generator`` seeded with ``seed``).
     """
     n_samples = _int(n_samples, "n_samples", 1)
     length = _int(length, "length", 2)
     n_symbols = _int(n_symbols, "n_symbols", 2)
     seed = _int(seed, "seed", 0)
+    m = _int(flag_length, "flag_length", 1)
     if not (isinstance(flag_span, (tuple, list)) and len(flag_span) == 2
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in flag_span)):
         raise TypeError(f"flag_retrieval.flag_span: expected a pair of numbers (a, b), got {flag_span!r}")
     a, b = float(flag_span[0]), float(flag_span[1])
     lo, hi = math.floor(a * length), math.floor(b * length)
-    if not (0.0 <= a < b <= 1.0) or hi <= lo or lo > length - 2:
-        raise ValueError(f"flag_retrieval.flag_span: expected 0 <= a < b <= 1 with at least one flag position in "
-                         f"[0, length - 1) = [0, {length - 1}), got {flag_span!r} -> positions [{lo}, {hi})")
-    hi = min(hi, length - 1)  # at least one position after the flag
+    last = length - m  # a span starting before `last` leaves at least one position after it
+    if not (0.0 <= a < b <= 1.0) or hi <= lo or lo >= last:
+        raise ValueError(f"flag_retrieval.flag_span: expected 0 <= a < b <= 1 with at least one flag start in "
+                         f"[0, length - flag_length) = [0, {last}), got {flag_span!r} -> starts [{lo}, {hi})")
+    hi = min(hi, last)
     g = torch.Generator().manual_seed(seed)
     symbols = torch.randint(0, n_symbols, (n_samples, length), generator=g)
     flag = torch.randint(lo, hi, (n_samples,), generator=g)
     rows = torch.arange(n_samples)
-    tokens = symbols.clone()
-    tokens[rows, flag] += n_symbols
     answer = symbols[rows, flag]
-    after = torch.arange(length)[None, :] > flag[:, None]
+    pos = torch.arange(length)[None, :]
+    span = (pos >= flag[:, None]) & (pos < flag[:, None] + m)
+    tokens = torch.where(span, (answer + n_symbols)[:, None], symbols)
+    after = pos >= flag[:, None] + m
     targets = torch.where(after, answer[:, None], torch.full_like(symbols, IGNORE))
     info = {"task": "flag_retrieval", "length": length, "n_symbols": n_symbols, "vocab_size": 2 * n_symbols,
-            "flag_span": (a, b), "seed": seed, "flag": flag.tolist(), "ignore_index": IGNORE}
+            "flag_span": (a, b), "flag_length": m, "seed": seed, "flag": flag.tolist(), "ignore_index": IGNORE}
     return TensorData(tokens, targets, name=name, info=info)
 
 
@@ -98,7 +108,8 @@ def retrieval_loss(logits: Tensor, targets: Tensor) -> Tensor:
 @torch.no_grad()
 def retrieval_accuracy(logits: Tensor, targets: Tensor, *, min_distance: int = 1) -> float:
     """Fraction of the positions with a target whose arg-max logit is the target, among
-    those at least ``min_distance`` tokens after their sequence's flag (``nan`` if none)."""
+    those at least ``min_distance`` tokens after their sequence's flag (its last flagged
+    token, for a span; ``nan`` if none)."""
     _check(logits, targets, "retrieval_accuracy")
     if isinstance(min_distance, bool) or not isinstance(min_distance, int) or min_distance < 1:
         raise ValueError(f"retrieval_accuracy.min_distance: expected an integer >= 1, got {min_distance!r}")
