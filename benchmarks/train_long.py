@@ -91,6 +91,35 @@ def paired_step_times(args, attentions, length: int, pairs: int) -> dict:
     return out
 
 
+def plot_curves(out_dir, attentions, path, title: str) -> None:
+    """Training loss per step (30-step running mean) of every variant, from the
+    ``steps.csv`` files the trainer wrote under ``out_dir/<attention>/``."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    for a in attentions:
+        f = Path(out_dir) / a / "steps.csv"
+        if not f.is_file():
+            continue
+        loss = [float(r["loss"]) for r in csv.DictReader(f.open())]
+        k = 30
+        smooth = [statistics.mean(loss[max(0, i - k + 1):i + 1]) for i in range(len(loss))]
+        ax.plot(range(1, len(loss) + 1), smooth, label=a)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss (30-step mean)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--length", type=int, default=4096)
@@ -116,8 +145,18 @@ def main(argv=None):
                    help="variants timed at --time-lengths (default: the trained ones with attention)")
     p.add_argument("--time-pairs", type=int, default=3)
     p.add_argument("--out", default="benchmarks/out/train_long")
+    p.add_argument("--figure", default=None, help="write the learning curves here (png)")
+    p.add_argument("--plot-only", action="store_true",
+                   help="no training: draw --figure from the steps.csv files under --out")
     p.add_argument("--progress", action="store_true")
     args = p.parse_args(argv)
+    title = (f"flag retrieval, length {args.length}, flagged span {args.flag_length}, {args.steps} steps x "
+             f"batch {args.batch}")
+    if args.plot_only:
+        if not args.figure:
+            p.error("--plot-only needs --figure")
+        plot_curves(args.out, args.attentions, args.figure, title)
+        return None
     torch.manual_seed(args.seed)
     n_train = args.steps * args.batch
     t = time.perf_counter()
@@ -171,6 +210,8 @@ def main(argv=None):
             for a, pt in timing[L].items():
                 print(f"| {L} | {a} | {pt['median_s']:.3f} ({pt['min_s']:.3f}–{pt['max_s']:.3f}), n = {pt['n']} | "
                       f"{pt['ratio_to_' + (args.time_attentions or trained)[0]]:.2f} |")
+    if args.figure:
+        plot_curves(args.out, args.attentions, args.figure, title)
     print(json.dumps({"args": vars(args)}))
     return rows, timing
 
