@@ -248,3 +248,27 @@ def test_token_classifier_bad_input():
         TokenClassifier(6, 3, torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="n_classes"):
         TokenClassifier(6, 0, _model("none").encoder)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_decoder_gradcheck_float64(attention):
+    g = torch.Generator().manual_seed(2)
+    dec = AttentionDecoder(4, 2, 6, attention=attention, n_steps=2, generator=g, dtype=torch.float64)
+    u = torch.randn(2, 7, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: dec(x), (u,), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_token_classifier_dtype_device(attention, device, dtype):
+    g = torch.Generator().manual_seed(0)
+    dec = AttentionDecoder(8, 2, 16, attention=attention, n_steps=1, generator=g, device=device, dtype=dtype)
+    m = TokenClassifier(6, 3, dec, generator=g, device=device, dtype=dtype)
+    x = torch.randint(0, 6, (2, 40), device=device)
+    out = m(x)
+    assert out.dtype == dtype and out.device.type == device.type and bool(torch.isfinite(out).all())
+    retrieval_loss(out, torch.full((2, 40), 1, device=device)).backward()
+    # float32 against float64 of the same weights
+    m64 = TokenClassifier(6, 3, AttentionDecoder(8, 2, 16, attention=attention, n_steps=1, dtype=torch.float64),
+                          dtype=torch.float64)
+    m64.load_state_dict({k: v.double().cpu() for k, v in m.state_dict().items()})
+    torch.testing.assert_close(out.detach().cpu().double(), m64(x.cpu()), rtol=1e-4, atol=1e-4)

@@ -7,15 +7,15 @@ r"""A pre-norm decoder whose attention term is an argument, and a per-token clas
 :math:`\Delta t = 1` one step is the pre-norm layer ``x + A(LN(x))``, ``x + FFN(LN(x))``).
 The attention term :math:`\mathcal A` is one of
 
-============== =========================================================================
-``softmax``    :class:`~opsplit.operators.MultiHeadAttention` (paper 002, eqs. 37–38;
-               ``F.scaled_dot_product_attention``, :math:`O(N_x^2)` time)
+=============== =========================================================================
+``softmax``     :class:`~opsplit.operators.MultiHeadAttention` (paper 002, eqs. 37–38;
+                ``F.scaled_dot_product_attention``, :math:`O(N_x^2)` time)
 ``sliced_relu`` :class:`~opsplit.operators.SlicedReLUAttention` (paper 004, eqs. 3 and 8,
-               MLP projection; :math:`O(N_x \log N_x)`, causal :math:`O(N_x \log^2 N_x)`)
+                MLP projection; :math:`O(N_x \log N_x)`, causal :math:`O(N_x \log^2 N_x)`)
 ``sliced_bump`` :class:`~opsplit.operators.SlicedReLUBumpAttention` (paper 004, eq. 7,
-               linear projection, trainable bandwidth per head)
-``none``       no attention term (the feed-forward term only: a token-wise baseline)
-============== =========================================================================
+                linear projection, trainable bandwidth per head)
+``none``        no attention term (the feed-forward term only: a token-wise baseline)
+=============== =========================================================================
 
 Everything else — the feed-forward term, the LayerNorms, :math:`N_t`, :math:`[0, T]`,
 the scheme — is the same for every choice, and :meth:`AttentionDecoder.reset_parameters`
