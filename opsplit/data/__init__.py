@@ -1,9 +1,12 @@
 """Datasets that ship or are generated (nothing is downloaded): pairs of tensors
-:class:`TensorData`, scikit-learn's bundled digits, and the periodic sequences of seed 001."""
+:class:`TensorData`, scikit-learn's bundled digits, the periodic sequences of seed 001, and a
+long-range retrieval task (recall the flagged symbol)."""
 
 from .base import TensorData
 from .digits import load_digits, random_shift
 from .periodic import FUNCTIONS, TABLE1_MSE, PeriodicTask, periodic_series, periodic_task, rollout
+from .retrieval import IGNORE, flag_retrieval, retrieval_accuracy, retrieval_loss
 
 __all__ = ["TensorData", "load_digits", "random_shift", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
-           "periodic_task", "rollout"]
+           "periodic_task", "rollout", "IGNORE", "flag_retrieval", "retrieval_loss",
+           "retrieval_accuracy"]

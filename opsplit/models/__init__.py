@@ -13,6 +13,7 @@ from .split_encoder import (
     SplitEncoder,
     convert_time_controls,
 )
+from .token_decoder import ATTENTIONS, AttentionDecoder, TokenClassifier
 from .torch_exact import (
     LayerConfig,
     TorchDecoder,
@@ -55,4 +56,7 @@ __all__ = [
     "convert_time_controls",
     "SCHEMES",
     "CONTROL_KINDS",
+    "ATTENTIONS",
+    "AttentionDecoder",
+    "TokenClassifier",
 ]
