@@ -25,9 +25,10 @@ FULL = {
                         "n_y": [6, 12, 24, 48]}},
 }
 QUICK = {
-    "compare": {"compare": {"solvers": ["euler", "heun"], "n_t": [2, 4, 8], "n_x": 4, "n_y": 4,
-                            "repeats": 1}},
-    "solve": {"solve": {"solver": "heun", "n_t": [2, 4], "n_x": [4, 8, 16], "n_y": [4, 8, 16]}},
+    "compare": {"model": {"batch": 1}, "compare": {"solvers": ["heun"], "n_t": [2, 4], "n_x": 4,
+                                                   "n_y": 4, "repeats": 1}},
+    "solve": {"model": {"batch": 1}, "solve": {"solver": "euler", "n_t": [2, 4], "n_x": [4, 6, 8],
+                                               "n_y": [4, 6, 8], "reference": "finest"}},
 }
 
 

@@ -1,0 +1,213 @@
+"""The ``opsplit`` command: every subcommand on a tiny config, its --help, bad configs
+stopped before any work, and the default job's report (issue 12)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsplit.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _toml(tmp_path, text, name="c.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("cmd", sorted(COMMANDS))
+def test_every_subcommand_has_help_with_an_example(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and f"opsplit {cmd}" in out
+
+
+def test_top_level_help_and_console_script():
+    import tomllib
+
+    script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["opsplit"]
+    assert script == "opsplit.cli:main"
+    r = subprocess.run([sys.executable, "-m", "opsplit", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, check=True)
+    assert "default job" in r.stdout and "solve" in r.stdout and "examples:" in r.stdout
+
+
+SOLVE = """
+[model]
+seed = 3
+J = 1
+batch = 1
+[solve]
+schemes = ["lie", "strang"]
+solver = "heun"
+n_t = [2, 4]
+n_x = [4, 8]
+n_y = [4, 8]
+"""
+
+
+def test_solve_tiny_config(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["solve", "--config", _toml(tmp_path, SOLVE), "--out", str(out), "--no-progress"]) == 0
+    assert str(out.name) in capsys.readouterr().out  # the folder is named at the end
+    for f in ("config.toml", "runs.csv", "runs.md", "orders.csv", "convergence_time.png",
+              "report.md", "report.html"):
+        assert (out / f).is_file(), f
+    rows = _rows(out / "runs.csv")
+    assert len(rows) == 2 * 2 * 2
+    # the error of one run, recomputed independently: uniform midpoint grids, so the
+    # relative discrete L2 error is the relative Frobenius norm
+    from opsplit.analysis import smooth_transformer
+
+    p = smooth_transformer(n_x=8, n_y=8, batch=1, J=1, seed=3, space="polynomial", constraint=True)
+    with torch.no_grad():
+        ref = p.reference()
+        u = p.propagator(4, "strang", "heun")(p.f)
+    want = float((u - ref).norm() / ref.norm())
+    got = next(float(r["rel_error"]) for r in rows
+               if r["scheme"] == "strang" and r["n_t"] == "4" and r["n_x"] == "8")
+    assert got == pytest.approx(want, rel=1e-9)
+    # the Strang errors fall faster than Lie's (second vs first order with Heun substeps)
+    err = {(r["scheme"], r["n_t"]): float(r["rel_error"]) for r in rows if r["n_x"] == "8"}
+    assert err["strang", "2"] / err["strang", "4"] > err["lie", "2"] / err["lie", "4"]
+    html = (out / "report.html").read_text()
+    assert "<img src='convergence_time.png'" in html and "<table>" in html
+
+
+def test_compare_tiny_config_measures_the_orders(tmp_path):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--schemes", "lie", "strang", "--solvers", "euler", "heun", "--n-t", "2",
+            "4", "8", "--n-x", "4", "--n-y", "4", "--repeats", "1", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    table = {(r["scheme"], r["solver"]): r for r in _rows(out / "comparison.csv")}
+    assert set(table) == {("lie", "euler"), ("lie", "heun"), ("strang", "euler"), ("strang", "heun")}
+    assert 1.7 < float(table["strang", "heun"]["order"]) < 2.4
+    for key in [("lie", "euler"), ("strang", "euler")]:
+        assert 0.7 < float(table[key]["order"]) < 1.4, table[key]
+    assert table["strang", "heun"]["theory"] == "2" and table["strang", "euler"]["theory"] == "1"
+    for f in ("error_vs_cost.png", "error_vs_dt.png", "compare_runs.csv", "report.md"):
+        assert (out / f).is_file()
+
+
+CONVERT = """
+[convert]
+dtypes = ["float64"]
+batch = 1
+[torch]
+d_model = 8
+nhead = 2
+dim_feedforward = 12
+num_layers = 1
+norm_first = true
+seq_len = 5
+[vit]
+hidden_size = 8
+num_hidden_layers = 1
+num_attention_heads = 2
+intermediate_size = 12
+image_size = 8
+patch_size = 4
+num_channels = 1
+"""
+
+
+def test_convert_tiny_config(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "conv"
+    assert main(["convert", "--config", _toml(tmp_path, CONVERT), "--out", str(out),
+                 "--no-progress"]) == 0
+    rows = _rows(out / "conversion_errors.csv")
+    assert len(rows) == 2 and {r["dtype"] for r in rows} == {"float64"}
+    for r in rows:
+        assert float(r["max |out diff|"]) < 1e-12 and float(r["max |grad diff|"]) < 1e-12, r
+    assert float(rows[0]["round trip"]) < 1e-12
+    assert "conversion_errors.csv" in (out / "report.md").read_text()
+
+
+def test_report_of_a_folder_without_manifest(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "t.csv").write_text("a,b\n1,0.000012345\n")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    fig.savefig(tmp_path / "p.png")
+    plt.close(fig)
+    assert main(["report", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "| 1 | 1.234e-05 |" in md and "![p.png](p.png)" in md
+    assert "<img src='p.png'" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, toml, message",
+    [
+        (["solve", "--n-t", "0", "4"], None, "solve.n_t: expected values >= 1"),
+        (["solve"], "[solve]\nnt = [4]\n", "solve.nt: unknown key"),
+        (["solve"], "[solver]\nn_t = [4]\n", "unknown section [solver]"),
+        (["solve"], '[solve]\nn_t = [4, "8"]\n', "solve.n_t: expected a non-empty list of integers"),
+        (["solve"], "[model]\nT = \"one\"\n", "model.T: expected a number"),
+        (["solve"], '[solve]\nschemes = ["lie", "yoshida"]\n', "solve.schemes: expected each of one of"),
+        (["solve"], '[model]\nspace = "grid"\n', "model.space = 'grid' stores the controls"),
+        (["solve"], "[model]\nrelu = true\n", "solve.reference: 'unsplit' needs a model without ReLU"),
+        (["solve", "--n-x", "2", "3", "--n-y", "4", "4"], None, "solve.n_x: the finest grid"),
+        (["solve", "--n-x", "4", "8", "--n-y", "4", "8", "16"], None, "solve.n_x / solve.n_y: expected"),
+        (["compare", "--n-t", "4"], None, "compare.n_t: expected at least two distinct values"),
+        (["compare", "--n-x", "0"], None, "compare.n_x: expected a value >= 1"),
+        (["convert", "--nhead", "3"], None, "torch.nhead: expected a divisor of torch.d_model = 16"),
+        (["convert"], "[vit]\npatch_size = 5\n", "vit.patch_size: expected a divisor"),
+        (["convert"], "[torch]\nnorm_first = 1\n", "torch.norm_first: expected true or false"),
+        (["solve", "--config", "/nonexistent.toml"], "", "no such file"),
+        (["solve"], "[solve\n", "is not valid TOML"),
+    ],
+)
+def test_bad_config_stops_before_any_work(tmp_path, capsys, argv, toml, message):
+    out = tmp_path / "never"
+    if toml:
+        argv = [*argv, "--config", _toml(tmp_path, toml)]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split()), err
+    assert not out.exists()  # nothing was started
+
+
+def test_print_config_round_trips(tmp_path, capsys):
+    assert main(["compare", "--n-t", "3", "6", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert "n_t = [3, 6]" in text
+    p = _toml(tmp_path, text)
+    assert main(["compare", "--config", p, "--print-config"]) == 0
+    assert capsys.readouterr().out == text
+
+
+def test_default_job_quick_writes_its_report(tmp_path, capsys):
+    out = tmp_path / "default"
+    assert main(["--quick", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "report.html" in printed and str(out) in printed
+    md = (out / "report.md").read_text()
+    assert "![" in md and "solve_convergence_time.png" in md  # a convergence plot
+    assert "comparison.csv" in md  # the scheme comparison table
+    schemes = {r["scheme"] for r in _rows(out / "comparison.csv")}
+    assert schemes == {"lie", "strang", "parallel", "hybrid"}
+    for f in ("solve_convergence_time.png", "solve_convergence_space.png", "error_vs_cost.png"):
+        assert (out / f).stat().st_size > 1000
