@@ -136,7 +136,8 @@ def test_convert_tiny_config(tmp_path):
     rows = _rows(out / "conversion_errors.csv")
     assert len(rows) == 2 and {r["dtype"] for r in rows} == {"float64"}
     for r in rows:
-        assert float(r["max |out diff|"]) < 1e-12 and float(r["max |grad diff|"]) < 1e-12, r
+        assert float(r["max abs diff (output)"]) < 1e-12
+        assert float(r["max abs diff (input grad)"]) < 1e-12, r
     assert float(rows[0]["round trip"]) < 1e-12
     assert "conversion_errors.csv" in (out / "report.md").read_text()
 

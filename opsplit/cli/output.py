@@ -45,10 +45,14 @@ def fmt(v) -> str:
     return str(v)
 
 
+def _cell(v) -> str:
+    return fmt(v).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown_table(columns, rows) -> str:
-    head = "| " + " | ".join(columns) + " |"
+    head = "| " + " | ".join(_cell(c) for c in columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    body = ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join([head, sep, *body])
 
 
