@@ -42,6 +42,7 @@ def execute(path: Path, timeout: int = 600):
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + env_path if env_path else "")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spinning threads on a shared CPU
     try:
         client = nbclient.NotebookClient(
             nb, timeout=timeout, kernel_name="python3",
