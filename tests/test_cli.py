@@ -212,3 +212,11 @@ def test_default_job_quick_writes_its_report(tmp_path, capsys):
     assert schemes == {"lie", "strang", "parallel", "hybrid"}
     for f in ("solve_convergence_time.png", "solve_convergence_space.png", "error_vs_cost.png"):
         assert (out / f).stat().st_size > 1000
+
+
+def test_readme_first_command_runs_the_default_job():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    first = re.findall(r"```bash\n(.*?)```", text, flags=re.S)[0].strip()
+    assert first == "bash scripts/install.sh && opsplit"
