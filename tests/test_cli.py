@@ -212,6 +212,10 @@ def test_default_job_quick_writes_its_report(tmp_path, capsys):
     assert schemes == {"lie", "strang", "parallel", "hybrid"}
     for f in ("solve_convergence_time.png", "solve_convergence_space.png", "error_vs_cost.png"):
         assert (out / f).stat().st_size > 1000
+    from opsplit.cli import train
+
+    if train.available():  # the training curve
+        assert "training_curve.png" in md and (out / "training_curve.png").stat().st_size > 1000
 
 
 def test_readme_first_command_runs_the_default_job():
@@ -220,3 +224,89 @@ def test_readme_first_command_runs_the_default_job():
     text = (ROOT / "README.md").read_text()
     first = re.findall(r"```bash\n(.*?)```", text, flags=re.S)[0].strip()
     assert first == "bash scripts/install.sh && opsplit"
+
+
+TRAIN = """
+[model]
+d_model = 8
+heads = 2
+d_ff = 16
+n_steps = 2
+T = 2.0
+[train]
+epochs = 2
+batch_size = 16
+save_every = 2
+warmup_steps = 0
+eval_n_steps = [1, 2, 4]
+[data]
+limit = 64
+"""
+
+
+def _needs_trainer():
+    from opsplit.cli import train
+
+    if not train.available():
+        pytest.skip("no trainer (opsplit.control) in this opsplit")
+
+
+def test_train_tiny_config(tmp_path):
+    _needs_trainer()
+    out = tmp_path / "train"
+    assert main(["train", "--config", _toml(tmp_path, TRAIN), "--out", str(out), "--no-progress"]) == 0
+    steps = _rows(out / "train" / "steps.csv")
+    assert len(steps) == 2 * 4  # 64 images / 16 per step, 2 epochs
+    evals = _rows(out / "eval_n_t.csv")
+    assert [int(r["n_t"]) for r in evals] == [1, 2, 4]
+    assert all(0.0 <= float(r["test_accuracy"]) <= 1.0 for r in evals)
+    assert (out / "training_curve.png").stat().st_size > 1000
+    assert "training_curve.png" in (out / "report.md").read_text()
+
+
+def test_interrupted_train_resumes_from_its_folder(tmp_path, monkeypatch, capsys):
+    """Interrupted after the step-4 checkpoint, `--resume` finishes the run; the losses
+    equal those of an uninterrupted run."""
+    _needs_trainer()
+    from opsplit.cli import train as train_cmd
+
+    cfg = _toml(tmp_path, TRAIN)
+    full = tmp_path / "full"
+    assert main(["train", "--config", cfg, "--out", str(full), "--no-progress"]) == 0
+    real = train_cmd._augment
+
+    def interrupting(shift):
+        aug = real(shift)
+        calls = {"n": 0}
+
+        def f(x, g):
+            calls["n"] += 1
+            if calls["n"] == 6:  # during step 6, after the checkpoint of step 4
+                raise KeyboardInterrupt
+            return aug(x, g)
+
+        return f
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(train_cmd, "_augment", interrupting)
+    assert main(["train", "--config", cfg, "--out", str(cut), "--no-progress"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not (cut / "train" / "steps.csv").exists()
+    monkeypatch.setattr(train_cmd, "_augment", real)
+    assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
+    a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
+    b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
+    assert len(a) == 8 and a == b
+    assert "resumed from a checkpoint" in (cut / "report.md").read_text()
+
+
+def test_train_bad_configs(tmp_path, capsys):
+    _needs_trainer()
+    for toml, msg in [("[model]\nheads = 3\n", "model.heads: expected a divisor of model.d_model"),
+                      ("[model]\npatch = 3\n", "model.patch: expected a divisor of 8"),
+                      ('[train]\ngradient = "magic"\n', "train.gradient: expected one of"),
+                      ("[model]\nn_steps = 0\n", "model.n_steps: expected a value >= 1")]:
+        assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(tmp_path / "x")]) == 2
+        assert msg in " ".join(capsys.readouterr().err.split())
+    assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "config.toml" in capsys.readouterr().err

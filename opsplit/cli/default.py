@@ -23,26 +23,35 @@ FULL = {
                             "n_y": 12, "repeats": 3}},
     "solve": {"solve": {"solver": "heun", "n_t": [8, 32], "n_x": [6, 12, 24, 48],
                         "n_y": [6, 12, 24, 48]}},
+    "train": {"train": {"epochs": 10}},
 }
 QUICK = {
     "compare": {"model": {"batch": 1}, "compare": {"solvers": ["heun"], "n_t": [2, 4], "n_x": 4,
                                                    "n_y": 4, "repeats": 1}},
-    "solve": {"model": {"batch": 1}, "solve": {"solver": "euler", "n_t": [2, 4], "n_x": [4, 6, 8],
+    "solve": {"model": {"batch": 1}, "solve": {"solver": "euler", "n_t": [2, 4, 8], "n_x": [4, 6, 8],
                                                "n_y": [4, 6, 8], "reference": "finest"}},
+    "train": {"model": {"d_model": 16, "heads": 2, "d_ff": 32},
+              "train": {"epochs": 2, "batch_size": 32, "eval_n_steps": [2, 4, 8]},
+              "data": {"limit": 256}},
 }
 
 
 def configs(quick: bool) -> dict:
     presets = QUICK if quick else FULL
-    return {
+    out = {
         "compare": load(compare.SCHEMA, data=presets["compare"]),
         "solve": load(solve.SCHEMA, data=presets["solve"]),
     }
+    if train.available():
+        out["train"] = load(train.SCHEMA, data=presets["train"])
+    return out
 
 
 def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     cfgs = configs(quick)
     plans = {"compare": compare.prepare(cfgs["compare"]), "solve": solve.prepare(cfgs["solve"])}
+    if "train" in cfgs:
+        plans["train"] = train.prepare(cfgs["train"])
     folder = new_folder("default", out)
     for k, c in cfgs.items():
         (folder / f"{k}.toml").write_text(dump_toml(c))
@@ -63,17 +72,17 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     solve.run(cfgs["solve"], plans["solve"], o, progress, heading="Convergence in time and space",
               prefix="solve_")
     print("  3/3 training on the digits ...", flush=True)
-    _train(quick, folder, o, progress)
+    if "train" in cfgs:
+        _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+        for r in evals:
+            print(f"      test accuracy at N_t = {r['n_t']:>2}: {r['test_accuracy']:.3f}"
+                  + ("  (trained at this N_t)" if r["trained_at"] else ""))
+    else:
+        o.heading("Training")
+        o.text("Not run: this opsplit has no trainer (opsplit.control).")
+        print("      skipped: no trainer in this opsplit")
     html = o.finish()
     print(f"opsplit: done in {time.perf_counter() - t0:.0f} s; report: {relpath(html)} "
           f"(and {relpath(folder / 'report.md')})")
     return 0
 
-
-def _train(quick, folder, o, progress):
-    if not train.available():
-        o.heading("Training")
-        o.text("Not run: this opsplit has no trainer (opsplit.control).")
-        print("      skipped: no trainer in this opsplit")
-        return
-    raise NotImplementedError
