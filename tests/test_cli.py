@@ -108,6 +108,7 @@ def test_compare_tiny_config_measures_the_orders(tmp_path):
 
 CONVERT = """
 [convert]
+models = ["torch", "vit"]
 dtypes = ["float64"]
 batch = 1
 [torch]
@@ -140,6 +141,34 @@ def test_convert_tiny_config(tmp_path):
         assert float(r["max abs diff (input grad)"]) < 1e-12, r
     assert float(rows[0]["round trip"]) < 1e-12
     assert "conversion_errors.csv" in (out / "report.md").read_text()
+
+
+def test_convert_cvt_tiny_config(tmp_path):
+    pytest.importorskip("transformers")
+    from opsplit.models import hf_converters
+
+    if "CvtModel" not in hf_converters():
+        pytest.skip("no CvT converter in this opsplit")
+    toml = ('[convert]\nmodels = ["cvt"]\ndtypes = ["float64"]\nbatch = 1\n'
+            "[cvt]\ndepth = [1, 2]\nnum_heads = [1, 2]\nembed_dim = [4, 8]\n"
+            "patch_sizes = [3, 3]\npatch_stride = [2, 1]\nimage_size = 8\n")
+    out = tmp_path / "cvt"
+    assert main(["convert", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
+    (row,) = _rows(out / "conversion_errors.csv")
+    assert row["opsplit class"] == "CvT"
+    assert float(row["max abs diff (output)"]) < 1e-12 and float(row["max abs diff (input grad)"]) < 1e-12
+
+
+def test_convert_cvt_bad_config(tmp_path, capsys):
+    from opsplit.models import hf_converters
+
+    toml = '[convert]\nmodels = ["cvt"]\n[cvt]\ndepth = [1]\n'
+    assert main(["convert", "--config", _toml(tmp_path, toml), "--out", str(tmp_path / "x")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    if "CvtModel" in hf_converters():
+        assert "cvt.depth/num_heads/embed_dim/patch_sizes/patch_stride: expected one entry per stage" in err
+    else:
+        assert "convert.models: 'cvt' needs opsplit's CvT converter" in err
 
 
 def test_report_of_a_folder_without_manifest(tmp_path):

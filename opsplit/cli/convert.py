@@ -30,11 +30,19 @@ convert.toml:
   patch_size = 8
 """
 
-MODELS = ("torch", "vit")
+MODELS = ("torch", "vit", "cvt")
+
+
+def _default_models() -> list[str]:
+    from ..models import hf_converters
+
+    return ["torch", "vit"] + (["cvt"] if "CvtModel" in hf_converters() else [])
+
 
 SCHEMA = {
     "convert": {
-        "models": Field("str_list", ["torch", "vit"], "which models to convert", choices=MODELS),
+        "models": Field("str_list", _default_models(), "which models to convert (cvt: when "
+                        "opsplit has the CvT converter)", choices=MODELS),
         "dtypes": Field("str_list", ["float32", "float64"], "floating types",
                         choices=("float32", "float64")),
         "seed": Field("int", 0, "seed of the weights and inputs", at_least(0)),
@@ -60,6 +68,18 @@ SCHEMA = {
         "patch_size": Field("int", 4, "patch side", at_least(1)),
         "num_channels": Field("int", 3, "image channels", at_least(1)),
         "hidden_act": Field("str", "gelu", "FFN activation", choices=("gelu", "relu", "gelu_new")),
+    },
+    "cvt": {  # transformers.CvtModel(CvtConfig(...)): one entry per stage in the lists
+        "depth": Field("int_list", [1, 2], "layers per stage", at_least(1)),
+        "num_heads": Field("int_list", [1, 2], "heads per stage", at_least(1)),
+        "embed_dim": Field("int_list", [8, 16], "channels per stage (multiples of the heads)",
+                           at_least(1)),
+        "patch_sizes": Field("int_list", [3, 3], "convolutional token embedding kernel per stage",
+                             at_least(1)),
+        "patch_stride": Field("int_list", [2, 2], "its stride per stage", at_least(1)),
+        "cls_token": Field("bool", True, "a class token in the last stage"),
+        "image_size": Field("int", 16, "image side", at_least(1)),
+        "num_channels": Field("int", 3, "image channels", at_least(1)),
     },
 }
 
@@ -91,11 +111,31 @@ def prepare(cfg) -> dict:
         if v["image_size"] % v["patch_size"]:
             raise ConfigError(f"vit.patch_size: expected a divisor of vit.image_size = "
                               f"{v['image_size']} (whole patches), got {v['patch_size']}")
+    if "vit" in models or "cvt" in models:
         try:
             import transformers  # noqa: F401
         except ImportError:
-            raise ConfigError("convert.models: 'vit' needs the transformers package "
+            raise ConfigError("convert.models: 'vit' and 'cvt' need the transformers package "
                               "(pip install transformers, or the [test] extra)") from None
+    if "cvt" in models:
+        from ..models import hf_converters
+
+        if "CvtModel" not in hf_converters():
+            raise ConfigError("convert.models: 'cvt' needs opsplit's CvT converter, which this "
+                              "opsplit does not have; expected 'torch' and/or 'vit'")
+        c = cfg["cvt"]
+        keys = ("depth", "num_heads", "embed_dim", "patch_sizes", "patch_stride")
+        lengths = {k: len(c[k]) for k in keys}
+        if len(set(lengths.values())) != 1:
+            raise ConfigError(f"cvt.{'/'.join(keys)}: expected one entry per stage in each, got "
+                              f"lengths {lengths}")
+        if any(d <= k for k, d in enumerate(c["depth"])):
+            raise ConfigError(f"cvt.depth: expected depth[k] > k for stage k (transformers' CvtStage "
+                              f"indexes its per-layer drop-path rates by the stage), got {c['depth']}")
+        for d, h in zip(c["embed_dim"], c["num_heads"]):
+            if d % h:
+                raise ConfigError(f"cvt.embed_dim: expected multiples of cvt.num_heads = "
+                                  f"{c['num_heads']}, got {c['embed_dim']}")
     return {}
 
 
@@ -178,9 +218,54 @@ def convert_vit(v: dict, batch: int, seed: int, dtype) -> dict:
             "parameters": sum(p.numel() for p in ref.parameters())}
 
 
-# name -> (builder(section config, batch, seed, dtype) -> table row); CvT and other
-# converters plug in here with a schema section of the same name
-CONVERTERS = {"torch": convert_torch, "vit": convert_vit}
+def cvt_config(c: dict) -> dict:
+    """A ``transformers.CvtConfig``'s arguments from the [cvt] section (the per-stage lists
+    the section leaves out: 3 x 3 depth-wise Q/K/V convolutions, stride 1, Q/K/V biases, MLP
+    ratio 2, no dropout)."""
+    K = len(c["depth"])
+    return dict(
+        depth=c["depth"], num_heads=c["num_heads"], embed_dim=c["embed_dim"],
+        patch_sizes=c["patch_sizes"], patch_stride=c["patch_stride"],
+        patch_padding=[(p - 1) // 2 for p in c["patch_sizes"]], kernel_qkv=[3] * K,
+        padding_q=[1] * K, padding_kv=[1] * K, stride_kv=[1] * K, stride_q=[1] * K,
+        qkv_bias=[True] * K, mlp_ratio=[2.0] * K, cls_token=[False] * (K - 1) + [c["cls_token"]],
+        qkv_projection_method=["dw_bn"] * K, drop_rate=[0.0] * K, attention_drop_rate=[0.0] * K,
+        drop_path_rate=[0.0] * K, num_channels=c["num_channels"],
+    )
+
+
+def convert_cvt(c: dict, batch: int, seed: int, dtype) -> dict:
+    import transformers
+
+    from ..models import from_hf
+
+    torch.manual_seed(seed)
+    ref = transformers.CvtModel(transformers.CvtConfig(**cvt_config(c)))
+    gen = torch.Generator().manual_seed(seed)
+    ref = _perturb(ref.to(dtype), gen).eval()
+    model = from_hf(ref).eval()
+    x = torch.randn(batch, c["num_channels"], c["image_size"], c["image_size"], generator=gen,
+                    dtype=torch.float64).to(dtype)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    r, o = ref(x1), model(x2)
+    w = torch.randn(o.last_hidden_state.shape, generator=gen, dtype=torch.float64).to(dtype)
+    (r.last_hidden_state * w).sum().backward()
+    (o.last_hidden_state * w).sum().backward()
+    out_abs, out_rel = _diff(o.last_hidden_state.detach(), r.last_hidden_state.detach())
+    if r.cls_token_value is not None:
+        out_abs = max(out_abs, _diff(o.cls_token_value.detach(), r.cls_token_value.detach())[0])
+    g_abs, _ = _diff(x2.grad, x1.grad)
+    return {"model": f"HF CvtModel ({len(c['depth'])} stages, depths {c['depth']}, "
+                     f"{c['image_size']}px)",
+            "opsplit class": type(model).__name__, "dtype": str(dtype).replace("torch.", ""),
+            "max abs diff (output)": out_abs, "relative diff (output)": out_rel,
+            "max abs diff (input grad)": g_abs, "round trip": "",
+            "parameters": sum(p.numel() for p in ref.parameters())}
+
+
+# name -> builder(section config, batch, seed, dtype) -> a table row; a new converter plugs
+# in here with a schema section of the same name
+CONVERTERS = {"torch": convert_torch, "vit": convert_vit, "cvt": convert_cvt}
 
 
 def run(cfg, plan, out, progress=True, heading="Converted models", prefix=""):
