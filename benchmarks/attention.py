@@ -3,6 +3,8 @@ scaled_dot_product_attention, side by side on the same inputs (paper 004, Prop. 
 
     python benchmarks/attention.py                   # the full study (CPU; CUDA too if present)
     python benchmarks/attention.py --sizes 1024 4096 --rounds 1   # a quick look
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/attention.py --paired
+        # full sliced ReLU vs the seed-004 reference algorithm and SDPA, paired in one process
 
 For every N in --sizes (B = 1, H = 4, D = 64, float32) and every method, one fresh
 subprocess builds the inputs, calls the method once (its peak memory is read from
@@ -264,7 +266,16 @@ def main():
                     help="run the workers with OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep "
                          "instead of spinning at barriers; see docs/sliced_attention.md)")
     ap.add_argument("--tag", default="attention", help="output file stem in benchmarks/out/")
+    ap.add_argument("--paired", action="store_true",
+                    help="only the paired in-process comparison against the seed-004 reference "
+                         "algorithm and SDPA (see paired())")
+    ap.add_argument("--paired-sizes", type=int, nargs="+", default=[1 << 12, 1 << 14, 1 << 16, 1 << 18])
+    ap.add_argument("--sdpa-T", type=int, default=1 << 14)
+    ap.add_argument("--runs", type=int, default=7, help="pairs per size in --paired (default 7)")
     args = ap.parse_args()
+    if args.paired:
+        paired(args)
+        return
     if args.worker:
         m, n, dev, reps, budget = args.worker
         print(json.dumps(worker(m, int(n), dev, int(reps), float(budget))))
@@ -412,6 +423,101 @@ def plot(results, devices, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------- paired
+def seed_reference_relu(zq, zk, v):
+    """Paper 004's reference algorithm for eq. (3) (proof of Prop. 2.1), the baseline of the
+    paired comparison: concatenate the keys and the queries into one array of 2T scalars
+    with gamma = (v - mean v, 0), sort it, take the cumulative sums a_i = sum gamma and
+    b_i = sum z gamma (and their scalar analogues for the denominator), form
+    z_i a_i - b_i at every sorted position, unsort, and keep the query positions.
+    ``zq``, ``zk``: (R, T); ``v``: (R, T, D)."""
+    import torch
+
+    R, T = zk.shape
+    Dv = v.shape[-1]
+    vc = v - v.mean(1, keepdim=True)
+    z = torch.cat([zk, zq], 1)  # (R, 2T)
+    gam = torch.cat([vc, torch.zeros_like(vc)], 1)  # (R, 2T, D)
+    ind = torch.cat([torch.ones_like(zk), torch.zeros_like(zq)], 1)
+    zs, order = torch.sort(z, dim=1)
+    gs = gam.gather(1, order.unsqueeze(-1).expand(R, 2 * T, Dv))
+    a = torch.cumsum(gs, 1)
+    b = torch.cumsum(gs * zs.unsqueeze(-1), 1)
+    num = zs.unsqueeze(-1) * a - b
+    ws = ind.gather(1, order)
+    A = torch.cumsum(ws, 1)
+    Bk = torch.cumsum(ws * zs, 1)
+    den = zs * (2 * A - A[:, -1:]) - (2 * Bk - Bk[:, -1:])  # sum_l |z_i - k_l|
+    out_sorted = num / den.unsqueeze(-1)
+    out = torch.empty_like(out_sorted).scatter_(
+        1, order.unsqueeze(-1).expand(R, 2 * T, Dv), out_sorted)
+    return out[:, T:]
+
+
+def paired(args):
+    """Full (non-causal) sliced ReLU forward (eq. 3) against the seed's reference algorithm
+    at each T, and against torch SDPA at --sdpa-T: in one process, calls interleaved A B A B,
+    the median (and min..max) of the per-pair time ratios over --runs pairs."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from opsplit.functional import sliced_relu_attention
+
+    torch.manual_seed(0)
+    print(f"# paired, B=1, H={H}, D={D}, float32, forward; threads {torch.get_num_threads()}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+
+    def timed(f):
+        t0 = time.perf_counter()
+        f()
+        return time.perf_counter() - t0
+
+    def pair(fa, fb, runs, warm=2):
+        for _ in range(warm):
+            fa()
+            fb()
+        ta, tb = [], []
+        for _ in range(runs):
+            ta.append(timed(fa))
+            tb.append(timed(fb))
+        r = [a / b for a, b in zip(ta, tb)]
+        return statistics.median(ta), statistics.median(tb), statistics.median(r), min(r), max(r)
+
+    rows = []
+    print("\n| T | seed reference | opsplit sliced | speed-up (median of pairs) | min..max |")
+    print("|---|---|---|---|---|")
+    for T in args.paired_sizes:
+        zq, zk = torch.randn(1, H, T), torch.randn(1, H, T)
+        v = torch.randn(1, H, T, D)
+        def ref(zq=zq, zk=zk, v=v, T=T):
+            return seed_reference_relu(zq.view(H, T), zk.view(H, T), v.view(H, T, D))
+
+        def ours(zq=zq, zk=zk, v=v):
+            return sliced_relu_attention(zq, zk, v)
+
+        with torch.no_grad():
+            err = float((ours().view(H, T, D) - ref()).abs().max() / ref().abs().max())
+            ta, tb, rm, rlo, rhi = pair(ref, ours, args.runs)
+        rows.append({"T": T, "seed_s": ta, "ours_s": tb, "ratio": rm, "min": rlo, "max": rhi,
+                     "rel_diff": err})
+        print(f"| {T} | {fmt_t(ta)} | {fmt_t(tb)} | {rm:.1f}× | {rlo:.1f}..{rhi:.1f}× |"
+              f"  (max rel. difference {err:.1e})", flush=True)
+    T = args.sdpa_T
+    if T:
+        q, k, v = (torch.randn(1, H, T, D) for _ in range(3))
+        zq, zk = torch.randn(1, H, T), torch.randn(1, H, T)
+        sd = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+        ours = lambda: sliced_relu_attention(zq, zk, v)  # noqa: E731
+        with torch.no_grad():
+            ta, tb, rm, rlo, rhi = pair(sd, ours, args.runs, warm=1)
+        rows.append({"T": T, "sdpa_s": ta, "ours_s": tb, "ratio": rm, "min": rlo, "max": rhi})
+        print(f"\nSDPA vs sliced at T = {T}: SDPA {fmt_t(ta)}, sliced {fmt_t(tb)}, "
+              f"speed-up {rm:.0f}× (median of pairs; min..max {rlo:.0f}..{rhi:.0f}×)")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.tag}_paired.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -37,17 +37,21 @@ __all__ = [
     "module_dtype_device",
     "check_like_module",
     "check_parameters_finite",
+    "check_dtype_arg",
+    "check_probability",
+    "check_generator",
 ]
+
+
+# (dynamo folds this call to True; torch < 2.3 has no torch.compiler.is_compiling)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 
 def skip_value_checks() -> bool:
     """True while ``torch.compile`` (dynamo) or ``torch.jit`` traces or scripts the code:
-    value checks (which need ``bool(tensor)``) are skipped there."""
-    compiler = getattr(torch, "compiler", None)
-    is_compiling = getattr(compiler, "is_compiling", None)
-    if is_compiling is not None and is_compiling():
-        return True
-    return bool(torch.jit.is_tracing() or torch.jit.is_scripting())
+    value checks (which need ``bool(tensor)``) are skipped there.  (Called per substep:
+    kept to a few fast calls.)"""
+    return _is_compiling() or torch._C._get_tracing_state() is not None or torch.jit.is_scripting()
 
 
 def check_tensor(x, name: str) -> Tensor:
@@ -66,7 +70,7 @@ def check_float_dtype(x: Tensor, name: str) -> None:
 def check_finite(x: Tensor, name: str, what: str = "") -> None:
     """Raise if ``x`` holds NaN or inf (one reduction; syncs on CUDA).  Skipped under
     ``torch.compile`` / ``torch.jit`` tracing (see the module docstring)."""
-    if skip_value_checks():
+    if skip_value_checks() or x.device.type == "meta":  # a meta tensor has no values
         return
     if not bool(torch.isfinite(x).all()):
         n_bad = int((~torch.isfinite(x)).sum())
@@ -96,6 +100,10 @@ def check_state(u, grid, name: str = "u", *, finite: bool = True) -> Tensor:
 
 
 def check_positive_int(n, name: str) -> int:
+    if isinstance(n, Tensor) and n.dim() == 0 and n.dtype in (torch.int64, torch.int32):
+        # a size read while torch.jit.trace records the code (shapes are traced as 0-d
+        # integer tensors); the trace keeps the value of its example input
+        n = int(n)
     if isinstance(n, bool) or not isinstance(n, int) and not (
         isinstance(n, float) and n.is_integer()
     ):
@@ -107,7 +115,7 @@ def check_positive_int(n, name: str) -> int:
 
 
 def _real(x, name: str) -> float:
-    if isinstance(x, bool) or isinstance(x, complex):
+    if isinstance(x, (bool, complex, str, bytes)):
         raise TypeError(f"{name}: expected a real number, got {x!r}")
     if isinstance(x, Tensor) and x.numel() != 1:
         raise TypeError(f"{name}: expected a real number, got a tensor of shape {tuple(x.shape)}")
@@ -133,6 +141,14 @@ def check_finite_float(x, name: str) -> float:
     return xf
 
 
+def check_probability(p, name: str) -> float:
+    """A dropout probability: a real number with ``0 <= p < 1``."""
+    pf = _real(p, name)
+    if not 0.0 <= pf < 1.0:
+        raise ValueError(f"{name}: expected a probability 0 <= p < 1, got {p!r}")
+    return pf
+
+
 def check_time_step(dt, name: str = "dt"):
     """A time step :math:`\\Delta t`: a finite number > 0 (a Python number is checked;
     a 0-d floating tensor is accepted as is, its value checked outside compilation)."""
@@ -145,12 +161,14 @@ def check_time_step(dt, name: str = "dt"):
         if not skip_value_checks() and not bool(torch.isfinite(dt).all() & (dt > 0).all()):
             raise ValueError(f"{name}: expected a finite time step > 0, got {float(dt)!r}")
         return dt
+    if skip_value_checks():  # the time step may be a symbolic float under torch.compile
+        return dt
     return check_positive_float(dt, name)
 
 
 def check_time(t, name: str = "t"):
     """A time: a finite number (a tensor is passed through unchecked)."""
-    if isinstance(t, Tensor):
+    if isinstance(t, Tensor) or skip_value_checks():  # (a symbolic float under torch.compile)
         return t
     if type(t) is float and math.isfinite(t):  # fast path, called per substep
         return t
@@ -158,10 +176,40 @@ def check_time(t, name: str = "t"):
     return t  # unchanged: a LeftLimit keeps its side
 
 
+def check_dtype_arg(dtype, name: str):
+    """A ``dtype=`` factory argument: ``None`` or a floating ``torch.dtype``."""
+    if dtype is None:
+        return None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"{name}: expected a floating-point torch.dtype (e.g. torch.float32, torch.float64) "
+            f"or None, got {dtype!r}"
+        )
+    return dtype
+
+
+def check_generator(generator, name: str):
+    """A ``generator=`` argument: ``None`` or a ``torch.Generator``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{name}: expected a torch.Generator or None, got {type(generator).__name__}")
+    return generator
+
+
 def check_shape(x: Tensor, expected: Sequence[int], name: str, what: str = "") -> None:
     if tuple(x.shape) != tuple(expected):
         extra = f" ({what})" if what else ""
         raise ValueError(f"{name}: expected shape {tuple(expected)}{extra}, got {tuple(x.shape)}")
+
+
+def all_finite(x: Tensor) -> bool:
+    """Whether ``x`` holds no NaN or inf, by one sum (NaN and inf propagate through it;
+    several times cheaper than ``torch.isfinite(x).all()`` on the CPU); only when the sum
+    overflows are the entries tested one by one."""
+    if x.numel() == 0:
+        return True
+    if bool(torch.isfinite(x.sum())):
+        return True
+    return bool(torch.isfinite(x).all())
 
 
 def module_dtype_device(module: torch.nn.Module):

@@ -282,6 +282,9 @@ class Grid:
 
         ``None`` leaves a node count to be read from the input.
         """
+        for name, n in (("nx", nx), ("ny", ny), ("nh", nh)):
+            if n is not None:
+                check_positive_int(n, f"Grid.paper: {name}")
         return cls(
             x=Interval.paper(nx),
             y=Interval.paper(ny),
@@ -300,6 +303,11 @@ class Grid:
         lh: float = 1.0,
     ) -> Grid:
         """Fixed domains ``[0, lx] x [0, ly]`` at ``nx x ny`` nodes."""
+        for name, n in (("nx", nx), ("ny", ny), ("nh", nh)):
+            if n is not None:
+                check_positive_int(n, f"Grid.uniform: {name}")
+        for name, v in (("lx", lx), ("ly", ly), ("lh", lh)):
+            check_positive_float(v, f"Grid.uniform: {name}")
         return cls(
             x=Interval(n=nx, length=lx, rule=rule),
             y=Interval(n=ny, length=ly, rule=rule),
@@ -353,8 +361,18 @@ class Grid:
         return replace(self, x=x, y=y)
 
     # -- discrete integrals (eqs. 25-26) ----------------------------------------------------
+    def _check_ny(self, x: Tensor, where: str, name: str) -> None:
+        # a cheap metadata check (these are called per substep): a wrong size would be a
+        # matmul error deep inside, or a silently wrong sum with uniform weights
+        if self.y.n is not None and x.shape[-1] != self.y.n:
+            raise ValueError(
+                f"{where}: {name}: expected N_y = {self.y.n} entries in the last dimension "
+                f"(the grid's Omega_y nodes), got shape {tuple(x.shape)}"
+            )
+
     def integrate_y(self, f: Tensor) -> Tensor:
         r""":math:`\int_{\Omega_y} f(\cdot, \xi)\,d\xi` over the last dimension."""
+        self._check_ny(f, "integrate_y", "f")
         w = self.y.uniform_weight
         if w is not None:
             s = f.sum(-1)
@@ -365,6 +383,7 @@ class Grid:
         r""":math:`\frac{1}{|\Omega_y|}\int_{\Omega_y} f\,d\xi` (the discrete measure, so that a
         constant has mean exactly itself)."""
         if self.y.uniform_weight is not None:
+            self._check_ny(f, "mean_y", "f")
             return f.mean(-1)
         return self.integrate_y(f) / self.y.measure
 
@@ -374,6 +393,12 @@ class Grid:
         ``u``: (..., N_y), ``W``: (N_y, M) -> (..., M).  With ``L = N`` this is the plain
         matrix product ``u @ W`` of eq. (27).
         """
+        self._check_ny(u, "kernel_y", "u")
+        if W.dim() < 2 or W.shape[-2] != u.shape[-1]:
+            raise ValueError(
+                f"kernel_y: W: expected shape ({u.shape[-1]}, M) (rows: the integration variable "
+                f"of u's last dimension), got {tuple(W.shape)}"
+            )
         w = self.y.uniform_weight
         if w is not None:
             out = u @ W

@@ -46,6 +46,14 @@ class Propagator(nn.Module):
     ``forward(f)`` takes ``f`` of shape ``(B, N_x, N_y)`` (or ``(N_x, N_y)``, unbatched) and
     returns :math:`u^{N_t}` of the same shape.
 
+    ``checkpoint_every`` (attribute, default ``0``): gradient checkpointing of the time
+    loop.  ``0`` keeps every intermediate of every step for the backward pass (plain
+    backpropagation); ``k >= 1`` keeps only the state at the start of each block of ``k``
+    steps and recomputes the block during the backward pass (``torch.utils.checkpoint``,
+    non-reentrant, RNG state preserved, so dropout masks are the same in the recomputation).
+    Used only when autograd records and no trajectory is asked for.  Set by
+    ``opsplit.control`` (``gradient="checkpoint"``).
+
     **Validation** (once per call, never per substep): ``f`` is a floating tensor of rank 2
     or 3 whose shape fits the grid, on the dtype and device of the parameters, with at
     least one token and one feature; the parameters and ``f`` are finite; every operator
@@ -61,6 +69,9 @@ class Propagator(nn.Module):
     (``torch.save(model)``) stores opsplit's classes by reference and needs
     ``torch.load(..., weights_only=False)``, i.e. trusting the file.
     """
+
+    #: gradient checkpointing of the time loop: 0 off, k >= 1 blocks of k steps
+    checkpoint_every: int = 0
 
     def __init__(
         self,
@@ -147,10 +158,13 @@ class Propagator(nn.Module):
         self.scheme.check(g)
         u = f
         traj = [u] if return_trajectory else None
-        for n in range(len(times) - 1):
-            u = self.scheme.step(times[n], times[n + 1] - times[n], u, g)
-            if traj is not None:
-                traj.append(u)
+        if self.checkpoint_every and traj is None and torch.is_grad_enabled():
+            u = _checkpointed_steps(self.scheme, times, u, g, int(self.checkpoint_every))
+        else:
+            for n in range(len(times) - 1):
+                u = self.scheme.step(times[n], times[n + 1] - times[n], u, g)
+                if traj is not None:
+                    traj.append(u)
         if check_finite_input:
             check_finite(
                 u, f"{type(self).__name__} output",
@@ -167,7 +181,26 @@ class Propagator(nn.Module):
         return u, trajectory
 
     def extra_repr(self) -> str:
-        return (
+        s = (
             f"n_steps={self.n_steps}, t=[{self.t0:g}, {self.t1:g}], dt={self.dt():g}, "
             f"grid={self.grid}"
         )
+        if self.checkpoint_every:
+            s += f", checkpoint_every={self.checkpoint_every}"
+        return s
+
+
+def _checkpointed_steps(scheme: Scheme, times, u: Tensor, grid: Grid, k: int) -> Tensor:
+    """The time loop with ``torch.utils.checkpoint`` around every block of ``k`` steps: the
+    backward pass stores one state per block and recomputes the block's steps."""
+    from torch.utils.checkpoint import checkpoint
+
+    def block(u, a, b):
+        for n in range(a, b):
+            u = scheme.step(times[n], times[n + 1] - times[n], u, grid)
+        return u
+
+    n = len(times) - 1
+    for a in range(0, n, k):
+        u = checkpoint(block, u, a, min(a + k, n), use_reentrant=False)
+    return u

@@ -171,6 +171,7 @@ def solve_reference(
     method: str = "dopri5",
     options: dict | None = None,
     breakpoints=None,
+    adjoint: bool = False,
 ) -> Tensor:
     """Solve the unsplit continuous model from :math:`u(t_0) = f`.
 
@@ -186,6 +187,9 @@ def solve_reference(
         rtol, atol, method, options: passed to ``torchdiffeq.odeint``.
         breakpoints: extra times where the controls are not smooth (those of piecewise
             controls are found automatically).
+        adjoint: gradients by the continuous adjoint (``torchdiffeq.odeint_adjoint`` on
+            every interval between breakpoints) instead of backpropagation through the
+            solver's steps (``opsplit.control``, ``gradient="adjoint"``).
 
     Returns:
         :math:`u(t_1)`, or :math:`u` at ``times`` stacked on dimension 0.
@@ -224,7 +228,7 @@ def solve_reference(
         z = project_s1(f, 0.0, 1.0, g)
     else:
         z = f
-    solver = ODESolve(method, rtol=rtol, atol=atol, options=options)
+    solver = ODESolve(method, rtol=rtol, atol=atol, options=options, adjoint=adjoint)
     results = {}
     if any(abs(s - t0) <= tol for s in out_times):
         results[t0] = rhs.to_u(t0, z, g)

@@ -130,6 +130,25 @@ class ConvergenceStudy:
     expected: float | None = None
     meta: dict = field(default_factory=dict)
 
+    VARIABLES = ("dt", "dx", "dy", "dx=dy")
+
+    def __post_init__(self):
+        if self.variable not in self.VARIABLES:
+            raise ValueError(
+                f"ConvergenceStudy.variable: expected one of {self.VARIABLES}, got {self.variable!r}"
+            )
+        self.h = np.asarray(self.h, dtype=np.float64)
+        self.errors = np.asarray(self.errors, dtype=np.float64)
+        if not (len(self.n) == self.h.size == self.errors.size):
+            raise ValueError(
+                f"ConvergenceStudy: n, h and errors must have the same length, got {len(self.n)}, "
+                f"{self.h.size} and {self.errors.size}"
+            )
+        if not isinstance(self.fit, OrderFit):
+            raise TypeError(
+                f"ConvergenceStudy.fit: expected an OrderFit (see fit_order), got {type(self.fit).__name__}"
+            )
+
     @property
     def order(self) -> float:
         return self.fit.order
@@ -217,6 +236,11 @@ def resample(u: Tensor, src: Grid, dst: Grid) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(out))
 
 
+def _check_interval(t0, t1, where: str) -> None:
+    if not (math.isfinite(t0) and math.isfinite(t1) and t0 < t1):
+        raise ValueError(f"{where}: expected t0 < t1 (finite), got t0={t0}, t1={t1}")
+
+
 def temporal_convergence(
     solve: Callable[[int], Tensor],
     n_steps: Sequence[int],
@@ -233,6 +257,7 @@ def temporal_convergence(
     ns = [int(n) for n in n_steps]
     if len(ns) < 2 or min(ns) < 1:
         raise ValueError(f"temporal_convergence: expected at least two N_t >= 1, got {ns}")
+    _check_interval(t0, t1, "temporal_convergence")
     errs = np.array([relative_error(solve(n), reference, grid) for n in ns])
     h = np.array([(t1 - t0) / n for n in ns])
     return ConvergenceStudy(label, "dt", ns, h, errs, fit_order(h, errs, confidence), expected)
@@ -286,8 +311,9 @@ def self_convergence(
     """Without a reference: the error of ``solve(N)`` against ``solve(next N)`` (successive
     differences, which shrink at the method's order when it converges)."""
     ns = [int(n) for n in n_steps]
-    if len(ns) < 3:
-        raise ValueError("self_convergence: expected at least three N_t (two differences)")
+    if len(ns) < 3 or min(ns) < 1:
+        raise ValueError(f"self_convergence: expected at least three N_t >= 1 (two differences), got {ns}")
+    _check_interval(t0, t1, "self_convergence")
     sols = [solve(n) for n in ns]
     errs = np.array([relative_error(a, b, grid) for a, b in zip(sols[:-1], sols[1:])])
     h = np.array([(t1 - t0) / n for n in ns[:-1]])

@@ -13,8 +13,12 @@ domain.  Scalars and plain matrices have no axes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
+
+from .._checks import skip_value_checks
 
 __all__ = ["Control", "as_control"]
 
@@ -76,7 +80,7 @@ def as_control(value, name: str, axes=()) -> Control:
     if isinstance(value, Control):
         return value
     if isinstance(value, Tensor):
-        return Constant(value, axes=axes)
+        return Constant(value, axes=axes, name=name)
     raise TypeError(f"{name}: expected a Control or a torch.Tensor, got {type(value).__name__}")
 
 
@@ -84,8 +88,14 @@ def _time_of(t) -> float:
     if isinstance(t, Tensor):
         if t.numel() != 1:
             raise ValueError(f"control time: expected a scalar time, got shape {tuple(t.shape)}")
-        return float(t.detach())
-    return float(t)
+        t = float(t.detach())
+    elif isinstance(t, (str, bytes, bool)):
+        raise TypeError(f"control time: expected a real number, got {t!r}")
+    else:
+        t = float(t)
+    if not skip_value_checks() and not math.isfinite(t):
+        raise ValueError(f"control time: expected a finite number, got {t}")
+    return t
 
 
 def _check_values(values, name: str) -> Tensor:

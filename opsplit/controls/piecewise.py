@@ -77,15 +77,19 @@ class Constant(Control):
     For a trainable positive control use ``PiecewiseConstant(..., positive=True)``.
     """
 
-    def __init__(self, value: Tensor, *, axes=(), positive: bool = False):
+    def __init__(self, value: Tensor, *, axes=(), positive: bool = False, name: str | None = None):
         super().__init__(axes)
-        value = _check_values(value, "Constant.value")
+        # ``name``: the argument the value was given as (e.g. "FFNIntegral.W"), for errors
+        value = _check_values(value, name or "Constant.value")
         if len(self.axes) > value.dim():
             raise ValueError(
-                f"Constant: {len(self.axes)} axes {self.axes} for a value of shape {tuple(value.shape)}"
+                f"{name or 'Constant'}: expected a tensor of rank >= {len(self.axes)} (axes "
+                f"{self.axes}), got shape {tuple(value.shape)}"
             )
         if positive and not bool((value > 0).all()):
-            raise ValueError(f"Constant(positive=True): expected values > 0, got min {float(value.min()):g}")
+            raise ValueError(
+                f"{name or 'Constant(positive=True)'}: expected values > 0, got min {float(value.min()):g}"
+            )
         if isinstance(value, nn.Parameter):
             self.value = value
         else:

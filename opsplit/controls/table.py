@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_finite_float
 from .base import Control, _check_values
 
 __all__ = ["TimeTable"]
@@ -44,9 +43,9 @@ class TimeTable(Control):
                 f"{tuple(values.shape[1:])} per {self._row}"
             )
         n = int(values.shape[0])
-        self.t0 = float(t0)
-        self.t1 = self.t0 + self._default_span(n) if t1 is None else float(t1)
-        if not (math.isfinite(self.t0) and math.isfinite(self.t1)) or self.t1 <= self.t0:
+        self.t0 = check_finite_float(t0, f"{name}.t0")
+        self.t1 = self.t0 + self._default_span(n) if t1 is None else check_finite_float(t1, f"{name}.t1")
+        if self.t1 <= self.t0:
             raise ValueError(f"{name}: expected t0 < t1, got t0={t0}, t1={t1}")
         self.positive = bool(positive)
         if self.positive:

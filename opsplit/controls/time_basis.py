@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_finite_float
 from .base import Control, _check_values, _time_of
 
 __all__ = ["TimeBasis", "basis_matrix", "BASES"]
@@ -98,8 +99,9 @@ class TimeBasis(Control):
             )
         if basis not in BASES:
             raise ValueError(f"TimeBasis.basis: expected one of {sorted(BASES)}, got {basis!r}")
-        self.t0, self.t1 = float(t0), float(t1)
-        if not (math.isfinite(self.t0) and math.isfinite(self.t1)) or self.t1 <= self.t0:
+        self.t0 = check_finite_float(t0, "TimeBasis.t0")
+        self.t1 = check_finite_float(t1, "TimeBasis.t1")
+        if self.t1 <= self.t0:
             raise ValueError(f"TimeBasis: expected t0 < t1, got t0={t0}, t1={t1}")
         self.basis = basis
         self.positive = bool(positive)

@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._checks import skip_value_checks
+
 __all__ = ["KERNELS", "kernel_profile", "nadaraya_watson_attention"]
 
 #: the radial kernels K(r) of paper 001 §2.2 (normalising constants included)
@@ -70,8 +72,11 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
             raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{fn}: {name}: expected float32 or float64, got {x.dtype}")
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise TypeError(f"{fn}: q, k, v must share dtype and device")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{fn}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"{fn}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(
             f"{fn}: expected q (..., N_q, d), k (..., N_k, d), v (..., N_k, D); got "
@@ -83,24 +88,67 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
             f"{fn}: shape mismatch: expected q (..., N_q, d), k (..., N_k, d), v (..., N_k, D) "
             f"with equal leading dims; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if kernel not in KERNELS:
+    if k.shape[-2] == 0:
+        raise ValueError(f"{fn}: k: expected at least one key (N_k >= 1), got {tuple(k.shape)}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"{fn}: q, k: expected a feature dimension d >= 1, got {tuple(q.shape)}")
+    if not isinstance(kernel, str) or kernel not in KERNELS:
         raise ValueError(f"{fn}: kernel: expected one of {KERNELS}, got {kernel!r}")
-    h = bandwidth if isinstance(bandwidth, Tensor) else torch.tensor(float(bandwidth), dtype=torch.float64)
-    if not bool(torch.isfinite(h).all()) or bool((h <= 0).any()):
+    if isinstance(bandwidth, Tensor):
+        if not bandwidth.is_floating_point():
+            raise TypeError(f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}")
+        h = bandwidth.detach()
+    elif isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
+        h = torch.tensor(float(bandwidth), dtype=torch.float64)
+    else:
+        raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
+    values = not _graph_mode(q, k, v, bandwidth)
+    if values and (not bool(torch.isfinite(h).all()) or bool((h <= 0).any())):
         raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
-    for name, x in (("q", q), ("k", k)):
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{fn}: {name}: expected finite values")
     lead, Nk = k.shape[:-2], k.shape[-2]
+    try:
+        ok = h.dim() <= len(lead) and torch.broadcast_shapes(h.shape, lead) == lead
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{fn}: bandwidth: expected a number or a shape broadcastable to the leading dims "
+            f"{tuple(lead)}, got {tuple(h.shape)}")
+    for name, x in (("q", q), ("k", k), ("v", v)) if values else ():
+        if not bool(torch.isfinite(x).all()):
+            n_bad = int((~torch.isfinite(x)).sum())
+            raise ValueError(f"{fn}: {name}: expected finite values, found {n_bad} NaN/inf entries")
+    if values and q.numel() and k.numel():
+        # the kernel is evaluated on (q - c)/h, (k - c)/h (c: the mean key): their squared
+        # norms and products must be representable
+        c = k.mean(-2, keepdim=True)
+        m = torch.maximum((q - c).abs().amax(), (k - c).abs().amax()).detach().double()
+        big = float(m / h.double().amin()) ** 2 * 4 * q.shape[-1]
+        if not big < torch.finfo(q.dtype).max:
+            raise ValueError(
+                f"{fn}: q, k: the scaled squared distances |q - k|^2 / h^2 overflow {q.dtype} "
+                f"(max |q - c|, |k - c| = {float(m):.3g} with c the mean key, min h = "
+                f"{float(h.amin()):.3g}); rescale q and k, increase the bandwidth or use float64"
+            )
     logw = None
     if key_weights is not None or key_padding_mask is not None:
         w = torch.ones(*lead, Nk, dtype=k.dtype, device=k.device)
         if key_weights is not None:
-            kw = torch.as_tensor(key_weights, dtype=k.dtype, device=k.device)
-            if not bool(torch.isfinite(kw).all()) or bool((kw < 0).any()):
+            if not isinstance(key_weights, Tensor):
+                try:
+                    key_weights = torch.as_tensor(key_weights, dtype=k.dtype)
+                except (TypeError, ValueError, RuntimeError):
+                    raise TypeError(
+                        f"{fn}: key_weights: expected a tensor, got {type(key_weights).__name__}"
+                    ) from None
+            if not key_weights.is_floating_point():
+                raise TypeError(
+                    f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
+            kw = key_weights.to(dtype=k.dtype, device=k.device)
+            if values and (not bool(torch.isfinite(kw).all()) or bool((kw < 0).any())):
                 raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
             try:
-                w = w * kw
+                w = (w * kw).expand(*lead, Nk)
             except RuntimeError:
                 raise ValueError(
                     f"{fn}: key_weights: expected a shape broadcastable to {(*lead, Nk)}, got "
@@ -109,18 +157,34 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
         if key_padding_mask is not None:
             m = key_padding_mask
             if not isinstance(m, Tensor) or m.dtype != torch.bool:
-                raise TypeError(f"{fn}: key_padding_mask: expected a bool tensor (True = ignore)")
+                got = m.dtype if isinstance(m, Tensor) else type(m).__name__
+                raise TypeError(
+                    f"{fn}: key_padding_mask: expected a bool tensor (True = ignore), got {got}")
             if m.dim() == 2 and len(lead) == 2 and m.shape == (lead[0], Nk):
                 m = m.unsqueeze(1)
             try:
-                w = w * (~m).to(k.dtype)
+                w = (w * (~m.to(k.device)).to(k.dtype)).expand(*lead, Nk)
             except RuntimeError:
                 raise ValueError(
                     f"{fn}: key_padding_mask: expected shape (B, N_k) or one broadcastable to "
                     f"{(*lead, Nk)}, got {tuple(key_padding_mask.shape)}"
                 ) from None
         logw = torch.where(w > 0, w.clamp_min(1e-300).log(), torch.full_like(w, -math.inf))
-    return h.to(dtype=q.dtype, device=q.device), logw
+    return bandwidth_tensor(bandwidth, q), logw
+
+
+def _graph_mode(*xs) -> bool:
+    """Under torch.compile / torch.jit tracing / torch.func.vmap: no value checks."""
+    f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return skip_value_checks() or (
+        f is not None and any(isinstance(x, Tensor) and f(x) for x in xs))
+
+
+def bandwidth_tensor(bandwidth, like: Tensor) -> Tensor:
+    """The bandwidth as a tensor of ``like``'s dtype and device (differentiable)."""
+    if isinstance(bandwidth, Tensor):
+        return bandwidth.to(dtype=like.dtype, device=like.device)
+    return torch.tensor(float(bandwidth), dtype=like.dtype, device=like.device)
 
 
 def nadaraya_watson_attention(
@@ -147,16 +211,31 @@ def nadaraya_watson_attention(
         ``(..., N_q, D)``; 0 for a query with no key in the kernel's support.
     """
     h, logw = _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights)
+    return evaluate(q, k, v, kernel, h, logw)
+
+
+def evaluate(q: Tensor, k: Tensor, v: Tensor, kernel: str, h: Tensor,
+             logw: Tensor | None = None) -> Tensor:
+    r"""The evaluation of :func:`nadaraya_watson_attention` without its input validation:
+    ``h`` a tensor broadcastable to the leading dims (``> 0``), ``logw`` the log key weights
+    ``(..., N_k)`` (``-inf`` = masked) or ``None``.  Free of data-dependent Python control
+    flow, so it runs under ``torch.func.vmap`` (for operators whose inputs are validated
+    where they enter the model)."""
     lead = q.shape[:-2]
     hb = h.expand(lead).unsqueeze(-1).unsqueeze(-1) if h.dim() else h  # (..., 1, 1)
+    # the kernel depends on (q - k)/h only: centre on the mean key and divide by h first,
+    # so that no intermediate is larger than the scaled distances themselves
+    c = k.mean(-2, keepdim=True)
+    q = (q - c) / hb
+    k = (k - c) / hb
     if kernel == "gaussian" and q.dtype == torch.float32:
-        # exp(-|q-k|^2 / 2h^2) = exp(-|q|^2/2h^2) * exp(<q,k>/h^2) * exp(-|k|^2/2h^2): softmax
-        # attention with scale 1/h^2 and the additive mask -|k|^2/2h^2 + log w
-        bias = -(k * k).sum(-1) / (2 * hb.squeeze(-1) ** 2)  # (..., N_k)
+        # exp(-|q-k|^2/2) = exp(-|q|^2/2) * exp(<q,k>) * exp(-|k|^2/2): softmax attention
+        # with scale 1 and the additive mask -|k|^2/2 + log w
+        bias = -(k * k).sum(-1) / 2  # (..., N_k)
         if logw is not None:
             bias = bias + logw
         mask = bias.unsqueeze(-2)  # (..., 1, N_k)
-        out = F.scaled_dot_product_attention(q / hb**2, k, v, attn_mask=mask, scale=1.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         if logw is not None:
             # a row whose keys are all masked: SDPA gives NaN; opsplit's convention is 0
             empty = torch.isinf(logw).all(-1).unsqueeze(-1).unsqueeze(-1)
@@ -170,7 +249,7 @@ def nadaraya_watson_attention(
         qs = q[..., q0 : q0 + step, :]
         if kernel == "gaussian":
             # the same identity, as an explicit softmax (float64: SDPA on the CPU rounds it)
-            lg = (qs @ k.transpose(-1, -2)) / hb**2 - kk / (2 * hb**2)
+            lg = (qs @ k.transpose(-1, -2)) - kk / 2
             if logw is not None:
                 lg = lg + logw.unsqueeze(-2)
             mx = lg.amax(-1, keepdim=True)
@@ -179,9 +258,9 @@ def nadaraya_watson_attention(
         else:
             d2 = ((qs * qs).sum(-1, keepdim=True) + kk - 2 * qs @ k.transpose(-1, -2)).clamp_min(0)
             if kernel == "epanechnikov":  # K(r/h) from r^2 (no square root: smooth in q, k)
-                Kx = 0.75 * (1 - d2 / hb**2).clamp_min(0)
+                Kx = 0.75 * (1 - d2).clamp_min(0)
             else:
-                Kx = 0.5 * (d2 <= hb**2).to(q.dtype)
+                Kx = 0.5 * (d2 <= 1).to(q.dtype)
             if logw is not None:
                 Kx = Kx * logw.exp().unsqueeze(-2)
         den = Kx.sum(-1, keepdim=True)

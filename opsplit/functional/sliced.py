@@ -60,11 +60,14 @@ on a grid; uniform weights cancel).  ``key_padding_mask`` (``True`` = ignore the
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch import Tensor
 
+from .._checks import all_finite, skip_value_checks
 from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
+from ._sums import bump_attention_composed, relu_attention_composed
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
@@ -77,7 +80,7 @@ _STEP = 1 << 13
 # --------------------------------------------------------------------------------------
 # validation
 # --------------------------------------------------------------------------------------
-def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
+def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights, check_values=True):
     for name, x in (("zq", zq), ("zk", zk), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -108,11 +111,12 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
         )
     if zk.shape[-1] == 0:
         raise ValueError(f"{fn}: expected at least one key (N_k >= 1), got zk {tuple(zk.shape)}")
-    for name, x in (("zq", zq), ("zk", zk)):
-        if not bool(torch.isfinite(x).all()):
+    for name, x in (("zq", zq), ("zk", zk), ("v", v)) if check_values else ():
+        if not all_finite(x):
             n_bad = int((~torch.isfinite(x)).sum())
+            what = "values" if name == "v" else "scores"
             raise ValueError(
-                f"{fn}: {name}: expected finite scores, found {n_bad} NaN/inf entries"
+                f"{fn}: {name}: expected finite {what}, found {n_bad} NaN/inf entries"
             )
     w = None
     if key_weights is not None:
@@ -120,6 +124,11 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
             key_weights = torch.as_tensor(key_weights, dtype=zk.dtype, device=zk.device)
         if not key_weights.is_floating_point():
             raise TypeError(f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
+        if key_weights.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{fn}: key_weights: gradients with respect to the key weights are not "
+                f"supported; pass weights that do not require grad (e.g. key_weights.detach())"
+            )
         try:
             w = key_weights.to(dtype=zk.dtype, device=zk.device).expand(zk.shape)
         except RuntimeError:
@@ -127,7 +136,7 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
                 f"{fn}: key_weights: expected a shape broadcastable to zk {tuple(zk.shape)}, "
                 f"got {tuple(key_weights.shape)}"
             ) from None
-        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        if check_values and (not all_finite(w) or bool((w < 0).any())):
             raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
     if key_padding_mask is not None:
         m = key_padding_mask
@@ -148,6 +157,20 @@ def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights):
         keep = (~m).to(zk.dtype)
         w = keep if w is None else w * keep
     return w
+
+
+def _is_batched(x) -> bool:
+    f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return bool(f is not None and isinstance(x, Tensor) and f(x))
+
+
+def _graph_mode(*tensors) -> bool:
+    """True under ``torch.compile``, ``torch.jit`` tracing and ``torch.func.vmap``: there
+    the kernels are evaluated by their composition of differentiable sliced sums
+    (:mod:`~opsplit.functional._sums`), which has no data-dependent Python control flow and
+    no custom autograd function (the fast kernels chunk their work by sizes read at run
+    time, which a graph would freeze)."""
+    return skip_value_checks() or any(_is_batched(x) for x in tensors)
 
 
 def _rows(x: Tensor, n: int) -> Tensor:
@@ -185,6 +208,45 @@ def _table_rows(N: int, D: int, dtype, R: int) -> int:
     return max(1, min(R, _TABLE_BYTES // max(1, per_row)))
 
 
+# Reused CPU workspaces: a prefix table (and the gather / block-sum buffers it holds) is
+# kept after a call for the next call of the same shape, at most _WORKSPACE_MAX tables (each
+# at most _TABLE_BYTES plus its work buffers).  Fresh memory costs a page fault per 4 KiB on
+# first touch, which at N = 4K is more than half of a call's time; on CUDA torch's caching
+# allocator already reuses memory.  clear_workspace() frees them.
+_WORKSPACE: dict = {}
+_WORKSPACE_MAX = 2
+_WORKSPACE_LOCK = threading.Lock()
+
+
+def clear_workspace() -> None:
+    """Free the prefix tables kept for reuse between calls of the sliced kernels (CPU)."""
+    with _WORKSPACE_LOCK:
+        _WORKSPACE.clear()
+
+
+def _take_table(R: int, N: int, D: int, n_extra: int, dtype, device) -> PrefixTable:
+    key = (R, N, D, n_extra, dtype, str(device))
+    if torch.device(device).type == "cpu":
+        with _WORKSPACE_LOCK:
+            tab = _WORKSPACE.pop(key, None)  # one user at a time (threads)
+        if tab is not None:
+            return tab
+    tab = PrefixTable(R, N, D, n_extra, dtype=dtype, device=device)
+    tab._key = key
+    return tab
+
+
+def _give_back(tab: PrefixTable) -> None:
+    key = getattr(tab, "_key", None)
+    if key is None or tab.flat.device.type != "cpu":
+        return
+    with _WORKSPACE_LOCK:
+        _WORKSPACE.pop(key, None)
+        while len(_WORKSPACE) >= _WORKSPACE_MAX:
+            _WORKSPACE.pop(next(iter(_WORKSPACE)))
+        _WORKSPACE[key] = tab
+
+
 def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=False):
     """Build prefix tables over ``N`` sorted positions and combine them for ``M`` outputs
     per row, chunk of rows by chunk of rows through one reused table.
@@ -195,14 +257,16 @@ def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=Fa
     A-table or None, per-row results)``; with ``keep_A`` the table A of every row is kept.
     """
     c = _table_rows(N, D, dtype, R)
-    tab = PrefixTable(c, N, D, c if n_extra else 0, dtype=dtype, device=device)
+    tab = _take_table(c, N, D, c if n_extra else 0, dtype, device)
     keep = _ATable(R, tab.Np, D, dtype, device) if keep_A else None
     if c == R:
         extra = build(tab, 0, R)
         if keep is not None:
             keep.copy_from(tab, 0, R)
         index, coeff = combine(tab, 0, R)
-        return tab.combine(index, coeff).view(R, M, D), keep, extra
+        out = tab.combine(index, coeff).view(R, M, D)
+        _give_back(tab)
+        return out, keep, extra
     out = torch.empty(R, M, D, dtype=dtype, device=device)
     extras = []
     for r0 in range(0, R, c):
@@ -213,6 +277,7 @@ def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=Fa
         index, coeff = combine(tab, r0, r1)
         tab.combine_into(out[r0:r1].view(-1, D), index, coeff)
     extra = None if extras[0] is None else torch.cat(extras)
+    _give_back(tab)
     return out, keep, extra
 
 
@@ -276,6 +341,23 @@ class _Keys:
 
     def K_lt(self, p):
         return self.Kc0.gather(1, p)
+
+
+def _backward_by_recompute(ctx, g: Tensor, fn, inputs) -> tuple:
+    """The backward pass when it must itself be differentiable (``create_graph=True``):
+    recompute the output as ``fn(*inputs)``, a composition of the differentiable sliced
+    sums of :mod:`~opsplit.functional._sums`, and differentiate that with
+    ``create_graph=True``.  ``inputs`` are the saved inputs (``None`` where not saved), in
+    the order of ``ctx.needs_input_grad``."""
+    idx = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
+    with torch.enable_grad():
+        out = fn(*inputs)
+    grads = torch.autograd.grad(out, [inputs[i] for i in idx], g, create_graph=True,
+                                allow_unused=True)
+    res = [None] * len(inputs)
+    for i, gr in zip(idx, grads):
+        res[i] = gr
+    return tuple(res)
 
 
 def _safe_inv(x64: Tensor) -> Tensor:
@@ -347,6 +429,11 @@ class _SlicedReLU(torch.autograd.Function):
     def backward(ctx, g):
         (zq, zk, v, w, out, den, m, m_lo, Aflat, p, p_le, c, Wlt, Klt, W, Wc, order_q, lt_k,
          le_k) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward pass
+            centered = ctx.centered
+            return _backward_by_recompute(
+                ctx, g, lambda a, b, c_, d, e: relu_attention_composed(a, b, c_, d, centered),
+                (zq, zk, v, w, None))
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
@@ -419,9 +506,10 @@ class _SlicedReLU(torch.autograd.Function):
                                    build=build, combine=combine)
         else:
             c_rows = _table_rows(Nq, D, dt, R)
-            tq = PrefixTable(c_rows, Nq, D, 0, dtype=dt, device=v.device)
+            tq = _take_table(c_rows, Nq, D, 0, dt, v.device)
             for r0 in range(0, R, c_rows):
                 build(tq, r0, min(R, r0 + c_rows))
+            _give_back(tq)
         if need_k:
             # scalar prefix sums over the queries in increasing order
             Sc = torch.cumsum(s.gather(1, order_q), 1)
@@ -470,13 +558,19 @@ def sliced_relu_attention(
     Float32 and float64, any device; differentiable in ``zq``, ``zk`` and ``v`` by a custom
     backward pass that is again sorted prefix sums (no ``N_q x N_k`` tensor).
     """
-    w = _check_inputs("sliced_relu_attention", zq, zk, v, key_padding_mask, key_weights)
+    graph = _graph_mode(zq, zk, v)
+    w = _check_inputs("sliced_relu_attention", zq, zk, v, key_padding_mask, key_weights,
+                      check_values=not graph)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
     R = math.prod(lead)
     if R == 0 or Nq == 0 or D == 0:
         return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum())
     wr = None if w is None else _rows(w, Nk).contiguous()
+    if graph:
+        out = relu_attention_composed(_rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D), wr,
+                                      bool(centered))
+        return out.view(*lead, Nq, D)
     out = _SlicedReLU.apply(
         _rows(zq, Nq).contiguous(), _rows(zk, Nk).contiguous(),
         v.reshape(R, Nk, D).contiguous(), wr, bool(centered),
@@ -586,6 +680,10 @@ class _SlicedBump(torch.autograd.Function):
     def backward(ctx, g):
         (zq, zk, v, w, b, out, m, Aflat, a0, a1, a2, alt, Wc, W, c, order_q,
          t0, t1, t2, t3) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward pass
+            return _backward_by_recompute(
+                ctx, g, lambda a, b_, c_, d, e: bump_attention_composed(a, b_, c_, d, e),
+                (zq, zk, v, w, b))
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
@@ -682,9 +780,10 @@ class _SlicedBump(torch.autograd.Function):
                                        combine=combine)
             else:
                 c_rows = _table_rows(Nq, D, dt, R)
-                tq = PrefixTable(c_rows, Nq, D, c_rows, dtype=dt, device=v.device)
+                tq = _take_table(c_rows, Nq, D, c_rows, dt, v.device)
                 for r0 in range(0, R, c_rows):
                     build(tq, r0, min(R, r0 + c_rows))
+                _give_back(tq)
             if need_k:
                 gbar = torch.cat(gbar_all)
                 cnt = (_gather0(Cc, b2) - _gather0(Cc, b1k)) - (_gather0(Cc, blt) - _gather0(Cc, b0))
@@ -722,9 +821,12 @@ def sliced_relu_bump_attention(
         ``(..., N_q, D)``; a row with no unmasked key gives 0.
     """
     fn = "sliced_relu_bump_attention"
-    w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights)
+    graph = _graph_mode(zq, zk, v, bandwidth)
+    w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights, check_values=not graph)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
+    if isinstance(bandwidth, (bool, str, bytes)):
+        raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
     if isinstance(bandwidth, Tensor):
         if not bandwidth.is_floating_point():
             raise TypeError(f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}")
@@ -734,7 +836,7 @@ def sliced_relu_bump_attention(
             bt = torch.tensor(float(bandwidth), dtype=zq.dtype, device=zq.device)
         except (TypeError, ValueError):
             raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}") from None
-    if not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any()):
+    if not graph and (not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any())):
         raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
     try:
         b_full = bt.expand(lead) if bt.dim() <= len(lead) else None
@@ -749,6 +851,10 @@ def sliced_relu_bump_attention(
     if R == 0 or Nq == 0 or D == 0:
         return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + bt.sum())
     wr = None if w is None else _rows(w, Nk).contiguous()
+    if graph:
+        out = bump_attention_composed(_rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D), wr,
+                                      b_full.reshape(R, 1))
+        return out.view(*lead, Nq, D)
     out = _SlicedBump.apply(
         _rows(zq, Nq).contiguous(), _rows(zk, Nk).contiguous(),
         v.reshape(R, Nk, D).contiguous(), wr, b_full.reshape(R, 1),

@@ -4,6 +4,14 @@ from .continuous import ContinuousTransformer
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
 from .hf import from_hf, hf_converters, register_hf_converter
 from .paper import PaperTransformer, paper_scheme
+from .split_encoder import (
+    CONTROL_KINDS,
+    SCHEMES,
+    ImageClassifier,
+    SequenceForecaster,
+    SplitEncoder,
+    convert_time_controls,
+)
 from .torch_exact import (
     LayerConfig,
     TorchDecoder,
@@ -33,4 +41,10 @@ __all__ = [
     "from_hf",
     "register_hf_converter",
     "hf_converters",
+    "SplitEncoder",
+    "ImageClassifier",
+    "SequenceForecaster",
+    "convert_time_controls",
+    "SCHEMES",
+    "CONTROL_KINDS",
 ]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_positive_float, check_positive_int
+from .._checks import check_dtype_arg, check_generator, check_positive_float, check_positive_int
 from ..controls import Constant, CosineSeries, PiecewiseConstant
-from ..grid import Grid, Interval
+from ..grid import RULES, Grid, Interval
 from ..operators import FFNIntegral, ProjectionS1, SoftmaxAttention
 from .paper import PaperSchemePropagator, paper_scheme
 
@@ -57,6 +57,14 @@ class ContinuousTransformer(PaperSchemePropagator):
         J = check_positive_int(J, "ContinuousTransformer.J")
         n_steps = check_positive_int(n_steps, "ContinuousTransformer.n_steps (N_t)")
         T = check_positive_float(T, "ContinuousTransformer.T")
+        lx = check_positive_float(lx, "ContinuousTransformer.lx")
+        ly = check_positive_float(ly, "ContinuousTransformer.ly")
+        if rule not in RULES:
+            raise ValueError(f"ContinuousTransformer.rule: expected one of {sorted(RULES)}, got {rule!r}")
+        eps = check_positive_float(eps, "ContinuousTransformer.eps", allow_zero=True)
+        kernel_scale = check_positive_float(kernel_scale, "ContinuousTransformer.kernel_scale", allow_zero=True)
+        check_generator(generator, "ContinuousTransformer.generator")
+        dtype = check_dtype_arg(dtype, "ContinuousTransformer.dtype")
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
         def coeffs(*shape, positive=False, fill=0.0):

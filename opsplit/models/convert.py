@@ -31,11 +31,13 @@ modules with forward hooks.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import check_finite, check_float_dtype, check_shape, check_tensor
 from ..controls import Constant, PiecewiseConstant
 from ..operators import MultiHeadAttention
 from .torch_exact import TorchDecoder, TorchEncoder
@@ -313,10 +315,20 @@ def torch_state_dict(model, *, grads: bool = False, kind: str | None = None) -> 
 def load_torch_state_dict(model, state: dict[str, Tensor], *, kind: str | None = None) -> None:
     """Copy torch-named weights (as :func:`torch_state_dict` names them) into ``model``."""
     _check_model(model)
+    if not isinstance(state, Mapping):
+        raise TypeError(f"load_torch_state_dict: state: expected a dict of tensors, got {type(state).__name__}")
     pairs = _pairs(model, _kind(model, kind) == "stack")
     missing = [name for _, name, *_ in pairs if name not in state]
     if missing:
         raise KeyError(f"load_torch_state_dict: missing torch weights {missing}")
+    # every tensor checked before any is copied (no half-loaded model, no error inside copy_)
+    expected = torch_state_dict(model, kind=kind)
+    for name, ref in expected.items():
+        v, where = state[name], f"load_torch_state_dict: state[{name!r}]"
+        check_tensor(v, where)
+        check_float_dtype(v, where)
+        check_shape(v, ref.shape, where)
+        check_finite(v, where)
     for n, name, controls, _, to_o in pairs:
         vals = to_o(state[name])
         for c, v in zip(controls, vals):

@@ -118,12 +118,34 @@ class PaperTransformer(PaperSchemePropagator):
         device=None,
         dtype=None,
     ):
-        from .._checks import check_positive_float, check_positive_int
+        from .._checks import (
+            check_dtype_arg,
+            check_finite_float,
+            check_positive_float,
+            check_positive_int,
+        )
+        from ..grid import check_grid
 
+        # every argument checked here, so that errors name this constructor's arguments
         n_y = check_positive_int(n_y, "PaperTransformer.n_y")
+        if n_x is not None:
+            n_x = check_positive_int(n_x, "PaperTransformer.n_x")
         J = check_positive_int(J, "PaperTransformer.J")
         n_steps = check_positive_int(n_steps, "PaperTransformer.n_steps (N_t)")
-        check_positive_float(sigma2, "PaperTransformer.sigma2")
+        if T is not None:
+            T = check_positive_float(T, "PaperTransformer.T")
+        if scale is not None:
+            scale = check_positive_float(scale, "PaperTransformer.scale")
+        if bias_axis not in ("x", "y"):
+            raise ValueError(f"PaperTransformer.bias_axis: expected 'x' or 'y', got {bias_axis!r}")
+        eps = check_positive_float(eps, "PaperTransformer.eps", allow_zero=True)
+        sigma1 = check_finite_float(sigma1, "PaperTransformer.sigma1")
+        sigma2 = check_positive_float(sigma2, "PaperTransformer.sigma2")
+        relax_weight = check_finite_float(relax_weight, "PaperTransformer.relax_weight")
+        if not 0.0 < relax_weight <= 1.0:
+            raise ValueError(f"PaperTransformer.relax_weight: expected 0 < weight <= 1, got {relax_weight}")
+        grid = check_grid(grid, "PaperTransformer.grid")
+        dtype = check_dtype_arg(dtype, "PaperTransformer.dtype")
         if bias_axis == "x" and n_x is None and (grid is None or grid.nx is None):
             raise ValueError(
                 "PaperTransformer: bias_axis='x' (the paper's b_j(x)) needs the number of tokens "

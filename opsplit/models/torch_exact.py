@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int
+from .._checks import check_finite, check_positive_float, check_positive_int, skip_value_checks
 from ..controls import PiecewiseConstant
 from ..grid import Grid
 from ..operators import (
@@ -181,9 +181,7 @@ class LayerConfig:
             self.dropout if self.activation_dropout is None else self.activation_dropout, "activation_dropout"
         )
         activation_fn(self.activation)
-        self.layer_norm_eps = float(self.layer_norm_eps)
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps: expected > 0 (torch's LayerNorm eps), got {self.layer_norm_eps}")
+        self.layer_norm_eps = check_positive_float(self.layer_norm_eps, "layer_norm_eps (torch's LayerNorm eps)")
         for name in ("batch_first", "norm_first", "bias", "fused_norm", "final_norm", "norm_affine"):
             _check_bool(getattr(self, name), name)
         self.qkv_bias = self.bias if self.qkv_bias is None else _check_bool(self.qkv_bias, "qkv_bias")
@@ -322,7 +320,8 @@ class _TorchExact(Propagator):
         """Device, and no NaN or +inf in a float mask (it is added to the scores: -inf masks a
         key out, NaN or +inf would make the attention weights NaN)."""
         self._check_device(mask, name)
-        if self.check_finite_input and mask.is_floating_point() and bool(torch.any(torch.isnan(mask) | (mask == float("inf")))):
+        if (self.check_finite_input and mask.is_floating_point() and not skip_value_checks()
+                and bool(torch.any(torch.isnan(mask) | (mask == float("inf"))))):
             raise ValueError(f"{name}: a float mask must hold finite values or -inf, found NaN or +inf")
 
     @staticmethod
@@ -604,8 +603,8 @@ class TorchDecoder(_TorchExact):
                                  self._check_causal(memory_is_causal, "memory_is_causal"), u.device)
         tkpm = self._kpm(tgt_key_padding_mask, "tgt_key_padding_mask", B, N, unbatched)
         mkpm = self._kpm(memory_key_padding_mask, "memory_key_padding_mask", B, S, unbatched)
-        if self.check_finite_input and not bool(torch.isfinite(m).all()):
-            raise ValueError("memory: expected finite values, found NaN/inf")
+        if self.check_finite_input:
+            check_finite(m, "memory")
         grid = ContextGrid.of(
             self.grid, memory=m, tgt_mask=tgt_mask, memory_mask=memory_mask,
             tgt_key_padding_mask=tkpm, memory_key_padding_mask=mkpm,

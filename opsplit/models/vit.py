@@ -36,7 +36,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int
+from .._checks import (
+    check_finite,
+    check_like_module,
+    check_positive_int,
+    check_probability,
+    check_tensor,
+)
 from ..operators.activation import activation_fn
 from .hf import from_hf, register_hf_converter
 from .torch_exact import TorchEncoder
@@ -77,9 +83,7 @@ class PatchEmbedding(nn.Module):
             )
         self.num_channels = check_positive_int(num_channels, "num_channels")
         self.n_y = check_positive_int(n_y, "n_y")
-        dropout = float(dropout)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"PatchEmbedding.dropout: expected 0 <= p < 1, got {dropout}")
+        dropout = check_probability(dropout, "PatchEmbedding.dropout")
         self.grid_size = (H // ph, W // pw)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         D = self.num_channels * ph * pw
@@ -173,6 +177,15 @@ class ClassTokenReadout(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, u: Tensor) -> Tensor:
+        """``u`` of shape ``(B, N, N_y)``: reads the class token ``u[:, 0]``."""
+        check_tensor(u, "ClassTokenReadout: u")
+        n_y = self.weight.shape[0]
+        if u.dim() != 3 or u.shape[-1] != n_y or u.shape[1] < 1:
+            raise ValueError(
+                f"ClassTokenReadout: u: expected shape (B, N, {n_y}) with N >= 1 (token 0 is the "
+                f"class token), got {tuple(u.shape)}"
+            )
+        check_like_module(u, self, "ClassTokenReadout: u", "the ClassTokenReadout")
         z = torch.nn.functional.linear(u[:, 0], self.weight.t(), self.bias)
         return activation_fn(self.activation)(z)
 
@@ -228,8 +241,8 @@ class ViT(nn.Module):
                 f"interpolate_pos_encoding: not converted; the model takes images of size {self.embedding.image_size}"
             )
         self.embedding.check_input(pixel_values)
-        if self.encoder.check_finite_input and not bool(torch.isfinite(pixel_values).all()):
-            raise ValueError("pixel_values: expected finite values, found NaN/inf")
+        if self.encoder.check_finite_input:
+            check_finite(pixel_values, "pixel_values")
         u = self.encoder(self.embedding(pixel_values))
         return ViTOutput(
             last_hidden_state=u,

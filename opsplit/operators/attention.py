@@ -18,7 +18,9 @@ its skip connection.
 Discretisation: the :math:`\Omega_y` integrals carry the y-quadrature weights; the
 :math:`\Omega_x` quadrature weights enter the softmax as :math:`\log w_x` and cancel when
 they are equal.  The result is computed with
-``torch.nn.functional.scaled_dot_product_attention``.
+``torch.nn.functional.scaled_dot_product_attention``, guarded against scores that overflow
+the dtype (float32 evaluated in float64 there, float64 refused with a clear error; see
+:mod:`opsplit.operators._sdpa`).
 
 On the scale: eq. (6) (and (19), (37)) scale the scores by :math:`1/\sqrt{|\Omega_y|}`;
 eq. (29) as printed has no scale, and eq. (41) prints :math:`1/\sqrt{L_x}`.  opsplit
@@ -30,11 +32,11 @@ from __future__ import annotations
 
 import math
 
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..controls import as_control
 from ..grid import Grid
+from ._sdpa import attention, check_scores
 from .base import Operator
 
 __all__ = ["SoftmaxAttention"]
@@ -89,14 +91,15 @@ class SoftmaxAttention(Operator):
         else:
             s = s * wy
         logw = grid.log_weights_x(q.dtype, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=logw, scale=s)
+        return attention(q, k, v, attn_mask=logw, scale=s, name="SoftmaxAttention")
 
     def attention_weights(self, u: Tensor, t: float = 0.0, grid: Grid | None = None) -> Tensor:
         r"""The discrete attention map :math:`\gamma(x_k, \tilde x_j) w_j` (rows sum to 1),
         shape (B, N_x, N_x): the quadrature weights times the density of eq. (6)."""
         g = self.resolve_grid(u, grid)
         q, k, _ = self.qkv(t, u, g)
-        a = self.score_scale(g) * g.inner_y(q, k)
+        a = check_scores(self.score_scale(g) * g.inner_y(q, k),
+                         "SoftmaxAttention.attention_weights")
         logw = g.log_weights_x(a.dtype, a.device)
         if logw is not None:
             a = a + logw

@@ -32,7 +32,13 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .._checks import check_finite_float, check_like_module, check_parameters_finite, check_state
+from .._checks import (
+    check_finite,
+    check_finite_float,
+    check_like_module,
+    check_parameters_finite,
+    check_state,
+)
 from ..grid import Grid, check_grid
 
 __all__ = ["Operator"]
@@ -88,8 +94,9 @@ class Operator(nn.Module):
         operator's controls against the grid."""
         grid = check_grid(grid, "grid")
         name = f"{type(self).__name__} input"
-        u = check_state(u, grid or Grid.paper(None, None), name)
+        u = check_state(u, grid or Grid.paper(None, None), name, finite=False)
         check_like_module(u, self, name, f"the {type(self).__name__}")
+        check_finite(u, name)
         if not isinstance(t, Tensor):
             check_finite_float(t, "t")
         check_parameters_finite(self, type(self).__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._checks import check_probability
 from ..grid import Grid
 from .base import Operator
 
@@ -29,9 +30,7 @@ class FieldDropout(Operator):
             raise TypeError(
                 f"FieldDropout.inner: expected an opsplit Operator with a field, got {type(inner).__name__}"
             )
-        p = float(p)
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"FieldDropout.p: expected 0 <= p < 1, got {p}")
+        p = check_probability(p, "FieldDropout.p")
         self.inner = inner
         self.p = p
 

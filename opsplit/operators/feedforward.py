@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import check_dtype_arg, check_positive_int, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid, Interval
 from .activation import Activation, activation_fn
@@ -86,10 +87,7 @@ class FeedForward(Operator):
         if hidden is not None and not isinstance(hidden, Interval):
             raise TypeError(f"FeedForward.hidden: expected an Interval, got {type(hidden).__name__}")
         self.hidden = hidden
-        dropout = float(dropout)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"FeedForward.dropout: expected 0 <= p < 1, got {dropout}")
-        self.dropout = dropout
+        self.dropout = check_probability(dropout, "FeedForward.dropout")
         s1, s2 = _shape(self.W1), _shape(self.W2)
         if s1 is not None and len(s1) != 2:
             raise ValueError(f"FeedForward.W1: expected shape (N_y, N_z), got {s1}")
@@ -121,6 +119,10 @@ class FeedForward(Operator):
         **kwargs,
     ) -> FeedForward:
         """Trainable kernels with one set per time piece, initialised like ``nn.Linear``."""
+        n_y = check_positive_int(n_y, "FeedForward.create: n_y")
+        n_z = check_positive_int(n_z, "FeedForward.create: n_z")
+        n_pieces = check_positive_int(n_pieces, "FeedForward.create: n_pieces")
+        dtype = check_dtype_arg(dtype, "FeedForward.create: dtype")
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
         def pc(*shape):

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..controls import Constant, as_control
-from ..functional.kernel import KERNELS, nadaraya_watson_attention
+from ..functional.kernel import KERNELS, evaluate
 from ..grid import Grid
 from .base import Operator
 from .layernorm import project_s1
@@ -71,8 +71,9 @@ class KernelAttention(Operator):
             if not math.isfinite(h) or h <= 0:
                 raise ValueError(f"KernelAttention.bandwidth: expected a number > 0, got {bandwidth!r}")
             bandwidth = Constant(torch.tensor(h, dtype=torch.float64), positive=True)
-        elif isinstance(bandwidth, Tensor) and not bool((bandwidth > 0).all()):
-            raise ValueError("KernelAttention.bandwidth: expected values > 0")
+        elif isinstance(bandwidth, Tensor) and (
+                not bool(torch.isfinite(bandwidth).all()) or not bool((bandwidth > 0).all())):
+            raise ValueError("KernelAttention.bandwidth: expected finite values > 0")
         self.bandwidth = as_control(bandwidth, "KernelAttention.bandwidth")
         self.qk_norm = bool(qk_norm)
 
@@ -104,12 +105,14 @@ class KernelAttention(Operator):
             q, k = q * sw, k * sw
         elif wy != 1.0:
             q, k = q * math.sqrt(wy), k * math.sqrt(wy)
-        wx = None if grid.x.uniform_weight is not None else grid.x.weights(u.dtype, u.device)
+        logw = None if grid.x.uniform_weight is not None else grid.x.weights(u.dtype, u.device).log()
         h = self.bandwidth(t, grid)
         if h.numel() != 1:
             raise ValueError(f"KernelAttention.bandwidth: expected a scalar, got shape {tuple(h.shape)}")
-        return nadaraya_watson_attention(q, k, v, kernel=self.kernel, bandwidth=h.reshape(()).to(u.dtype),
-                                         key_weights=wx)
+        # the state was validated where it entered the model (finite, on the grid) and the
+        # controls by check(): the evaluation itself has no data-dependent branches, so a
+        # parallel scheme may batch several of these terms under torch.func.vmap
+        return evaluate(q, k, v, self.kernel, h.reshape(()).to(u.dtype), logw)
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}, qk_norm={self.qk_norm}"

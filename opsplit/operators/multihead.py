@@ -61,6 +61,7 @@ from .._checks import check_positive_float
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid, Interval
 from ._masks import attention_log_weights
+from ._sdpa import attention, check_scores
 from .base import Operator
 from .context import cached, context_value
 
@@ -421,9 +422,8 @@ class MultiHeadAttention(Operator):
         B, H, N, _ = q.shape
         bias, is_causal = self._log_weights(grid, B, H, N, k.shape[2], q.dtype, q.device)
         p = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal, scale=self.score_scale(grid)
-        )
+        return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal,
+                         scale=self.score_scale(grid), name="MultiHeadAttention")
 
     def combine_heads(self, t, o: Tensor, grid: Grid) -> Tensor:
         r""":math:`\int_{\Omega_h} [\cdot] W^O(h, \cdot, y) dh + b^O(y)` from per-head outputs
@@ -465,7 +465,8 @@ class MultiHeadAttention(Operator):
         g = self.resolve_grid(u, grid)
         q, k, _ = self.heads(t, u, g)
         B, H, N, _ = q.shape
-        a = self.score_scale(g) * (q @ k.transpose(-1, -2))
+        a = check_scores(self.score_scale(g) * (q @ k.transpose(-1, -2)),
+                         "MultiHeadAttention.attention_weights")
         bias, is_causal = self._log_weights(g, B, H, N, k.shape[2], u.dtype, u.device)
         if is_causal:
             bias = torch.full((N, N), float("-inf"), dtype=u.dtype, device=u.device).triu_(1)

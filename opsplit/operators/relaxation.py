@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .._checks import check_finite_float
 from ..grid import Grid
 from .base import Operator
 
@@ -45,7 +46,7 @@ class Relaxation(Operator):
         if not steps:
             raise ValueError("Relaxation: expected at least one inner substep")
         self.steps = nn.ModuleList(s if isinstance(s, Substep) else Substep(s) for s in steps)
-        weight = float(weight)
+        weight = check_finite_float(weight, "Relaxation.weight")
         if not 0.0 < weight <= 1.0:
             raise ValueError(f"Relaxation.weight: expected 0 < weight <= 1, got {weight}")
         self.weight = weight

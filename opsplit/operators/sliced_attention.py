@@ -57,6 +57,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_positive_float, check_positive_int
 from ..controls import Constant, Control, PiecewiseConstant, as_control
 from ..functional import sliced_relu_attention, sliced_relu_bump_attention
 from ..grid import Grid
@@ -80,6 +81,9 @@ class _SlicedBase(Operator):
 
     has_field = True
     default_solver = "explicit"
+    #: the field sorts its scores (data-dependent control flow): a parallel scheme runs it
+    #: unbatched rather than under ``torch.func.vmap``
+    batchable = False
     _name = "SlicedAttention"
 
     def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None):
@@ -176,6 +180,10 @@ class _SlicedBase(Operator):
     # -- construction ------------------------------------------------------------------
     @classmethod
     def _controls(cls, n_y, n_heads, projection, n_steps, t0, t1, device, dtype):
+        n_y = check_positive_int(n_y, f"{cls._name}.build: n_y")
+        n_heads = check_positive_int(n_heads, f"{cls._name}.build: n_heads")
+        if n_steps is not None:
+            n_steps = check_positive_int(n_steps, f"{cls._name}.build: n_steps")
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
         def c(*shape):
@@ -198,6 +206,7 @@ class _SlicedBase(Operator):
         """Re-initialise the trainable controls like ``nn.Linear`` on the discrete map:
         uniform in :math:`\\pm 1/(\\sqrt{N_y}\\,\\Delta y)` (``dy``: the y-spacing).
         Controls given as plain tensors (buffers) are left as they are."""
+        dy = check_positive_float(dy, f"{self._name}.reset_parameters: dy")
         for name in ("WQ", "WK", "WV", "P", "P1", "c1"):
             ctl = getattr(self, name)
             if ctl is None:
@@ -318,8 +327,7 @@ class SlicedReLUBumpAttention(_SlicedBase):
         parametrised, so it stays positive)."""
         ctl = cls._controls(n_y, n_heads, projection, n_steps, t0, t1, device, dtype)
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        if not (math.isfinite(float(bandwidth)) and float(bandwidth) > 0):
-            raise ValueError(f"{cls._name}.build: bandwidth: expected a number > 0, got {bandwidth!r}")
+        bandwidth = check_positive_float(bandwidth, f"{cls._name}.build: bandwidth")
         if n_steps is None:
             b = _PositiveParameter(torch.full((n_heads,), float(bandwidth), **fk))
         else:

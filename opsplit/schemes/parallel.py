@@ -28,9 +28,12 @@ parameter shapes (for instance :math:`J` FFN layers, or several attention heads 
 separate terms) — are run as one batched call: their parameters are stacked along a new
 leading dimension and the substep is evaluated once under ``torch.func.vmap`` (with
 ``torch.func.functional_call``), giving all :math:`v_k` of the group as one tensor.
-Other substeps (and solvers that cannot be vmapped, such as adaptive ``ODESolve``) are
-called one by one.  ``batch=False`` forces the loop, ``batch=True`` the vmapped calls;
-both give the same result.  The default ``batch="auto"`` batches on CUDA and, on the CPU,
+Other substeps are called one by one: solvers that cannot be vmapped (adaptive
+``ODESolve``) and substeps holding a module that declares ``batchable = False`` (an
+operator whose field branches on data, for instance the sliced attentions, whose fast
+kernels sort their scores and chunk their work by sizes read at run time).
+``batch=False`` forces the loop, ``batch=True`` the vmapped calls; both give the same
+result (under ``torch.jit.trace`` the loop is used).  The default ``batch="auto"`` batches on CUDA and, on the CPU,
 only small states (at most ``ParallelGroup.auto_numel = 8192`` entries): on the CPU the
 vmapped call saves dispatch overhead (measured 1.3–1.5x forward, 2–3x forward+backward
 for 16 small substeps) but is slower once the stacked tensors leave the cache (0.75x at
@@ -130,6 +133,9 @@ def _signature(sub: nn.Module):
     try:
         mods = []
         for name, m in sub.named_modules():
+            if not getattr(m, "batchable", True):
+                # a module (typically an operator) that declares it cannot run under vmap
+                return None
             attrs = tuple(
                 sorted(
                     (k, _freeze(v))
@@ -259,6 +265,14 @@ class ParallelGroup(nn.Module):
 
     def use_batch(self, u: Tensor) -> bool:
         """Whether this call runs same-structure substeps as one vmapped call."""
+        if torch.jit.is_tracing() or torch.jit.is_scripting():
+            # torch.func.functional_call does not run on traced modules
+            if self.batch is True:
+                raise RuntimeError(
+                    "Parallel(batch=True) cannot be traced by torch.jit (the batched call "
+                    "uses torch.func.functional_call); use batch=False or 'auto'"
+                )
+            return False
         if self.batch == "auto":
             return u.is_cuda or u.numel() <= self.auto_numel
         return self.batch

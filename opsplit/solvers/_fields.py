@@ -9,9 +9,13 @@ piecewise constant on the time grid are seen as constant on each substep.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..controls.timepoints import LeftLimit
+
+# under torch.compile, computed at trace time (a no-op decorator where torch lacks it)
+_assume_constant_result = getattr(getattr(torch, "compiler", None), "assume_constant_result", lambda f: f)
 
 __all__ = ["check_field_terms", "field_sum", "end_time", "stage_time"]
 
@@ -39,8 +43,11 @@ def field_sum(terms, t, u: Tensor, grid) -> Tensor:
     return out
 
 
+@_assume_constant_result
 def end_time(t, dt) -> LeftLimit:
-    """The substep's end :math:`(t + \\Delta t)^-`."""
+    """The substep's end :math:`(t + \\Delta t)^-`.  (Times are Python numbers; under
+    ``torch.compile`` the result is computed at trace time, since dynamo cannot build a
+    ``float`` subclass inside the graph.)"""
     return LeftLimit(float(t) + float(dt))
 
 

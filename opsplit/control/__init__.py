@@ -1,0 +1,46 @@
+r"""Training as an optimal-control problem (paper 002, eqs. 10–12 and 36).
+
+- :class:`Objective` — :math:`J(\theta)` = data term + running costs on the controls;
+- :class:`Trainer`, :class:`TrainConfig`, :class:`History` — the optimisation loop;
+- gradient modes (:data:`GRADIENT_MODES`): ``"backprop"``, ``"checkpoint"``, ``"adjoint"``;
+- :class:`Unsplit` — the unsplit continuous model (eq. 10) as a trainable module;
+- :func:`save_checkpoint` / :func:`load_checkpoint` — safetensors + versioned JSON.
+"""
+
+from .checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
+from .config import OPTIMIZERS, SCHEDULES, TrainConfig
+from .costs import energy_cost, leaf_controls, smoothness_cost
+from .gradients import GRADIENT_MODES, Unsplit, gradient_mode, set_gradient_mode
+from .history import History
+from .objective import LOSSES, Objective, ObjectiveValue
+from .trainer import Trainer, peak_memory_mb
+
+__all__ = [
+    "Objective",
+    "ObjectiveValue",
+    "LOSSES",
+    "smoothness_cost",
+    "energy_cost",
+    "leaf_controls",
+    "GRADIENT_MODES",
+    "set_gradient_mode",
+    "gradient_mode",
+    "Unsplit",
+    "Trainer",
+    "TrainConfig",
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "History",
+    "peak_memory_mb",
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "latest_checkpoint",
+]

@@ -1,0 +1,669 @@
+r"""Checkpoints that lose nothing: controls, optimizer, scheduler, RNG states and the step
+counter, with the grid, scheme, :math:`N_t` and control types as metadata.
+
+A checkpoint is a folder::
+
+    step-000120/
+        state.safetensors   every tensor (safetensors: no pickle, no code execution)
+        meta.json           versioned metadata (schema: checkpoint_schema.json)
+
+Tensor names: ``model.<state_dict key>``, ``optimizer.<param index>.<state key>``,
+``rng.torch_cpu``, ``rng.cuda.<i>``, ``rng.generator``, ``rng.numpy``.  ``meta.json``
+records the schema name and version, the SHA-256 and size of ``state.safetensors``, the
+shape and dtype of every tensor, the model (class, state keys, every propagator's
+:math:`N_t`, :math:`[t_0, T]`, grid and scheme, every control's type and time
+interval), the optimizer's parameter groups and non-tensor state, the scheduler state, the
+Python and NumPy RNG states, the trainer's counters and history, and the run's config.
+
+**Writing is atomic**: the folder is written under a temporary name and renamed when
+complete, so a process killed while saving leaves no folder that looks like a checkpoint.
+
+**Reading validates everything before anything is applied** (:func:`load_checkpoint`):
+``meta.json`` must parse and follow the schema (its version must be one this opsplit
+reads); the tensor file must have the recorded size and SHA-256 (a flipped bit or a
+truncation is refused) and hold exactly the recorded tensors; the model must have the same
+class and state keys (a checkpoint of another model is refused, naming the differences);
+shapes must match, or, with ``resample=True``, differ only where a control is resampled as
+a function (below); the optimizer and scheduler must be of the recorded classes with the
+same parameter groups.  Only then is the state applied; should applying fail midway, the
+previous model / optimizer / scheduler / RNG state is restored.  Every refusal is a
+:class:`CheckpointError` (a ``ValueError``) that says what differs.
+
+**Another resolution** (``resample=True``): a control stored with another number of time
+rows (a model trained at :math:`N_t = 4` loaded into one built at :math:`N_t = 8`, or
+another control kind) is projected in :math:`L^2(t_0, T)`
+(:func:`opsplit.controls.projection.project_time`: refinement is exact); a control whose
+spatial axes (``Control.axes``: x, y, h) have other node counts is interpolated
+piecewise-linearly between the grids' nodes (:meth:`opsplit.grid.Interval.interpolation_matrix`;
+both grids must fix the domain length — with ``L = N`` the domain itself changes with
+:math:`N` and nothing can be resampled).  Controls given as functions of space (cosine or
+polynomial series) need no spatial resampling: their coefficients are grid-independent.
+The optimizer state of a resampled model cannot be carried over: load with
+``optimizer=None`` (a fresh optimizer) in that case.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..controls import Control
+from ..controls.projection import TIME_CONTROLS, project_time, time_rows
+from ..grid import Grid, Interval
+from ..propagator import Propagator
+from .schema import SCHEMA_NAME, SCHEMA_VERSION, SchemaError, validate
+
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "model_metadata",
+    "latest_checkpoint",
+    "TENSORS_FILE",
+    "META_FILE",
+]
+
+TENSORS_FILE = "state.safetensors"
+META_FILE = "meta.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit what it is loaded into."""
+
+
+def _need_safetensors():
+    try:
+        import safetensors.torch as st
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "opsplit checkpoints need the 'safetensors' package: pip install 'opsplit[train]'"
+        ) from e
+    return st
+
+
+# -- metadata ---------------------------------------------------------------------------------
+def _interval_meta(itv: Interval | None):
+    if itv is None:
+        return None
+    return {"n": itv.n, "length": itv.length, "spacing": itv.spacing, "rule": itv.rule}
+
+
+def _grid_meta(grid: Grid) -> dict:
+    return {"x": _interval_meta(grid.x), "y": _interval_meta(grid.y), "h": _interval_meta(grid.h)}
+
+
+def _scheme_meta(scheme) -> dict:
+    subs = []
+    for s in scheme.substeps:
+        terms = getattr(s, "terms", None)
+        subs.append(
+            {
+                "terms": [type(t).__name__ for t in terms] if terms is not None else [type(s).__name__],
+                "solver": repr(getattr(s, "solver", None)),
+            }
+        )
+    return {
+        "class": type(scheme).__name__,
+        "order": int(scheme.order),
+        "effective_order": int(scheme.effective_order),
+        "substeps": subs,
+    }
+
+
+def _control_meta(c: Control) -> dict:
+    d: dict = {"class": type(c).__name__, "axes": list(c.axes)}
+    if isinstance(c, TIME_CONTROLS):
+        d.update(t0=float(c.t0), t1=float(c.t1), rows=int(time_rows(c).shape[0]),
+                 positive=bool(getattr(c, "positive", False)))
+        d["parameter"] = "raw" if hasattr(c, "raw") else "coefficients"
+        if hasattr(c, "basis"):
+            d["basis"] = c.basis
+    elif getattr(c, "t0", None) is not None and getattr(c, "t1", None) is not None:
+        d.update(t0=float(c.t0), t1=float(c.t1))
+    return d
+
+
+def model_metadata(model: nn.Module) -> dict:
+    """The model part of ``meta.json``: class, state keys, propagators, controls."""
+    props = {}
+    for name, m in model.named_modules():
+        if isinstance(m, Propagator):
+            props[name] = {
+                "class": type(m).__name__,
+                "n_steps": int(m.n_steps),
+                "t0": float(m.t0),
+                "t1": float(m.t1),
+                "grid": _grid_meta(m.grid),
+                "scheme": _scheme_meta(m.scheme),
+            }
+    controls = {name: _control_meta(m) for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, Control)}
+    return {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "state": list(model.state_dict().keys()),
+        "propagators": props,
+        "controls": controls,
+    }
+
+
+def _jsonable(v):
+    if isinstance(v, Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return repr(v)
+
+
+# -- save ---------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _optimizer_parts(optimizer) -> tuple[dict, dict]:
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, Tensor):
+                tensors[f"optimizer.{idx}.{k}"] = v
+            else:
+                scalars.setdefault(str(idx), {})[k] = _jsonable(v)
+    meta = {
+        "class": type(optimizer).__name__,
+        "param_groups": [_jsonable(g) for g in sd["param_groups"]],
+        "state": scalars,
+    }
+    return tensors, meta
+
+
+def _rng_parts(generator) -> tuple[dict, dict]:
+    tensors = {"rng.torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    if generator is not None:
+        tensors["rng.generator"] = generator.get_state()
+    np_state = np.random.get_state()
+    tensors["rng.numpy"] = torch.from_numpy(np.asarray(np_state[1], dtype=np.int64))
+    py = random.getstate()
+    meta = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": {"kind": np_state[0], "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
+                  "cached_gaussian": float(np_state[4])},
+    }
+    return tensors, meta
+
+
+def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, generator=None,
+                    trainer: dict | None = None, config: dict | None = None, rng: bool = True) -> Path:
+    """Write a checkpoint folder at ``path`` (atomically; an existing one is replaced).
+
+    Args:
+        path: the checkpoint folder.
+        model: the (unwrapped) model; its full ``state_dict``.
+        optimizer, scheduler: optional; their full state.
+        generator: the trainer's ``torch.Generator`` (data augmentation), saved with the
+            global torch / CUDA / NumPy / Python RNG states when ``rng`` is true.
+        trainer: the trainer's counters and history (JSON-serialisable dict).
+        config: the run's configuration (JSON-serialisable dict).
+    """
+    st = _need_safetensors()
+    path = Path(path)
+    tensors: dict[str, Tensor] = {}
+    for k, v in model.state_dict().items():
+        tensors[f"model.{k}"] = v
+    opt_meta = None
+    if optimizer is not None:
+        t, opt_meta = _optimizer_parts(optimizer)
+        tensors.update(t)
+    sched_meta = None
+    if scheduler is not None:
+        sched_meta = {"class": type(scheduler).__name__, "state": _jsonable(
+            {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"})}
+    rng_meta = {"python": None, "numpy": None}
+    if rng:
+        t, rng_meta = _rng_parts(generator)
+        tensors.update(t)
+    # safetensors wants contiguous tensors that share no memory
+    tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        tfile = tmp / TENSORS_FILE
+        st.save_file(tensors, str(tfile))
+        meta = {
+            "schema": SCHEMA_NAME,
+            "schema_version": SCHEMA_VERSION,
+            "opsplit_version": _opsplit_version(),
+            "torch_version": torch.__version__,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "tensors_file": TENSORS_FILE,
+            "tensors_sha256": _sha256(tfile),
+            "tensors_bytes": tfile.stat().st_size,
+            "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+                        for k, v in tensors.items()},
+            "model": model_metadata(model),
+            "optimizer": opt_meta,
+            "scheduler": sched_meta,
+            "rng": rng_meta,
+            "trainer": _jsonable(trainer) if trainer is not None else None,
+            "config": _jsonable(config) if config is not None else None,
+        }
+        validate(meta)
+        with open(tmp / META_FILE, "w") as fh:
+            json.dump(meta, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _opsplit_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def latest_checkpoint(folder) -> Path | None:
+    """The complete checkpoint folder with the highest step under ``folder`` (``step-*``
+    folders holding a ``meta.json``), or ``folder`` itself if it is one; ``None`` if none."""
+    folder = Path(folder)
+    if (folder / META_FILE).is_file():
+        return folder
+    for sub in (folder, folder / "checkpoints"):
+        if not sub.is_dir():
+            continue
+        cands = []
+        for p in sub.iterdir():
+            if p.is_dir() and p.name.startswith("step-") and (p / META_FILE).is_file():
+                try:
+                    cands.append((int(p.name[5:]), p))
+                except ValueError:
+                    continue
+        if cands:
+            return max(cands)[1]
+    return None
+
+
+# -- read -----------------------------------------------------------------------------------------
+class Checkpoint:
+    """A checkpoint read and verified in memory: ``meta`` (dict) and ``tensors`` (name ->
+    tensor).  Nothing is applied to any model."""
+
+    def __init__(self, path: Path, meta: dict, tensors: dict):
+        self.path, self.meta, self.tensors = path, meta, tensors
+
+    @property
+    def trainer(self) -> dict | None:
+        return self.meta["trainer"]
+
+    @property
+    def config(self) -> dict | None:
+        return self.meta["config"]
+
+    def model_state(self) -> dict:
+        return {k[len("model."):]: v for k, v in self.tensors.items() if k.startswith("model.")}
+
+
+def read_checkpoint(path) -> Checkpoint:
+    """Read and verify a checkpoint folder (schema, version, size, SHA-256, tensor index);
+    raises :class:`CheckpointError` naming the problem."""
+    st = _need_safetensors()
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r}: not a folder (expected a folder with {META_FILE} "
+                              f"and {TENSORS_FILE})")
+    mfile = path / META_FILE
+    if not mfile.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r}: no {META_FILE} (incomplete or not a checkpoint)")
+    try:
+        meta = json.loads(mfile.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {META_FILE} is not valid JSON (corrupted or "
+                              f"truncated): {e}") from None
+    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA_NAME:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {META_FILE} is not an opsplit checkpoint "
+                              f"(schema {meta.get('schema') if isinstance(meta, dict) else None!r}, "
+                              f"expected {SCHEMA_NAME!r})")
+    ver = meta.get("schema_version")
+    if ver != SCHEMA_VERSION:
+        raise CheckpointError(f"checkpoint {str(path)!r}: schema_version {ver!r}; this opsplit reads "
+                              f"version {SCHEMA_VERSION}")
+    try:
+        validate(meta)
+    except SchemaError as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {META_FILE} does not follow the schema: {e}") from None
+    tfile = path / meta["tensors_file"]
+    if not tfile.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r}: tensor file {meta['tensors_file']!r} is missing")
+    data = tfile.read_bytes()
+    if len(data) != meta["tensors_bytes"]:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {meta['tensors_file']} has {len(data)} bytes, {META_FILE} records "
+            f"{meta['tensors_bytes']} (truncated or replaced)"
+        )
+    if hashlib.sha256(data).hexdigest() != meta["tensors_sha256"]:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {meta['tensors_file']} does not match its SHA-256 in {META_FILE} "
+            "(corrupted)"
+        )
+    try:
+        tensors = st.load(data)
+    except Exception as e:  # safetensors raises its own error types
+        raise CheckpointError(f"checkpoint {str(path)!r}: cannot read {meta['tensors_file']}: {e}") from None
+    if set(tensors) != set(meta["tensors"]):
+        missing = sorted(set(meta["tensors"]) - set(tensors))[:5]
+        extra = sorted(set(tensors) - set(meta["tensors"]))[:5]
+        raise CheckpointError(f"checkpoint {str(path)!r}: tensor index mismatch (missing {missing}, "
+                              f"unexpected {extra})")
+    for k, v in tensors.items():
+        rec = meta["tensors"][k]
+        if list(v.shape) != rec["shape"] or str(v.dtype).replace("torch.", "") != rec["dtype"]:
+            raise CheckpointError(f"checkpoint {str(path)!r}: tensor {k!r} is {tuple(v.shape)} "
+                                  f"{v.dtype}, {META_FILE} records {rec}")
+    return Checkpoint(path, meta, tensors)
+
+
+# -- resampling ---------------------------------------------------------------------------------------
+def _source_control(cmeta: dict, rows: Tensor) -> Control:
+    from ..controls import PiecewiseConstant, PiecewiseLinear, TimeBasis
+
+    cls = cmeta["class"]
+    rows = rows.to(torch.float64)
+    kw = dict(t0=cmeta["t0"], t1=cmeta["t1"], requires_grad=False)
+    if cls == "PiecewiseConstant":
+        c = PiecewiseConstant(torch.zeros_like(rows), **kw)
+    elif cls == "PiecewiseLinear":
+        c = PiecewiseLinear(torch.zeros_like(rows), **kw)
+    elif cls == "TimeBasis":
+        c = TimeBasis(torch.zeros_like(rows), basis=cmeta.get("basis", "legendre"), **kw)
+    else:
+        raise CheckpointError(f"cannot resample a {cls} control in time")
+    time_rows(c).data.copy_(rows)  # the stored rows (log-values for positive controls)
+    return c
+
+
+def _owner(path: str, propagators: dict) -> str | None:
+    best = None
+    for p in propagators:
+        if p == "" or path == p or path.startswith(p + "."):
+            if best is None or len(p) > len(best):
+                best = p
+    return best
+
+
+def _interval_from(meta: dict | None, n: int, what: str) -> Interval:
+    if meta is None or meta.get("length") is None:
+        raise CheckpointError(f"cannot resample along {what}: the grid does not fix the domain length")
+    return Interval(n=n, length=meta["length"], rule=meta["rule"])
+
+
+def _resample_space(name, rows: Tensor, target: Tensor, axes, src_grid: dict | None, tgt_grid: Grid | None):
+    """Interpolate the trailing (axes) dims of ``rows`` onto the target's node counts."""
+    d = len(axes)
+    if d == 0:
+        raise CheckpointError(f"{name}: shape {tuple(rows.shape)} differs from the model's "
+                              f"{tuple(target.shape)} and the control declares no spatial axes")
+    if tuple(rows.shape[1: rows.dim() - d]) != tuple(target.shape[1: target.dim() - d]):
+        raise CheckpointError(f"{name}: shape {tuple(rows.shape)} differs from the model's "
+                              f"{tuple(target.shape)} outside its spatial axes {tuple(axes)}")
+    if src_grid is None or tgt_grid is None:
+        raise CheckpointError(f"{name}: spatial resampling needs the grid of its propagator")
+    out = rows.to(torch.float64)
+    for k, axis in enumerate(axes):
+        dim = out.dim() - d + k
+        ns, nt = out.shape[dim], target.shape[target.dim() - d + k]
+        if ns == nt:
+            continue
+        src = _interval_from(src_grid.get(axis), ns, f"Omega_{axis} (checkpoint grid)")
+        tgt_itv = getattr(tgt_grid, axis)
+        tgt = _interval_from(_interval_meta(tgt_itv), nt, f"Omega_{axis} (model grid)")
+        if not math.isclose(src.length, tgt.length, rel_tol=1e-12):
+            raise CheckpointError(f"{name}: Omega_{axis} has length {src.length:g} in the checkpoint and "
+                                  f"{tgt.length:g} in the model; resample only between grids of one domain")
+        P = src.interpolation_matrix(tgt, dtype=torch.float64)
+        out = (P @ out.movedim(dim, -2)).movedim(-2, dim) if dim != out.dim() - 1 else out @ P.T
+    return out
+
+
+def _plan_model_state(ckpt: Checkpoint, model: nn.Module, resample: bool) -> tuple[dict, list[str]]:
+    """The state dict to load (validated, resampled if asked); and the resampled keys."""
+    meta = ckpt.meta["model"]
+    saved = ckpt.model_state()
+    own = model.state_dict()
+    cls = f"{type(model).__module__}.{type(model).__qualname__}"
+    missing = [k for k in own if k not in saved]
+    extra = [k for k in saved if k not in own]
+    if missing or extra:
+        raise CheckpointError(
+            f"checkpoint {str(ckpt.path)!r} is from another model ({meta['class']}, {len(saved)} state "
+            f"entries) than the one given ({cls}, {len(own)}): missing {missing[:4]}"
+            f"{' ...' if len(missing) > 4 else ''}, unexpected {extra[:4]}{' ...' if len(extra) > 4 else ''}"
+        )
+    if meta["class"] != cls:
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds a {meta['class']}, the model is a {cls}")
+    controls = dict(model.named_modules(remove_duplicate=False))
+    new, resampled = {}, []
+    for k, target in own.items():
+        v = saved[k]
+        if tuple(v.shape) == tuple(target.shape):
+            new[k] = v.to(dtype=target.dtype)
+            continue
+        owner, _, pname = k.rpartition(".")
+        c = controls.get(owner)
+        cmeta = meta["controls"].get(owner)
+        if not resample:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r}: {k!r} has shape {tuple(v.shape)}, the model's is "
+                f"{tuple(target.shape)}" + (" (pass resample=True to resample the control as a function "
+                                             "of t, x, y)" if isinstance(c, Control) else "")
+            )
+        if not isinstance(c, Control) or cmeta is None:
+            raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: {k!r} has shape {tuple(v.shape)}, the "
+                                  f"model's is {tuple(target.shape)}, and it is not a control that can be resampled")
+        if not isinstance(c, TIME_CONTROLS) or cmeta["class"] not in ("PiecewiseConstant", "PiecewiseLinear",
+                                                                       "TimeBasis"):
+            raise CheckpointError(f"{k!r}: resampling needs time controls, got {cmeta['class']} -> {type(c).__name__}")
+        if bool(cmeta.get("positive", False)) != bool(getattr(c, "positive", False)):
+            raise CheckpointError(f"{k!r}: positivity differs between checkpoint and model")
+        rows = v.to(torch.float64)
+        if tuple(rows.shape[1:]) != tuple(target.shape[1:]):
+            props = meta["propagators"]
+            own_props = {n: m for n, m in controls.items() if isinstance(m, Propagator)}
+            po = _owner(owner, props)
+            src_grid = props[po]["grid"] if po is not None else None
+            pm = _owner(owner, own_props)
+            tgt_grid = own_props[pm].grid if pm is not None else None
+            # the target's node counts come from the model's control itself
+            rows = _resample_space(k, rows, target, c.axes, src_grid, tgt_grid)
+        if rows.shape[0] != target.shape[0] or cmeta["class"] != type(c).__name__ or (
+                not math.isclose(cmeta["t0"], c.t0) or not math.isclose(cmeta["t1"], c.t1)):
+            src = _source_control(cmeta, rows)
+            try:
+                rows = project_time(src, c)
+            except ValueError as e:
+                raise CheckpointError(f"{k!r}: {e}") from None
+        new[k] = rows.to(dtype=target.dtype)
+        resampled.append(k)
+    return new, resampled
+
+
+def _plan_optimizer(ckpt: Checkpoint, optimizer) -> dict:
+    om = ckpt.meta["optimizer"]
+    if om is None:
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds no optimizer state; load with optimizer=None")
+    if om["class"] != type(optimizer).__name__:
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: optimizer {om['class']}, given {type(optimizer).__name__}")
+    own = optimizer.state_dict()
+    if len(own["param_groups"]) != len(om["param_groups"]):
+        raise CheckpointError(f"optimizer: {len(om['param_groups'])} parameter groups in the checkpoint, "
+                              f"{len(own['param_groups'])} given")
+    for i, (a, b) in enumerate(zip(own["param_groups"], om["param_groups"])):
+        if list(a["params"]) != list(b["params"]):
+            raise CheckpointError(f"optimizer: parameter group {i} has {len(b['params'])} parameters in the "
+                                  f"checkpoint, {len(a['params'])} given")
+    groups = [dict(g) for g in om["param_groups"]]
+    for g, cur in zip(groups, own["param_groups"]):
+        for key, val in cur.items():  # restore tuples (betas) and types the JSON lost
+            if key in g and isinstance(val, tuple) and isinstance(g[key], list):
+                g[key] = tuple(g[key])
+    params = [p for grp in optimizer.param_groups for p in grp["params"]]
+    state: dict = {}
+    for k, v in ckpt.tensors.items():
+        if k.startswith("optimizer."):
+            _, idx, key = k.split(".", 2)
+            state.setdefault(int(idx), {})[key] = v
+    for idx, sc in om["state"].items():
+        state.setdefault(int(idx), {}).update(sc)
+    for idx, st in state.items():
+        if idx >= len(params):
+            raise CheckpointError(f"optimizer: state for parameter {idx}, only {len(params)} parameters given")
+        p = params[idx]
+        for key, v in st.items():
+            if isinstance(v, Tensor) and v.dim() > 0 and tuple(v.shape) != tuple(p.shape):
+                raise CheckpointError(f"optimizer: state {key!r} of parameter {idx} has shape {tuple(v.shape)}, "
+                                      f"the parameter {tuple(p.shape)}")
+            if isinstance(v, Tensor):
+                st[key] = v.to(device=p.device, dtype=p.dtype if v.is_floating_point() and v.dim() > 0 else v.dtype)
+    return {"state": state, "param_groups": groups}
+
+
+def _rng_state_of(ckpt: Checkpoint) -> dict:
+    t, m = ckpt.tensors, ckpt.meta["rng"]
+    out = {}
+    if "rng.torch_cpu" in t:
+        out["torch_cpu"] = t["rng.torch_cpu"]
+    cuda = sorted((int(k.split(".")[2]), v) for k, v in t.items() if k.startswith("rng.cuda."))
+    if cuda:
+        out["cuda"] = [v for _, v in cuda]
+    if "rng.generator" in t:
+        out["generator"] = t["rng.generator"]
+    if m["numpy"] is not None and "rng.numpy" in t:
+        nm = m["numpy"]
+        out["numpy"] = (nm["kind"], t["rng.numpy"].numpy().astype(np.uint32), nm["pos"], nm["has_gauss"],
+                        nm["cached_gaussian"])
+    if m["python"] is not None:
+        p = m["python"]
+        out["python"] = (p[0], tuple(p[1]), p[2])
+    return out
+
+
+def _current_rng(generator) -> dict:
+    out = {"torch_cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if generator is not None:
+        out["generator"] = generator.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def _apply_rng(state: dict, generator) -> None:
+    if "torch_cpu" in state:
+        torch.set_rng_state(state["torch_cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "generator" in state and generator is not None:
+        generator.set_state(state["generator"])
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "python" in state:
+        random.setstate(state["python"])
+
+
+def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, generator=None,
+                    resample: bool = False, restore_rng: bool = True) -> Checkpoint:
+    """Load a checkpoint folder into ``model`` (and ``optimizer``, ``scheduler``, the RNGs).
+
+    Everything is read and checked first (module docstring); the state is applied only
+    when every check passed, and restored if applying fails.  Returns the
+    :class:`Checkpoint` (its ``trainer`` counters/history and ``config``).
+
+    Args:
+        resample: accept controls stored at another :math:`N_t`, control kind or spatial
+            resolution, resampled as functions of :math:`t, x, y` (not with an optimizer).
+        restore_rng: restore the torch / CUDA / NumPy / Python RNG states and ``generator``.
+    """
+    ckpt = read_checkpoint(path)
+    state, resampled = _plan_model_state(ckpt, model, resample)
+    opt_state = None
+    if optimizer is not None:
+        if resampled:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r}: controls were resampled ({resampled[0]!r}, ...); their "
+                "optimizer state cannot be carried over: load with optimizer=None"
+            )
+        opt_state = _plan_optimizer(ckpt, optimizer)
+    sched_state = None
+    if scheduler is not None:
+        sm = ckpt.meta["scheduler"]
+        if sm is None or sm["class"] != type(scheduler).__name__:
+            raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: scheduler "
+                                  f"{None if sm is None else sm['class']}, given {type(scheduler).__name__}")
+        sched_state = dict(sm["state"])
+        own = scheduler.state_dict()
+        for k in own:
+            if k not in sched_state and k != "lr_lambdas":
+                raise CheckpointError(f"scheduler: state key {k!r} missing from the checkpoint")
+        if "lr_lambdas" in own:
+            sched_state["lr_lambdas"] = own["lr_lambdas"]
+    rng_state = _rng_state_of(ckpt) if restore_rng else None
+
+    # -- apply (with a backup of everything it touches) --
+    backup_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    backup_opt = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+    backup_sched = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
+    backup_rng = _current_rng(generator) if restore_rng else None
+    try:
+        with torch.no_grad():
+            model.load_state_dict(state, strict=True)
+        if opt_state is not None:
+            optimizer.load_state_dict(opt_state)
+        if sched_state is not None:
+            scheduler.load_state_dict(sched_state)
+        if rng_state is not None:
+            _apply_rng(rng_state, generator)
+    except Exception as e:
+        with torch.no_grad():
+            model.load_state_dict(backup_model, strict=True)
+        if backup_opt is not None:
+            optimizer.load_state_dict(backup_opt)
+        if backup_sched is not None:
+            scheduler.load_state_dict(backup_sched)
+        if backup_rng is not None:
+            _apply_rng(backup_rng, generator)
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: applying the state failed ({e}); the previous "
+                              "state was restored") from e
+    ckpt.resampled = resampled
+    return ckpt

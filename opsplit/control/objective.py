@@ -1,0 +1,208 @@
+r"""The training objective: paper 002, eqs. (10), (12) and (36), with running costs.
+
+.. math::
+
+    J(\theta) = \frac1B \sum_{i=1}^B \ell\big(\mathcal N_\theta(u_i), v_i\big)
+        \;+\; \alpha \int_{t_0}^{T} \|\theta'(t)\|^2\,dt
+        \;+\; \beta \int_{t_0}^{T} \|\theta(t)\|^2\,dt .
+
+* eq. (10): :math:`\mathcal N_\theta` the continuous map :math:`f \mapsto u(T)` (the
+  unsplit reference, :class:`~opsplit.control.Unsplit`);
+* eq. (12): :math:`\bar{\mathcal N}_{\bar\theta}` the splitting discretisation (a
+  :class:`~opsplit.Propagator`);
+* eq. (36): :math:`G \circ \bar{\mathcal N} \circ F` with pre/post-processing (ViT, §4.2;
+  any ``nn.Module`` whose forward maps inputs to outputs).
+
+The data term is the same for all three: :class:`Objective` calls the model.  The running
+costs (:mod:`opsplit.control.costs`) act on the model's controls :math:`\theta(t)`;
+:math:`\alpha` = ``smoothness``, :math:`\beta` = ``energy`` (both 0 by default: the paper's
+objective).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .costs import energy_cost, smoothness_cost
+
+__all__ = ["Objective", "ObjectiveValue", "LOSSES", "model_interval"]
+
+#: the named losses ell
+LOSSES = ("mse", "cross_entropy")
+
+
+@dataclass
+class ObjectiveValue:
+    """The terms of :math:`J`: ``total = data + smoothness * alpha + energy * beta``."""
+
+    total: Tensor
+    data: Tensor
+    smoothness: Tensor | None
+    energy: Tensor | None
+    outputs: Tensor
+
+    def as_floats(self) -> dict:
+        out = {"loss": float(self.total.detach()), "data": float(self.data.detach())}
+        if self.smoothness is not None:
+            out["smoothness"] = float(self.smoothness.detach())
+        if self.energy is not None:
+            out["energy"] = float(self.energy.detach())
+        return out
+
+
+def model_interval(model: nn.Module):
+    """``(t0, T)`` of the first :class:`~opsplit.Propagator` inside ``model`` (or ``None``)."""
+    from ..propagator import Propagator
+
+    for m in model.modules():
+        if isinstance(m, Propagator):
+            return (m.t0, m.t1)
+    return None
+
+
+def _select(out, output, name="model output"):
+    if output is None:
+        if not isinstance(out, Tensor):
+            raise TypeError(
+                f"{name}: the model returned a {type(out).__name__}, not a tensor; pass "
+                "Objective(output=...) (an attribute name such as 'logits', or a callable)"
+            )
+        return out
+    if callable(output):
+        return output(out)
+    if not hasattr(out, output):
+        raise ValueError(f"Objective.output: the model output has no attribute {output!r}")
+    return getattr(out, output)
+
+
+class Objective(nn.Module):
+    r""":math:`J(\theta)` of the module docstring.
+
+    Args:
+        loss: ``"mse"`` (mean of squares over all entries: :math:`\ell(w, v) =
+            \mathrm{mean}|w - v|^2` averaged over the batch), ``"cross_entropy"``
+            (outputs ``(B, C)`` logits, targets ``(B,)`` class indices), or a callable
+            ``loss(outputs, targets)`` returning a scalar or a per-sample ``(B,)`` tensor
+            (then averaged: the :math:`\frac1B \sum_i`).
+        smoothness: :math:`\alpha \ge 0`, weight of :math:`\int\|\theta'\|^2 dt`.
+        energy: :math:`\beta \ge 0`, weight of :math:`\int\|\theta\|^2 dt`.
+        output: what of the model's output the loss reads: ``None`` (the output is a
+            tensor), an attribute name (``"logits"`` of a ViT output) or a callable.
+        controls: the controls the running costs act on (default: every leaf control of
+            the model, :func:`~opsplit.control.costs.leaf_controls`).
+    """
+
+    def __init__(self, loss="mse", *, smoothness: float = 0.0, energy: float = 0.0, output=None,
+                 controls=None):
+        super().__init__()
+        if isinstance(loss, str):
+            if loss not in LOSSES:
+                raise ValueError(f"Objective.loss: expected one of {LOSSES} or a callable, got {loss!r}")
+        elif not callable(loss):
+            raise TypeError(f"Objective.loss: expected a name {LOSSES} or a callable, got {type(loss).__name__}")
+        self.loss = loss
+        for name, v in (("smoothness", smoothness), ("energy", energy)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"Objective.{name}: expected a finite weight >= 0, got {v!r}")
+        self.smoothness = float(smoothness)
+        self.energy = float(energy)
+        if output is not None and not (isinstance(output, str) or callable(output)):
+            raise TypeError(f"Objective.output: expected None, an attribute name or a callable, got {output!r}")
+        self.output = output
+        self.controls = None if controls is None else list(controls)
+
+    @property
+    def is_classification(self) -> bool:
+        return self.loss == "cross_entropy"
+
+    # -- checks -----------------------------------------------------------------------------
+    def check(self, outputs: Tensor, targets: Tensor) -> None:
+        """Raise a clear error when ``outputs`` and ``targets`` do not fit the loss."""
+        if not isinstance(targets, Tensor):
+            raise TypeError(f"targets: expected a torch.Tensor, got {type(targets).__name__}")
+        if not isinstance(outputs, Tensor):
+            raise TypeError(f"model output: expected a torch.Tensor, got {type(outputs).__name__}")
+        if self.loss == "mse":
+            if outputs.shape != targets.shape:
+                raise ValueError(
+                    f"loss 'mse': model output shape {tuple(outputs.shape)} and targets shape "
+                    f"{tuple(targets.shape)} differ"
+                )
+            if not targets.is_floating_point():
+                raise TypeError(f"loss 'mse': expected floating-point targets, got dtype {targets.dtype}")
+        elif self.loss == "cross_entropy":
+            if outputs.dim() != 2:
+                raise ValueError(
+                    f"loss 'cross_entropy': expected model output (B, C) logits, got shape {tuple(outputs.shape)}"
+                )
+            if targets.dim() != 1 or targets.shape[0] != outputs.shape[0]:
+                raise ValueError(
+                    f"loss 'cross_entropy': expected targets (B,) = ({outputs.shape[0]},) class indices, "
+                    f"got shape {tuple(targets.shape)}"
+                )
+            if targets.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+                raise TypeError(f"loss 'cross_entropy': expected integer class targets, got dtype {targets.dtype}")
+            C = outputs.shape[1]
+            if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= C):
+                raise ValueError(
+                    f"loss 'cross_entropy': targets must be class indices in [0, {C - 1}], got range "
+                    f"[{int(targets.min())}, {int(targets.max())}]"
+                )
+
+    # -- terms --------------------------------------------------------------------------------
+    def data_term(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        r""":math:`\frac1B \sum_i \ell(w_i, v_i)`."""
+        if self.loss == "mse":
+            return F.mse_loss(outputs, targets)
+        if self.loss == "cross_entropy":
+            return F.cross_entropy(outputs, targets.long())
+        val = self.loss(outputs, targets)
+        if not isinstance(val, Tensor):
+            raise TypeError(f"Objective.loss: the callable returned {type(val).__name__}, expected a tensor")
+        if val.dim() == 1 and val.shape[0] == outputs.shape[0]:
+            return val.mean()
+        if val.dim() != 0:
+            raise ValueError(
+                f"Objective.loss: the callable returned shape {tuple(val.shape)}; expected a scalar or "
+                f"per-sample values ({outputs.shape[0]},)"
+            )
+        return val
+
+    def running_costs(self, model: nn.Module) -> tuple[Tensor | None, Tensor | None]:
+        smooth = smoothness_cost(model, controls=self.controls) if self.smoothness else None
+        energy = (
+            energy_cost(model, controls=self.controls, default_interval=model_interval(model))
+            if self.energy
+            else None
+        )
+        return smooth, energy
+
+    def select(self, out):
+        return _select(out, self.output)
+
+    def forward(self, model: nn.Module, inputs, targets: Tensor, *, costs_model: nn.Module | None = None,
+                **forward_kwargs) -> ObjectiveValue:
+        """Evaluate :math:`J` on one batch.
+
+        ``model`` is called as ``model(inputs, **forward_kwargs)``; ``costs_model`` is the
+        module whose controls the running costs read (default ``model``; pass the bare
+        model when ``model`` is a wrapper such as DistributedDataParallel).
+        """
+        outputs = self.select(model(inputs, **forward_kwargs))
+        data = self.data_term(outputs, targets)
+        smooth, energy = self.running_costs(costs_model if costs_model is not None else model)
+        total = data
+        if smooth is not None:
+            total = total + self.smoothness * smooth
+        if energy is not None:
+            total = total + self.energy * energy
+        return ObjectiveValue(total, data, smooth, energy, outputs)
+
+    def extra_repr(self) -> str:
+        loss = self.loss if isinstance(self.loss, str) else getattr(self.loss, "__name__", "callable")
+        return f"loss={loss!r}, smoothness={self.smoothness:g}, energy={self.energy:g}"

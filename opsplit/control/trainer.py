@@ -1,0 +1,401 @@
+r"""The trainer: minimises the objective :math:`J(\theta)` of eqs. (10)/(12) (with running
+costs, :class:`~opsplit.control.Objective`) over the controls of any model, scheme and grid.
+
+Public API (five lines)::
+
+    from opsplit.control import Objective, TrainConfig, Trainer
+    trainer = Trainer(model, Objective("cross_entropy"), TrainConfig(epochs=20, lr=3e-3, gradient="backprop"))
+    history = trainer.fit(train_data, eval_data, out_dir="runs/x")   # TensorData or (inputs, targets)
+    trainer.fit(train_data, eval_data, out_dir="runs/x", resume="runs/x")  # continue a killed run, bit for bit
+    metrics = trainer.evaluate(test_data, n_steps=8)                  # {"loss", "accuracy" | "mse", ...}
+
+**What is checked before the first step** (clear ``ValueError``/``TypeError``): the data
+(tensors or :class:`~opsplit.data.TensorData`, equal lengths, not empty, finite), the
+configuration (:class:`~opsplit.control.TrainConfig`: ``lr > 0``, ...), the gradient mode
+against the model (:func:`~opsplit.control.set_gradient_mode`), the model's output on two
+training samples against the targets and the loss (:meth:`Objective.check`: shape
+mismatch, class range), and a checkpoint given to ``resume`` against the model
+(:func:`~opsplit.control.load_checkpoint`: another model is refused, nothing is loaded).
+
+**Determinism.** A fresh run seeds torch's global generator with ``config.seed`` (dropout
+and any other global-RNG use during training); the data order of epoch ``e`` is a
+permutation drawn from a generator seeded with ``(seed, e)``, so it needs no state.  A
+checkpoint holds the model, optimizer, scheduler, global RNG states and the step counter;
+resuming from it continues the same sequence of batches and random numbers, so on CPU the
+loss curve and the parameters equal those of the uninterrupted run bit for bit
+(``tests/test_control_trainer.py``).
+
+**Peak memory** in the history (``peak_mem_mb``): on CUDA the peak allocated by torch's
+caching allocator during the epoch (``torch.cuda.max_memory_allocated``, reset per
+epoch); on CPU the process's peak resident set size (``ru_maxrss``) — monotone over the
+process's life and including everything the process ever held, so only its growth is
+informative.  ``benchmarks/train_memory.py`` measures the autograd memory itself.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..data.base import TensorData
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .gradients import restore_gradient_mode, set_gradient_mode
+from .history import History
+from .objective import Objective
+
+__all__ = ["Trainer", "peak_memory_mb", "as_dataset"]
+
+
+def peak_memory_mb(device=None) -> float:
+    """CUDA: ``max_memory_allocated`` of ``device`` in MiB; CPU: the process's peak RSS in MiB."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated(dev) / 2**20
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 2**20 if sys.platform == "darwin" else r / 2**10
+
+
+def as_dataset(data, name: str) -> TensorData:
+    """``data`` as a :class:`TensorData`: a ``TensorData`` or a pair ``(inputs, targets)``."""
+    if isinstance(data, TensorData):
+        return data
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return TensorData(data[0], data[1], name=name)
+    if data is None:
+        raise ValueError(f"{name}: expected a dataset, got None")
+    raise TypeError(f"{name}: expected an opsplit.data.TensorData or a pair (inputs, targets), "
+                    f"got {type(data).__name__}")
+
+
+def _batches(n: int, batch_size: int, drop_last: bool, perm: Tensor | None):
+    idx = perm if perm is not None else torch.arange(n)
+    stop = n - (n % batch_size) if drop_last else n
+    return [idx[a:min(a + batch_size, stop)] for a in range(0, stop, batch_size)]
+
+
+def _mean(values) -> float:
+    v = list(values)
+    return sum(v) / len(v) if v else float("nan")
+
+
+class Trainer:
+    """Minimise ``objective`` over the parameters of ``model``.
+
+    Args:
+        model: any ``nn.Module`` holding opsplit propagators (a :class:`~opsplit.Propagator`,
+            a model with pre/post-processing, :class:`~opsplit.control.Unsplit`, ...).
+        objective: an :class:`~opsplit.control.Objective` (loss, running costs).
+        config: a :class:`~opsplit.control.TrainConfig` (or a dict of its fields); keyword
+            ``overrides`` replace single fields.
+        forward_model: the module called in the training step (default ``model``; e.g. a
+            ``DistributedDataParallel`` wrapper of it).  Checkpoints and running costs
+            always use ``model``.
+        metrics: extra evaluation metrics ``{name: fn(outputs, targets) -> float}``.
+        rank, world_size: data parallelism (with ``forward_model`` a
+            ``DistributedDataParallel``): every step draws a global batch of
+            ``world_size * batch_size`` samples from the shared seeded order and process
+            ``rank`` trains on its slice; only rank 0 writes checkpoints, CSV, plots and the
+            progress bar.
+        augment: ``fn(inputs, generator) -> inputs`` applied to every training batch (e.g.
+            :func:`opsplit.data.random_shift`); ``generator`` is the trainer's own
+            ``torch.Generator`` (seeded with ``config.seed``, saved in checkpoints).
+    """
+
+    def __init__(self, model: nn.Module, objective: Objective, config: TrainConfig | dict | None = None, *,
+                 forward_model: nn.Module | None = None, metrics: dict | None = None, augment=None,
+                 rank: int = 0, world_size: int = 1, **overrides):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Trainer.model: expected an nn.Module, got {type(model).__name__}")
+        if not isinstance(objective, Objective):
+            raise TypeError(f"Trainer.objective: expected an opsplit.control.Objective, got {type(objective).__name__}")
+        if config is None:
+            config = TrainConfig()
+        elif isinstance(config, dict):
+            config = TrainConfig.from_dict(config)
+        elif not isinstance(config, TrainConfig):
+            raise TypeError(f"Trainer.config: expected a TrainConfig or a dict, got {type(config).__name__}")
+        self.config = config.replace(**overrides) if overrides else config
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("Trainer.model: the model has no trainable parameters")
+        self.model, self.objective = model, objective
+        self.forward_model = forward_model if forward_model is not None else model
+        self.metrics = dict(metrics or {})
+        if augment is not None and not callable(augment):
+            raise TypeError(f"Trainer.augment: expected a callable fn(inputs, generator), got {augment!r}")
+        self.augment = augment
+        for v, nm in ((world_size, "world_size"), (rank, "rank")):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"Trainer.{nm}: expected an integer, got {v!r}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"Trainer: expected 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        self.rank, self.world_size = rank, world_size
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.params = params
+        self.optimizer = self._make_optimizer(params)
+        self._total_steps = 1
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.step = 0
+        self.history = History()
+        self.elapsed = 0.0
+
+    # -- optimizer / schedule -------------------------------------------------------------
+    def _make_optimizer(self, params):
+        c = self.config
+        if c.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+        if c.optimizer == "adam":
+            return torch.optim.Adam(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+        return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+
+    def _lr_factor(self, step: int) -> float:
+        c = self.config
+        if c.warmup_steps and step < c.warmup_steps:
+            return (step + 1) / c.warmup_steps
+        if c.schedule == "constant":
+            return 1.0
+        span = max(1, self._total_steps - c.warmup_steps)
+        p = min(1.0, max(0.0, (step - c.warmup_steps) / span))
+        r = c.min_lr_ratio
+        if c.schedule == "cosine":
+            return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))
+        return r + (1 - r) * (1 - p)
+
+    # -- data ---------------------------------------------------------------------------------
+    def _steps_per_epoch(self, n: int) -> int:
+        b = self.config.batch_size * self.world_size
+        k = n // b if self.config.drop_last else -(-n // b)
+        if k == 0:
+            raise ValueError(f"train_data: {n} samples give no batch of {b} (batch_size x world_size) with "
+                             "drop_last=True")
+        return k
+
+    def _epoch_batches(self, n: int, epoch: int):
+        c = self.config
+        perm = None
+        if c.shuffle:
+            g = torch.Generator().manual_seed(c.seed * 1_000_003 + epoch)
+            perm = torch.randperm(n, generator=g)
+        batches = _batches(n, c.batch_size * self.world_size, c.drop_last, perm)
+        if self.world_size > 1:
+            batches = [b.tensor_split(self.world_size)[self.rank] for b in batches]
+        return batches
+
+    def _check_batch(self, data: TensorData) -> None:
+        """The model's output on two samples against the targets and the loss."""
+        k = min(2, len(data))
+        x, y = data[torch.arange(k)]
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.objective.select(self.model(x))
+        finally:
+            self.model.train(was)
+        self.objective.check(out, y)
+        t = data.targets
+        if self.objective.is_classification and t.numel():
+            C = out.shape[-1]
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= C:
+                raise ValueError(f"{data.name}.targets: loss 'cross_entropy' needs class indices in [0, {C - 1}] "
+                                 f"(the model outputs {C} logits), got range [{lo}, {hi}]")
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"step": self.step, "elapsed": self.elapsed, "history": self.history.to_dict(),
+                "total_steps": self._total_steps}
+
+    def save(self, path) -> Path:
+        """Write a checkpoint folder (model, optimizer, scheduler, RNG, counters, history)."""
+        return save_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                               generator=self.generator, trainer=self.state(), config=self.config.to_dict())
+
+    def load(self, path, *, restore_rng: bool = True):
+        """Load a checkpoint (or the latest ``step-*`` one under a run folder) into the
+        model, optimizer, scheduler, RNG and counters; refused as a whole if anything differs."""
+        p = latest_checkpoint(path)
+        if p is None and Path(path).is_dir() and any(Path(path).iterdir()):
+            p = Path(path)  # not a complete checkpoint: read_checkpoint says what is wrong
+        if p is None:
+            raise FileNotFoundError(f"resume: no checkpoint found at {str(path)!r}")
+        ck = load_checkpoint(p, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                             generator=self.generator, restore_rng=restore_rng)
+        t = ck.trainer or {}
+        self.step = int(t.get("step", 0))
+        self.elapsed = float(t.get("elapsed", 0.0))
+        self.history = History.from_dict(t.get("history"))
+        return ck
+
+    def _save_step(self, out_dir: Path):
+        ck = out_dir / "checkpoints"
+        self.save(ck / f"step-{self.step:08d}")
+        olds = sorted(p for p in ck.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        for p in olds[:-self.config.keep_checkpoints]:
+            import shutil
+
+            shutil.rmtree(p, ignore_errors=True)
+
+    # -- evaluation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, data, *, n_steps: int | None = None, grid=None, batch_size: int | None = None) -> dict:
+        """Mean data loss and metrics over ``data`` (``accuracy`` for cross-entropy, ``mse``
+        for MSE, and ``metrics``), with the model in eval mode, optionally at another
+        :math:`N_t` (``n_steps``) or grid (passed to the model's forward)."""
+        data = as_dataset(data, "eval_data")
+        kw = {}
+        if n_steps is not None:
+            kw["n_steps"] = n_steps
+        if grid is not None:
+            kw["grid"] = grid
+        was = self.model.training
+        self.model.eval()
+        bs = batch_size or self.config.eval_batch_size
+        tot, correct, sq, n = 0.0, 0, 0.0, 0
+        outs, tgts = [], []
+        try:
+            for idx in _batches(len(data), bs, False, None):
+                x, y = data[idx]
+                out = self.objective.select(self.model(x, **kw))
+                b = x.shape[0]
+                tot += float(self.objective.data_term(out, y)) * b
+                if self.objective.is_classification:
+                    correct += int((out.argmax(-1) == y).sum())
+                elif self.objective.loss == "mse":
+                    sq += float((out - y).square().mean()) * b
+                if self.metrics:
+                    outs.append(out)
+                    tgts.append(y)
+                n += b
+        finally:
+            self.model.train(was)
+        res = {"loss": tot / n}
+        if self.objective.is_classification:
+            res["accuracy"] = correct / n
+        elif self.objective.loss == "mse":
+            res["mse"] = sq / n
+        if self.metrics:
+            O, Y = torch.cat(outs), torch.cat(tgts)
+            for k, fn in self.metrics.items():
+                res[k] = float(fn(O, Y))
+        return res
+
+    # -- training -------------------------------------------------------------------------------
+    def fit(self, train_data, eval_data=None, *, out_dir=None, resume=None, plot: bool = True) -> History:
+        """Train; returns the :class:`~opsplit.control.History` (also ``self.history``).
+
+        Args:
+            train_data, eval_data: :class:`~opsplit.data.TensorData` or ``(inputs, targets)``.
+            out_dir: a folder for ``checkpoints/step-*`` (every ``save_every`` steps and at
+                the end), ``steps.csv``, ``epochs.csv`` and (``plot``) ``curves.png``.
+            resume: a checkpoint folder (or a run folder: its latest checkpoint) to continue.
+        """
+        c = self.config
+        train = as_dataset(train_data, "train_data")
+        evald = as_dataset(eval_data, "eval_data") if eval_data is not None else None
+        n = len(train)
+        if self.world_size > 1 and not c.drop_last:
+            raise ValueError("TrainConfig.drop_last: expected True with world_size > 1 (every process needs a "
+                             "non-empty slice of every global batch)")
+        spe = self._steps_per_epoch(n)
+        self._total_steps = min(c.max_steps, spe * c.epochs) if c.max_steps else spe * c.epochs
+        self._check_batch(train)
+        if evald is not None:
+            self._check_batch(evald)
+        previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every)
+        try:
+            if resume is not None:
+                self.load(resume)
+            else:
+                torch.manual_seed(c.seed)
+                self.generator.manual_seed(c.seed)
+            out = Path(out_dir) if out_dir is not None and self.rank == 0 else None
+            self._loop(train, evald, spe, out)
+        finally:
+            restore_gradient_mode(previous)
+        if out is not None:
+            self.history.save_csv(out)
+            if plot:
+                self.history.plot(out / "curves.png")
+        return self.history
+
+    def _loop(self, train: TensorData, evald, spe: int, out: Path | None):
+        c = self.config
+        total = self._total_steps
+        bar = None
+        if c.progress and self.rank == 0:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total, initial=self.step, desc="train", leave=False, dynamic_ncols=True)
+        dev = next(iter(self.params)).device
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        self.model.train()
+        try:
+            while self.step < total:
+                epoch, offset = divmod(self.step, spe)
+                batches = self._epoch_batches(len(train), epoch)
+                t_ep = time.perf_counter()
+                for idx in batches[offset:]:
+                    if self.step >= total:
+                        break
+                    t0 = time.perf_counter()
+                    row = self._train_step(train, idx)
+                    self.step += 1
+                    self.elapsed += time.perf_counter() - t0
+                    row.update(step=self.step, epoch=epoch, time=self.elapsed)
+                    self.history.steps.append(row)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{row['loss']:.4g}", epoch=epoch)
+                    if out is not None and c.save_every and self.step % c.save_every == 0:
+                        self._save_step(out)
+                epoch_done = self.step % spe == 0 or self.step >= total
+                if epoch_done and ((epoch + 1) % c.eval_every == 0 or self.step >= total):
+                    erow = {"epoch": epoch, "step": self.step,
+                            "train_loss": _mean(r["loss"] for r in self.history.steps if r["epoch"] == epoch),
+                            "epoch_time": time.perf_counter() - t_ep,
+                            "peak_mem_mb": peak_memory_mb(dev)}
+                    if evald is not None:
+                        for k, v in self.evaluate(evald).items():
+                            erow[f"eval_{k}"] = v
+                    erow["time"] = self.elapsed
+                    self.history.epochs.append(erow)
+                    if bar is not None and evald is not None:
+                        bar.write(f"epoch {epoch}: " + ", ".join(f"{k}={v:.4g}" for k, v in erow.items()
+                                                                  if k.startswith("eval_")))
+        finally:
+            if bar is not None:
+                bar.close()
+        if out is not None:
+            self._save_step(out)
+
+    def _train_step(self, train: TensorData, idx: Tensor) -> dict:
+        c = self.config
+        x, y = train[idx]
+        if self.augment is not None:
+            x = self.augment(x, self.generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        val = self.objective(self.forward_model, x, y, costs_model=self.model)
+        if not torch.isfinite(val.total):
+            raise FloatingPointError(f"step {self.step}: the objective is {float(val.total)}; lower the "
+                                     "learning rate or clip the gradients (TrainConfig.grad_clip)")
+        val.total.backward()
+        if c.grad_clip is not None:
+            gn = float(torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip))
+        else:
+            gn = float(torch.linalg.vector_norm(torch.stack(
+                [torch.linalg.vector_norm(p.grad) for p in self.params if p.grad is not None])))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        row = val.as_floats()
+        row.update(lr=lr, grad_norm=gn)
+        return row

@@ -1,0 +1,76 @@
+r"""Softmax attention by ``torch.nn.functional.scaled_dot_product_attention``, guarded
+against scores that overflow the dtype.
+
+SDPA subtracts the row maximum before exponentiating, so any *finite* scores give a finite
+result; but the scores :math:`s\,\langle q_i, k_j\rangle` themselves are formed in the
+input's dtype, and for finite inputs of large magnitude (float32 near :math:`10^{19}`,
+float64 near :math:`10^{154}`) they overflow to :math:`\pm\infty` and the softmax returns
+NaN.  :func:`attention` bounds the scores first, by
+:math:`|s\,\langle q_i, k_j\rangle| \le s\, d\, \max|q| \max|k|` (two reductions, no
+:math:`N^2` work): when the bound is below a quarter of the dtype's largest number (row
+differences of scores stay finite too) SDPA runs as is; otherwise a float32 call is
+evaluated in float64 (where the scores fit) and rounded back, and a float64 call whose
+scores may overflow raises a ``ValueError`` that says so.  The bound is a value check: it
+is skipped under ``torch.compile`` / ``torch.jit`` tracing (:func:`opsplit._checks.skip_value_checks`)
+and under ``torch.func.vmap`` (a parallel scheme's batched call).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._checks import skip_value_checks
+
+__all__ = ["attention", "score_bound", "check_scores"]
+
+
+def _unchecked(*xs) -> bool:
+    """Value checks are skipped under torch.compile / torch.jit and torch.func.vmap."""
+    f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+    return skip_value_checks() or (f is not None and any(f(x) for x in xs))
+
+
+def score_bound(q: Tensor, k: Tensor, scale: float) -> float:
+    """An upper bound of :math:`|s\\,\\langle q_i, k_j\\rangle|` over all pairs (a float)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return 0.0
+    mq, mk = torch.stack([q.detach().abs().amax(), k.detach().abs().amax().to(q.dtype)]).tolist()
+    return float(scale) * q.shape[-1] * mq * mk
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
+              attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+              is_causal: bool = False) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)``
+    with the overflow guard of the module docstring; ``name`` names the caller in errors."""
+    if not _unchecked(q, k):
+        bound = score_bound(q, k, scale)
+        if not bound < torch.finfo(q.dtype).max / 4:
+            if q.dtype == torch.float32 and bound < torch.finfo(torch.float64).max / 4:
+                mask = attn_mask.double() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
+                out = F.scaled_dot_product_attention(
+                    q.double(), k.double(), v.double(), attn_mask=mask, dropout_p=dropout_p,
+                    is_causal=is_causal, scale=scale)
+                return out.to(v.dtype)
+            raise ValueError(
+                f"{name}: the attention scores s*<q, k> may reach "
+                f"{bound:.3g}".replace("inf", "more than 1.8e308") + ", beyond the range "
+                f"of {q.dtype} (max {torch.finfo(q.dtype).max:.3g}): the softmax would be NaN; "
+                f"scale the input (or the weights) down"
+                + (", or use float64" if q.dtype != torch.float64 else "")
+            )
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale)
+
+
+def check_scores(a: Tensor, name: str) -> Tensor:
+    """Raise a ``ValueError`` if dense scores ``a`` (before the softmax) overflowed."""
+    if not _unchecked(a) and a.numel() and bool(torch.isposinf(a).any() | torch.isnan(a).any()):
+        raise ValueError(
+            f"{name}: the attention scores overflow {a.dtype} (finite inputs of too large a "
+            f"magnitude): the softmax would be NaN; scale the input (or the weights) down"
+            + (", or use float64" if a.dtype != torch.float64 else "")
+        )
+    return a

@@ -1,0 +1,223 @@
+"""Bad input to the attention kernels (issue 8): the functional kernels
+(``sliced_relu_attention``, ``sliced_relu_bump_attention``, ``nadaraya_watson_attention``)
+and the sliced / kernel attention operators' constructors.
+
+Each row is ``(id, callable, kwargs, exception type, regex)``: ``callable(**kwargs)`` must
+raise exactly that type, with a message matching the regex (which names the argument),
+raised by opsplit's own checks (the innermost frame of the traceback is in the ``opsplit``
+package, before any compute).  A property test checks the kernels over magnitudes
+1e-30..1e30 against the naive O(N^2) formulas."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from sliced_reference import naive_sliced_bump, naive_sliced_relu
+
+import opsplit
+from opsplit.functional import (
+    nadaraya_watson_attention,
+    sliced_relu_attention,
+    sliced_relu_bump_attention,
+)
+from opsplit.operators import KernelAttention, SlicedReLUAttention, SlicedReLUBumpAttention
+
+_PKG = os.path.dirname(os.path.abspath(opsplit.__file__))
+F32, F64 = torch.float32, torch.float64
+NAN, INF = float("nan"), float("inf")
+
+
+def R(*shape, dtype=F64, fill=None):
+    t = torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    if fill is not None:
+        t.view(-1)[0] = fill
+    return t
+
+
+SR, SB, NW = sliced_relu_attention, sliced_relu_bump_attention, nadaraya_watson_attention
+QK = {"zq": R(2, 3, 5), "zk": R(2, 3, 6), "v": R(2, 3, 6, 4)}  # valid sliced inputs
+NWQ = {"q": R(2, 5, 3), "k": R(2, 6, 3), "v": R(2, 6, 4)}  # valid kernel-attention inputs
+
+
+def sl(**over):
+    return {**QK, **over}
+
+
+def nw(**over):
+    return {**NWQ, **over}
+
+
+ROWS = [
+    # -- sliced ReLU / ReLU-bump: types, dtypes, devices -------------------------------------
+    ("sr-zq-list", SR, sl(zq=[[1.0, 2.0]]), TypeError, r"zq: expected a torch.Tensor"),
+    ("sr-zk-int", SR, sl(zk=torch.ones(2, 3, 6, dtype=torch.int64)), TypeError, r"zk: expected a float32 or float64"),
+    ("sr-v-f16", SR, sl(v=R(2, 3, 6, 4).half()), TypeError, r"v: expected a float32 or float64"),
+    ("sr-dtype-mix", SR, sl(zq=R(2, 3, 5, dtype=F32)), TypeError, r"zq, zk and v must share one dtype"),
+    ("sr-device-mix", SR, sl(v=torch.empty(2, 3, 6, 4, dtype=F64, device="meta")), ValueError, r"must be on one device"),
+    # ranks and shapes
+    ("sr-zq-0d", SR, sl(zq=torch.tensor(1.0, dtype=F64)), ValueError, r"expected zq of shape \(\.\.\., N_q\)"),
+    ("sr-v-rank", SR, sl(v=R(2, 3, 6)), ValueError, r"expected zq of shape .* v of shape"),
+    ("sr-zk-rank", SR, sl(zk=R(2, 6)), ValueError, r"expected zq of shape .* zk of shape"),
+    ("sr-lead-mismatch", SR, sl(zk=R(2, 2, 6), v=R(2, 2, 6, 4)), ValueError, r"shape mismatch"),
+    ("sr-v-nk-mismatch", SR, sl(v=R(2, 3, 7, 4)), ValueError, r"shape mismatch"),
+    ("sr-no-keys", SR, sl(zk=R(2, 3, 0), v=R(2, 3, 0, 4)), ValueError, r"at least one key \(N_k >= 1\)"),
+    # non-finite values
+    ("sr-zq-nan", SR, sl(zq=R(2, 3, 5, fill=NAN)), ValueError, r"zq: expected finite scores"),
+    ("sr-zk-inf", SR, sl(zk=R(2, 3, 6, fill=INF)), ValueError, r"zk: expected finite scores"),
+    ("sr-v-nan", SR, sl(v=R(2, 3, 6, 4, fill=NAN)), ValueError, r"v: expected finite values"),
+    ("sr-v-ninf", SR, sl(v=R(2, 3, 6, 4, fill=-INF)), ValueError, r"v: expected finite values"),
+    # masks and weights
+    ("sr-mask-float", SR, sl(key_padding_mask=torch.zeros(2, 6)), TypeError, r"key_padding_mask: expected a bool tensor"),
+    ("sr-mask-nan", SR, sl(key_padding_mask=torch.full((2, 6), NAN)), TypeError, r"key_padding_mask: expected a bool tensor"),
+    ("sr-mask-list", SR, sl(key_padding_mask=[[True] * 6] * 2), TypeError, r"key_padding_mask: expected a bool tensor"),
+    ("sr-mask-shape", SR, sl(key_padding_mask=torch.zeros(2, 5, dtype=torch.bool)), ValueError, r"key_padding_mask: expected shape \(B, N_k\)"),
+    ("sr-mask-shape3", SR, sl(key_padding_mask=torch.zeros(3, 3, 6, dtype=torch.bool)), ValueError, r"key_padding_mask: expected shape"),
+    ("sr-weights-int", SR, sl(key_weights=torch.ones(6, dtype=torch.int64)), TypeError, r"key_weights: expected a floating-point tensor"),
+    ("sr-weights-shape", SR, sl(key_weights=torch.ones(5, dtype=F64)), ValueError, r"key_weights: expected a shape broadcastable"),
+    ("sr-weights-neg", SR, sl(key_weights=-torch.ones(6, dtype=F64)), ValueError, r"key_weights: expected finite weights >= 0"),
+    ("sr-weights-nan", SR, sl(key_weights=torch.full((6,), NAN, dtype=F64)), ValueError, r"key_weights: expected finite weights"),
+    ("sr-weights-inf", SR, sl(key_weights=torch.full((6,), INF, dtype=F64)), ValueError, r"key_weights: expected finite weights"),
+    ("sr-weights-grad", SR, sl(key_weights=torch.ones(6, dtype=F64, requires_grad=True)), ValueError, r"key_weights: gradients with respect to the key weights are not supported"),
+    # bump: the bandwidth and the same input checks
+    ("sb-b-zero", SB, sl(bandwidth=0.0), ValueError, r"bandwidth: expected finite values > 0"),
+    ("sb-b-neg", SB, sl(bandwidth=-1.0), ValueError, r"bandwidth: expected finite values > 0"),
+    ("sb-b-nan", SB, sl(bandwidth=NAN), ValueError, r"bandwidth: expected finite values > 0"),
+    ("sb-b-inf", SB, sl(bandwidth=INF), ValueError, r"bandwidth: expected finite values > 0"),
+    ("sb-b-tensor-nan", SB, sl(bandwidth=torch.tensor([1.0, NAN, 1.0], dtype=F64)), ValueError, r"bandwidth: expected finite values > 0"),
+    ("sb-b-bool", SB, sl(bandwidth=True), TypeError, r"bandwidth: expected a number or a tensor"),
+    ("sb-b-str", SB, sl(bandwidth="1"), TypeError, r"bandwidth: expected a number or a tensor"),
+    ("sb-b-int-tensor", SB, sl(bandwidth=torch.ones(3, dtype=torch.int64)), TypeError, r"bandwidth: expected a floating-point tensor"),
+    ("sb-b-shape", SB, sl(bandwidth=torch.ones(4, dtype=F64)), ValueError, r"bandwidth: expected a number or a shape broadcastable"),
+    ("sb-v-nan", SB, sl(bandwidth=1.0, v=R(2, 3, 6, 4, fill=NAN)), ValueError, r"v: expected finite values"),
+    ("sb-no-keys", SB, sl(bandwidth=1.0, zk=R(2, 3, 0), v=R(2, 3, 0, 4)), ValueError, r"at least one key"),
+    ("sb-mask-int", SB, sl(bandwidth=1.0, key_padding_mask=torch.zeros(2, 6, dtype=torch.int64)), TypeError, r"key_padding_mask: expected a bool tensor"),
+    # -- kernel (Nadaraya-Watson) attention --------------------------------------------------
+    ("nw-q-list", NW, nw(q=[[1.0]]), TypeError, r"q: expected a torch.Tensor"),
+    ("nw-k-int", NW, nw(k=torch.ones(2, 6, 3, dtype=torch.int64)), TypeError, r"k: expected float32 or float64"),
+    ("nw-dtype-mix", NW, nw(v=R(2, 6, 4, dtype=F32)), TypeError, r"q, k, v must share one dtype"),
+    ("nw-device-mix", NW, nw(k=torch.empty(2, 6, 3, dtype=F64, device="meta")), ValueError, r"q, k, v must be on one device"),
+    ("nw-q-rank1", NW, nw(q=R(3)), ValueError, r"expected q \(\.\.\., N_q, d\)"),
+    ("nw-d-mismatch", NW, nw(k=R(2, 6, 2)), ValueError, r"shape mismatch"),
+    ("nw-nk-mismatch", NW, nw(v=R(2, 7, 4)), ValueError, r"shape mismatch"),
+    ("nw-no-keys", NW, nw(k=R(2, 0, 3), v=R(2, 0, 4)), ValueError, r"k: expected at least one key"),
+    ("nw-d-zero", NW, nw(q=R(2, 5, 0), k=R(2, 6, 0)), ValueError, r"feature dimension d >= 1"),
+    ("nw-kernel", NW, nw(kernel="cosine"), ValueError, r"kernel: expected one of"),
+    ("nw-h-zero", NW, nw(bandwidth=0.0), ValueError, r"bandwidth: expected finite values > 0"),
+    ("nw-h-nan", NW, nw(bandwidth=NAN), ValueError, r"bandwidth: expected finite values > 0"),
+    ("nw-h-str", NW, nw(bandwidth="2"), TypeError, r"bandwidth: expected a number or a tensor"),
+    ("nw-h-shape", NW, nw(bandwidth=torch.ones(3, dtype=F64)), ValueError, r"bandwidth: expected a number or a shape broadcastable"),
+    ("nw-q-nan", NW, nw(q=R(2, 5, 3, fill=NAN)), ValueError, r"q: expected finite values"),
+    ("nw-v-inf", NW, nw(v=R(2, 6, 4, fill=INF)), ValueError, r"v: expected finite values"),
+    ("nw-overflow-f32", NW, nw(q=R(2, 5, 3, dtype=F32) * 1e30, k=R(2, 6, 3, dtype=F32), v=R(2, 6, 4, dtype=F32)), ValueError, r"q, k: the scaled squared distances .* overflow torch.float32"),
+    ("nw-mask-float", NW, nw(key_padding_mask=torch.zeros(2, 6)), TypeError, r"key_padding_mask: expected a bool tensor"),
+    ("nw-mask-shape", NW, nw(key_padding_mask=torch.zeros(2, 5, dtype=torch.bool)), ValueError, r"key_padding_mask: expected shape"),
+    ("nw-weights-neg", NW, nw(key_weights=-torch.ones(6, dtype=F64)), ValueError, r"key_weights: expected finite weights >= 0"),
+    ("nw-weights-nan", NW, nw(key_weights=torch.full((6,), NAN, dtype=F64)), ValueError, r"key_weights: expected finite weights"),
+    ("nw-weights-shape", NW, nw(key_weights=torch.ones(5, dtype=F64)), ValueError, r"key_weights: expected a shape broadcastable"),
+    ("nw-weights-int", NW, nw(key_weights=torch.ones(6, dtype=torch.int64)), TypeError, r"key_weights: expected a floating-point tensor"),
+    # -- operator constructors -----------------------------------------------------------------
+    ("op-sr-ny-zero", SlicedReLUAttention.build, {"n_y": 0, "n_heads": 2}, ValueError, r"n_y: expected a positive integer"),
+    ("op-sr-heads-zero", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 0}, ValueError, r"n_heads: expected a positive integer"),
+    ("op-sr-heads-neg", SlicedReLUAttention.build, {"n_y": 4, "n_heads": -1}, ValueError, r"n_heads: expected a positive integer"),
+    ("op-sr-ny-float", SlicedReLUAttention.build, {"n_y": 2.5, "n_heads": 2}, TypeError, r"n_y: expected a positive integer"),
+    ("op-sr-steps-zero", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 2, "n_steps": 0}, ValueError, r"n_steps: expected a positive integer"),
+    ("op-sr-projection", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 2, "projection": "conv"}, ValueError, r"projection: expected 'linear' or 'mlp'"),
+    ("op-sr-dy-nan", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 2, "dy": NAN}, ValueError, r"dy: expected a finite number > 0"),
+    ("op-sb-ny-zero", SlicedReLUBumpAttention.build, {"n_y": 0, "n_heads": 2}, ValueError, r"n_y: expected a positive integer"),
+    ("op-sb-b-zero", SlicedReLUBumpAttention.build, {"n_y": 4, "n_heads": 2, "bandwidth": 0.0}, ValueError, r"bandwidth: expected a finite number > 0"),
+    ("op-sb-b-nan", SlicedReLUBumpAttention.build, {"n_y": 4, "n_heads": 2, "bandwidth": NAN}, ValueError, r"bandwidth: expected a finite number > 0"),
+    ("op-ka-kernel", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "kernel": "tri"}, ValueError, r"KernelAttention.kernel: expected one of"),
+    ("op-ka-h-nan", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "bandwidth": NAN}, ValueError, r"KernelAttention.bandwidth: expected a number > 0"),
+    ("op-ka-h-neg-tensor", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "bandwidth": torch.tensor(-1.0)}, ValueError, r"KernelAttention.bandwidth: expected finite values > 0"),
+]
+
+
+@pytest.mark.parametrize("fn, kwargs, exc, match", [pytest.param(*r[1:], id=r[0]) for r in ROWS])
+def test_bad_input(fn, kwargs, exc, match):
+    with pytest.raises(BaseException) as info:
+        fn(**kwargs)
+    err = info.value
+    assert type(err) is exc, f"expected {exc.__name__}, got {type(err).__name__}: {err}"
+    info.match(match)
+    origin = os.path.abspath(str(info.traceback[-1].path))
+    assert origin.startswith(_PKG), f"raised in {origin}, not by opsplit's checks: {err}"
+
+
+def test_case_count():
+    assert len(ROWS) >= 40 and len({r[0] for r in ROWS}) == len(ROWS)
+
+
+# -- property: extreme magnitudes ------------------------------------------------------------
+@given(
+    e_z=st.integers(-30, 30), e_v=st.integers(-30, 30), nq=st.integers(1, 12),
+    nk=st.integers(1, 12), quant=st.booleans(), seed=st.integers(0, 10**6),
+    kind=st.sampled_from(["relu", "relu_eq2", "bump"]), f32=st.booleans(),
+)
+def test_kernels_over_extreme_magnitudes(e_z, e_v, nq, nk, quant, seed, kind, f32):
+    """Scores scaled by 10^e_z and values by 10^e_v (1e-30..1e30): the kernels return a
+    finite result equal to the naive O(N^2) formula (in float64, on the same rounded
+    inputs), or raise a clear error; never NaN/inf silently."""
+    g = torch.Generator().manual_seed(seed)
+    zq = torch.randn(1, 2, nq, generator=g, dtype=F64)
+    zk = torch.randn(1, 2, nk, generator=g, dtype=F64)
+    if quant:  # ties
+        zq, zk = zq.round(), zk.round()
+    v = torch.randn(1, 2, nk, 3, generator=g, dtype=F64) + 0.5
+    zq, zk, v = zq * 10.0**e_z, zk * 10.0**e_z, v * 10.0**e_v
+    dt = F32 if f32 else F64
+    zq, zk, v = zq.to(dt), zk.to(dt), v.to(dt)
+    b = 0.8 * 10.0**e_z
+    try:
+        if kind == "bump":
+            out = sliced_relu_bump_attention(zq, zk, v, b)
+        else:
+            out = sliced_relu_attention(zq, zk, v, centered=kind == "relu")
+    except ValueError as e:  # a clear refusal names what overflows
+        assert "expected" in str(e) or "overflow" in str(e)
+        return
+    assert bool(torch.isfinite(out).all())
+    if kind == "bump":
+        ref = naive_sliced_bump(zq.double(), zk.double(), v.double(), torch.tensor(b, dtype=dt).double())
+    else:
+        ref = naive_sliced_relu(zq.double(), zk.double(), v.double(), centered=kind == "relu")
+    scale = float(v.double().abs().max())
+    tol = 1e-5 if f32 else 1e-10
+    assert float((out.double() - ref).abs().max()) <= tol * scale + 1e-300
+
+
+@given(e=st.integers(-30, 30), kernel=st.sampled_from(["gaussian", "epanechnikov", "boxcar"]),
+       f32=st.booleans(), seed=st.integers(0, 10**6))
+def test_kernel_attention_over_extreme_magnitudes(e, kernel, f32, seed):
+    """q, k and the bandwidth scaled by 10^e: the kernel depends on (q - k)/h only, so the
+    result is the unscaled one (finite), or a clear error."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, 3, generator=g, dtype=F64)
+    k = torch.randn(1, 5, 3, generator=g, dtype=F64)
+    v = torch.randn(1, 5, 2, generator=g, dtype=F64)
+    dt = F32 if f32 else F64
+    h = 1.5
+    try:
+        out = nadaraya_watson_attention((q * 10.0**e).to(dt), (k * 10.0**e).to(dt), v.to(dt),
+                                        kernel=kernel, bandwidth=h * 10.0**e)
+    except ValueError as err:
+        assert "overflow" in str(err)
+        return
+    assert bool(torch.isfinite(out).all())
+    # naive: K(|q - k| / h) weights, normalised
+    qd, kd = (q * 10.0**e).to(dt).double(), (k * 10.0**e).to(dt).double()
+    r = torch.cdist(qd / (h * 10.0**e), kd / (h * 10.0**e))
+    if kernel == "gaussian":
+        K = torch.exp(-0.5 * r * r)
+    elif kernel == "epanechnikov":
+        K = (1 - r * r).clamp_min(0)
+    else:
+        K = (r <= 1).double()
+    den = K.sum(-1, keepdim=True)
+    ref = torch.where(den > 0, K @ v / torch.where(den > 0, den, 1.0), 0.0)
+    if kernel == "boxcar":  # r near 1 can fall on either side after rounding
+        near = ((r - 1).abs() < 1e-4).any()
+        if bool(near):
+            return
+    assert float((out.double() - ref).abs().max()) <= (1e-4 if f32 else 1e-9)

@@ -1,0 +1,148 @@
+"""Bad input to the schemes (Lie, Strang, Parallel, Hybrid), their steps, the solvers and
+Substep, and the Propagator (constructor and forward)."""
+
+import pytest
+import torch
+from torch import nn
+
+from opsplit import Grid, Interval, Propagator
+from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2, Relaxation
+from opsplit.schemes import Hybrid, Lie, Parallel, Strang
+from opsplit.solvers import (
+    RK4,
+    CatchUp,
+    Exact,
+    ExactMidpoint,
+    ExplicitEuler,
+    Heun,
+    Implicit,
+    ODESolve,
+    ProjectedS1,
+    SemiImplicit,
+    Substep,
+)
+
+from ._table import cases, run_case
+
+F64 = torch.float64
+NAN, INF = float("nan"), float("inf")
+
+
+def u(*shape, fill=None, at=None, dtype=F64, device=None):
+    t = torch.randn(*shape, dtype=dtype) if device is None else torch.empty(*shape, dtype=dtype, device=device)
+    if fill is not None:
+        t[at] = fill
+    return t
+
+
+def ffn(n=5):
+    return FFNIntegral(torch.randn(n, n, dtype=F64) / n, torch.randn(n, dtype=F64), bias_axis="y")
+
+
+def prop(n_steps=2, **kw):
+    return Propagator(Lie([ffn(), ProjectionS1()]), n_steps, **kw)
+
+
+G = Grid.paper(3, 5)
+
+SCHEMES = cases(
+    ("lie-empty", lambda: Lie([]), ValueError, r"Lie: a scheme needs at least one operator"),
+    ("strang-empty", lambda: Strang([]), ValueError, r"Strang: a scheme needs at least one operator"),
+    ("parallel-empty", lambda: Parallel([]), ValueError, r"Parallel: a scheme needs at least one operator"),
+    ("hybrid-empty", lambda: Hybrid([]), ValueError, r"Hybrid: a scheme needs at least one operator"),
+    ("lie-linear", lambda: Lie([nn.Linear(2, 2)]), TypeError, r"Substep: term 0 is a Linear, expected an opsplit Operator"),
+    ("strang-str", lambda: Strang(["relu"]), TypeError, r"term 0 is a str, expected an opsplit Operator"),
+    ("parallel-batch", lambda: Parallel([ffn(), ffn()], batch="yes"), ValueError, r"batch: expected True, False or 'auto'"),
+    ("hybrid-batch", lambda: Hybrid([[ffn()], [ffn()]], batch=2), ValueError, r"batch: expected True, False or 'auto'"),
+    ("hybrid-not-groups", lambda: Hybrid([ffn(), ffn()]), ValueError, r"Hybrid: expected a list of groups"),
+    ("hybrid-empty-group", lambda: Hybrid([[ffn()], []]), ValueError, r"Hybrid: group 1 is empty"),
+    ("hybrid-index-range", lambda: Hybrid([ffn(), ffn()], groups=[[0], [2]]), ValueError, r"Hybrid\.groups\[1\]: index 2 is out of range"),
+    ("hybrid-index-type", lambda: Hybrid([ffn(), ffn()], groups=[[0], ["1"]]), TypeError, r"Hybrid\.groups\[1\]: expected integer"),
+    ("hybrid-index-twice", lambda: Hybrid([ffn(), ffn()], groups=[[0, 1], [1]]), ValueError, r"Hybrid\.groups: substep 1 appears in group 0 and in group 1"),
+    ("hybrid-missing", lambda: Hybrid([ffn(), ffn()], groups=[[0]]), ValueError, r"Hybrid\.groups do not cover.*\[1\]"),
+    ("lie-step-dt=0", lambda: Lie([ffn()])(0.0, 0.0, u(2, 3, 5), G), ValueError, r"Lie: dt: expected a finite number > 0"),
+    ("lie-step-dt<0", lambda: Lie([ffn()])(0.0, -0.1, u(2, 3, 5), G), ValueError, r"Lie: dt: expected a finite number > 0"),
+    ("strang-step-dt=nan", lambda: Strang([ffn()])(0.0, NAN, u(2, 3, 5), G), ValueError, r"Strang: dt: expected a finite"),
+    ("strang-step-dt-tensor-nan", lambda: Strang([ffn()])(0.0, torch.tensor(NAN), u(2, 3, 5), G), ValueError, r"Strang: dt: expected a finite time step > 0"),
+    ("parallel-step-dt=inf", lambda: Parallel([ffn(), ffn()])(0.0, INF, u(2, 3, 5), G), ValueError, r"Parallel: dt: expected a finite"),
+    ("hybrid-step-t=nan", lambda: Hybrid([[ffn()]])(NAN, 0.5, u(2, 3, 5), G), ValueError, r"Hybrid: t: expected a finite"),
+    ("lie-step-dt-int-tensor", lambda: Lie([ffn()])(0.0, torch.tensor(1), u(2, 3, 5), G), TypeError, r"Lie: dt: expected a number or a 0-d floating tensor"),
+    ("lie-step-grid-none", lambda: Lie([ffn()])(0.0, 0.5, u(2, 3, 5), None), TypeError, r"Lie: grid: expected an opsplit Grid"),
+)
+
+SOLVERS = cases(
+    ("substep-empty", lambda: Substep(()), ValueError, r"Substep: expected at least one operator"),
+    ("substep-solver-str", lambda: Substep(ffn(), "euler"), TypeError, r"Substep\.solver: expected a Solver"),
+    ("substep-two-no-solver", lambda: Substep((ffn(), ProjectionS2())), ValueError, r"Substep: several operators need an explicit solver"),
+    ("euler-on-S1", lambda: Substep(ProjectionS1(), ExplicitEuler()), ValueError, r"ExplicitEuler needs an operator with a field"),
+    ("heun-on-S2", lambda: Substep(ProjectionS2(), Heun()), ValueError, r"Heun needs operators with an explicit field.*ProjectionS2"),
+    ("rk4-on-S1", lambda: Substep(ProjectionS1(), RK4()), ValueError, r"RK4 needs operators with an explicit field.*ProjectionS1"),
+    ("euler-two-terms", lambda: Substep((ffn(), ffn()), ExplicitEuler()), ValueError, r"ExplicitEuler"),
+    ("implicit-on-relax", lambda: Substep(Relaxation([ffn()]), Implicit()), ValueError, r"Implicit needs an operator with a resolvent"),
+    ("exact-on-S1", lambda: Substep(ProjectionS1(), Exact()), ValueError, r"Exact needs an operator with a flow"),
+    ("semi-implicit-order", lambda: Substep((ProjectionS2(), ffn()), SemiImplicit()), ValueError, r"SemiImplicit: the first term ProjectionS2 has no explicit field"),
+    ("catch-up-ffn", lambda: Substep(ffn(), CatchUp()), ValueError, r"CatchUp advances indicator terms"),
+    ("exact-midpoint-relax", lambda: Substep(Relaxation([ffn()]), ExactMidpoint()), ValueError, r"ExactMidpoint"),
+    ("projected-base-str", lambda: ProjectedS1("rk4"), TypeError, r"ProjectedS1\.base: expected a Solver"),
+    ("projected-base-implicit", lambda: ProjectedS1(Implicit()), ValueError, r"ProjectedS1\.base: expected a solver of explicit fields"),
+    ("projected-on-S1", lambda: Substep(ProjectionS1(), ProjectedS1()), ValueError, r"ProjectedS1 needs operators with an explicit field"),
+    ("odesolve-method", lambda: ODESolve("euler42"), ValueError, r"ODESolve\.method: expected one of"),
+    ("odesolve-rtol=0", lambda: ODESolve(rtol=0.0), ValueError, r"ODESolve\.rtol: expected a finite number > 0"),
+    ("odesolve-atol=nan", lambda: ODESolve(atol=NAN), ValueError, r"ODESolve\.atol: expected a finite number > 0"),
+    ("odesolve-options", lambda: ODESolve(options=[1]), TypeError, r"ODESolve\.options: expected a dict"),
+    ("substep-call-dt=nan", lambda: Substep(ffn())(0.0, NAN, u(2, 3, 5), G), ValueError, r"Substep: dt: expected a finite"),
+    ("substep-call-t=inf", lambda: Substep(ffn())(INF, 0.1, u(2, 3, 5), G), ValueError, r"Substep: t: expected a finite"),
+)
+
+PROPAGATOR = cases(
+    ("scheme-operator", lambda: Propagator(ffn(), 2), TypeError, r"Propagator\.scheme: expected an opsplit Scheme"),
+    ("N_t=0", lambda: prop(0), ValueError, r"Propagator\.n_steps \(N_t\).*>= 1"),
+    ("N_t<0", lambda: prop(-4), ValueError, r"Propagator\.n_steps \(N_t\).*>= 1"),
+    ("N_t-float", lambda: prop(2.5), TypeError, r"Propagator\.n_steps \(N_t\): expected a positive integer"),
+    ("N_t-bool", lambda: prop(True), TypeError, r"Propagator\.n_steps \(N_t\): expected a positive integer"),
+    ("t0=nan", lambda: prop(t0=NAN), ValueError, r"Propagator\.t0: expected a finite"),
+    ("t1=inf", lambda: prop(t1=INF), ValueError, r"Propagator\.t1 \(T\): expected a finite"),
+    ("t1<=t0", lambda: prop(t0=1.0, t1=1.0), ValueError, r"Propagator\.t1 \(T\): expected t0 < t1"),
+    ("grid-str", lambda: prop(grid="paper"), TypeError, r"Propagator\.grid: expected an opsplit Grid"),
+    ("f-rank4", lambda: prop()(u(1, 2, 3, 5)), ValueError, r"f: expected shape \(B, N_x, N_y\).*rank 4"),
+    ("f-rank1", lambda: prop()(u(5)), ValueError, r"f: expected shape.*rank 1"),
+    ("f-int", lambda: prop()(torch.zeros(2, 3, 5, dtype=torch.int64)), TypeError, r"f: expected a floating"),
+    ("f-numpy", lambda: prop()(u(2, 3, 5).numpy()), TypeError, r"f: expected a torch.Tensor"),
+    ("f-nan", lambda: prop()(u(2, 3, 5, fill=NAN, at=(1, 1, 1))), ValueError, r"f: expected finite values, found 1"),
+    ("f-inf", lambda: prop()(u(2, 3, 5, fill=INF, at=(0, 2, 4))), ValueError, r"f: expected finite values"),
+    ("f-f32", lambda: prop()(u(2, 3, 5, dtype=torch.float32)), TypeError, r"f: dtype torch.float32 differs from the Propagator's torch.float64"),
+    ("f-meta", lambda: prop()(u(2, 3, 5, device="meta")), ValueError, r"f: device meta differs"),
+    ("f-N_y-grid", lambda: prop()(u(2, 3, 4)), ValueError, r"FFNIntegral\.W: grid/control mismatch on Omega_y"),
+    ("f-N_x-fixed-grid", lambda: prop(grid=Grid.paper(3, 5))(u(2, 4, 5)), ValueError, r"f: grid/tensor mismatch.*N_x differs"),
+    ("f-empty-tokens", lambda: prop()(u(2, 0, 5)), ValueError, r"f: empty tensor: expected N_x >= 1"),
+    ("f-empty-features", lambda: Propagator(Lie([ProjectionS2()]), 1)(u(2, 3, 0)), ValueError, r"f: empty tensor: expected N_y >= 1"),
+    ("f-trapezoid-1", lambda: prop(grid=Grid(x=Interval(length=1.0, rule="trapezoid"), y=Interval(spacing=1.0)))(u(1, 1, 5)), ValueError, r"f:.*trapezoid.*N_x >= 2"),
+    ("n_steps=0", lambda: prop()(u(2, 3, 5), n_steps=0), ValueError, r"n_steps \(N_t\).*>= 1"),
+    ("n_steps=str", lambda: prop()(u(2, 3, 5), n_steps="3"), TypeError, r"n_steps \(N_t\): expected a positive integer"),
+    ("grid=str", lambda: prop()(u(2, 3, 5), grid="paper"), TypeError, r"grid: expected an opsplit Grid"),
+    ("nan-parameter", lambda: _nan_prop()(u(2, 3, 5)), ValueError, r"Propagator: parameters must be finite.*W\.value"),
+    ("overflow", lambda: Propagator(Lie([FFNIntegral(100 * torch.eye(5, dtype=F64))]), 4)(u(2, 3, 5) * 1e300), ValueError, r"Propagator output: expected finite.*left the range"),
+    ("dt-method", lambda: prop().dt(0), ValueError, r"n_steps \(N_t\).*>= 1"),
+    ("times-method", lambda: prop().times(-1), ValueError, r"n_steps \(N_t\).*>= 1"),
+)
+
+
+def _nan_prop():
+    p = prop()
+    p.scheme.substeps[0].terms[0].W.value[0, 0] = NAN
+    return p
+
+
+@pytest.mark.parametrize("case", SCHEMES)
+def test_schemes(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", SOLVERS)
+def test_solvers(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", PROPAGATOR)
+def test_propagator(case):
+    run_case(case)

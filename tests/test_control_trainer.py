@@ -1,0 +1,344 @@
+"""Trainer, objective and checkpoints: bad input refused before training, kill-and-resume
+bit for bit (in a new process), corrupt / truncated / mismatched checkpoints refused with
+nothing loaded, loading at another N_t."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsplit.control import (
+    CheckpointError,
+    Objective,
+    TrainConfig,
+    Trainer,
+    load_checkpoint,
+    save_checkpoint,
+)
+from opsplit.controls import PiecewiseConstant
+from opsplit.data import TensorData
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _train_helpers import TinyClassifier, tiny_config, tiny_data  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _params(m):
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_trains_and_records_history(tmp_path):
+    torch.manual_seed(0)
+    m = TinyClassifier()
+    data = tiny_data()
+    tr = Trainer(m, Objective("cross_entropy"), tiny_config(epochs=4))
+    before = tr.evaluate(data)
+    h = tr.fit(data, data, out_dir=tmp_path, plot=False)
+    after = tr.evaluate(data)
+    assert len(h.steps) == 4 * 3 and len(h.epochs) == 4
+    assert after["loss"] < before["loss"]
+    for k in ("loss", "lr", "grad_norm", "time"):
+        assert k in h.steps[-1]
+    for k in ("eval_accuracy", "eval_loss", "peak_mem_mb", "epoch_time"):
+        assert k in h.epochs[-1]
+    assert (tmp_path / "steps.csv").is_file() and (tmp_path / "epochs.csv").is_file()
+    h.plot(tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    from opsplit.control import History
+
+    back = History.read_csv(tmp_path)
+    assert [r["loss"] for r in back.steps] == pytest.approx(h.losses)
+    # the cosine schedule ends near 0 and warm-up starts at lr/2
+    assert h.steps[0]["lr"] == pytest.approx(0.5e-2)
+    assert h.steps[-1]["lr"] < 1e-3
+
+
+def test_grad_clip_and_sgd():
+    m = TinyClassifier()
+    tr = Trainer(m, Objective("cross_entropy"), tiny_config(optimizer="sgd", grad_clip=1e-3, epochs=1, weight_decay=0.0,
+                                                            schedule="constant", warmup_steps=0))
+    p0 = torch.cat([p.detach().flatten().clone() for p in m.parameters()])
+    tr.fit(tiny_data())
+    p1 = torch.cat([p.detach().flatten() for p in m.parameters()])
+    # every SGD step moves by at most lr * (momentum sum) * clip
+    assert float((p1 - p0).norm()) <= 1e-2 * 1e-3 * (1 + 1.9 + 2.71) + 1e-9
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: (TinyClassifier(), Objective("mse"), tiny_data()), "shape"),
+        (lambda: (TinyClassifier(), Objective("cross_entropy"),
+                  TensorData(torch.randn(4, 5, 8), torch.tensor([0, 1, 2, 7]))), r"\[0, 2\]"),
+        (lambda: (TinyClassifier(), Objective("cross_entropy"),
+                  TensorData(torch.randn(4, 5, 8), torch.zeros(4, 3).long())), "targets"),
+    ],
+)
+def test_loss_target_mismatch_refused_before_training(make, match):
+    m, obj, data = make()
+    before = _params(m)
+    tr = Trainer(m, obj, tiny_config())
+    with pytest.raises(ValueError, match=match):
+        tr.fit(data)
+    assert tr.step == 0 and _same(before, _params(m))
+
+
+def test_empty_dataset_and_bad_config():
+    with pytest.raises(ValueError, match="empty dataset"):
+        TensorData(torch.zeros(0, 5, 8), torch.zeros(0).long())
+    m = TinyClassifier()
+    tr = Trainer(m, Objective("cross_entropy"), tiny_config())
+    with pytest.raises(ValueError, match="empty"):
+        tr.fit((torch.zeros(0, 5, 8), torch.zeros(0).long()))
+    with pytest.raises(TypeError, match="train_data"):
+        tr.fit([1, 2, 3])
+    for lr in (0.0, -1e-3):
+        with pytest.raises(ValueError, match="lr"):
+            TrainConfig(lr=lr)
+        with pytest.raises(ValueError, match="lr"):
+            Trainer(m, Objective("cross_entropy"), tiny_config(), lr=lr)
+    with pytest.raises(ValueError, match="gradient"):
+        TrainConfig(gradient="forward")
+    with pytest.raises(ValueError, match="unknown key"):
+        TrainConfig.from_dict({"learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="adjoint"):  # no ODE substep to apply the adjoint to
+        Trainer(m, Objective("cross_entropy"), tiny_config(gradient="adjoint")).fit(tiny_data())
+    with pytest.raises(ValueError, match="smoothness"):
+        Objective("mse", smoothness=-1.0)
+
+
+_RESUME = r"""
+import sys, torch
+sys.path.insert(0, {tests!r})
+from _train_helpers import TinyClassifier, tiny_config, tiny_data
+from opsplit.control import Objective, Trainer
+torch.set_num_threads({threads})
+torch.manual_seed(12345)  # a different global RNG state: the checkpoint must restore it
+m = TinyClassifier(seed=99)  # other initial values: the checkpoint must overwrite them
+tr = Trainer(m, Objective("cross_entropy"), tiny_config())
+h = tr.fit(tiny_data(), out_dir={out!r}, resume={ck!r}, plot=False)
+torch.save({{"losses": torch.tensor([r["loss"] for r in h.steps], dtype=torch.float64),
+            "state": m.state_dict()}}, {res!r})
+"""
+
+
+def test_kill_and_resume_bit_exact(tmp_path):
+    cfg = tiny_config()  # 4 epochs of 3 steps, dropout, shuffling, cosine + warm-up, AdamW, clipping
+    data = tiny_data()
+    # uninterrupted
+    m_full = TinyClassifier()
+    h_full = Trainer(m_full, Objective("cross_entropy"), cfg).fit(data)
+    # the same run writing a checkpoint every 5 steps: what a run killed after step 5
+    # (mid-epoch) leaves behind is its step-5 checkpoint
+    m_a = TinyClassifier()
+    Trainer(m_a, Objective("cross_entropy"), cfg, save_every=5, keep_checkpoints=10).fit(
+        data, out_dir=tmp_path / "run", plot=False)
+    ck = tmp_path / "run" / "checkpoints" / "step-00000005"
+    assert ck.is_dir()
+    # a new process, new objects: resume from the checkpoint to the end
+    res = tmp_path / "res.pt"
+    code = _RESUME.format(tests=str(Path(__file__).parent), threads=torch.get_num_threads(),
+                          out=str(tmp_path / "run"), ck=str(ck), res=str(res))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env, timeout=120)
+    got = torch.load(res)
+    full = torch.tensor([r["loss"] for r in h_full.steps], dtype=torch.float64)
+    assert got["losses"].shape == (12,)
+    assert torch.equal(got["losses"], full), (got["losses"] - full)
+    assert _same(got["state"], _params(m_full))
+
+
+def test_max_steps_truncation_matches_schedule_of_full_run():
+    # a run stopped by max_steps follows the same schedule as the full run when told the total
+    cfg = tiny_config()
+    a = Trainer(TinyClassifier(), Objective("cross_entropy"), cfg)
+    ha = a.fit(tiny_data())
+    b = Trainer(TinyClassifier(), Objective("cross_entropy"), cfg, max_steps=12)
+    hb = b.fit(tiny_data())
+    assert ha.losses == hb.losses
+
+
+def _checkpoint(tmp_path):
+    m = TinyClassifier()
+    tr = Trainer(m, Objective("cross_entropy"), tiny_config(epochs=1))
+    tr.fit(tiny_data())
+    return tr.save(tmp_path / "ck"), m
+
+
+def _fresh():
+    m = TinyClassifier(seed=7)
+    tr = Trainer(m, Objective("cross_entropy"), tiny_config(epochs=1))
+    return m, tr
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    path, m = _checkpoint(tmp_path)
+    m2, tr2 = _fresh()
+    tr2.load(path)
+    assert _same(_params(m), _params(m2))
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["schema_version"] == 1
+    (prop,) = meta["model"]["propagators"].values()
+    assert prop["n_steps"] == 2 and prop["scheme"]["class"] == "Lie"
+    assert {c["class"] for c in meta["model"]["controls"].values()} >= {"PiecewiseConstant"}
+    assert meta["trainer"]["step"] == 3
+
+
+def _flip_byte(p: Path, pos: int):
+    b = bytearray(p.read_bytes())
+    b[pos] ^= 0x01
+    p.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate_tensors", "truncate_meta", "no_meta", "version",
+                                    "schema_field"])
+def test_corrupt_checkpoint_refused_nothing_loaded(tmp_path, damage):
+    path, _ = _checkpoint(tmp_path)
+    tfile, mfile = path / "state.safetensors", path / "meta.json"
+    if damage == "flip":
+        _flip_byte(tfile, tfile.stat().st_size - 3)
+    elif damage == "truncate_tensors":
+        tfile.write_bytes(tfile.read_bytes()[:-100])
+    elif damage == "truncate_meta":
+        mfile.write_text(mfile.read_text()[:200])
+    elif damage == "no_meta":
+        mfile.unlink()
+    elif damage == "version":
+        meta = json.loads(mfile.read_text())
+        meta["schema_version"] = 99
+        mfile.write_text(json.dumps(meta))
+    else:
+        meta = json.loads(mfile.read_text())
+        del meta["tensors_sha256"]
+        mfile.write_text(json.dumps(meta))
+    m, tr = _fresh()
+    before = _params(m)
+    opt_before = json.dumps(tr.optimizer.state_dict(), default=str)
+    with pytest.raises(CheckpointError):
+        tr.load(path)
+    assert _same(before, _params(m))
+    assert json.dumps(tr.optimizer.state_dict(), default=str) == opt_before
+    assert tr.step == 0
+
+
+def test_checkpoint_from_another_model_refused_before_training(tmp_path):
+    path, _ = _checkpoint(tmp_path)
+    for other in (TinyClassifier(d=12), TinyClassifier(scheme="strang", n_steps=3)):
+        before = _params(other)
+        tr = Trainer(other, Objective("cross_entropy"), tiny_config())
+        d = 12 if other.head.in_features == 12 else 8
+        data = TensorData(torch.randn(20, 5, d), torch.zeros(20).long())
+        with pytest.raises(CheckpointError, match="another model|shape"):
+            tr.fit(data, resume=path)
+        assert tr.step == 0 and _same(before, _params(other))
+
+
+def test_load_at_another_n_steps_resamples_controls(tmp_path):
+    path, m = _checkpoint(tmp_path)  # N_t = 2
+    m4 = TinyClassifier(n_steps=4, seed=5)
+    with pytest.raises(CheckpointError, match="resample=True"):
+        load_checkpoint(path, m4)
+    ck = load_checkpoint(path, m4, resample=True, restore_rng=False)
+    assert ck.resampled
+    # the controls are the same functions of t (refinement is exact)
+    src = dict(m.named_modules())
+    n = 0
+    for name, c in m4.named_modules():
+        if isinstance(c, PiecewiseConstant):
+            for t in (0.1, 0.7, 1.2, 1.9):
+                assert torch.allclose(c(t), src[name](t), atol=1e-6)
+            n += 1
+    assert n > 0
+    # so the model at N_t = 4 equals the checkpointed model solved with n_steps=4
+    x = torch.randn(3, 5, 8)
+    m.eval()
+    m4.eval()
+    torch.testing.assert_close(m4(x), m(x, n_steps=4))
+    # with an optimizer, resampled state cannot be carried over
+    tr = Trainer(m4, Objective("cross_entropy"), tiny_config())
+    with pytest.raises(CheckpointError, match="optimizer"):
+        load_checkpoint(path, m4, optimizer=tr.optimizer, resample=True)
+
+
+def test_save_is_atomic_and_replaces(tmp_path):
+    path, m = _checkpoint(tmp_path)
+    save_checkpoint(path, m)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def _affine_model(ny, slope_w, slope_b):
+    from opsplit import Propagator
+    from opsplit.grid import Grid
+    from opsplit.operators import PointwiseAffine
+    from opsplit.schemes import Lie
+
+    grid = Grid.uniform(None, ny, ly=1.0)
+    y = grid.y.nodes(dtype=torch.float64)
+    w = torch.stack([0.5 + slope_w * y, 0.2 - slope_w * y])  # 2 time pieces, linear in y
+    b = torch.stack([slope_b * y, 1.0 + slope_b * y])
+    op = PointwiseAffine(PiecewiseConstant(w, t0=0.0, t1=2.0, axes=("y",)),
+                         PiecewiseConstant(b, t0=0.0, t1=2.0, axes=("y",)))
+    return Propagator(Lie([op]), 2, t1=2.0, grid=grid)
+
+
+def test_load_at_another_grid_resolution_interpolates_in_y(tmp_path):
+    src = _affine_model(8, 0.7, -0.3)
+    path = save_checkpoint(tmp_path / "ck", src)
+    tgt = _affine_model(16, 0.0, 0.0)
+    with pytest.raises(CheckpointError, match="shape"):
+        load_checkpoint(path, tgt, restore_rng=False)
+    ck = load_checkpoint(path, tgt, resample=True, restore_rng=False)
+    assert len(ck.resampled) == 2
+    ref = _affine_model(16, 0.7, -0.3)  # the same functions of y sampled on the fine grid
+    for (k, v), (_, r) in zip(tgt.state_dict().items(), ref.state_dict().items()):
+        torch.testing.assert_close(v, r, rtol=1e-12, atol=1e-12, msg=k)
+    # on a grid whose domain is N (L = N) nothing can be resampled
+    from opsplit.grid import Grid
+
+    paper = _affine_model(8, 0.7, -0.3)
+    paper.grid = Grid.paper(None, 8)
+    p2 = save_checkpoint(tmp_path / "ck2", paper)
+    with pytest.raises(CheckpointError, match="length|domain"):
+        load_checkpoint(p2, tgt, resample=True, restore_rng=False)
+
+
+def test_trains_a_paper_transformer_with_running_costs():
+    from opsplit.models import PaperTransformer
+
+    torch.manual_seed(0)
+    kw = dict(n_y=6, n_x=4, J=2, n_steps=3, dtype=torch.float64)
+    teacher, student = PaperTransformer(**kw), PaperTransformer(**kw)
+    x = torch.randn(32, 4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        y = teacher(x)
+    obj = Objective("mse", smoothness=1e-3, energy=1e-4)
+    tr = Trainer(student, obj, tiny_config(epochs=3, batch_size=16, lr=2e-2))
+    before = tr.evaluate((x, y))["mse"]
+    h = tr.fit((x, y))
+    assert "smoothness" in h.steps[0] and "energy" in h.steps[0]
+    assert tr.evaluate((x, y))["mse"] < 0.9 * before
+
+
+def test_data_parallel_slices_partition_the_global_batch():
+    cfg = tiny_config(drop_last=True, batch_size=4)
+    trs = [Trainer(TinyClassifier(), Objective("cross_entropy"), cfg, rank=r, world_size=2) for r in (0, 1)]
+    single = Trainer(TinyClassifier(), Objective("cross_entropy"), cfg.replace(batch_size=8))
+    for epoch in (0, 3):
+        a, b = (t._epoch_batches(40, epoch) for t in trs)
+        g = single._epoch_batches(40, epoch)
+        assert len(a) == len(b) == len(g) == 5
+        for x, y, z in zip(a, b, g):
+            assert torch.equal(torch.cat([x, y]), z)
+    with pytest.raises(ValueError, match="drop_last"):
+        Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=0, world_size=2).fit(tiny_data())
+    with pytest.raises(ValueError, match="rank"):
+        Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=2, world_size=2)
