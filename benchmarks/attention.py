@@ -272,6 +272,7 @@ def main():
     ap.add_argument("--paired-sizes", type=int, nargs="+", default=[1 << 12, 1 << 14, 1 << 16, 1 << 18])
     ap.add_argument("--sdpa-T", type=int, default=1 << 14)
     ap.add_argument("--runs", type=int, default=7, help="pairs per size in --paired (default 7)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads in --paired")
     args = ap.parse_args()
     if args.paired:
         paired(args)
@@ -466,6 +467,8 @@ def paired(args):
     from opsplit.functional import sliced_relu_attention
 
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"# paired, B=1, H={H}, D={D}, float32, forward; threads {torch.get_num_threads()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; "
           f"load average {os.getloadavg()[0]:.1f}")

@@ -8,20 +8,23 @@ all three modes apply), batch 16 x 16 tokens, float32.
 
 Two CPU measurements, each in a fresh subprocess per (mode, N_t):
 
-* saved_mb — autograd's saved tensors: torch.autograd.graph.saved_tensors_hooks wraps
-  every tensor autograd saves for the backward pass in an object that adds its storage's
-  bytes to a live counter when the storage is first saved and subtracts them when autograd
-  frees its last saved reference (parameters and the input are not counted: the model holds
-  them anyway); the peak of the counter over forward + backward.  Hooks nest, and the innermost wins: inside a
-  checkpointed block and inside odeint_adjoint's own forward (run under no_grad) nothing is
-  saved, so those are correctly not counted; the tensors a checkpointed block recomputes
-  during the backward pass are saved under torch.utils.checkpoint's own hooks and are NOT
-  seen by this counter (one block's worth: a constant in N_t).
-* rss_mb — the growth of the process's peak resident set size during the step
+* saved_mb — the autograd memory held between the forward and the backward pass:
+  torch.autograd.graph.saved_tensors_hooks, active during the forward pass, counts the
+  bytes of every distinct storage autograd saves for the backward pass (parameters and the
+  input are not counted: the model holds them anyway).  Hooks nest, and the innermost
+  wins: inside a checkpointed block and inside odeint_adjoint's own forward (run under
+  no_grad) nothing is saved, so those are correctly not counted.  Not counted: the
+  backward pass's transient workspace (a checkpointed block's recomputation, the adjoint
+  solve's vector-Jacobian products: one step or substep at a time) — the RSS column
+  includes it.  (The hooks are not active during the backward pass: their wrappers form
+  reference cycles with nodes that save their own outputs, which would keep transient
+  tensors alive until the garbage collector runs.)
+* rss_mb — the growth of the process's peak resident set size during a plain step (no
+  hooks; after a warm-up step with N_t = 1)
   (/proc/self/status VmHWM after resetting it through /proc/self/clear_refs, minus the RSS
   before the step, after one warm-up step): everything the process touched, including
   recomputation and solver workspaces.  Linux only; glibc runs with a fixed mmap threshold
-  of 64 KiB (MALLOC_MMAP_THRESHOLD_) so that freed blocks of that size and more go back to
+  of 16 KiB (MALLOC_MMAP_THRESHOLD_) so that freed blocks of that size and more go back to
   the OS; smaller blocks stay cached, so RSS undercounts small tensors.
 
     OMP_NUM_THREADS=1 python benchmarks/train_memory.py [--n-steps 8 16 32 64 128 256]
@@ -55,12 +58,6 @@ m = SplitEncoder(32, 2, 64, n_steps=n, T=1.0, scheme="lie", control="legendre", 
                  generator=g, solver=ODESolve("euler", options=opts))
 x = torch.randn(16, 16, 32)
 
-def step():
-    m.zero_grad(set_to_none=True)
-    with gradient_mode(m, mode, checkpoint_every=1):
-        loss = m(x).square().mean()
-        loss.backward()
-
 live = [0, 0]  # current, peak
 refs = {{}}  # storage pointer -> number of live saved references
 held = {{p.untyped_storage().data_ptr() for p in m.parameters()}} | {{x.untyped_storage().data_ptr()}}
@@ -89,19 +86,33 @@ def pack(t):
 def unpack(s):
     return s.t
 
-step()  # warm-up (allocator, lazy inits)
+def step(n_steps=None):
+    m.zero_grad(set_to_none=True)
+    with gradient_mode(m, mode, checkpoint_every=1):
+        loss = m(x, n_steps=n_steps).square().mean()
+        loss.backward()
+
+step(1)  # warm-up with one time step (lazy inits, small allocator caches)
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) / 1024.0
+
+# 1. peak RSS growth of a plain step (no hooks)
 rss0 = status("VmRSS")
 open("/proc/self/clear_refs", "w").write("5")
 t0 = time.perf_counter()
-with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-    step()
+step()
 dt = time.perf_counter() - t0
 hwm = status("VmHWM")
-print(json.dumps({{"mode": mode, "n_steps": n, "inner": inner, "saved_mb": live[1] / 2**20, "rss_mb": hwm - rss0,
+# 2. autograd memory held between forward and backward: hooks active during the forward pass
+m.zero_grad(set_to_none=True)
+with gradient_mode(m, mode, checkpoint_every=1):
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = m(x).square().mean()
+    saved = live[1]
+    loss.backward()
+print(json.dumps({{"mode": mode, "n_steps": n, "inner": inner, "saved_mb": saved / 2**20, "rss_mb": hwm - rss0,
                   "time_s": dt}}))
 """
 
@@ -109,7 +120,7 @@ print(json.dumps({{"mode": mode, "n_steps": n, "inner": inner, "saved_mb": live[
 def measure(mode: str, n: int, inner: int = 1) -> dict:
     code = _CHILD.format(root=str(ROOT), mode=mode, n=n, inner=inner)
     # a fixed mmap threshold: freed large blocks go back to the OS, so RSS follows live memory
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="16384", MALLOC_TRIM_THRESHOLD_="0")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=900,
                          env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])

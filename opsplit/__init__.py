@@ -17,13 +17,14 @@ eq. 7).  opsplit's pieces, in the order data flows through them:
 """
 
 from . import analysis, controls, functional, grid, models, operators, reference, schemes, solvers
-from .grid import Grid, Interval
+from .grid import Grid, ImageGrid, Interval
 from .propagator import Propagator
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Grid",
+    "ImageGrid",
     "Interval",
     "Propagator",
     "analysis",

@@ -26,7 +26,7 @@ from ._checks import (
     check_tensor,
 )
 from .grid import Grid, check_grid
-from .schemes.base import Scheme
+from .schemes.base import Scheme, changes_grid
 
 __all__ = ["Propagator"]
 
@@ -155,14 +155,20 @@ class Propagator(nn.Module):
         if check_finite_input:
             check_finite(f, "f")
             check_parameters_finite(self, type(self).__name__)
+        if return_trajectory and any(changes_grid(s) for s in self.scheme.substeps):
+            raise ValueError(
+                f"return_trajectory: {type(self.scheme).__name__} may move the state to other grids (grid "
+                "transfers), so its states cannot be stacked; solve step by step with scheme.advance instead"
+            )
         self.scheme.check(g)
         u = f
         traj = [u] if return_trajectory else None
         if self.checkpoint_every and traj is None and torch.is_grad_enabled():
-            u = _checkpointed_steps(self.scheme, times, u, g, int(self.checkpoint_every))
+            u, g = _checkpointed_steps(self.scheme, times, u, g, int(self.checkpoint_every))
         else:
             for n in range(len(times) - 1):
-                u = self.scheme.step(times[n], times[n + 1] - times[n], u, g)
+                # a scheme with grid transfers returns the grid of the new state (Scheme.advance)
+                u, g = self.scheme.advance(times[n], times[n + 1] - times[n], u, g)
                 if traj is not None:
                     traj.append(u)
         if check_finite_input:
@@ -190,15 +196,25 @@ class Propagator(nn.Module):
         return s
 
 
-def _checkpointed_steps(scheme: Scheme, times, u: Tensor, grid: Grid, k: int) -> Tensor:
+def _checkpointed_steps(scheme: Scheme, times, u: Tensor, grid: Grid, k: int):
     """The time loop with ``torch.utils.checkpoint`` around every block of ``k`` steps: the
-    backward pass stores one state per block and recomputes the block's steps."""
+    backward pass stores one state per block and recomputes the block's steps.  Returns
+    ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (it is computed from
+    the grid alone, :meth:`Scheme.output_grid`, so it need not cross the checkpoint)."""
     from torch.utils.checkpoint import checkpoint
 
-    def block(u, a, b):
+    def block(u, a, b, g):
         for n in range(a, b):
-            u = scheme.step(times[n], times[n + 1] - times[n], u, grid)
+            u, g = scheme.advance(times[n], times[n + 1] - times[n], u, g)
         return u
+
+    n = len(times) - 1
+    for a in range(0, n, k):
+        b = min(a + k, n)
+        u = checkpoint(block, u, a, b, grid, use_reentrant=False)
+        for _ in range(a, b):
+            grid = scheme.output_grid(grid)
+    return u, grid
 
     n = len(times) - 1
     for a in range(0, n, k):

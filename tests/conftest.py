@@ -31,6 +31,13 @@ DEVICE_PARAMS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    """Every test starts from the same global RNG state, so a test's random inputs do
+    not depend on which tests ran before it (or on pytest's ordering/selection)."""
+    torch.manual_seed(0)
+
+
 @pytest.fixture(params=DEVICE_PARAMS)
 def device(request):
     return torch.device(request.param)

@@ -342,3 +342,18 @@ def test_data_parallel_slices_partition_the_global_batch():
         Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=0, world_size=2).fit(tiny_data())
     with pytest.raises(ValueError, match="rank"):
         Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=2, world_size=2)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_trainer_and_checkpoint_on_cuda(tmp_path):
+    m = TinyClassifier().cuda()
+    d = tiny_data()
+    data = TensorData(d.inputs.cuda(), d.targets.cuda())
+    tr = Trainer(m, Objective("cross_entropy"), tiny_config(epochs=2))
+    h = tr.fit(data, data, out_dir=tmp_path, plot=False)
+    assert h.epochs[-1]["peak_mem_mb"] > 0
+    m2 = TinyClassifier(seed=4).cuda()
+    tr2 = Trainer(m2, Objective("cross_entropy"), tiny_config(epochs=2))
+    tr2.load(tmp_path)
+    assert _same(_params(m), _params(m2)) and tr2.step == tr.step

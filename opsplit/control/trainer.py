@@ -197,9 +197,12 @@ class Trainer:
         try:
             with torch.no_grad():
                 out = self.objective.select(self.model(x))
+                self.objective.check(out, y)
+                val = self.objective.data_term(out, y)  # a callable loss fails here, not mid-run
         finally:
             self.model.train(was)
-        self.objective.check(out, y)
+        if not torch.isfinite(val):
+            raise ValueError(f"{data.name}: the loss of the untrained model on two samples is {float(val)}")
         t = data.targets
         if self.objective.is_classification and t.numel():
             C = out.shape[-1]

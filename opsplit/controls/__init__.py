@@ -2,6 +2,7 @@ r"""Controls :math:`\theta(t)` (paper 002, eq. 8): *with what* the operators mov
 
 from .base import Control, as_control
 from .basis import CosineSeries
+from .layerwise import LayerwiseConstant
 from .piecewise import Constant, PiecewiseConstant
 from .piecewise_linear import PiecewiseLinear
 from .polynomial import PolynomialSeries
@@ -13,6 +14,7 @@ __all__ = [
     "Control",
     "as_control",
     "PiecewiseConstant",
+    "LayerwiseConstant",
     "Constant",
     "CosineSeries",
     "PiecewiseLinear",

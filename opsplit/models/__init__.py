@@ -2,6 +2,7 @@
 
 from .continuous import ContinuousTransformer
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
+from .cvt import CvT, CvTOutput, CvtReadout, CvtStageSpec, build_cvt, cvt_from_hf, one_head_cvt
 from .hf import from_hf, hf_converters, register_hf_converter
 from .paper import PaperTransformer, paper_scheme
 from .split_encoder import (
@@ -38,6 +39,13 @@ __all__ = [
     "ViTOutput",
     "PatchEmbedding",
     "ClassTokenReadout",
+    "CvT",
+    "CvTOutput",
+    "CvtReadout",
+    "CvtStageSpec",
+    "build_cvt",
+    "cvt_from_hf",
+    "one_head_cvt",
     "from_hf",
     "register_hf_converter",
     "hf_converters",

@@ -28,7 +28,8 @@ The key is the class name as ``type(model).__name__`` spells it; :func:`from_hf`
 requires ``type(model).__module__`` to be inside ``transformers`` (a user class that only
 borrows the name is refused).  Registering a name twice raises unless ``replace=True``.
 
-Registered here (see :mod:`opsplit.models.vit`): ``ViTModel``, ``ViTForImageClassification``.
+Registered (see :mod:`opsplit.models.vit`, :mod:`opsplit.models.cvt`): ``ViTModel``,
+``ViTForImageClassification``, ``CvtModel``, ``CvtForImageClassification``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def from_hf(model):
     outputs to round-off, training mode, device, dtype and ``requires_grad`` kept).
 
     Supported classes: the keys of :func:`hf_converters` (``ViTModel``,
-    ``ViTForImageClassification``, and what other modules register).  Anything else — a
+    ``ViTForImageClassification``, ``CvtModel``, ``CvtForImageClassification``, and what
+    other modules register).  Anything else — a
     subclass, another architecture — raises ``TypeError`` naming the class, before any
     compute; unsupported options of a supported class raise ``ValueError`` naming them.
     """

@@ -4,8 +4,12 @@ from .activation import ACTIVATIONS, Activation
 from .affine import PointwiseAffine
 from .attention import SoftmaxAttention
 from .base import Operator
+from .batchnorm import BatchNormMap
 from .context import ContextGrid
+from .conv_attention import ConvAttention
+from .convolution import ContinuousKernel, Convolution2d
 from .dropout import FieldDropout
+from .droppath import DropPath, FieldDropPath, StateDropout
 from .feedforward import FeedForward
 from .ffn import FFNIntegral
 from .kernel_attention import KernelAttention
@@ -16,6 +20,7 @@ from .relaxation import Relaxation
 from .relu import ProjectionS2
 from .relu_attention import ReLUAttention
 from .sliced_attention import SlicedReLUAttention, SlicedReLUBumpAttention
+from .transfer import ConvTransfer, GridTransfer, PrependTokens
 
 __all__ = [
     "Operator",
@@ -37,4 +42,14 @@ __all__ = [
     "FeedForward",
     "PreNorm",
     "FieldDropout",
+    "ContinuousKernel",
+    "Convolution2d",
+    "GridTransfer",
+    "ConvTransfer",
+    "PrependTokens",
+    "BatchNormMap",
+    "ConvAttention",
+    "DropPath",
+    "FieldDropPath",
+    "StateDropout",
 ]

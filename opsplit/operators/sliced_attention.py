@@ -44,6 +44,10 @@ uniform grid, where the term is eq. 3 / eq. 7 literally: with ``L_x = N_x`` the 
 paper 002, §5.3).  The evaluation is exact and costs :math:`O(N_x \log N_x)` per head
 (sort and prefix sums, Prop. 2.1), with :math:`O(N_x N_y)` memory.
 
+With ``causal=True`` the :math:`\Omega_x` integrals run over :math:`\tilde x \le x` (and
+the centring of eq. 3 and the normalisation of eq. 7 over that prefix): a decoder-only
+continuous transformer (:mod:`opsplit.functional.sliced_causal`).
+
 Both are explicit terms (``has_field``): in any scheme they take the place of
 :class:`~opsplit.operators.SoftmaxAttention`; with ``L = N`` and :math:`\Delta t = 1` the
 explicit-Euler substep is the attention block with its skip connection,
@@ -59,7 +63,12 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_float, check_positive_int
 from ..controls import Constant, Control, PiecewiseConstant, as_control
-from ..functional import sliced_relu_attention, sliced_relu_bump_attention
+from ..functional import (
+    causal_sliced_relu_attention,
+    causal_sliced_relu_bump_attention,
+    sliced_relu_attention,
+    sliced_relu_bump_attention,
+)
 from ..grid import Grid
 from .base import Operator
 
@@ -239,6 +248,20 @@ class _PositiveParameter(Control):
         return f"shape={tuple(self.raw.shape)}, positive=True"
 
 
+def _flag(x, name: str) -> bool:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+    return x
+
+
+def _causal_mask(d: Tensor, causal: bool):
+    """1 where key ``j`` is visible from query ``i`` (``j <= i``; all if not causal)."""
+    if not causal:
+        return 1.0
+    n = d.shape[-1]
+    return torch.ones(n, n, dtype=d.dtype, device=d.device).tril()
+
+
 def _param_of(ctl: Control):
     if isinstance(ctl, PiecewiseConstant) and not ctl.positive:
         return ctl.raw
@@ -258,33 +281,41 @@ class SlicedReLUAttention(_SlicedBase):
         P1, c1: hidden layer of an MLP projection, ``(N_y, N_y)`` and ``(N_y,)``; ``None``
             (both) for a linear projection.
         centered: subtract the :math:`\Omega_x`-mean of the values (eq. 3); ``False`` is eq. 2.
+        causal: position :math:`x_i` attends to :math:`x_l \le x_i` only (a decoder), with
+            the values centred over that causal prefix
+            (:func:`~opsplit.functional.causal_sliced_relu_attention`, exact,
+            :math:`O(N_x \log^2 N_x)`).
 
     Use :meth:`build` for an initialised module.
     """
 
     _name = "SlicedReLUAttention"
 
-    def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, centered: bool = True):
+    def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, centered: bool = True,
+                 causal: bool = False):
         super().__init__(WQ, WK, WV, P, P1=P1, c1=c1)
         self.centered = bool(centered)
+        self.causal = _flag(causal, f"{self._name}.causal")
 
     @classmethod
     def build(cls, n_y: int, n_heads: int, *, projection: str = "mlp", centered: bool = True,
-              n_steps: int | None = None, t0: float = 0.0, t1: float | None = None,
-              dy: float = 1.0, generator=None, device=None, dtype=None) -> SlicedReLUAttention:
+              causal: bool = False, n_steps: int | None = None, t0: float = 0.0,
+              t1: float | None = None, dy: float = 1.0, generator=None, device=None,
+              dtype=None) -> SlicedReLUAttention:
         """A randomly initialised operator: constant controls (``n_steps=None``) or one value
         per time step (:class:`~opsplit.controls.PiecewiseConstant` on ``[t0, t1]``).
         ``projection="mlp"`` is paper 004's choice for sliced ReLU attention (§2.2)."""
         ctl = cls._controls(n_y, n_heads, projection, n_steps, t0, t1, device, dtype)
         op = cls(ctl["WQ"], ctl["WK"], ctl["WV"], ctl["P"], P1=ctl.get("P1"), c1=ctl.get("c1"),
-                 centered=centered)
+                 centered=centered, causal=causal)
         op.reset_parameters(generator, dy)
         return op
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         zq, zk, V = self.scores_and_values(t, u, grid)
         wx = self.key_weights(grid, u.dtype, u.device)
-        out = sliced_relu_attention(zq, zk, V, centered=self.centered, key_weights=wx)
+        attn = causal_sliced_relu_attention if self.causal else sliced_relu_attention
+        out = attn(zq, zk, V, centered=self.centered, key_weights=wx)
         return self.head_sum(out, grid)
 
     def attention_weights(self, u: Tensor, t: float = 0.0, grid: Grid | None = None) -> Tensor:
@@ -294,12 +325,13 @@ class SlicedReLUAttention(_SlicedBase):
         g = self.resolve_grid(u, grid)
         zq, zk, _ = self.scores_and_values(t, u, g)
         d = zq.unsqueeze(-1) - zk.unsqueeze(-2)
-        w = g.x.weights(u.dtype, u.device)
+        w = g.x.weights(u.dtype, u.device) * _causal_mask(d, self.causal)
         den = (d.abs() * w).sum(-1, keepdim=True)
         return torch.where(den > 0, torch.relu(d) * w / torch.where(den > 0, den, 1.0), 0.0)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", centered={self.centered}"
+        return super().extra_repr() + f", centered={self.centered}" + (
+            ", causal=True" if self.causal else "")
 
 
 class SlicedReLUBumpAttention(_SlicedBase):
@@ -310,18 +342,21 @@ class SlicedReLUBumpAttention(_SlicedBase):
             projection for the bump, the default of :meth:`build`).
         bandwidth: :math:`b_h(t) > 0`: a number, a tensor of shape ``(H,)`` or ``()``, or a
             control (e.g. ``PiecewiseConstant(..., positive=True)`` to train it).
+        causal: position :math:`x_i` attends to :math:`x_l \le x_i` only, normalised by
+            their number (:func:`~opsplit.functional.causal_sliced_relu_bump_attention`).
     """
 
     _name = "SlicedReLUBumpAttention"
 
-    def __init__(self, WQ, WK, WV, P, *, bandwidth=1.0, P1=None, c1=None):
+    def __init__(self, WQ, WK, WV, P, *, bandwidth=1.0, P1=None, c1=None, causal: bool = False):
         super().__init__(WQ, WK, WV, P, P1=P1, c1=c1)
+        self.causal = _flag(causal, f"{self._name}.causal")
         self.bandwidth = _control(bandwidth, f"{self._name}.bandwidth", (), positive=True)
 
     @classmethod
     def build(cls, n_y: int, n_heads: int, *, bandwidth: float = 1.0, projection: str = "linear",
-              n_steps: int | None = None, t0: float = 0.0, t1: float | None = None,
-              dy: float = 1.0, generator=None, device=None,
+              causal: bool = False, n_steps: int | None = None, t0: float = 0.0,
+              t1: float | None = None, dy: float = 1.0, generator=None, device=None,
               dtype=None) -> SlicedReLUBumpAttention:
         """A randomly initialised operator with a trainable bandwidth per head (log-
         parametrised, so it stays positive)."""
@@ -334,13 +369,16 @@ class SlicedReLUBumpAttention(_SlicedBase):
             b = PiecewiseConstant(torch.full((n_steps, n_heads), float(bandwidth), **fk), t0=t0,
                                   t1=t1, positive=True)
         op = cls(ctl["WQ"], ctl["WK"], ctl["WV"], ctl["P"], bandwidth=b, P1=ctl.get("P1"),
-                 c1=ctl.get("c1"))
+                 c1=ctl.get("c1"), causal=causal)
         op.reset_parameters(generator, dy)
         return op
 
     def check(self, grid: Grid) -> None:
         super().check(grid)
         self.bandwidth.validate(grid, f"{self._name}.bandwidth")
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", causal=True" if self.causal else "")
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         zq, zk, V = self.scores_and_values(t, u, grid)
@@ -351,7 +389,8 @@ class SlicedReLUBumpAttention(_SlicedBase):
                 f"got shape {tuple(b.shape)}"
             )
         wx = self.key_weights(grid, u.dtype, u.device)
-        out = sliced_relu_bump_attention(zq, zk, V, b.to(u.dtype), key_weights=wx)
+        attn = causal_sliced_relu_bump_attention if self.causal else sliced_relu_bump_attention
+        out = attn(zq, zk, V, b.to(u.dtype), key_weights=wx)
         return self.head_sum(out, grid)
 
     def attention_weights(self, u: Tensor, t: float = 0.0, grid: Grid | None = None) -> Tensor:
@@ -361,6 +400,8 @@ class SlicedReLUBumpAttention(_SlicedBase):
         zq, zk, _ = self.scores_and_values(t, u, g)
         b = self.bandwidth(t, g).to(u.dtype)
         b = b.view(1, -1, 1, 1) if b.dim() == 1 else b
-        w = g.x.weights(u.dtype, u.device)
-        K = torch.relu(1 - (zq.unsqueeze(-1) - zk.unsqueeze(-2)).abs() / b)
-        return K * w / w.sum()
+        d = zq.unsqueeze(-1) - zk.unsqueeze(-2)
+        w = g.x.weights(u.dtype, u.device) * _causal_mask(d, self.causal)
+        K = torch.relu(1 - d.abs() / b)
+        W = w.sum(-1, keepdim=True)
+        return K * w / W

@@ -4,6 +4,7 @@ from .base import Scheme
 from .hybrid import Hybrid
 from .lie import Lie
 from .parallel import Parallel, ScaledOperator
+from .stages import Schedule, Stage, Stages
 from .strang import Strang
 
-__all__ = ["Scheme", "Lie", "Strang", "Parallel", "Hybrid", "ScaledOperator"]
+__all__ = ["Scheme", "Lie", "Strang", "Parallel", "Hybrid", "ScaledOperator", "Stage", "Stages", "Schedule"]

@@ -16,7 +16,12 @@ from .._checks import check_time, check_time_step
 from ..grid import check_grid
 from ..solvers import Substep
 
-__all__ = ["Scheme"]
+__all__ = ["Scheme", "changes_grid"]
+
+
+def changes_grid(substep) -> bool:
+    """Whether a substep moves the state to another grid (its operator is a grid transfer)."""
+    return any(getattr(op, "changes_grid", False) for op in getattr(substep, "terms", (substep,)))
 
 
 class Scheme(nn.Module):
@@ -29,6 +34,8 @@ class Scheme(nn.Module):
 
     #: formal order of the splitting with exact substep solves
     order: int = 1
+    #: whether the scheme passes a grid transfer's new grid on to the substeps after it
+    threads_grid: bool = False
 
     def __init__(self, substeps):
         super().__init__()
@@ -38,6 +45,14 @@ class Scheme(nn.Module):
         if not substeps:
             raise ValueError(f"{type(self).__name__}: a scheme needs at least one operator (got none)")
         self.substeps = nn.ModuleList(s if isinstance(s, Substep) else Substep(s) for s in substeps)
+        if not self.threads_grid:
+            for k, s in enumerate(self.substeps):
+                if changes_grid(s):
+                    raise ValueError(
+                        f"{type(self).__name__}: substep {k} ({type(s.terms[0]).__name__}) moves the state to "
+                        "another grid; use a scheme that threads the grid (Hybrid, with the transfer in a "
+                        "group of its own, or Stages)"
+                    )
 
     @property
     def effective_order(self) -> int:
@@ -50,6 +65,15 @@ class Scheme(nn.Module):
 
     def step(self, t, dt: float, u: Tensor, grid) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def advance(self, t, dt: float, u: Tensor, grid):
+        """One step and the grid of the new state: ``(u^{n+1}, grid^{n+1})``.  The same grid
+        unless a substep is a grid transfer (schemes with ``threads_grid``)."""
+        return self.step(t, dt, u, grid), grid
+
+    def output_grid(self, grid):
+        """The grid of the state after one step from ``grid`` (computed without a state)."""
+        return grid
 
     def forward(self, t, dt: float, u: Tensor, grid) -> Tensor:
         """One step :math:`u^n \\mapsto u^{n+1}` over ``[t, t + dt]``: ``t`` finite, ``dt``

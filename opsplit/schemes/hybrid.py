@@ -10,13 +10,19 @@ for :math:`g = 1, \dots, m`.  Groups of one substep make it the Lie scheme (eq. 
 single group the parallel scheme (eq. 59).  First order.  Each group runs its
 independent substeps batched where their structures agree (see
 :mod:`opsplit.schemes.parallel`).
+
+**Grid transfers.**  A group may hold a grid transfer (a map to another grid, e.g. the
+stage change of a multi-stage model, :mod:`opsplit.operators.transfer`) if it is the only
+substep of its group (the states of a parallel group are averaged, so they must live on
+one grid); the groups after it run on the transfer's target grid.  :meth:`Hybrid.advance`
+returns the state and its grid.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import Scheme
+from .base import Scheme, changes_grid
 from .parallel import ParallelGroup
 
 __all__ = ["Hybrid"]
@@ -41,6 +47,7 @@ class Hybrid(Scheme):
     """
 
     order = 1
+    threads_grid = True
 
     def __init__(self, substeps, groups=None, *, batch="auto"):
         substeps = list(substeps) if not isinstance(substeps, nn.Module) else [substeps]
@@ -64,6 +71,13 @@ class Hybrid(Scheme):
             substeps = flat
         super().__init__(substeps)
         self.groups = self._check_groups(groups, len(self.substeps))
+        self._transfers = tuple(len(g) == 1 and changes_grid(self.substeps[g[0]]) for g in self.groups)
+        for gi, g in enumerate(self.groups):
+            if len(g) > 1 and any(changes_grid(self.substeps[i]) for i in g):
+                raise ValueError(
+                    f"Hybrid.groups[{gi}]: a grid transfer must be the only substep of its group (the states "
+                    f"of a parallel group are averaged, so they must live on one grid); got group {list(g)}"
+                )
         self.batch = batch
         self._parts = nn.ModuleList(
             ParallelGroup([self.substeps[i] for i in g], batch=batch) for g in self.groups
@@ -109,9 +123,34 @@ class Hybrid(Scheme):
         return tuple(out)
 
     def step(self, t, dt: float, u: Tensor, grid) -> Tensor:
+        if any(self._transfers):
+            return self.advance(t, dt, u, grid)[0]
         for part in self._parts:
             u = part(t, dt, u, grid)
         return u
+
+    def _target(self, gi: int, grid):
+        return self.substeps[self.groups[gi][0]].terms[0].target_grid(grid)
+
+    def advance(self, t, dt: float, u: Tensor, grid):
+        for gi, part in enumerate(self._parts):
+            u = part(t, dt, u, grid)
+            if self._transfers[gi]:
+                grid = self._target(gi, grid)
+        return u, grid
+
+    def output_grid(self, grid):
+        for gi in range(len(self.groups)):
+            if self._transfers[gi]:
+                grid = self._target(gi, grid)
+        return grid
+
+    def check(self, grid) -> None:
+        for gi, g in enumerate(self.groups):
+            for i in g:
+                self.substeps[i].check(grid)
+            if self._transfers[gi]:
+                grid = self._target(gi, grid)
 
     def extra_repr(self) -> str:
         return (

@@ -1,0 +1,859 @@
+r"""CvT, the convolutional vision transformer, as a multi-stage splitting scheme (paper 002, §6).
+
+Paper 002 §6.2: CvT "consists of two components, convolutional token embedding and
+convolutional Transformer block"; the token embedding is an extra substep (eq. 44) with its
+projection onto :math:`S_1` (eq. 45), the attention reads :math:`Q, K, V` through
+convolutions (eq. 42), and "for a K-stage CvT [...] the number of tokens changes from stage
+to stage", realised by composing the scheme with a hybrid splitting scheme on grids of
+different scales.  In opsplit that is literally how the model is built:
+
+* the state :math:`u(x, y, t)` lives on an :class:`~opsplit.grid.ImageGrid`: :math:`x` runs
+  over the 2-D image domain (the tokens are the pixels of the current stage), :math:`y` over
+  the channels; the initial state is the image itself (:math:`N_y = 3` colour channels);
+* one :class:`~opsplit.schemes.Stages` scheme holds the :math:`K` stages.  Stage :math:`k`
+  lasts ``depth[k]`` steps (:math:`\Delta t = 1`, one step = one CvT layer) and has
+
+  - an **entry**, a :class:`~opsplit.schemes.Hybrid` of map substeps applied once at the
+    stage's start time :math:`\tau_{k-1}`: the strided convolution
+    :math:`u \mapsto W^{C,k} *_s u + b^{C,k}` to the coarser grid
+    (:class:`~opsplit.operators.ConvTransfer`, eq. 44 as a restriction), the projection onto
+    :math:`S_1` with LayerNorm's affine map (eq. 45), dropout (training mode) and, in a stage
+    with a class token, :class:`~opsplit.operators.PrependTokens`;
+  - a **body**, a Lie scheme run at every step on the stage's grid: the attention term with
+    convolutional projections (:class:`~opsplit.operators.ConvAttention`, eq. 42: depthwise
+    convolution, batch norm as an affine map, pointwise linear maps; strides for K and V)
+    in pre-norm form, explicit Euler (eq. 13); the feed-forward term in pre-norm form,
+    explicit Euler (eq. 15 with torch's FFN); and, when the drop-path rate is positive, the
+    drop-path map where Hugging Face applies it.
+
+:func:`cvt_from_hf` converts ``transformers``' ``CvtModel`` and ``CvtForImageClassification``
+(registered with :func:`~opsplit.models.hf.from_hf`); :meth:`CvT.to_hf` copies the weights
+back.  :func:`one_head_cvt` is §6.2's "one-head CvT with one stage and without
+convolutional token embedding": paper 002's scheme (13)–(17) with the attention of eq. (42).
+
+``print(model.schedule())`` lists the stages, their time intervals, grids and substeps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_positive_int
+from ..controls import Constant, LayerwiseConstant
+from ..grid import ImageGrid
+from ..operators import (
+    BatchNormMap,
+    ConvAttention,
+    ConvTransfer,
+    DropPath,
+    FeedForward,
+    FFNIntegral,
+    FieldDropout,
+    FieldDropPath,
+    PointwiseAffine,
+    PreNorm,
+    PrependTokens,
+    ProjectionS1,
+    StateDropout,
+)
+from ..propagator import Propagator
+from ..schemes import Hybrid, Lie, Stage, Stages
+from ..solvers import Exact, ExplicitEuler, Substep
+from .hf import register_hf_converter
+from .paper import paper_scheme
+
+__all__ = ["CvtStageSpec", "CvT", "CvTOutput", "CvtReadout", "build_cvt", "cvt_from_hf", "one_head_cvt"]
+
+
+def _pair(v, name: str) -> tuple[int, int]:
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+    if len(vals) != 2:
+        raise ValueError(f"{name}: expected an int or a pair (height, width), got {v!r}")
+    return tuple(check_positive_int(x, name) for x in vals)
+
+
+def _rate(p, name: str) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name}: expected a probability (float), got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name}: expected 0 <= p < 1, got {p}")
+    return p
+
+
+@dataclass
+class CvtStageSpec:
+    """The configuration of one CvT stage (``transformers.CvtConfig``'s per-stage lists).
+
+    ``drop_path_rate`` is the rate of every layer of the stage (Hugging Face's ``CvtStage``
+    gives all its layers the same rate, ``linspace(0, rate, depth)[stage]``; the converter
+    reads the rate off the modules).
+    """
+
+    in_channels: int
+    embed_dim: int
+    depth: int
+    num_heads: int
+    patch_size: int = 7
+    patch_stride: int = 4
+    patch_padding: int = 2
+    mlp_hidden: int | None = None
+    kernel_qkv: int = 3
+    padding_q: int = 1
+    padding_kv: int = 1
+    stride_q: int = 1
+    stride_kv: int = 2
+    qkv_bias: bool = True
+    cls_token: bool = False
+    drop_rate: float = 0.0
+    attention_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    layer_norm_eps: float = 1e-5
+    batch_norm_eps: float = 1e-5
+    batch_norm_momentum: float | None = 0.1
+
+    def __post_init__(self):
+        for name in ("in_channels", "embed_dim", "depth", "num_heads", "patch_size", "patch_stride",
+                     "kernel_qkv", "stride_q", "stride_kv"):
+            setattr(self, name, check_positive_int(getattr(self, name), f"CvtStageSpec.{name}"))
+        for name in ("patch_padding", "padding_q", "padding_kv"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"CvtStageSpec.{name}: expected an integer >= 0, got {v!r}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"CvtStageSpec: embed_dim = {self.embed_dim} is not divisible by num_heads = {self.num_heads}"
+            )
+        self.mlp_hidden = 4 * self.embed_dim if self.mlp_hidden is None else check_positive_int(
+            self.mlp_hidden, "CvtStageSpec.mlp_hidden")
+        if self.stride_q != 1 or 2 * self.padding_q != self.kernel_qkv - 1:
+            raise ValueError(
+                f"CvtStageSpec: the query projection must keep the token grid (stride_q = 1 and padding_q = "
+                f"(kernel_qkv - 1)/2), got stride_q = {self.stride_q}, padding_q = {self.padding_q}, kernel_qkv = "
+                f"{self.kernel_qkv}: the attention output is added to the state on its grid"
+            )
+        for name in ("drop_rate", "attention_drop_rate", "drop_path_rate"):
+            setattr(self, name, _rate(getattr(self, name), f"CvtStageSpec.{name}"))
+
+
+class CvtReadout(nn.Module):
+    r"""The post-processing :math:`G` of ``CvtForImageClassification``: LayerNorm of the class
+    token (or of every token when the last stage has none), the mean over the tokens, a
+    linear map: :math:`G(u) = \frac{1}{|X|}\sum_{x \in X} \mathrm{LN}(u)(x)\,\mathbf B + \mathbf b`
+    (paper 002 §4.2's read-out, with a mean over the token set :math:`X`).
+
+    Args:
+        n_y: channels of the last stage.
+        num_labels: output size (``0``: no linear map, the logits are the pooled tokens).
+        use_cls_token: read the class token only.
+    """
+
+    def __init__(self, n_y: int, num_labels: int, *, use_cls_token: bool, eps: float = 1e-5, bias: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        self.n_y = check_positive_int(n_y, "CvtReadout.n_y")
+        if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 0:
+            raise ValueError(f"CvtReadout.num_labels: expected an integer >= 0, got {num_labels!r}")
+        self.use_cls_token = bool(use_cls_token)
+        self.norm = PointwiseAffine(nn.Parameter(torch.ones(n_y, **fk)), nn.Parameter(torch.zeros(n_y, **fk)),
+                                    projection=ProjectionS1(0.0, 1.0, eps=eps))
+        self.weight = nn.Parameter(torch.zeros(n_y, num_labels, **fk)) if num_labels else None
+        self.bias = nn.Parameter(torch.zeros(num_labels, **fk)) if num_labels and bias else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.norm.weight.value.fill_(1.0)
+        self.norm.bias.value.zero_()
+        if self.weight is not None:
+            bound = 1.0 / math.sqrt(self.n_y)
+            nn.init.uniform_(self.weight, -bound, bound)
+            if self.bias is not None:
+                nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, u: Tensor, grid: ImageGrid) -> Tensor:
+        if self.use_cls_token:
+            if grid.n_prefix < 1:
+                raise ValueError("CvtReadout: use_cls_token=True, but the last stage has no class token")
+            u = u[:, :1]
+        else:
+            u = grid.split(u)[1]
+        z = self.norm.flow(0.0, 1.0, u, grid).mean(1)
+        if self.weight is None:
+            return z
+        return torch.nn.functional.linear(z, self.weight.t(), self.bias)
+
+    def extra_repr(self) -> str:
+        n = 0 if self.weight is None else self.weight.shape[1]
+        return f"n_y={self.n_y}, num_labels={n}, use_cls_token={self.use_cls_token}"
+
+
+@dataclass
+class CvTOutput:
+    """What :class:`CvT` returns (Hugging Face's layouts): the last stage's spatial tokens as an
+    image ``(B, C, H, W)``, its class token ``(B, 1, C)`` (or ``None``), and the logits."""
+
+    last_hidden_state: Tensor
+    cls_token_value: Tensor | None = None
+    logits: Tensor | None = None
+
+
+def _pc(n: int, shape, t0: float, fk, fill: float = 0.0, axes=()) -> LayerwiseConstant:
+    """One value per layer on ``[t0, t0 + n]`` (piecewise constant in t; one parameter per
+    layer, so a deep stage's backward pass does not build a full-size gradient per layer)."""
+    return LayerwiseConstant(torch.full((n, *shape), fill, **fk), t0=t0, t1=t0 + n, axes=axes)
+
+
+def _rows(c):
+    """The per-layer tensors of a per-layer control (pieces of a :class:`LayerwiseConstant`,
+    rows of a stacked ``PiecewiseConstant``)."""
+    return list(c.pieces) if isinstance(c, LayerwiseConstant) else [c.raw[n] for n in range(c.n_pieces)]
+
+
+def _layer_norm(eps: float, n: int | None, E: int, t0: float, fk) -> PointwiseAffine:
+    """``nn.LayerNorm(E, eps)``: the projection onto S1(0, 1) (Theorem 3.1 with torch's eps)
+    and its affine map; one set per layer (``n`` pieces) or one set (``n=None``)."""
+    if n is None:
+        w, b = nn.Parameter(torch.ones(E, **fk)), nn.Parameter(torch.zeros(E, **fk))
+    else:
+        w, b = _pc(n, (E,), t0, fk, 1.0, ("y",)), _pc(n, (E,), t0, fk, 0.0, ("y",))
+    return PointwiseAffine(w, b, projection=ProjectionS1(0.0, 1.0, eps=eps))
+
+
+def _stage(spec: CvtStageSpec, t0: float, name: str, fk) -> Stage:
+    """One CvT stage: entry (eqs. 44–45, dropout, class token) and body (one step = one layer)."""
+    s, n, E = spec, spec.depth, spec.embed_dim
+    H, d = s.num_heads, s.embed_dim // s.num_heads
+    # -- entry: convolutional token embedding (eq. 44) and its projection onto S1 (eq. 45)
+    embed = ConvTransfer(nn.Parameter(torch.zeros(E, s.in_channels, s.patch_size, s.patch_size, **fk)),
+                         nn.Parameter(torch.zeros(E, **fk)), stride=s.patch_stride, padding=s.patch_padding,
+                         prefix="drop")
+    entry = [[embed], [_layer_norm(s.layer_norm_eps, None, E, t0, fk)]]
+    labels = ["eq. 44: u <- W^C *_s u + b^C (new grid)", "eq. 45: projection onto S1, then LayerNorm's affine"]
+    if s.drop_rate > 0:
+        entry.append([StateDropout(s.drop_rate)])
+        labels.append("dropout (training mode)")
+    if s.cls_token:
+        entry.append([PrependTokens(nn.Parameter(torch.zeros(1, E, **fk)))])
+        labels.append("class token [v_0; u] (§4.2)")
+
+    # -- body: one step = one CvT layer
+    def proj(stride, padding):
+        return [ConvTransfer(_pc(n, (E, 1, s.kernel_qkv, s.kernel_qkv), t0, fk), stride=stride, padding=padding,
+                             groups="depthwise", prefix="keep"),
+                BatchNormMap(E, n_pieces=n, t0=t0, t1=t0 + n, eps=s.batch_norm_eps, momentum=s.batch_norm_momentum,
+                             **fk)]
+
+    qb = s.qkv_bias
+    attn = ConvAttention(
+        _pc(n, (E, H, d), t0, fk), _pc(n, (E, H, d), t0, fk), _pc(n, (E, H, d), t0, fk), _pc(n, (H, d, E), t0, fk),
+        bQ=_pc(n, (H, d), t0, fk) if qb else None, bK=_pc(n, (H, d), t0, fk) if qb else None,
+        bV=_pc(n, (H, d), t0, fk) if qb else None, bO=_pc(n, (E,), t0, fk),
+        q_proj=proj(s.stride_q, s.padding_q), k_proj=proj(s.stride_kv, s.padding_kv),
+        v_proj=proj(s.stride_kv, s.padding_kv), scale=None, dropout=s.attention_drop_rate,
+    )
+    Fz = s.mlp_hidden
+    ffn = FeedForward(_pc(n, (E, Fz), t0, fk), _pc(n, (Fz,), t0, fk), _pc(n, (Fz, E), t0, fk),
+                      _pc(n, (E,), t0, fk), activation="gelu")
+    a = FieldDropout(attn, s.drop_rate) if s.drop_rate > 0 else attn
+    f = FieldDropout(ffn, s.drop_rate) if s.drop_rate > 0 else ffn
+    if s.drop_path_rate > 0:
+        a = FieldDropPath(a, s.drop_path_rate, t0=t0, t1=t0 + n)
+    body = [Substep(PreNorm(a, _layer_norm(s.layer_norm_eps, n, E, t0, fk)), ExplicitEuler()),
+            Substep(PreNorm(f, _layer_norm(s.layer_norm_eps, n, E, t0, fk)), ExplicitEuler())]
+    body_labels = ["eqs. 42, 13: u <- u + dt A(LN_1(u)), conv. attention", "eq. 15: u <- u + dt F(LN_2(u)), FFN"]
+    if s.drop_path_rate > 0:
+        body.append(Substep(DropPath(s.drop_path_rate, t0=t0, t1=t0 + n), Exact()))
+        body_labels.append("drop path on the state (training mode)")
+    return Stage(Lie(body), n, entry=Hybrid(entry), name=name, entry_labels=labels, body_labels=body_labels)
+
+
+class CvT(nn.Module):
+    r"""A K-stage CvT: :math:`G \circ \bar{\mathcal N}` with :math:`\bar{\mathcal N}` a
+    :class:`~opsplit.Propagator` over a :class:`~opsplit.schemes.Stages` scheme (see the
+    module docstring) and :math:`G` the optional :class:`CvtReadout`.
+
+    Args:
+        num_channels: colour channels of the input (the first stage's ``in_channels``).
+        stages: one :class:`CvtStageSpec` per stage.
+        num_labels: ``None`` (``CvtModel``: no read-out) or the classifier's output size
+            (``CvtForImageClassification``; ``0``: identity head).
+        layer_norm_eps: of the read-out's LayerNorm.
+        reset: initialise the parameters (:meth:`reset_parameters`); ``False`` leaves them at
+            zeros and ones (for a converter that overwrites them).
+        device, dtype: factory kwargs.
+
+    ``forward(pixel_values)`` takes ``(B, C, H, W)`` floating-point images of any size the
+    strides divide (the input grid ``ImageGrid.paper((H, W), C)`` and the stages' grids are
+    read from the input) and returns a :class:`CvTOutput`.  Errors (image size not divisible as the strides require, channel
+    mismatches, wrong dtype/device, non-finite values) are raised before any compute.
+    """
+
+    def __init__(self, num_channels: int, stages, *, num_labels: int | None = None,
+                 layer_norm_eps: float = 1e-5, reset: bool = True, device=None, dtype=None):
+        super().__init__()
+        fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        self.num_channels = check_positive_int(num_channels, "CvT.num_channels")
+        specs = [stages] if isinstance(stages, CvtStageSpec) else list(stages)
+        if not specs:
+            raise ValueError("CvT.stages: expected at least one CvtStageSpec")
+        c = self.num_channels
+        for k, s in enumerate(specs):
+            if not isinstance(s, CvtStageSpec):
+                raise TypeError(f"CvT.stages[{k}]: expected a CvtStageSpec, got {type(s).__name__}")
+            if s.in_channels != c:
+                raise ValueError(
+                    f"CvT.stages[{k}]: channel mismatch: in_channels = {s.in_channels}, the previous "
+                    f"{'stage has embed_dim' if k else 'input has num_channels'} = {c}"
+                )
+            c = s.embed_dim
+        self.specs = tuple(specs)
+        built, t0 = [], 0.0
+        for k, s in enumerate(specs):
+            built.append(_stage(s, t0, f"stage {k + 1}", fk))
+            t0 += s.depth
+        scheme = Stages(built)
+        self.propagator = Propagator(scheme, scheme.n_steps, t0=0.0, t1=scheme.t1)
+        self.num_labels = num_labels
+        self.readout = None
+        if num_labels is not None:
+            self.readout = CvtReadout(c, num_labels, use_cls_token=specs[-1].cls_token, eps=layer_norm_eps, **fk)
+        if reset:
+            self.reset_parameters()
+
+    # -- structure ------------------------------------------------------------------------------------
+    @property
+    def scheme(self) -> Stages:
+        return self.propagator.scheme
+
+    def input_grid(self, image_size) -> ImageGrid:
+        """The grid of the input images: ``ImageGrid.paper((H, W), num_channels)``."""
+        return ImageGrid.paper(_pair(image_size, "image_size"), self.num_channels)
+
+    def schedule(self, image_size=224):
+        """The schedule of one solve for images of ``image_size``: per stage its time interval,
+        grid, entry substeps (once, at the stage's start) and the substeps of every step (a
+        :class:`~opsplit.schemes.Schedule`; print it)."""
+        g = self.input_grid(image_size)
+        self.scheme.check(g)
+        return self.scheme.schedule(g)
+
+    def output_grid(self, image_size) -> ImageGrid:
+        """The grid of the last stage for images of ``image_size`` (checks every stride)."""
+        g = self.input_grid(image_size)
+        self.scheme.check(g)
+        return self.scheme.output_grid(g)
+
+    def stage_operators(self, k: int) -> dict:
+        """Named access to stage ``k``'s operators: ``embed``, ``embed_norm``, ``cls``,
+        ``attention``, ``norm1``, ``ffn``, ``norm2``."""
+        st = self.scheme.stages[k]
+        entry = [s.terms[0] for s in st.entry.substeps]
+        out = {"embed": entry[0], "embed_norm": entry[1],
+               "cls": next((op for op in entry if isinstance(op, PrependTokens)), None)}
+
+        def inner(op):
+            while isinstance(op, (FieldDropout, FieldDropPath)):
+                op = op.inner
+            return op
+
+        p1, p2 = st.body.substeps[0].terms[0], st.body.substeps[1].terms[0]
+        out.update(attention=inner(p1.inner), norm1=p1.norm, ffn=inner(p2.inner), norm2=p2.norm)
+        return out
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Hugging Face's initialisation: truncated normal (std 0.02) for the convolutions,
+        linear maps and class tokens, zero biases, LayerNorm and BatchNorm at identity."""
+        for k in range(len(self.specs)):
+            ops = self.stage_operators(k)
+            nn.init.trunc_normal_(ops["embed"].weight.value, std=0.02)
+            ops["embed"].bias.value.zero_()
+            ops["embed_norm"].weight.value.fill_(1.0)
+            ops["embed_norm"].bias.value.zero_()
+            if ops["cls"] is not None:
+                nn.init.trunc_normal_(ops["cls"].tokens.value, std=0.02)
+            a, f = ops["attention"], ops["ffn"]
+            for c in (a.WQ, a.WK, a.WV, a.WO, a.q_proj[0].weight, a.k_proj[0].weight, a.v_proj[0].weight,
+                      f.W1, f.W2):
+                for r in _rows(c):
+                    nn.init.trunc_normal_(r, std=0.02)
+            for c in (a.bQ, a.bK, a.bV, a.bO, f.b1, f.b2, ops["norm1"].bias, ops["norm2"].bias):
+                if c is not None:
+                    for r in _rows(c):
+                        r.zero_()
+            for c in (ops["norm1"].weight, ops["norm2"].weight):
+                for r in _rows(c):
+                    r.fill_(1.0)
+            for proj in (a.q_proj, a.k_proj, a.v_proj):
+                proj[1].reset_parameters()
+        if self.readout is not None:
+            self.readout.reset_parameters()
+
+    # -- forward ------------------------------------------------------------------------------------
+    def _check_pixels(self, pixel_values) -> None:
+        if not isinstance(pixel_values, Tensor):
+            raise TypeError(f"pixel_values: expected a torch.Tensor (B, C, H, W), got {type(pixel_values).__name__}")
+        if not pixel_values.is_floating_point():
+            raise TypeError(f"pixel_values: expected a floating-point tensor, got dtype {pixel_values.dtype}")
+        if pixel_values.dim() != 4:
+            raise ValueError(f"pixel_values: expected shape (B, C, H, W), got {tuple(pixel_values.shape)}")
+        B, C, H, W = pixel_values.shape
+        if C != self.num_channels:
+            raise ValueError(f"pixel_values: channel mismatch: expected {self.num_channels} channels, got {C}")
+        if B < 1:
+            raise ValueError("pixel_values: empty batch")
+
+    def forward(self, pixel_values: Tensor) -> CvTOutput:
+        self._check_pixels(pixel_values)
+        grid = self.input_grid(pixel_values.shape[-2:])
+        f = ImageGrid.from_image(pixel_values)  # the image is the initial state on the input grid
+        u = self.propagator(f, grid=grid)  # checks dtype/device/finiteness and every stride, then solves
+        g = self.scheme.output_grid(grid)
+        prefix, spatial = g.split(u)
+        B = u.shape[0]
+        image = spatial.transpose(1, 2).reshape(B, g.y.n, *g.size)
+        cls = None if self.specs[-1].cls_token is False else prefix
+        logits = None if self.readout is None else self.readout(u, g)
+        return CvTOutput(last_hidden_state=image, cls_token_value=cls, logits=logits)
+
+    # -- Hugging Face ---------------------------------------------------------------------------------
+    def to_hf(self):
+        """The Hugging Face model with these weights (a pure weight copy): ``CvtModel`` or,
+        with a read-out, ``CvtForImageClassification``, in this model's training mode, dtype
+        and device.  Needs ``transformers``."""
+        return _to_hf(self)
+
+    def extra_repr(self) -> str:
+        return (f"num_channels={self.num_channels}, stages={len(self.specs)}, "
+                f"depths={[s.depth for s in self.specs]}, embed_dims={[s.embed_dim for s in self.specs]}")
+
+
+def build_cvt(num_channels: int, stages, **kwargs) -> CvT:
+    """:class:`CvT` from per-stage dicts or :class:`CvtStageSpec` objects."""
+    specs = [s if isinstance(s, CvtStageSpec) else CvtStageSpec(**s) for s in stages]
+    return CvT(num_channels, specs, **kwargs)
+
+
+# -- Hugging Face conversion ------------------------------------------------------------------------
+def _is_hf(obj, *names: str) -> bool:
+    cls = type(obj)
+    return cls.__name__ in names and (cls.__module__ or "").startswith("transformers.")
+
+
+def _need(obj, where: str, *types) -> None:
+    names = [t for t in types if isinstance(t, str)]
+    classes = tuple(t for t in types if not isinstance(t, str))
+    if (classes and type(obj) in classes) or (names and _is_hf(obj, *names)):
+        return
+    want = " or ".join([f"transformers' {n}" for n in names] + [c.__name__ for c in classes])
+    raise TypeError(f"from_hf: {where}: expected {want}, got {type(obj).__name__}")
+
+
+def _check_ln(ln, where: str, E: int) -> float:
+    _need(ln, where, nn.LayerNorm)
+    if tuple(ln.normalized_shape) != (E,) or ln.weight is None or ln.bias is None:
+        raise ValueError(f"from_hf: {where}: expected nn.LayerNorm({E}) with weight and bias, got {ln!r}")
+    return float(ln.eps)
+
+
+def _check_lin(lin, where: str, n_in: int, n_out: int, bias: bool | None = True) -> None:
+    _need(lin, where, nn.Linear)
+    if (lin.in_features, lin.out_features) != (n_in, n_out):
+        raise ValueError(f"from_hf: {where}: expected nn.Linear({n_in}, {n_out}), got {lin!r}")
+    if bias is not None and (lin.bias is not None) != bias:
+        raise ValueError(f"from_hf: {where}: expected bias={bias}, got bias={lin.bias is not None}")
+
+
+def _dropout(m, where: str) -> float:
+    _need(m, where, nn.Dropout)
+    return float(m.p)
+
+
+def _one(values, where: str, what: str):
+    vals = set(values)
+    if len(vals) != 1:
+        raise ValueError(f"from_hf: {where}: the layers differ in {what} ({sorted(vals)}); opsplit holds one per stage")
+    return vals.pop()
+
+
+def _hf_stage(stage, k: int, c_in: int, where: str) -> tuple[CvtStageSpec, dict]:
+    """Read and check one ``CvtStage`` (modules and options), before any compute."""
+    _need(stage, where, "CvtStage")
+    cfg = stage.config
+    method = cfg.qkv_projection_method[k]
+    if method != "dw_bn":
+        raise ValueError(
+            f"from_hf: {where}: qkv_projection_method={method!r} is not converted: transformers' "
+            "CvtSelfAttentionProjection builds no convolution for it and fails at its first forward; opsplit "
+            "converts 'dw_bn' (depthwise convolution + batch norm)"
+        )
+    emb = stage.embedding
+    _need(emb, where + ".embedding", "CvtEmbeddings")
+    ce = emb.convolution_embeddings
+    _need(ce, where + ".embedding.convolution_embeddings", "CvtConvEmbeddings")
+    conv = ce.projection
+    _need(conv, where + ".embedding.convolution_embeddings.projection", nn.Conv2d)
+    E = conv.out_channels
+    if conv.in_channels != c_in:
+        raise ValueError(
+            f"from_hf: {where}: channel mismatch: the embedding convolution takes {conv.in_channels} channels, "
+            f"the {'previous stage gives' if k else 'input has'} {c_in}"
+        )
+    ks, st, pd = tuple(conv.kernel_size), tuple(conv.stride), tuple(conv.padding)
+    if (ks[0] != ks[1] or st[0] != st[1] or not isinstance(conv.padding, tuple) or pd[0] != pd[1]
+            or tuple(conv.dilation) != (1, 1) or conv.groups != 1 or conv.bias is None
+            or conv.padding_mode != "zeros"):
+        raise ValueError(
+            f"from_hf: {where}.embedding: expected a square zero-padded nn.Conv2d with bias, groups=1, dilation 1; "
+            f"got {conv!r}"
+        )
+    eps = {_check_ln(ce.normalization, where + ".embedding.convolution_embeddings.normalization", E)}
+    p_emb = _dropout(emb.dropout, where + ".embedding.dropout")
+    cls = getattr(stage, "cls_token", None)
+    has_cls = bool(cfg.cls_token[k])
+    if has_cls and (not isinstance(cls, Tensor) or tuple(cls.shape) != (1, 1, E)):
+        raise ValueError(
+            f"from_hf: {where}.cls_token: expected shape (1, 1, {E}) (transformers sizes the class token by "
+            f"embed_dim[-1] = {cfg.embed_dim[-1]}), got {None if cls is None else tuple(cls.shape)}"
+        )
+    layers = list(stage.layers)
+    if not layers:
+        raise ValueError(f"from_hf: {where}: no layers (depth 0) to convert")
+    opts, mods = [], []
+    for i, layer in enumerate(layers):
+        w = f"{where}.layers[{i}]"
+        _need(layer, w, "CvtLayer")
+        sa = layer.attention.attention
+        _need(layer.attention, w + ".attention", "CvtAttention")
+        _need(sa, w + ".attention.attention", "CvtSelfAttention")
+        if bool(sa.with_cls_token) != has_cls or sa.embed_dim != E:
+            raise ValueError(f"from_hf: {w}: with_cls_token/embed_dim differ from the stage's")
+        H = int(sa.num_heads)
+        if E % H:
+            raise ValueError(f"from_hf: {w}: embed_dim {E} is not divisible by num_heads {H}")
+        if abs(float(sa.scale) - E ** -0.5) > 1e-12 * E ** -0.5:
+            raise ValueError(f"from_hf: {w}: score scale {sa.scale} is not embed_dim**-0.5")
+        projs = {}
+        for name in ("query", "key", "value"):
+            p = getattr(sa, f"convolution_projection_{name}")
+            _need(p, f"{w}.attention.attention.convolution_projection_{name}", "CvtSelfAttentionProjection")
+            cp = getattr(p, "convolution_projection", None)
+            _need(cp, f"{w}.attention.attention.convolution_projection_{name}.convolution_projection",
+                  "CvtSelfAttentionConvProjection")
+            c, bn = cp.convolution, cp.normalization
+            _need(c, f"{w} {name} convolution", nn.Conv2d)
+            _need(bn, f"{w} {name} batch norm", nn.BatchNorm2d)
+            if (c.in_channels != E or c.out_channels != E or c.groups != E or c.bias is not None
+                    or c.kernel_size[0] != c.kernel_size[1] or c.stride[0] != c.stride[1]
+                    or not isinstance(c.padding, tuple) or c.padding[0] != c.padding[1]
+                    or tuple(c.dilation) != (1, 1) or c.padding_mode != "zeros"):
+                raise ValueError(f"from_hf: {w} {name} convolution: expected a square depthwise nn.Conv2d({E}, {E}, "
+                                 f"groups={E}, bias=False), got {c!r}")
+            if (bn.num_features != E or not bn.affine or not bn.track_running_stats
+                    or bn.running_mean is None):
+                raise ValueError(f"from_hf: {w} {name} batch norm: expected nn.BatchNorm2d({E}) with affine "
+                                 "parameters and running statistics")
+            projs[name] = (c, bn)
+        ln = {_check_ln(layer.layernorm_before, w + ".layernorm_before", E),
+              _check_ln(layer.layernorm_after, w + ".layernorm_after", E)}
+        eps |= ln
+        qkv_bias = sa.projection_query.bias is not None
+        for name in ("query", "key", "value"):
+            _check_lin(getattr(sa, f"projection_{name}"), f"{w}.attention.attention.projection_{name}", E, E, qkv_bias)
+        so = layer.attention.output
+        _need(so, w + ".attention.output", "CvtSelfOutput")
+        _check_lin(so.dense, w + ".attention.output.dense", E, E)
+        _need(layer.intermediate, w + ".intermediate", "CvtIntermediate")
+        _need(layer.intermediate.activation, w + ".intermediate.activation", nn.GELU)
+        if layer.intermediate.activation.approximate != "none":
+            raise ValueError(f"from_hf: {w}.intermediate.activation: expected exact GELU, got "
+                             f"approximate={layer.intermediate.activation.approximate!r}")
+        fc1 = layer.intermediate.dense
+        _check_lin(fc1, w + ".intermediate.dense", E, fc1.out_features if isinstance(fc1, nn.Linear) else 0)
+        _need(layer.output, w + ".output", "CvtOutput")
+        _check_lin(layer.output.dense, w + ".output.dense", fc1.out_features, E)
+        dp = layer.drop_path
+        if isinstance(dp, nn.Identity):
+            p_dp = 0.0
+        else:
+            _need(dp, w + ".drop_path", "CvtDropPath", nn.Identity)
+            p_dp = float(dp.drop_prob)
+        qc, kc = projs["query"][0], projs["key"][0]
+        opts.append(dict(
+            H=H, F=fc1.out_features, kernel=qc.kernel_size[0], kv_kernel=kc.kernel_size[0],
+            stride_q=qc.stride[0], padding_q=qc.padding[0], stride_kv=kc.stride[0], padding_kv=kc.padding[0],
+            same_kv=(tuple(projs["value"][0].kernel_size), projs["value"][0].stride, projs["value"][0].padding)
+            == (tuple(kc.kernel_size), kc.stride, kc.padding),
+            qkv_bias=qkv_bias, p_attn=_dropout(sa.dropout, w + ".attention.attention.dropout"),
+            p_out=_dropout(so.dropout, w + ".attention.output.dropout"),
+            p_mlp=_dropout(layer.output.dropout, w + ".output.dropout"), p_dp=p_dp,
+            bn=tuple((float(bn.eps), bn.momentum) for _, bn in projs.values()),
+        ))
+        mods.append(dict(projs=projs, q=sa.projection_query, k=sa.projection_key, v=sa.projection_value,
+                         o=so.dense, fc1=fc1, fc2=layer.output.dense, ln1=layer.layernorm_before,
+                         ln2=layer.layernorm_after))
+    o = {key: _one([op[key] for op in opts], where, key) for key in opts[0]}
+    if not o["same_kv"] or o["kernel"] != o["kv_kernel"]:
+        raise ValueError(f"from_hf: {where}: the key and value projections differ in kernel/stride/padding")
+    if len(eps) != 1:
+        raise ValueError(f"from_hf: {where}: LayerNorms with different eps {sorted(eps)}")
+    if len(set(o["bn"])) != 1:
+        raise ValueError(f"from_hf: {where}: batch norms with different eps/momentum {o['bn']}")
+    if len({p_emb, o["p_out"], o["p_mlp"]}) != 1:
+        raise ValueError(f"from_hf: {where}: different dropout rates {(p_emb, o['p_out'], o['p_mlp'])}")
+    bn_eps, bn_mom = o["bn"][0]
+    spec = CvtStageSpec(
+        in_channels=c_in, embed_dim=E, depth=len(layers), num_heads=o["H"], patch_size=ks[0], patch_stride=st[0],
+        patch_padding=pd[0], mlp_hidden=o["F"], kernel_qkv=o["kernel"], padding_q=o["padding_q"],
+        padding_kv=o["padding_kv"], stride_q=o["stride_q"], stride_kv=o["stride_kv"], qkv_bias=o["qkv_bias"],
+        cls_token=has_cls, drop_rate=p_emb, attention_drop_rate=o["p_attn"], drop_path_rate=o["p_dp"],
+        layer_norm_eps=eps.pop(), batch_norm_eps=bn_eps, batch_norm_momentum=bn_mom,
+    )
+    return spec, dict(conv=conv, ln=ce.normalization, cls=cls if has_cls else None, layers=mods)
+
+
+def _hf_parts(model) -> dict:
+    cls = type(model).__name__
+    if cls == "CvtForImageClassification":
+        cvt, head, ln = model.cvt, model.classifier, model.layernorm
+        where = f"{cls}.cvt"
+    else:
+        cvt, head, ln, where = model, None, None, cls
+    _need(cvt, where, "CvtModel")
+    enc = cvt.encoder
+    _need(enc, where + ".encoder", "CvtEncoder")
+    cfg = cvt.config
+    stages = list(enc.stages)
+    if not stages:
+        raise ValueError(f"from_hf: {where}: no stages to convert")
+    specs, parts, c = [], [], int(cfg.num_channels)
+    for k, st in enumerate(stages):
+        spec, p = _hf_stage(st, k, c, f"{where}.encoder.stages[{k}]")
+        specs.append(spec)
+        parts.append(p)
+        c = spec.embed_dim
+    ro_eps = None
+    if head is not None:
+        ro_eps = _check_ln(ln, f"{cls}.layernorm", c)
+        if isinstance(head, nn.Linear):
+            _check_lin(head, f"{cls}.classifier", c, head.out_features, None)
+        else:
+            _need(head, f"{cls}.classifier", nn.Identity)
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+    kinds = {(t.dtype, t.device) for t in tensors}
+    if len(kinds) != 1:
+        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
+                         "move the model with .to(dtype, device) first")
+    dtype, device = kinds.pop()
+    return dict(specs=specs, parts=parts, head=head, ln=ln, ro_eps=ro_eps, cfg=cfg, cls=cls,
+                fk={"dtype": dtype, "device": device})
+
+
+def _pairs(model: CvT, parts, head=None, ln=None):
+    """``(opsplit tensor, HF tensor, HF -> opsplit view)`` for every weight and buffer.
+
+    The views are exact rearrangements (transposes and reshapes), so the copy is lossless in
+    both directions."""
+    out = []
+    for k, p in enumerate(parts):
+        ops = model.stage_operators(k)
+        E = model.specs[k].embed_dim
+        H = model.specs[k].num_heads
+        d = E // H
+        out += [(ops["embed"].weight.value, p["conv"].weight, lambda x: x),
+                (ops["embed"].bias.value, p["conv"].bias, lambda x: x),
+                (ops["embed_norm"].weight.value, p["ln"].weight, lambda x: x),
+                (ops["embed_norm"].bias.value, p["ln"].bias, lambda x: x)]
+        if p["cls"] is not None:
+            out.append((ops["cls"].tokens.value, p["cls"], lambda x, E=E: x.reshape(1, E)))
+        a = ops["attention"]
+        for n, m in enumerate(p["layers"]):
+            for ours, name in ((a.q_proj, "query"), (a.k_proj, "key"), (a.v_proj, "value")):
+                c, bn = m["projs"][name]
+                out += [(_rows(ours[0].weight)[n], c.weight, lambda x: x),
+                        (ours[1].weight.raw[n], bn.weight, lambda x: x),
+                        (ours[1].bias.raw[n], bn.bias, lambda x: x),
+                        (ours[1].running_mean[n], bn.running_mean, lambda x: x),
+                        (ours[1].running_var[n], bn.running_var, lambda x: x),
+                        (ours[1].num_batches_tracked[n], bn.num_batches_tracked, lambda x: x)]
+            for W, b, lin in ((a.WQ, a.bQ, m["q"]), (a.WK, a.bK, m["k"]), (a.WV, a.bV, m["v"])):
+                out.append((_rows(W)[n], lin.weight, lambda x, E=E, H=H, d=d: x.t().reshape(E, H, d)))
+                if b is not None:
+                    out.append((_rows(b)[n], lin.bias, lambda x, H=H, d=d: x.reshape(H, d)))
+            out += [(_rows(a.WO)[n], m["o"].weight, lambda x, E=E, H=H, d=d: x.t().reshape(H, d, E)),
+                    (_rows(a.bO)[n], m["o"].bias, lambda x: x)]
+            f = ops["ffn"]
+            out += [(_rows(f.W1)[n], m["fc1"].weight, lambda x: x.t()), (_rows(f.b1)[n], m["fc1"].bias, lambda x: x),
+                    (_rows(f.W2)[n], m["fc2"].weight, lambda x: x.t()), (_rows(f.b2)[n], m["fc2"].bias, lambda x: x)]
+            for nm, hl in ((ops["norm1"], m["ln1"]), (ops["norm2"], m["ln2"])):
+                out += [(_rows(nm.weight)[n], hl.weight, lambda x: x), (_rows(nm.bias)[n], hl.bias, lambda x: x)]
+    if ln is not None:
+        r = model.readout
+        out += [(r.norm.weight.value, ln.weight, lambda x: x), (r.norm.bias.value, ln.bias, lambda x: x)]
+        if isinstance(head, nn.Linear):
+            out.append((r.weight, head.weight, lambda x: x.t()))
+            if head.bias is not None:
+                out.append((r.bias, head.bias, lambda x: x))
+    return out
+
+
+def _cvt_from_hf(model) -> CvT:
+    P = _hf_parts(model)
+    cfg = P["cfg"]
+    num_labels = None
+    if P["head"] is not None:
+        num_labels = P["head"].out_features if isinstance(P["head"], nn.Linear) else 0
+    head_bias = isinstance(P["head"], nn.Linear) and P["head"].bias is not None
+    out = CvT(int(cfg.num_channels), P["specs"], num_labels=num_labels,
+              layer_norm_eps=P["ro_eps"] or 1e-5, reset=False, **P["fk"])
+    if out.readout is not None and isinstance(P["head"], nn.Linear) and not head_bias:
+        out.readout.bias = None
+    pairs = _pairs(out, P["parts"], P["head"], P["ln"])
+    # requires_grad: one flag per opsplit parameter (per layer for LayerwiseConstant pieces; per stage for
+    # the stacked batch-norm parameters, refused when the layers differ)
+    flags: dict[int, tuple] = {}
+    with torch.no_grad():
+        for dst, src, view in pairs:
+            dst.copy_(view(src))
+            owner = dst if isinstance(dst, nn.Parameter) else dst._base
+            if not isinstance(owner, nn.Parameter):
+                continue  # a buffer (batch-norm statistics)
+            prev = flags.get(id(owner))
+            if prev is not None and prev[1] != src.requires_grad:
+                raise ValueError(
+                    "from_hf: requires_grad differs between the layers of a stage for one weight; opsplit holds "
+                    "a weight of all layers of a stage in one parameter (piecewise constant in t), with one flag"
+                )
+            flags[id(owner)] = (owner, src.requires_grad)
+    for owner, flag in flags.values():
+        owner.requires_grad_(flag)
+    out.hf_config = cfg.to_dict()
+    out.hf_class = P["cls"]
+    out.train(model.training)
+    return out
+
+
+def cvt_from_hf(model) -> CvT:
+    """``transformers``' ``CvtModel`` / ``CvtForImageClassification`` -> :class:`CvT`.
+
+    Same weights and batch-norm statistics, same outputs to round-off, training mode, dtype,
+    device and per-parameter ``requires_grad`` (the batch-norm parameters of a stage are one
+    stacked parameter: layers that differ in their ``requires_grad`` are refused).  Registered with :func:`~opsplit.models.hf.from_hf`.
+
+    The model takes images of any size the strides divide (the stages' grids are built from
+    the input, as Hugging Face's model does).  Checked before any compute: the class of every
+    sub-module and every option that changes the math — ``qkv_projection_method`` other than ``"dw_bn"``
+    (transformers' ``"avg"`` builds no convolution and fails at its first forward), a query
+    projection that changes the token grid, key and value projections that differ,
+    LayerNorms / batch norms / dropout rates that differ within a stage, channel mismatches
+    between stages, and image sizes the strides do not divide.
+    """
+    if type(model).__name__ not in ("CvtModel", "CvtForImageClassification") or not _is_hf(
+            model, "CvtModel", "CvtForImageClassification"):
+        raise TypeError(f"cvt_from_hf: expected transformers' CvtModel or CvtForImageClassification, got "
+                        f"{type(model).__name__}")
+    return _cvt_from_hf(model)
+
+
+@torch.no_grad()
+def _to_hf(model: CvT):
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - test dependency
+        raise ImportError("CvT.to_hf needs transformers") from e
+    cfg_dict = getattr(model, "hf_config", None)
+    if cfg_dict is None:
+        s = model.specs
+        cfg_dict = dict(
+            num_channels=model.num_channels, patch_sizes=[x.patch_size for x in s],
+            patch_stride=[x.patch_stride for x in s], patch_padding=[x.patch_padding for x in s],
+            embed_dim=[x.embed_dim for x in s], num_heads=[x.num_heads for x in s], depth=[x.depth for x in s],
+            mlp_ratio=[x.mlp_hidden / x.embed_dim for x in s], attention_drop_rate=[x.attention_drop_rate for x in s],
+            drop_rate=[x.drop_rate for x in s], drop_path_rate=[x.drop_path_rate for x in s],
+            qkv_bias=[x.qkv_bias for x in s], cls_token=[x.cls_token for x in s],
+            qkv_projection_method=["dw_bn"] * len(s), kernel_qkv=[x.kernel_qkv for x in s],
+            padding_kv=[x.padding_kv for x in s], stride_kv=[x.stride_kv for x in s],
+            padding_q=[x.padding_q for x in s], stride_q=[x.stride_q for x in s],
+            num_labels=model.num_labels or 0,
+        )
+    cfg = transformers.CvtConfig(**cfg_dict)
+    cls = getattr(model, "hf_class", "CvtForImageClassification" if model.readout is not None else "CvtModel")
+    hf = getattr(transformers, cls)(cfg)
+    P = _hf_parts(hf)
+    if [asdict(s) for s in P["specs"]] != [asdict(s) for s in model.specs]:
+        raise ValueError("CvT.to_hf: the model's stages are not a transformers CvtConfig (e.g. per-layer drop-path "
+                         "rates or eps that transformers does not build); no pure weight copy exists")
+    fk = {}
+    for t in model.parameters():
+        fk = {"dtype": t.dtype, "device": t.device}
+        break
+    hf.to(**fk)
+    P = _hf_parts(hf)
+    for dst, src, view in _pairs(model, P["parts"], P["head"], P["ln"]):
+        # src is opsplit's dst here: write the HF tensor from ours through the inverse view
+        target = view(src)
+        target.copy_(dst)
+        if not torch.equal(view(src), dst):  # the views are views (transposes, splits of a dimension)
+            raise RuntimeError("CvT.to_hf: internal error: a weight view of the transformers model is a copy")
+        src.requires_grad_(dst.requires_grad if src.is_floating_point() else False)
+    hf.train(model.training)
+    return hf
+
+
+register_hf_converter("CvtModel", cvt_from_hf)
+register_hf_converter("CvtForImageClassification", cvt_from_hf)
+
+
+# -- paper 002 §6.2: the one-head, one-stage CvT without convolutional token embedding ------------------------------
+def one_head_cvt(size, n_y: int, *, kernel_size: int = 3, J: int = 2, n_steps: int = 2, eps: float = 1e-5,
+                 device=None, dtype=None) -> Propagator:
+    r"""Paper 002 §6.2's "one-head CvT with one stage and without convolutional token
+    embedding": the Lie scheme (13)–(17) (:func:`~opsplit.models.paper_scheme`) whose
+    attention reads :math:`Q, K, V` through convolutions (eq. 42):
+
+    .. math::  Q = W^Q * u,\ K = W^K * u,\ V = W^V * u,\qquad
+               \gamma = \mathrm{Softmax}_2\big(\tfrac{1}{\sqrt{|\Omega_y|}}\langle Q, K\rangle_{\Omega_y}\big),
+
+    with one scalar kernel :math:`W^Q(\xi, t)` (``kernel_size`` x ``kernel_size``, shared by
+    all channels, as printed in eq. 42) per projection and step, no pointwise maps (identity),
+    zero padding.  The state lives on ``ImageGrid.paper(size, n_y)``: :math:`N_1 N_2` tokens
+    (the pixels) of :math:`N_y` channels.  The FFN is the paper's: :math:`J` square layers
+    :math:`W_j` with ReLU projections, relaxation (16) and LayerNorm projections (14), (17)
+    with :math:`\sigma_1 = 0, \sigma_2 = 1` and ``eps``.
+
+    Returns a :class:`~opsplit.Propagator` with :math:`N_t` = ``n_steps``, initialised by
+    ``reset_parameters()`` from torch's global generator (seed it with ``torch.manual_seed``
+    for a reproducible model).
+    """
+    k = check_positive_int(kernel_size, "one_head_cvt.kernel_size")
+    if k % 2 == 0:
+        raise ValueError(f"one_head_cvt.kernel_size: expected an odd size (a centred stencil), got {k}")
+    n_y = check_positive_int(n_y, "one_head_cvt.n_y")
+    n = check_positive_int(n_steps, "one_head_cvt.n_steps")
+    J = check_positive_int(J, "one_head_cvt.J")
+    fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+    grid = ImageGrid.paper(size, n_y)
+    eye = torch.eye(n_y, **fk)
+    ident = Constant(eye.reshape(n_y, 1, n_y))  # the pointwise maps are the identity (eq. 42 has none)
+
+    def conv():
+        return ConvTransfer(_pc(n, (1, 1, k, k), 0.0, fk), padding=k // 2, groups="depthwise", prefix="keep")
+
+    attn = ConvAttention(ident, ident, ident, None, q_proj=conv(), k_proj=conv(), v_proj=conv(), scale=None)
+    norm = ProjectionS1(0.0, 1.0, eps=eps)
+    ffn = [FFNIntegral(_pc(n, (n_y, n_y), 0.0, fk, axes=("y", "y")), _pc(n, (n_y,), 0.0, fk, axes=("y",)),
+                       bias_axis="y") for _ in range(J)]
+    prop = Propagator(paper_scheme(attn, norm, ffn), n, grid=grid)
+    with torch.no_grad():
+        for p in prop.parameters():
+            nn.init.uniform_(p, -1.0 / math.sqrt(n_y), 1.0 / math.sqrt(n_y))
+        for c in (attn.q_proj[0], attn.k_proj[0], attn.v_proj[0]):
+            for r in _rows(c.weight):
+                nn.init.uniform_(r, -1.0 / k, 1.0 / k)
+    return prop
