@@ -145,10 +145,6 @@ def test_convert_tiny_config(tmp_path):
 
 def test_convert_cvt_tiny_config(tmp_path):
     pytest.importorskip("transformers")
-    from opsplit.models import hf_converters
-
-    if "CvtModel" not in hf_converters():
-        pytest.skip("no CvT converter in this opsplit")
     toml = ('[convert]\nmodels = ["cvt"]\ndtypes = ["float64"]\nbatch = 1\n'
             "[cvt]\ndepth = [1, 2]\nnum_heads = [1, 2]\nembed_dim = [4, 8]\n"
             "patch_sizes = [3, 3]\npatch_stride = [2, 1]\nimage_size = 8\n")
@@ -160,15 +156,10 @@ def test_convert_cvt_tiny_config(tmp_path):
 
 
 def test_convert_cvt_bad_config(tmp_path, capsys):
-    from opsplit.models import hf_converters
-
     toml = '[convert]\nmodels = ["cvt"]\n[cvt]\ndepth = [1]\n'
     assert main(["convert", "--config", _toml(tmp_path, toml), "--out", str(tmp_path / "x")]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    if "CvtModel" in hf_converters():
-        assert "cvt.depth/num_heads/embed_dim/patch_sizes/patch_stride: expected one entry per stage" in err
-    else:
-        assert "convert.models: 'cvt' needs opsplit's CvT converter" in err
+    assert "cvt.depth/num_heads/embed_dim/patch_sizes/patch_stride: expected one entry per stage" in err
 
 
 def test_report_of_a_folder_without_manifest(tmp_path):
@@ -272,15 +263,7 @@ limit = 64
 """
 
 
-def _needs_trainer():
-    from opsplit.cli import train
-
-    if not train.available():
-        pytest.skip("no trainer (opsplit.control) in this opsplit")
-
-
 def test_train_tiny_config(tmp_path):
-    _needs_trainer()
     out = tmp_path / "train"
     assert main(["train", "--config", _toml(tmp_path, TRAIN), "--out", str(out), "--no-progress"]) == 0
     steps = _rows(out / "train" / "steps.csv")
@@ -295,7 +278,6 @@ def test_train_tiny_config(tmp_path):
 def test_interrupted_train_resumes_from_its_folder(tmp_path, monkeypatch, capsys):
     """Interrupted after the step-4 checkpoint, `--resume` finishes the run; the losses
     equal those of an uninterrupted run."""
-    _needs_trainer()
     from opsplit.cli import train as train_cmd
 
     cfg = _toml(tmp_path, TRAIN)
@@ -329,7 +311,6 @@ def test_interrupted_train_resumes_from_its_folder(tmp_path, monkeypatch, capsys
 
 
 def test_train_bad_configs(tmp_path, capsys):
-    _needs_trainer()
     for toml, msg in [("[model]\nheads = 3\n", "model.heads: expected a divisor of model.d_model"),
                       ("[model]\npatch = 3\n", "model.patch: expected a divisor of 8"),
                       ('[train]\ngradient = "magic"\n', "train.gradient: expected one of"),

@@ -33,16 +33,9 @@ convert.toml:
 MODELS = ("torch", "vit", "cvt")
 
 
-def _default_models() -> list[str]:
-    from ..models import hf_converters
-
-    return ["torch", "vit"] + (["cvt"] if "CvtModel" in hf_converters() else [])
-
-
 SCHEMA = {
     "convert": {
-        "models": Field("str_list", _default_models(), "which models to convert (cvt: when "
-                        "opsplit has the CvT converter)", choices=MODELS),
+        "models": Field("str_list", list(MODELS), "which models to convert", choices=MODELS),
         "dtypes": Field("str_list", ["float32", "float64"], "floating types",
                         choices=("float32", "float64")),
         "seed": Field("int", 0, "seed of the weights and inputs", at_least(0)),
@@ -118,11 +111,6 @@ def prepare(cfg) -> dict:
             raise ConfigError("convert.models: 'vit' and 'cvt' need the transformers package "
                               "(pip install transformers, or the [test] extra)") from None
     if "cvt" in models:
-        from ..models import hf_converters
-
-        if "CvtModel" not in hf_converters():
-            raise ConfigError("convert.models: 'cvt' needs opsplit's CvT converter, which this "
-                              "opsplit does not have; expected 'torch' and/or 'vit'")
         c = cfg["cvt"]
         keys = ("depth", "num_heads", "embed_dim", "patch_sizes", "patch_stride")
         lengths = {k: len(c[k]) for k in keys}

@@ -38,20 +38,17 @@ QUICK = {
 
 def configs(quick: bool) -> dict:
     presets = QUICK if quick else FULL
-    out = {
+    return {
         "compare": load(compare.SCHEMA, data=presets["compare"]),
         "solve": load(solve.SCHEMA, data=presets["solve"]),
+        "train": load(train.SCHEMA, data=presets["train"]),
     }
-    if train.available():
-        out["train"] = load(train.SCHEMA, data=presets["train"])
-    return out
 
 
 def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     cfgs = configs(quick)
-    plans = {"compare": compare.prepare(cfgs["compare"]), "solve": solve.prepare(cfgs["solve"])}
-    if "train" in cfgs:
-        plans["train"] = train.prepare(cfgs["train"])
+    plans = {"compare": compare.prepare(cfgs["compare"]), "solve": solve.prepare(cfgs["solve"]),
+             "train": train.prepare(cfgs["train"])}
     folder = new_folder("default", out)
     for k, c in cfgs.items():
         (folder / f"{k}.toml").write_text(dump_toml(c))
@@ -59,8 +56,7 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     o.text("A seeded continuous transformer (paper 002, eq. 7) solved with Lie, Strang, "
            "parallel and hybrid splitting at several N_t and grid sizes, and a short training "
            "of a model's controls on the bundled digits. The configs of each part are in "
-           "compare.toml, solve.toml" + (" and train.toml" if train.available() else "") +
-           "; rerun a part with `opsplit <part> --config <part>.toml`.")
+           "compare.toml, solve.toml and train.toml; rerun a part with `opsplit <part> --config <part>.toml`.")
     t0 = time.perf_counter()
     print("opsplit: default job" + (" (quick)" if quick else "") + f" -> {relpath(folder)}/")
     print("  1/3 schemes compared (error vs cost) ...", flush=True)
@@ -72,15 +68,10 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     solve.run(cfgs["solve"], plans["solve"], o, progress, heading="Convergence in time and space",
               prefix="solve_")
     print("  3/3 training on the digits ...", flush=True)
-    if "train" in cfgs:
-        _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
-        for r in evals:
-            print(f"      test accuracy at N_t = {r['n_t']:>2}: {r['test_accuracy']:.3f}"
-                  + ("  (trained at this N_t)" if r["trained_at"] else ""))
-    else:
-        o.heading("Training")
-        o.text("Not run: this opsplit has no trainer (opsplit.control).")
-        print("      skipped: no trainer in this opsplit")
+    _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+    for r in evals:
+        print(f"      test accuracy at N_t = {r['n_t']:>2}: {r['test_accuracy']:.3f}"
+              + ("  (trained at this N_t)" if r["trained_at"] else ""))
     html = o.finish()
     print(f"opsplit: done in {time.perf_counter() - t0:.0f} s; report: {relpath(html)} "
           f"(and {relpath(folder / 'report.md')})")

@@ -74,16 +74,6 @@ SCHEMA = {
 }
 
 
-def available() -> bool:
-    """Whether this opsplit has the trainer (opsplit.control) and the data (opsplit.data)."""
-    try:
-        import opsplit.control  # noqa: F401
-        import opsplit.data  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def add_arguments(p):
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its config.toml "
                    "and latest checkpoint)")
@@ -107,8 +97,6 @@ def resume_config(folder):
 
 
 def prepare(cfg) -> dict:
-    if not available():
-        raise ConfigError("train: this opsplit has no trainer (opsplit.control, opsplit.data)")
     m = cfg["model"]
     if m["d_model"] % m["heads"]:
         raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']}, "
