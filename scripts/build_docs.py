@@ -5,6 +5,7 @@ Markdown pages in docs/notebooks/ (code, printed output, figures as PNG files), 
     python scripts/build_docs.py                  # notebooks + site (site/)
     python scripts/build_docs.py --notebooks-only # execute and convert, no site
     python scripts/build_docs.py --no-notebooks   # the site from the pages as they are
+    python scripts/build_docs.py --quick          # notebooks on smaller problems (as the tests)
 
 The conversion is a few lines here rather than nbconvert or mkdocs-jupyter: the pages need
 only markdown cells, code cells, text output and PNG figures, and one dependency fewer is
@@ -31,16 +32,22 @@ def notebooks() -> list[Path]:
     return sorted(EXAMPLES.glob("*.ipynb"))
 
 
-def execute(path: Path, timeout: int = 600):
+def execute(path: Path, timeout: int = 600, quick: bool = False):
     """Run a notebook top to bottom in a fresh kernel (working directory: its folder;
     this checkout's opsplit first on the path); returns the executed notebook, raises
-    ``nbclient.exceptions.CellExecutionError`` on the first failing cell."""
+    ``nbclient.exceptions.CellExecutionError`` on the first failing cell.
+
+    ``quick=True`` sets ``OPSPLIT_QUICK=1`` in the kernel: every notebook reads it in its
+    first code cell and tells the same story on smaller problems (fewer grid sizes and
+    time steps, shorter training, shorter sequences); the test suite runs them so."""
     import nbclient
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    env_path = os.environ.get("PYTHONPATH", "")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "OPSPLIT_QUICK")}
+    env_path = saved["PYTHONPATH"] or ""
     os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + env_path if env_path else "")
+    os.environ["OPSPLIT_QUICK"] = "1" if quick else "0"
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spinning threads on a shared CPU
     try:
@@ -50,10 +57,11 @@ def execute(path: Path, timeout: int = 600):
         )
         client.execute()
     finally:
-        if env_path:
-            os.environ["PYTHONPATH"] = env_path
-        else:
-            os.environ.pop("PYTHONPATH", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return nb
 
 
@@ -94,11 +102,12 @@ def to_markdown(nb, name: str, out_dir: Path) -> Path:
     return md
 
 
-def build_notebooks(out_dir: Path = ROOT / "docs" / "notebooks", verbose: bool = True) -> list[Path]:
+def build_notebooks(out_dir: Path = ROOT / "docs" / "notebooks", verbose: bool = True,
+                    quick: bool = False) -> list[Path]:
     pages = []
     for path in notebooks():
         t0 = time.perf_counter()
-        nb = execute(path)
+        nb = execute(path, quick=quick)
         pages.append(to_markdown(nb, path.stem, out_dir))
         if verbose:
             print(f"  {path.name}: executed in {time.perf_counter() - t0:.0f} s -> {pages[-1]}")
@@ -129,10 +138,12 @@ def main(argv=None) -> int:
     p.add_argument("--notebooks-only", action="store_true")
     p.add_argument("--no-notebooks", action="store_true")
     p.add_argument("--site-dir", type=Path, default=None)
+    p.add_argument("--quick", action="store_true",
+                   help="run the notebooks on smaller problems (OPSPLIT_QUICK=1, as the tests do)")
     a = p.parse_args(argv)
     if not a.no_notebooks:
-        print("executing the notebooks ...")
-        build_notebooks()
+        print("executing the notebooks" + (" (quick)" if a.quick else "") + " ...")
+        build_notebooks(quick=a.quick)
     if not a.notebooks_only:
         print("building the site (mkdocs build --strict) ...")
         build_site(a.site_dir)
