@@ -1,7 +1,9 @@
-"""Probe torch.compile(fullgraph=True), torch.jit.trace and state_dict (weights_only=True)
-support of each non-kernel piece of opsplit, in float64 on CPU.
+"""Probe double backward, torch.compile(fullgraph=True), torch.jit.trace and state_dict
+(weights_only=True) support of each piece of opsplit, in float64 on CPU.
 
-Each piece runs inside a small propagator.  compile: ``torch.compile(m, fullgraph=True,
+Each piece runs inside a small propagator.  double backward: ``gradgradcheck`` (fast mode)
+with respect to the input, with torch's default attention backend (a refusal is printed
+as the error; a wrong value as "wrong values").  compile: ``torch.compile(m, fullgraph=True,
 backend="eager")`` called at batch 2 and batch 5, compared with eager (atol 1e-12);
 trace: ``torch.jit.trace`` at batch 2, run on new data of that shape; state_dict: saved,
 loaded with ``torch.load(weights_only=True)`` into a freshly built model, outputs equal.
@@ -15,10 +17,14 @@ import warnings
 
 import torch
 
-from opsplit import Grid, Interval, Propagator
+from opsplit import Grid, ImageGrid, Interval, Propagator
 from opsplit.models import ContinuousTransformer, PaperTransformer, TorchDecoder, TorchEncoder
 from opsplit.operators import (
     Activation,
+    BatchNormMap,
+    ConvAttention,
+    Convolution2d,
+    ConvTransfer,
     FeedForward,
     FFNIntegral,
     FieldDropout,
@@ -26,9 +32,10 @@ from opsplit.operators import (
     PreNorm,
     ProjectionS1,
     ProjectionS2,
-    Relaxation,
+    SlicedReLUAttention,
+    SlicedReLUBumpAttention,
 )
-from opsplit.schemes import Hybrid, Lie, Parallel, Strang
+from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, Strang
 from opsplit.solvers import (
     RK4,
     CatchUp,
@@ -47,6 +54,16 @@ def W(): return torch.nn.Parameter(0.3 * torch.randn(4, 4, dtype=D))
 def ffn(): return FFNIntegral(W(), torch.nn.Parameter(torch.randn(4, dtype=D)), bias_axis="y")
 def P(ops, n=2): return Propagator(Lie(ops), n, grid=Grid(x=Interval(length=1.0), y=Interval(n=4, length=2.0)))
 def ff(): return FeedForward.create(4, 6, dtype=D, activation="gelu")
+IMG = ImageGrid.paper((2, 4), 4, n_prefix=1)  # a 2x4 token image and a class token: N_x = 9
+def PI(ops, n=2): return Propagator(Lie(ops), n, grid=IMG)
+def dw(stride=1):  # a depthwise 3x3 projection that keeps the class token, then batch norm
+    c = ConvTransfer(torch.nn.Parameter(0.3 * torch.randn(4, 1, 3, 3, dtype=D)), stride=stride, padding=1,
+                     groups="depthwise", prefix="keep")
+    return [c, BatchNormMap(4, dtype=D)]
+def conv_attention():
+    Wh = [torch.nn.Parameter(0.5 * torch.randn(4, 2, 2, dtype=D)) for _ in range(3)]
+    return ConvAttention(*Wh, torch.nn.Parameter(0.5 * torch.randn(2, 2, 4, dtype=D)),
+                         q_proj=dw(), k_proj=dw(2), v_proj=dw(2))
 CASES = {
  "ProjectionS1": lambda: P([ffn(), ProjectionS1(0.1, 1.5)]),
  "ProjectionS2": lambda: P([ffn(), ProjectionS2()]),
@@ -66,6 +83,13 @@ CASES = {
  "ODESolve(rk4)": lambda: Propagator(Lie([Substep(ffn(), ODESolve("rk4", options={"step_size": 0.5}))]), 2),
  "PaperTransformer": lambda: PaperTransformer(4, n_x=3, J=2, n_steps=2, sigma1=0.5, dtype=D),
  "ContinuousTransformer": lambda: ContinuousTransformer(2, J=1, n_steps=2, dtype=D),
+ "Convolution2d": lambda: PI([Convolution2d(torch.nn.Parameter(0.2 * torch.randn(4, 4, 3, 3, dtype=D)),
+                                              torch.nn.Parameter(torch.randn(4, dtype=D)))]),
+ "Convolution2d(depthwise)": lambda: PI([Convolution2d.create(4, 3, groups="depthwise", dtype=D)]),
+ "ConvAttention(eval)": lambda: PI([conv_attention()]).eval(),
+ "SlicedReLUAttention(causal)": lambda: P([SlicedReLUAttention.build(4, 2, causal=True, dtype=D)]),
+ "SlicedReLUBumpAttention(causal)": lambda: P([SlicedReLUBumpAttention.build(4, 2, causal=True, dtype=D)]),
+ "SlicedReLUAttention": lambda: P([SlicedReLUAttention.build(4, 2, dtype=D)]),
  "TorchEncoder": lambda: TorchEncoder(4, 2, 6, dropout=0.0, batch_first=True, num_layers=2, dtype=D).eval(),
  "TorchDecoder": lambda: TorchDecoder(4, 2, 6, dropout=0.0, batch_first=True, num_layers=2, dtype=D).eval(),
 }
@@ -76,7 +100,7 @@ def short(e):
 
 
 def inputs(name, b):
-    x = (torch.randn(b, 3, 4, dtype=D),)
+    x = (torch.randn(b, 9 if name.startswith("Conv") else 3, 4, dtype=D),)
     return x + (torch.randn(b, 2, 4, dtype=D),) if name == "TorchDecoder" else x
 
 
@@ -86,6 +110,12 @@ def probe(name):
     x, x2 = inputs(name, 2), inputs(name, 5)
     ref, ref2 = m(*x), m(*x2)
     row = [name]
+    try:
+        xg = tuple(a.clone().requires_grad_() for a in x)
+        ok = torch.autograd.gradgradcheck(lambda *a: m(*a), xg, fast_mode=True, raise_exception=False)
+        row.append("yes" if ok else "wrong values")
+    except Exception as e:
+        row.append("no: " + short(e))
     t = time.time()
     try:
         torch._dynamo.reset()

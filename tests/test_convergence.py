@@ -26,9 +26,9 @@ from opsplit.analysis import (
     temporal_convergence,
 )
 from opsplit.controls import PiecewiseConstant
-from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2, Relaxation, SoftmaxAttention
+from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2, SoftmaxAttention
 from opsplit.reference import solve_reference
-from opsplit.schemes import Lie
+from opsplit.schemes import Lie, Relaxation
 
 D = torch.float64
 

@@ -11,11 +11,10 @@ from opsplit.operators import (
     FFNIntegral,
     ProjectionS1,
     ProjectionS2,
-    Relaxation,
     SoftmaxAttention,
     project_s1,
 )
-from opsplit.schemes import Lie
+from opsplit.schemes import Lie, Relaxation
 from opsplit.solvers import SemiImplicit, Substep
 
 D = torch.float64

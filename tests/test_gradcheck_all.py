@@ -26,10 +26,9 @@ from opsplit.operators import (
     PreNorm,
     ProjectionS1,
     ProjectionS2,
-    Relaxation,
     project_s1,
 )
-from opsplit.schemes import Hybrid, Lie, Parallel, Strang
+from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, Strang
 from opsplit.solvers import (
     RK4,
     CatchUp,
@@ -295,3 +294,66 @@ def test_torch_decoder():
         gradgradcheck(model, (x, mem), fast_mode=True)
     with _math_sdpa():
         params_check(model, x, mem)
+
+
+def test_attention_operators_double_backward():
+    """What works, precisely (torch's CPU SDPA): ``SoftmaxAttention`` (3-D q, k, v: SDPA's
+    math path) passes gradgradcheck as is.  ``MultiHeadAttention`` (4-D heads: the fused
+    flash kernel) is refused by torch with a RuntimeError in float32 and float64 (never a
+    number), and under ``sdpa_kernel(SDPBackend.MATH)`` its Hessian-vector product passes
+    gradgradcheck and equals finite differences of the first derivative."""
+    from opsplit.operators import MultiHeadAttention, SoftmaxAttention
+
+    G = Grid.uniform(5, 4, 1.0, 1.0, rule="trapezoid")  # non-uniform key weights: a log-weight mask
+    x = _r(2, 5, 4, seed=40).requires_grad_()
+    sm = SoftmaxAttention(*(_r(4, 4, seed=41 + i) for i in range(3)))
+    assert gradgradcheck(lambda u: sm.field(0.0, u, G), (x,))
+    torch.manual_seed(0)
+    mha = MultiHeadAttention.create(4, 2, dtype=D)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.normal_()
+
+    def f(u):
+        return mha.field(0.0, u, G)
+
+    for dt in (torch.float32, D):
+        xx = x.detach().to(dt).requires_grad_()
+        m = MultiHeadAttention.create(4, 2, dtype=dt)
+        (g,) = torch.autograd.grad(m.field(0.0, xx, G).square().sum(), xx, create_graph=True)
+        with pytest.raises(RuntimeError, match=SDPA_NO_DOUBLE_BACKWARD):
+            torch.autograd.grad(g.sum(), xx)
+    with _math_sdpa():
+        assert gradgradcheck(f, (x,))
+        t = _r(2, 5, 4, seed=45)
+        (g,) = torch.autograd.grad(f(x).square().sum(), x, create_graph=True)
+        (hvp,) = torch.autograd.grad((g * t).sum(), x)
+
+    def grad_at(u):  # first derivative (default backend), for finite differences
+        u = u.detach().requires_grad_()
+        return torch.autograd.grad(f(u).square().sum(), u)[0]
+
+    e = 1e-6
+    fd = (grad_at(x + e * t) - grad_at(x - e * t)) / (2 * e)
+    torch.testing.assert_close(hvp, fd, rtol=1e-6, atol=1e-6)
+
+
+def test_cvt_operators_double_backward():
+    """``Convolution2d`` passes gradgradcheck; ``ConvAttention`` (multi-head, 4-D SDPA) is
+    refused by torch as ``MultiHeadAttention`` and passes under the math backend."""
+    from opsplit.grid import ImageGrid
+    from opsplit.operators import ConvAttention, Convolution2d, ConvTransfer
+
+    g = ImageGrid.paper((2, 4), 4, n_prefix=1)
+    x = _r(2, 9, 4, seed=50).requires_grad_()
+    w = _r(4, 1, 3, 3, seed=51).requires_grad_()
+    b = _r(4, seed=52).requires_grad_()
+    assert gradgradcheck(lambda u, w, b: Convolution2d(w, b, groups="depthwise").field(0.0, u, g), (x, w, b))
+    Wh = [_r(4, 2, 2, seed=53 + i) for i in range(3)]
+    kv = ConvTransfer(_r(4, 1, 3, 3, seed=57), stride=2, padding=1, groups="depthwise", prefix="keep")
+    op = ConvAttention(*Wh, _r(2, 2, 4, seed=56), k_proj=kv, v_proj=kv)
+    op.check(g)
+    with pytest.raises(RuntimeError, match=SDPA_NO_DOUBLE_BACKWARD):
+        gradgradcheck(lambda u: op.field(0.0, u, g), (x,), fast_mode=True)
+    with _math_sdpa():
+        assert gradgradcheck(lambda u: op.field(0.0, u, g), (x,), fast_mode=True)

@@ -294,7 +294,7 @@ def test_compile_fullgraph_with_changing_batch_size():
     # each propagator as one graph (fullgraph=True: no graph break), captured once with a
     # dynamic batch size.  The "eager" backend runs the captured graph without code
     # generation (inductor takes tens of seconds per graph on a shared 2-core machine; it
-    # was checked by hand, see docs/reliability_kernels.md)
+    # was checked by hand, see docs/reliability.md, "Attention kernels")
     torch._dynamo.reset()
     props = _propagators()
     props["sliced"] = Propagator(Lie([SlicedReLUAttention.build(4, 2)]), 1)

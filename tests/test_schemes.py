@@ -447,7 +447,8 @@ def test_schemes_cuda_match_cpu():
 
 
 def test_exact_midpoint_rejects_composite_relaxation():
-    from opsplit.operators import ProjectionS2, Relaxation
+    from opsplit.operators import ProjectionS2
+    from opsplit.schemes import Relaxation
     from opsplit.solvers import ExactMidpoint
 
     with pytest.raises(ValueError, match="ExactMidpoint cannot advance Relaxation"):

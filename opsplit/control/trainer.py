@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from ..data.base import TensorData
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
+from .distributed import check_data_parallel
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
 from .objective import Objective
@@ -307,6 +308,7 @@ class Trainer:
         if self.world_size > 1 and not c.drop_last:
             raise ValueError("TrainConfig.drop_last: expected True with world_size > 1 (every process needs a "
                              "non-empty slice of every global batch)")
+        check_data_parallel(self.rank, self.world_size, self.model, self.forward_model)
         spe = self._steps_per_epoch(n)
         self._total_steps = min(c.max_steps, spe * c.epochs) if c.max_steps else spe * c.epochs
         self._check_batch(train)

@@ -71,18 +71,22 @@ ranks are decided on the exact float values, gradients use the convention of
 normalisation.  For eq. 7 a pair is inside the window when ``q - b < z < q + b`` evaluated
 in floating point, identically in the forward and backward passes.
 
-**Double backward** is refused (``once_differentiable``): the backward pass is not itself
-differentiable.
+**Double backward** is refused: the backward pass is hand-written and not itself
+differentiable, so a backward pass with ``create_graph=True`` (Hessian-vector products,
+gradient penalties, ``gradgradcheck``) through these kernels raises a ``RuntimeError``
+at once.  (``torch.autograd.function.once_differentiable`` is not enough: it raises only
+when the incoming gradient itself requires grad, and otherwise lets the second derivative
+through *without* this kernel's terms, a silently wrong number.)
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 __all__ = ["causal_sliced_relu_attention", "causal_sliced_relu_bump_attention", "BASE"]
 
@@ -98,6 +102,12 @@ _TILE_BYTES = 32 << 20
 # validation
 # --------------------------------------------------------------------------------------
 def _check(fn, zq, zk, v, key_padding_mask, key_weights):
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{fn}: torch.jit.trace is not supported: the causal kernel's divide and conquer "
+            "depends on the data (sorted prefix tables per level); run the model eagerly, or "
+            "compile it with torch.compile (without fullgraph: the kernel runs eagerly)"
+        )
     for name, x in (("zq", zq), ("zk", zk), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -470,6 +480,29 @@ def _add_rows(view: Tensor, r0: int, r1: int, d0: int, d1: int, val: Tensor, M: 
         k += m1 - m
 
 
+def _first_order_only(name: str):
+    """Wrap a hand-written ``backward``: refuse ``create_graph=True`` (grad mode is on inside
+    a backward pass exactly when a differentiable backward was asked for)."""
+
+    def wrap(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"{name}: cannot differentiate twice (backward with create_graph=True): "
+                    "the causal kernel's backward pass is hand-written and not itself "
+                    "differentiable, and the second derivative would silently miss its terms; "
+                    "second derivatives are available for the non-causal kernels "
+                    "(sliced_relu_attention, sliced_relu_bump_attention)"
+                )
+            with torch.no_grad():
+                return backward(ctx, *grads)
+
+        return wrapper
+
+    return wrap
+
+
 class _CausalReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, zq, zk, v, w, centered):
@@ -491,7 +524,7 @@ class _CausalReLU(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @_first_order_only("causal_sliced_relu_attention")
     def backward(ctx, g):
         zq, zk, v, w, out, den, Rm = ctx.saved_tensors
         centered = ctx.centered
@@ -615,6 +648,7 @@ def _prepare(fn, zq, zk, v, key_padding_mask, key_weights):
     return w, wr, lead, R, Nq, Nk, D
 
 
+@torch.compiler.disable(reason="causal_sliced_relu_attention: data-dependent divide and conquer, runs eagerly")
 def causal_sliced_relu_attention(
     zq: Tensor,
     zk: Tensor,
@@ -738,7 +772,7 @@ class _CausalBump(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @_first_order_only("causal_sliced_relu_bump_attention")
     def backward(ctx, g):
         zq, zk, v, w, b, out = ctx.saved_tensors
         pp = _Prep(zq, zk, v, w)
@@ -850,6 +884,7 @@ class _CausalBump(torch.autograd.Function):
         return dzq, dzk, dvv, None, db
 
 
+@torch.compiler.disable(reason="causal_sliced_relu_bump_attention: data-dependent divide and conquer, runs eagerly")
 def causal_sliced_relu_bump_attention(
     zq: Tensor,
     zk: Tensor,

@@ -27,9 +27,9 @@ from torch import nn
 
 from ..controls import PiecewiseConstant
 from ..grid import Grid
-from ..operators import FFNIntegral, ProjectionS1, ProjectionS2, Relaxation, SoftmaxAttention
+from ..operators import FFNIntegral, ProjectionS1, ProjectionS2, SoftmaxAttention
 from ..propagator import Propagator
-from ..schemes import Lie
+from ..schemes import Lie, Relaxation
 from ..solvers import ExplicitEuler, Implicit, SemiImplicit, Substep
 
 __all__ = ["PaperTransformer", "PaperSchemePropagator", "paper_scheme"]

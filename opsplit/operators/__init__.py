@@ -16,7 +16,6 @@ from .kernel_attention import KernelAttention
 from .layernorm import ProjectionS1, project_s1
 from .multihead import MultiHeadAttention
 from .prenorm import PreNorm
-from .relaxation import Relaxation
 from .relu import ProjectionS2
 from .relu_attention import ReLUAttention
 from .sliced_attention import SlicedReLUAttention, SlicedReLUBumpAttention
@@ -29,7 +28,6 @@ __all__ = [
     "project_s1",
     "ProjectionS2",
     "FFNIntegral",
-    "Relaxation",
     "SlicedReLUAttention",
     "SlicedReLUBumpAttention",
     "KernelAttention",
@@ -53,3 +51,14 @@ __all__ = [
     "FieldDropPath",
     "StateDropout",
 ]
+
+
+def __getattr__(name: str):
+    # `Relaxation` composes substeps (operator, solver): a step of the scheme, so it lives in
+    # opsplit.schemes (above the solvers); re-exporting it here would import upward
+    if name == "Relaxation":
+        raise AttributeError(
+            "opsplit.operators.Relaxation moved to opsplit.schemes.Relaxation "
+            "(it composes substeps: a step of the scheme, not a term)"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

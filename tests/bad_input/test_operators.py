@@ -18,9 +18,9 @@ from opsplit.operators import (
     PreNorm,
     ProjectionS1,
     ProjectionS2,
-    Relaxation,
     project_s1,
 )
+from opsplit.schemes import Relaxation
 
 from ._table import cases, run_case
 

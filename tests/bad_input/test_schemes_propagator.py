@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from opsplit import Grid, Interval, Propagator
-from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2, Relaxation
-from opsplit.schemes import Hybrid, Lie, Parallel, Strang
+from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2
+from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, Strang
 from opsplit.solvers import (
     RK4,
     CatchUp,

@@ -6,7 +6,10 @@ The FFN substeps (15) map :math:`v = u^{2/M}` to :math:`T(v) = u^{(2+J)/M}`, so 
 the averaged (Krasnosel'skii–Mann) map :math:`v \mapsto (1 - \omega) v + \omega T(v)`
 with :math:`\omega = 1/2`.  opsplit writes it that way: a :class:`Relaxation` holds the
 inner substeps and has this map as its exact "flow", so a scheme needs no memory of
-earlier substep states.  It is a step of the scheme (13)–(17), not a term of eq. (7).
+earlier substep states.  It is a step of the scheme (13)–(17), not a term of eq. (7):
+it composes substeps (operator, solver), so it lives with the schemes, above the solvers
+(an :class:`~opsplit.operators.Operator` subclass, like
+:class:`~opsplit.schemes.ScaledOperator`, so that a scheme holds it as one substep).
 
 Consistency for small :math:`\Delta t`: if each inner substep is an explicit step of a
 smooth term, :math:`T(v) = v + \Delta t\,F(v) + O(\Delta t^2)`, and the relaxed map is
@@ -20,7 +23,8 @@ from torch import Tensor, nn
 
 from .._checks import check_finite_float
 from ..grid import Grid
-from .base import Operator
+from ..operators.base import Operator
+from ..solvers import Substep
 
 __all__ = ["Relaxation"]
 
@@ -40,8 +44,6 @@ class Relaxation(Operator):
 
     def __init__(self, steps, weight: float = 0.5):
         super().__init__()
-        from ..solvers import Substep
-
         steps = list(steps)
         if not steps:
             raise ValueError("Relaxation: expected at least one inner substep")

@@ -1,0 +1,169 @@
+"""Layers import downward only (issue 8, finding 11).
+
+grid -> controls -> operators -> solvers -> schemes -> propagator -> models; control
+(training), data and the CLI above (docs/design.md).  Every module under ``opsplit/`` is
+parsed with ``ast``, imports inside functions and ``if TYPE_CHECKING:`` blocks included,
+and no module may import from a unit of a higher layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "opsplit"
+
+#: rank of each top-level unit of the package; a module may import from its own unit and
+#: from units of a lower rank only.
+LAYERS = {
+    "_checks": 0,  # shared argument checks, used by every layer
+    "functional": 1,  # attention kernels on plain tensors (no grid)
+    "grid": 2,  # where
+    "controls": 3,  # with what
+    "operators": 4,  # what moves u
+    "solvers": 5,  # how one substep is advanced
+    "schemes": 6,  # in what order
+    "propagator": 7,  # the composed map
+    "reference": 8,  # the unsplit model solved by torchdiffeq (terms, solvers, schemes)
+    "models": 9,  # named discretisations and converters
+    "analysis": 10,  # measuring: convergence studies, spline degree
+    "data": 11,  # bundled and generated datasets
+    "control": 12,  # training: objective, trainer, gradient modes, checkpoints
+    "__main__": 13,  # the `opsplit` command
+    "": 14,  # the package root, opsplit/__init__.py
+}
+
+#: names that any layer may read from the package root: metadata, not code
+ROOT_METADATA = {"__version__"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def opsplit_imports(source: str, module: str, is_package: bool):
+    """``(line, target module, imported names)`` of every import of ``opsplit`` in a
+    module's source, at any depth (functions, classes, conditionals), relative imports
+    resolved, ``importlib.import_module("...")`` with a literal name included."""
+    package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [a.name for a in node.names]
+            if target == "opsplit":
+                # `from opsplit import solvers` imports the unit `opsplit.solvers`
+                for n in names:
+                    out.append((node.lineno, f"opsplit.{n}" if n not in ROOT_METADATA else "opsplit", [n]))
+            elif target.startswith("opsplit."):
+                out.append((node.lineno, target, names))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "opsplit" or a.name.startswith("opsplit."):
+                    out.append((node.lineno, a.name, []))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value.startswith("opsplit")
+        ):
+            out.append((node.lineno, node.args[0].value, []))
+    return out
+
+
+def upward_imports(source: str, module: str, is_package: bool = False):
+    """The imports of ``module`` that reach a unit of a higher layer."""
+    unit = _unit(module)
+    bad = []
+    for line, target, names in opsplit_imports(source, module, is_package):
+        t_unit = _unit(target)
+        if t_unit == unit:
+            continue
+        if t_unit == "" and names and set(names) <= ROOT_METADATA:
+            continue
+        if LAYERS[t_unit] > LAYERS[unit]:
+            bad.append(f"{module}:{line} imports {target} ({', '.join(names) or 'module'})")
+    return bad
+
+
+MODULES = sorted(ROOT.rglob("*.py"))
+
+
+def test_every_unit_has_a_layer():
+    units = {_unit(_module_name(p)) for p in MODULES}
+    assert units - set(LAYERS) == set(), "new top-level unit: give it a layer in LAYERS"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: _module_name(p))
+def test_module_imports_downward_only(path):
+    module = _module_name(path)
+    bad = upward_imports(path.read_text(), module, path.name == "__init__.py")
+    assert bad == [], "upward imports:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_function_level_and_relative_imports():
+    # the finding itself: an operator importing Substep inside a function
+    src = "def f():\n    from ..solvers import Substep\n"
+    assert upward_imports(src, "opsplit.operators.relaxation") == [
+        "opsplit.operators.relaxation:2 imports opsplit.solvers (Substep)"
+    ]
+    # absolute, package-root and importlib forms, under TYPE_CHECKING too
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import opsplit.models\n"
+        "from opsplit import propagator\n"
+        "import importlib\nimportlib.import_module('opsplit.schemes.lie')\n"
+    )
+    assert len(upward_imports(src, "opsplit.solvers.euler")) == 3
+    # downward and same-unit imports are fine; so is the package's version string
+    src = "from ..operators import ProjectionS1\nfrom .base import Solver\nfrom .. import __version__\n"
+    assert upward_imports(src, "opsplit.solvers.catch_up") == []
+
+
+def test_the_scan_reads_real_imports():
+    # guards against a scan that passes because it finds nothing: known downward edges
+    edges = {
+        (_module_name(p), target)
+        for p in MODULES
+        for _, target, _ in opsplit_imports(p.read_text(), _module_name(p), p.name == "__init__.py")
+    }
+    assert ("opsplit.solvers.catch_up", "opsplit.operators") in edges  # inside a function
+    assert ("opsplit.propagator", "opsplit.schemes.base") in edges or any(
+        m == "opsplit.propagator" and t.startswith("opsplit.schemes") for m, t in edges
+    )
+    assert any(m.startswith("opsplit.models") and t.startswith("opsplit.operators") for m, t in edges)
+
+
+def test_relaxation_lives_with_the_schemes():
+    # eq. (16) composes substeps (operator, solver): a step of the scheme, above the solvers
+    import opsplit.operators
+    from opsplit.models.paper import paper_scheme  # noqa: F401  (the paper model uses it)
+    from opsplit.operators import Operator
+    from opsplit.schemes import Relaxation
+
+    assert Relaxation.__module__ == "opsplit.schemes.relaxation"
+    assert issubclass(Relaxation, Operator)
+    assert "Relaxation" not in opsplit.operators.__all__
+    # the old path says where it went instead of a bare AttributeError
+    with pytest.raises(AttributeError, match=r"moved to opsplit\.schemes\.Relaxation"):
+        opsplit.operators.Relaxation  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'Nonexistent'"):
+        opsplit.operators.Nonexistent  # noqa: B018
