@@ -319,3 +319,12 @@ def test_train_bad_configs(tmp_path, capsys):
         assert msg in " ".join(capsys.readouterr().err.split())
     assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
     assert "config.toml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["grid", "--levels", "0"], "--levels: expected 1 to 5 levels"),
+    (["grid", "--steps", "0"], "--steps: expected N_t >= 1, got 0"),
+])
+def test_grid_bad_arguments_stop_before_any_work(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
