@@ -263,7 +263,7 @@ class Grid:
 
     Args:
         x: token domain :math:`\Omega_x` (an :class:`Interval`, or an int ``N_x`` for
-           ``L_x = N_x``).
+            ``L_x = N_x``).
         y: feature domain :math:`\Omega_y` (likewise).
         h: optional head domain :math:`\Omega_h` (multi-head attention, eq. 38).
 

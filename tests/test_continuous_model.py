@@ -40,6 +40,6 @@ def test_same_controls_at_another_time_step():
 
 
 def test_main_job_prints_the_table(capsys):
-    main(["--levels", "2", "--steps", "2"])
+    assert main(["grid", "--levels", "2", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "rel. L2 error" in out and "reference: N_x = N_y = 81" in out

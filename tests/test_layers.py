@@ -32,8 +32,9 @@ LAYERS = {
     "analysis": 10,  # measuring: convergence studies, spline degree
     "data": 11,  # bundled and generated datasets
     "control": 12,  # training: objective, trainer, gradient modes, checkpoints
-    "__main__": 13,  # the `opsplit` command
-    "": 14,  # the package root, opsplit/__init__.py
+    "cli": 13,  # the `opsplit` command: configs, jobs, output folders, reports
+    "__main__": 14,  # `python -m opsplit`, the same command
+    "": 15,  # the package root, opsplit/__init__.py
 }
 
 #: names that any layer may read from the package root: metadata, not code

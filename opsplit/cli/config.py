@@ -1,0 +1,196 @@
+"""Configs of the ``opsplit`` command: a small TOML file and/or flags, checked against a
+schema before any work starts.
+
+A schema is ``{section: {key: Field}}``.  :func:`load` merges, in order, the schema's
+defaults, a TOML file and the flags given on the command line, then checks every value:
+an unknown section or key, a value of the wrong type, or a value outside its range raises
+:class:`ConfigError` naming ``section.key`` and what was expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["ConfigError", "Field", "load", "dump_toml", "check_choice"]
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message names the key and what was expected."""
+
+
+# kind -> (description, test)
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_KINDS: dict[str, tuple[str, Callable]] = {
+    "int": ("an integer", _is_int),
+    "float": ("a number", _is_num),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "int_list": (
+        "a non-empty list of integers",
+        lambda v: isinstance(v, list) and len(v) > 0 and all(_is_int(x) for x in v),
+    ),
+    "float_list": (
+        "a non-empty list of numbers",
+        lambda v: isinstance(v, list) and len(v) > 0 and all(_is_num(x) for x in v),
+    ),
+    "str_list": (
+        "a non-empty list of strings",
+        lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config key.
+
+    Args:
+        kind: ``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"int_list"``,
+            ``"float_list"`` or ``"str_list"``.
+        default: its value when neither the file nor a flag sets it.
+        help: what it means (shown in error messages and ``--help``).
+        check: ``check(value) -> str | None``: a description of what was expected when the
+            value is out of range, else ``None``.
+        choices: the allowed values (of a string, or of each list element).
+    """
+
+    kind: str
+    default: object
+    help: str = ""
+    check: Callable | None = None
+    choices: tuple | None = None
+
+    def validate(self, value, name: str):
+        desc, test = _KINDS[self.kind]
+        if self.kind == "float" and _is_int(value):
+            value = float(value)
+        if self.kind == "float_list" and isinstance(value, list):
+            value = [float(x) if _is_int(x) else x for x in value]
+        if not test(value):
+            raise ConfigError(f"{name}: expected {desc}, got {value!r} ({type(value).__name__})")
+        if self.choices is not None:
+            items = value if isinstance(value, list) else [value]
+            bad = [x for x in items if x not in self.choices]
+            if bad:
+                raise ConfigError(
+                    f"{name}: expected {'each of ' if isinstance(value, list) else ''}one of "
+                    f"{', '.join(map(repr, self.choices))}, got {bad[0]!r}"
+                )
+        if self.check is not None:
+            msg = self.check(value)
+            if msg:
+                raise ConfigError(f"{name}: expected {msg}, got {value!r}")
+        return value
+
+
+def at_least(lo):
+    """A check: a number (or every list element) ``>= lo``."""
+
+    def check(v):
+        items = v if isinstance(v, list) else [v]
+        return None if all(x >= lo for x in items) else (
+            f"{'values' if isinstance(v, list) else 'a value'} >= {lo}"
+        )
+
+    return check
+
+
+def positive(v):
+    items = v if isinstance(v, list) else [v]
+    return None if all(x > 0 for x in items) else "a value > 0"
+
+
+def check_choice(value, choices, name):
+    if value not in choices:
+        raise ConfigError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def read_toml(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config: no such file {str(path)!r}")
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config: {path} is not valid TOML: {e}") from None
+
+
+def load(schema: dict, path=None, overrides: dict | None = None, *, data: dict | None = None) -> dict:
+    """The checked config: defaults, then the TOML file ``path`` (or the dict ``data``), then
+    ``overrides`` (``{"section.key": value}``, ``None`` values ignored)."""
+    cfg = {s: {k: copy.deepcopy(f.default) for k, f in keys.items()} for s, keys in schema.items()}
+    raw = read_toml(path) if path is not None else (data or {})
+    for section, values in raw.items():
+        if section not in schema:
+            raise ConfigError(
+                f"config: unknown section [{section}]; expected one of "
+                f"{', '.join('[' + s + ']' for s in schema)}"
+            )
+        if not isinstance(values, dict):
+            raise ConfigError(f"config: [{section}] must be a table of keys, got {values!r}")
+        for key, value in values.items():
+            if key not in schema[section]:
+                raise ConfigError(
+                    f"{section}.{key}: unknown key; [{section}] accepts "
+                    f"{', '.join(schema[section])}"
+                )
+            cfg[section][key] = value
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, key = name.split(".", 1)
+        cfg[section][key] = value
+    for section, keys in schema.items():
+        for key, f in keys.items():
+            cfg[section][key] = f.validate(cfg[section][key], f"{section}.{key}")
+    return cfg
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def dump_toml(cfg: dict) -> str:
+    """A config as TOML text (what each run writes to ``config.toml`` in its folder)."""
+    out = []
+    for section, values in cfg.items():
+        out.append(f"[{section}]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def describe(schema: dict) -> str:
+    """The schema as an annotated TOML example (for ``--help``)."""
+    out = []
+    for section, keys in schema.items():
+        out.append(f"  [{section}]")
+        for k, f in keys.items():
+            out.append(f"  {k} = {_toml_value(f.default)}" + (f"   # {f.help}" if f.help else ""))
+    return "\n".join(out)

@@ -1,0 +1,79 @@
+"""The embedded default job of ``opsplit`` (no arguments): a seeded continuous transformer
+solved with Lie, Strang, parallel and hybrid splitting at several N_t and grid sizes, and a
+short training on the bundled digits; a report with the convergence plots, the scheme
+comparison table and the training curve."""
+
+from __future__ import annotations
+
+import time
+
+from . import compare, solve, train
+from .config import dump_toml, load
+from .output import Output, new_folder, relpath
+
+EXAMPLE = """\
+examples:
+  opsplit                       # the default job: a few minutes on 2 CPU cores
+  opsplit --quick               # the same job, tiny (seconds)
+  opsplit solve --help          # a job's options, config keys and an example
+"""
+
+FULL = {
+    "compare": {"compare": {"solvers": ["euler", "heun"], "n_t": [4, 8, 16, 32], "n_x": 12,
+                            "n_y": 12, "repeats": 3}},
+    "solve": {"solve": {"solver": "heun", "n_t": [8, 32], "n_x": [6, 12, 24, 48],
+                        "n_y": [6, 12, 24, 48]}},
+    "train": {"train": {"epochs": 10}},
+}
+QUICK = {
+    "compare": {"model": {"batch": 1}, "compare": {"solvers": ["heun"], "n_t": [2, 4], "n_x": 4,
+                                                   "n_y": 4, "repeats": 1}},
+    "solve": {"model": {"batch": 1}, "solve": {"solver": "euler", "n_t": [2, 4, 8], "n_x": [4, 6, 8],
+                                               "n_y": [4, 6, 8], "reference": "finest"}},
+    "train": {"model": {"d_model": 16, "heads": 2, "d_ff": 32},
+              "train": {"epochs": 2, "batch_size": 32, "eval_n_steps": [2, 4, 8]},
+              "data": {"limit": 256}},
+}
+
+
+def configs(quick: bool) -> dict:
+    presets = QUICK if quick else FULL
+    return {
+        "compare": load(compare.SCHEMA, data=presets["compare"]),
+        "solve": load(solve.SCHEMA, data=presets["solve"]),
+        "train": load(train.SCHEMA, data=presets["train"]),
+    }
+
+
+def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
+    cfgs = configs(quick)
+    plans = {"compare": compare.prepare(cfgs["compare"]), "solve": solve.prepare(cfgs["solve"]),
+             "train": train.prepare(cfgs["train"])}
+    folder = new_folder("default", out)
+    for k, c in cfgs.items():
+        (folder / f"{k}.toml").write_text(dump_toml(c))
+    o = Output(folder, "opsplit: the default job" + (" (quick)" if quick else ""))
+    o.text("A seeded continuous transformer (paper 002, eq. 7) solved with Lie, Strang, "
+           "parallel and hybrid splitting at several N_t and grid sizes, and a short training "
+           "of a model's controls on the bundled digits. The configs of each part are in "
+           "compare.toml, solve.toml and train.toml; rerun a part with `opsplit <part> --config <part>.toml`.")
+    t0 = time.perf_counter()
+    print("opsplit: default job" + (" (quick)" if quick else "") + f" -> {relpath(folder)}/")
+    print("  1/3 schemes compared (error vs cost) ...", flush=True)
+    _, table = compare.run(cfgs["compare"], plans["compare"], o, progress)
+    for r in table:
+        print(f"      {r['scheme']:>8} / {r['solver']:<5} order {r['order']:.2f} "
+              f"(theory {r['theory']})")
+    print("  2/3 convergence in time and space ...", flush=True)
+    solve.run(cfgs["solve"], plans["solve"], o, progress, heading="Convergence in time and space",
+              prefix="solve_")
+    print("  3/3 training on the digits ...", flush=True)
+    _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+    for r in evals:
+        print(f"      test accuracy at N_t = {r['n_t']:>2}: {r['test_accuracy']:.3f}"
+              + ("  (trained at this N_t)" if r["trained_at"] else ""))
+    html = o.finish()
+    print(f"opsplit: done in {time.perf_counter() - t0:.0f} s; report: {relpath(html)} "
+          f"(and {relpath(folder / 'report.md')})")
+    return 0
+

@@ -1,0 +1,104 @@
+"""``opsplit solve``: one seeded continuous transformer solved at the chosen resolutions
+N_t, N_x, N_y by the chosen schemes; errors, fitted orders in time and in space, plots."""
+
+from __future__ import annotations
+
+from . import study
+from .config import Field, at_least
+
+NAME = "solve"
+SUMMARY = "solve a seeded continuous transformer at given N_t, N_x, N_y and schemes"
+EXAMPLE = """\
+examples:
+  opsplit solve --n-t 4 8 16 32 --n-x 8 16 32 --n-y 8 16 32 --schemes lie strang
+  opsplit solve --config solve.toml --out runs/solve
+
+solve.toml:
+  [model]
+  seed = 0
+  constraint = true      # S1 (LayerNorm) as a constraint
+  [solve]
+  schemes = ["lie", "strang", "parallel", "hybrid"]
+  solver = "heun"
+  n_t = [4, 8, 16, 32]
+  n_x = [8, 16, 32]      # zipped with n_y into grids (8, 8), (16, 16), (32, 32)
+  n_y = [8, 16, 32]
+"""
+
+SCHEMA = {
+    "model": study.MODEL_SCHEMA,
+    "solve": {
+        "schemes": Field("str_list", ["lie", "strang", "parallel", "hybrid"], "splitting schemes",
+                         choices=study.SCHEMES),
+        "solver": Field("str", "heun", "substep solver of the smooth terms", choices=study.SOLVERS),
+        "n_t": Field("int_list", [4, 8, 16, 32], "time steps N_t (>= 1)", at_least(1)),
+        "n_x": Field("int_list", [8, 16, 32], "nodes N_x on Omega_x (zipped with n_y)", at_least(1)),
+        "n_y": Field("int_list", [8, 16, 32], "nodes N_y on Omega_y (zipped with n_x)", at_least(1)),
+        "reference": Field("str", "unsplit", "error reference: the unsplit model (torchdiffeq) "
+                           "or the finest run", choices=("unsplit", "finest")),
+    },
+}
+
+
+def add_arguments(p):
+    p.add_argument("--schemes", nargs="+", metavar="S", help="lie strang parallel hybrid")
+    p.add_argument("--solver", help="euler, heun, rk4 or odeint")
+    p.add_argument("--n-t", nargs="+", type=int, metavar="N", help="time steps N_t")
+    p.add_argument("--n-x", nargs="+", type=int, metavar="N", help="nodes N_x")
+    p.add_argument("--n-y", nargs="+", type=int, metavar="N", help="nodes N_y")
+    p.add_argument("--seed", type=int, help="model seed")
+
+
+def overrides(a) -> dict:
+    return {"solve.schemes": a.schemes, "solve.solver": a.solver, "solve.n_t": a.n_t,
+            "solve.n_x": a.n_x, "solve.n_y": a.n_y, "model.seed": a.seed}
+
+
+def prepare(cfg) -> dict:
+    c = cfg["solve"]
+    gs = study.grids(c["n_x"], c["n_y"], "solve")
+    n_t = sorted(set(c["n_t"]))
+    study.preflight(cfg["model"], gs, n_t, c["schemes"], c["solver"], c["reference"], "solve")
+    return {"grids": sorted(set(gs)), "n_t": n_t}
+
+
+def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
+    from ..analysis import plot_convergence
+
+    c, m = cfg["solve"], cfg["model"]
+    gs, n_t = plan["grids"], plan["n_t"]
+    rows, ref = study.solve_all(m, gs, n_t, c["schemes"], [c["solver"]], c["reference"],
+                                progress=progress, desc="solve")
+    fine = gs[-1]
+    out.heading(heading)
+    out.text(
+        f"A seeded continuous transformer (opsplit.analysis.smooth_transformer: softmax "
+        f"attention + {m['J']} FFN integral term(s){', S1 constraint' if m['constraint'] else ''}"
+        f"{', ReLU' if m['relu'] else ''}; controls {m['space']} in space, {m['time']} in time; "
+        f"T = {m['T']:g}, {m['dtype']}, seed {m['seed']}) solved with {c['solver']} substeps at "
+        f"N_t = {n_t} on the grids {gs}. Errors are relative discrete L2 errors against "
+        + ("the unsplit model solved by torchdiffeq (dopri5, rtol 1e-10) on the finest grid"
+           if ref["reference"] == "unsplit" else
+           f"the same scheme at N_t = {max(n_t)} on the finest grid")
+        + "; grid_error compares each run with the same scheme and N_t on the finest grid "
+        "(cubic-spline resampling), which isolates the spatial error."
+    )
+    cols = ["scheme", "solver", "n_t", "n_x", "n_y", "dt", "dx", "dy", "rel_error", "grid_error",
+            "seconds"]
+    out.table(f"{prefix}runs", rows, cols, "every run")
+    t_st = study.studies(rows, "dt", {"n_x": fine[0], "n_y": fine[1]})
+    s_st = study.studies(rows, "h", {"n_t": max(n_t)}, error="grid_error")
+    orders = study.order_rows(t_st, "dt") + study.order_rows(s_st, "max(dx, dy)")
+    if orders:
+        out.table(f"{prefix}orders", orders, title="fitted orders (least squares on "
+                  "log-log, 95% confidence interval; theory: the scheme's order with these substeps)")
+    if t_st:
+        fig = plot_convergence(t_st, title=f"error vs Δt on the {fine[0]} x {fine[1]} grid")
+        out.figure(fig, f"{prefix}convergence_time",
+                   "convergence in time: relative error against Δt, fitted orders in the legend")
+    if s_st:
+        fig = plot_convergence(s_st, title=f"grid error vs max(Δx, Δy) at N_t = {max(n_t)}")
+        out.figure(fig, f"{prefix}convergence_space",
+                   "convergence in space: error against the finest grid, fitted orders")
+    return rows
+

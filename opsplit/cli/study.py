@@ -1,0 +1,238 @@
+"""The solve/compare engine of the ``opsplit`` command: a seeded continuous transformer
+(:func:`opsplit.analysis.smooth_transformer`) solved by the chosen schemes at the chosen
+resolutions, errors against a reference, fitted orders (:mod:`opsplit.analysis`).
+
+No math of its own: the model, the schemes, the errors and the fits are the library's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
+from ..analysis.problems import SCHEMES, SOLVERS
+from .config import ConfigError, Field, at_least, positive
+
+__all__ = ["MODEL_SCHEMA", "THEORY", "build", "preflight", "solve_all", "expected_order"]
+
+# the order each scheme has when its substeps are solved to at least its order (Appendix C
+# of paper 002; docs/schemes.md); explicit-Euler substeps make every scheme first order
+THEORY = {"lie": 1, "strang": 2, "parallel": 1, "hybrid": 1}
+TIME_BASES = ("legendre", "chebyshev", "cosine", "piecewise_linear")
+
+MODEL_SCHEMA = {
+    "seed": Field("int", 0, "seed of every random draw", at_least(0)),
+    "J": Field("int", 2, "FFN integral terms", at_least(1)),
+    "n_modes": Field("int", 4, "modes per axis of the kernels (space = 'polynomial')", at_least(1)),
+    "constraint": Field("bool", True, "S1(sigma1(t), sigma2(t)) as a constraint (LayerNorm)"),
+    "relu": Field("bool", False, "add the S2 projection (ReLU); no unsplit reference then"),
+    "T": Field("float", 1.0, "final time", positive),
+    "batch": Field("int", 2, "initial states", at_least(1)),
+    "space": Field("str", "polynomial", "controls as Legendre series in space (any grid) or "
+                   "values at the nodes of one grid", choices=("polynomial", "grid")),
+    "time": Field("str", "legendre", "time dependence of the controls", choices=TIME_BASES),
+    "n_time": Field("int", 3, "time modes / nodes of the controls", at_least(2)),
+    "scale": Field("float", 1.0, "operator norm of the terms", positive),
+    "dtype": Field("str", "float64", "floating type", choices=("float64", "float32")),
+}
+
+
+def expected_order(scheme: str, solver: str) -> int:
+    return 1 if solver == "euler" else THEORY[scheme]
+
+
+def build(model: dict, nx: int, ny: int):
+    """The seeded model on an ``nx x ny`` grid (same controls on every grid when
+    ``space = 'polynomial'``)."""
+    return smooth_transformer(
+        n_x=nx, n_y=ny, batch=model["batch"], J=model["J"], T=model["T"], seed=model["seed"],
+        time=model["time"], n_time=model["n_time"], space=model["space"],
+        n_modes=model["n_modes"], constraint=model["constraint"], relu=model["relu"],
+        scale=model["scale"], dtype=getattr(torch, model["dtype"]),
+    )
+
+
+def grids(nx: list[int], ny: list[int], section: str) -> list[tuple[int, int]]:
+    """``n_x`` and ``n_y`` zipped (a single value is used with every value of the other)."""
+    if len(nx) != len(ny) and 1 not in (len(nx), len(ny)):
+        raise ConfigError(
+            f"{section}.n_x / {section}.n_y: expected lists of equal length (zipped into grids) "
+            f"or one of length 1, got {len(nx)} and {len(ny)} values"
+        )
+    k = max(len(nx), len(ny))
+    nx = nx * k if len(nx) == 1 else nx
+    ny = ny * k if len(ny) == 1 else ny
+    return list(zip(nx, ny))
+
+
+def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, solver,
+              reference: str, section: str) -> None:
+    """Everything that can be known before the long work: the model can be evaluated on
+    each grid (the library's own checks), the reference exists, resampling has nodes."""
+    if model["space"] == "grid" and len(set(gs)) > 1:
+        raise ConfigError(
+            f"{section}.n_x / {section}.n_y: model.space = 'grid' stores the controls at the nodes "
+            f"of one grid, so it cannot be evaluated on another; expected one grid, got {gs} "
+            f"(use model.space = 'polynomial' to refine the grid)"
+        )
+    if reference == "unsplit" and model["relu"]:
+        raise ConfigError(
+            f"{section}.reference: 'unsplit' needs a model without ReLU (the unsplit model with "
+            f"the S2 projection has no ODE reference); expected 'finest' with model.relu = true"
+        )
+    if reference == "finest" and len(n_t) < 2 and len(set(gs)) < 2:
+        raise ConfigError(
+            f"{section}.reference: 'finest' compares each run with the finest one; expected at "
+            f"least two values of n_t or two grids, got n_t = {n_t} and grids {gs}"
+        )
+    fx, fy = max(g[0] for g in gs), max(g[1] for g in gs)
+    for axis, fine, vals in (("x", fx, {g[0] for g in gs}), ("y", fy, {g[1] for g in gs})):
+        if len(vals) > 1 and fine < 4:
+            raise ConfigError(
+                f"{section}.n_{axis}: the finest grid is resampled to the coarser ones by cubic "
+                f"splines, which need >= 4 nodes; expected a finest n_{axis} >= 4, got {fine}"
+            )
+    for nx, ny in gs:
+        p = build(model, nx, ny)
+        for kind in schemes:
+            try:
+                prop = p.propagator(max(n_t), kind, solver)
+                g = prop.resolve_grid(p.f)
+                prop.scheme.check(g)
+            except (ValueError, TypeError) as e:
+                raise ConfigError(
+                    f"{section}.n_x / {section}.n_y = ({nx}, {ny}): the model cannot be evaluated "
+                    f"on this grid with scheme {kind!r}: {e}"
+                ) from None
+
+
+def _calls_per_step(scheme: str, k: int) -> int:
+    """Substep solves per time step: Strang solves K - 1 terms twice (half steps)."""
+    return 2 * k - 1 if scheme == "strang" else k
+
+
+def _timed(fn, repeats: int):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return out, statistics.median(times)
+
+
+def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats: int = 1,
+              progress: bool = True, desc: str = "solving"):
+    """Solve every (scheme, solver, N_t, grid); returns ``(rows, reference_info)``.
+
+    Errors are relative discrete L2 errors (:func:`opsplit.analysis.relative_error`) against
+    ``reference``: ``"unsplit"`` -- the unsplit model by torchdiffeq on the finest grid;
+    ``"finest"`` -- the same scheme at the largest N_t on the finest grid.  A coarser grid's
+    error is measured after resampling the reference to its nodes.
+    """
+    from tqdm.auto import tqdm
+
+    fine = (max(g[0] for g in gs), max(g[1] for g in gs))
+    p_fine = build(model, *fine)
+    ref_info = {"reference": reference, "n_x": fine[0], "n_y": fine[1]}
+    refs = {}
+    if reference == "unsplit":
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            u = p_fine.reference()
+        ref_info["seconds"] = time.perf_counter() - t0
+        for s in schemes:
+            for v in solvers:
+                refs[s, v] = u
+    else:
+        ref_info["n_t"] = max(n_t)
+        for s in schemes:
+            for v in solvers:
+                with torch.no_grad():
+                    refs[s, v] = p_fine.propagator(max(n_t), s, v)(p_fine.f)
+    problems = {g: (p_fine if g == fine else build(model, *g)) for g in gs}
+    jobs = [(s, v, n, g) for s in schemes for v in solvers for g in gs for n in n_t]
+    rows, sols = [], {}
+    for s, v, n, g in tqdm(jobs, desc=desc, disable=not progress, leave=False):
+        p = problems[g]
+        prop = p.propagator(n, s, v)
+        with torch.no_grad():
+            u, sec = _timed(lambda prop=prop, p=p: prop(p.f), repeats)
+        u = u.to(torch.float64).cpu()
+        sols[s, v, n, g] = u
+        if reference == "finest" and n == max(n_t) and g == fine:
+            err = float("nan")  # the reference itself
+        else:
+            ref = refs[s, v].to(torch.float64).cpu()
+            if g != fine:
+                ref = resample(ref, p_fine.grid, p.grid)
+            err = relative_error(u, ref, p.grid)
+        rows.append({
+            "scheme": s, "solver": v, "n_t": n, "n_x": g[0], "n_y": g[1],
+            "dt": model["T"] / n, "dx": p.grid.x.spacing, "dy": p.grid.y.spacing,
+            "substeps": n * _calls_per_step(s, len(prop.scheme.substeps)),
+            "rel_error": err, "seconds": sec,
+        })
+    # grid error alone: against the same scheme and N_t on the finest grid
+    for r in rows:
+        g = (r["n_x"], r["n_y"])
+        if g == fine:
+            r["grid_error"] = float("nan")
+            continue
+        ref = resample(sols[r["scheme"], r["solver"], r["n_t"], fine], p_fine.grid, problems[g].grid)
+        r["grid_error"] = relative_error(sols[r["scheme"], r["solver"], r["n_t"], g], ref,
+                                         problems[g].grid)
+    return rows, ref_info
+
+
+def studies(rows, variable: str, fixed: dict, label_keys=("scheme", "solver"),
+            error: str = "rel_error"):
+    """One :class:`~opsplit.analysis.ConvergenceStudy` per (scheme, solver) from ``rows``
+    restricted to ``fixed`` (e.g. the finest grid): the column ``error`` against ``dt`` or
+    ``h = max(dx, dy)``; rows without a finite positive error are left out."""
+    groups: dict = {}
+    for r in rows:
+        if all(r[k] == v for k, v in fixed.items()):
+            groups.setdefault(tuple(r[k] for k in label_keys), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        if variable == "dt":
+            rs = sorted(rs, key=lambda r: r["n_t"])
+            h = np.array([r["dt"] for r in rs])
+            n = [r["n_t"] for r in rs]
+        else:
+            rs = sorted(rs, key=lambda r: (r["n_x"], r["n_y"]))
+            h = np.array([max(r["dx"], r["dy"]) for r in rs])
+            n = [(r["n_x"], r["n_y"]) for r in rs]
+        e = np.array([r[error] for r in rs])
+        keep = np.isfinite(e) & (e > 0)
+        h, e, n = h[keep], e[keep], [v for v, k in zip(n, keep) if k]
+        if len(np.unique(h)) < 2:
+            continue
+        label = " / ".join(key)
+        if variable == "dt":
+            exp = expected_order(*key) if len(key) == 2 else None
+        else:
+            exp = 2  # midpoint quadrature of the integral operators (docs/grid_convergence.md)
+        var = "dt" if variable == "dt" else "dx=dy"
+        out.append(ConvergenceStudy(label, var, n, h, e, fit_order(h, e), exp))
+    return out
+
+
+def order_rows(sts, what: str):
+    rows = []
+    for st in sts:
+        f = st.fit
+        rows.append({
+            "scheme / solver": st.label, "variable": what, "points": f.n_points,
+            "order": f.order, "ci95_low": f.ci_low, "ci95_high": f.ci_high,
+            "theory": "" if st.expected is None else st.expected,
+            "finest error": float(st.errors.min()),
+        })
+    return rows
+
+
+__all__ += ["grids", "studies", "order_rows", "SCHEMES", "SOLVERS"]

@@ -1,0 +1,330 @@
+"""The ``opsplit`` command: every subcommand on a tiny config, its --help, bad configs
+stopped before any work, and the default job's report (issue 12)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsplit.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _toml(tmp_path, text, name="c.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("cmd", sorted(COMMANDS))
+def test_every_subcommand_has_help_with_an_example(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and f"opsplit {cmd}" in out
+
+
+def test_top_level_help_and_console_script():
+    import tomllib
+
+    script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["opsplit"]
+    assert script == "opsplit.cli:main"
+    r = subprocess.run([sys.executable, "-m", "opsplit", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, check=True)
+    assert "default job" in r.stdout and "solve" in r.stdout and "examples:" in r.stdout
+
+
+SOLVE = """
+[model]
+seed = 3
+J = 1
+batch = 1
+[solve]
+schemes = ["lie", "strang"]
+solver = "heun"
+n_t = [2, 4]
+n_x = [4, 8]
+n_y = [4, 8]
+"""
+
+
+def test_solve_tiny_config(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["solve", "--config", _toml(tmp_path, SOLVE), "--out", str(out), "--no-progress"]) == 0
+    assert str(out.name) in capsys.readouterr().out  # the folder is named at the end
+    for f in ("config.toml", "runs.csv", "runs.md", "orders.csv", "convergence_time.png",
+              "report.md", "report.html"):
+        assert (out / f).is_file(), f
+    rows = _rows(out / "runs.csv")
+    assert len(rows) == 2 * 2 * 2
+    # the error of one run, recomputed independently: uniform midpoint grids, so the
+    # relative discrete L2 error is the relative Frobenius norm
+    from opsplit.analysis import smooth_transformer
+
+    p = smooth_transformer(n_x=8, n_y=8, batch=1, J=1, seed=3, space="polynomial", constraint=True)
+    with torch.no_grad():
+        ref = p.reference()
+        u = p.propagator(4, "strang", "heun")(p.f)
+    want = float((u - ref).norm() / ref.norm())
+    got = next(float(r["rel_error"]) for r in rows
+               if r["scheme"] == "strang" and r["n_t"] == "4" and r["n_x"] == "8")
+    assert got == pytest.approx(want, rel=1e-9)
+    # the Strang errors fall faster than Lie's (second vs first order with Heun substeps)
+    err = {(r["scheme"], r["n_t"]): float(r["rel_error"]) for r in rows if r["n_x"] == "8"}
+    assert err["strang", "2"] / err["strang", "4"] > err["lie", "2"] / err["lie", "4"]
+    html = (out / "report.html").read_text()
+    assert "<img src='convergence_time.png'" in html and "<table>" in html
+
+
+def test_compare_tiny_config_measures_the_orders(tmp_path):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--schemes", "lie", "strang", "--solvers", "euler", "heun", "--n-t", "2",
+            "4", "8", "--n-x", "4", "--n-y", "4", "--repeats", "1", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    table = {(r["scheme"], r["solver"]): r for r in _rows(out / "comparison.csv")}
+    assert set(table) == {("lie", "euler"), ("lie", "heun"), ("strang", "euler"), ("strang", "heun")}
+    assert 1.7 < float(table["strang", "heun"]["order"]) < 2.4
+    for key in [("lie", "euler"), ("strang", "euler")]:
+        assert 0.7 < float(table[key]["order"]) < 1.4, table[key]
+    assert table["strang", "heun"]["theory"] == "2" and table["strang", "euler"]["theory"] == "1"
+    for f in ("error_vs_cost.png", "error_vs_dt.png", "compare_runs.csv", "report.md"):
+        assert (out / f).is_file()
+
+
+CONVERT = """
+[convert]
+models = ["torch", "vit"]
+dtypes = ["float64"]
+batch = 1
+[torch]
+d_model = 8
+nhead = 2
+dim_feedforward = 12
+num_layers = 1
+norm_first = true
+seq_len = 5
+[vit]
+hidden_size = 8
+num_hidden_layers = 1
+num_attention_heads = 2
+intermediate_size = 12
+image_size = 8
+patch_size = 4
+num_channels = 1
+"""
+
+
+def test_convert_tiny_config(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "conv"
+    assert main(["convert", "--config", _toml(tmp_path, CONVERT), "--out", str(out),
+                 "--no-progress"]) == 0
+    rows = _rows(out / "conversion_errors.csv")
+    assert len(rows) == 2 and {r["dtype"] for r in rows} == {"float64"}
+    for r in rows:
+        assert float(r["max abs diff (output)"]) < 1e-12
+        assert float(r["max abs diff (input grad)"]) < 1e-12, r
+    assert float(rows[0]["round trip"]) < 1e-12
+    assert "conversion_errors.csv" in (out / "report.md").read_text()
+
+
+def test_convert_cvt_tiny_config(tmp_path):
+    pytest.importorskip("transformers")
+    toml = ('[convert]\nmodels = ["cvt"]\ndtypes = ["float64"]\nbatch = 1\n'
+            "[cvt]\ndepth = [1, 2]\nnum_heads = [1, 2]\nembed_dim = [4, 8]\n"
+            "patch_sizes = [3, 3]\npatch_stride = [2, 1]\nimage_size = 8\n")
+    out = tmp_path / "cvt"
+    assert main(["convert", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
+    (row,) = _rows(out / "conversion_errors.csv")
+    assert row["opsplit class"] == "CvT"
+    assert float(row["max abs diff (output)"]) < 1e-12 and float(row["max abs diff (input grad)"]) < 1e-12
+
+
+def test_convert_cvt_bad_config(tmp_path, capsys):
+    toml = '[convert]\nmodels = ["cvt"]\n[cvt]\ndepth = [1]\n'
+    assert main(["convert", "--config", _toml(tmp_path, toml), "--out", str(tmp_path / "x")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "cvt.depth/num_heads/embed_dim/patch_sizes/patch_stride: expected one entry per stage" in err
+
+
+def test_report_of_a_folder_without_manifest(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "t.csv").write_text("a,b\n1,0.000012345\n")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    fig.savefig(tmp_path / "p.png")
+    plt.close(fig)
+    assert main(["report", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "| 1 | 1.234e-05 |" in md and "![p.png](p.png)" in md
+    assert "<img src='p.png'" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, toml, message",
+    [
+        (["solve", "--n-t", "0", "4"], None, "solve.n_t: expected values >= 1"),
+        (["solve"], "[solve]\nnt = [4]\n", "solve.nt: unknown key"),
+        (["solve"], "[solver]\nn_t = [4]\n", "unknown section [solver]"),
+        (["solve"], '[solve]\nn_t = [4, "8"]\n', "solve.n_t: expected a non-empty list of integers"),
+        (["solve"], "[model]\nT = \"one\"\n", "model.T: expected a number"),
+        (["solve"], '[solve]\nschemes = ["lie", "yoshida"]\n', "solve.schemes: expected each of one of"),
+        (["solve"], '[model]\nspace = "grid"\n', "model.space = 'grid' stores the controls"),
+        (["solve"], "[model]\nrelu = true\n", "solve.reference: 'unsplit' needs a model without ReLU"),
+        (["solve", "--n-x", "2", "3", "--n-y", "4", "4"], None, "solve.n_x: the finest grid"),
+        (["solve", "--n-x", "4", "8", "--n-y", "4", "8", "16"], None, "solve.n_x / solve.n_y: expected"),
+        (["compare", "--n-t", "4"], None, "compare.n_t: expected at least two distinct values"),
+        (["compare", "--n-x", "0"], None, "compare.n_x: expected a value >= 1"),
+        (["convert", "--nhead", "3"], None, "torch.nhead: expected a divisor of torch.d_model = 16"),
+        (["convert"], "[vit]\npatch_size = 5\n", "vit.patch_size: expected a divisor"),
+        (["convert"], "[torch]\nnorm_first = 1\n", "torch.norm_first: expected true or false"),
+        (["solve", "--config", "/nonexistent.toml"], "", "no such file"),
+        (["solve"], "[solve\n", "is not valid TOML"),
+    ],
+)
+def test_bad_config_stops_before_any_work(tmp_path, capsys, argv, toml, message):
+    out = tmp_path / "never"
+    if toml:
+        argv = [*argv, "--config", _toml(tmp_path, toml)]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split()), err
+    assert not out.exists()  # nothing was started
+
+
+def test_print_config_round_trips(tmp_path, capsys):
+    assert main(["compare", "--n-t", "3", "6", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert "n_t = [3, 6]" in text
+    p = _toml(tmp_path, text)
+    assert main(["compare", "--config", p, "--print-config"]) == 0
+    assert capsys.readouterr().out == text
+
+
+def test_default_job_quick_writes_its_report(tmp_path, capsys):
+    out = tmp_path / "default"
+    assert main(["--quick", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "report.html" in printed and str(out) in printed
+    md = (out / "report.md").read_text()
+    assert "![" in md and "solve_convergence_time.png" in md  # a convergence plot
+    assert "comparison.csv" in md  # the scheme comparison table
+    schemes = {r["scheme"] for r in _rows(out / "comparison.csv")}
+    assert schemes == {"lie", "strang", "parallel", "hybrid"}
+    for f in ("solve_convergence_time.png", "solve_convergence_space.png", "error_vs_cost.png"):
+        assert (out / f).stat().st_size > 1000
+    # the training curve
+    assert "training_curve.png" in md and (out / "training_curve.png").stat().st_size > 1000
+    assert len(_rows(out / "train" / "steps.csv")) > 0
+
+
+def test_readme_first_command_runs_the_default_job():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    first = re.findall(r"```bash\n(.*?)```", text, flags=re.S)[0].strip()
+    assert first == "bash scripts/install.sh && opsplit"
+
+
+TRAIN = """
+[model]
+d_model = 8
+heads = 2
+d_ff = 16
+n_steps = 2
+T = 2.0
+[train]
+epochs = 2
+batch_size = 16
+save_every = 2
+warmup_steps = 0
+eval_n_steps = [1, 2, 4]
+[data]
+limit = 64
+"""
+
+
+def test_train_tiny_config(tmp_path):
+    out = tmp_path / "train"
+    assert main(["train", "--config", _toml(tmp_path, TRAIN), "--out", str(out), "--no-progress"]) == 0
+    steps = _rows(out / "train" / "steps.csv")
+    assert len(steps) == 2 * 4  # 64 images / 16 per step, 2 epochs
+    evals = _rows(out / "eval_n_t.csv")
+    assert [int(r["n_t"]) for r in evals] == [1, 2, 4]
+    assert all(0.0 <= float(r["test_accuracy"]) <= 1.0 for r in evals)
+    assert (out / "training_curve.png").stat().st_size > 1000
+    assert "training_curve.png" in (out / "report.md").read_text()
+
+
+def test_interrupted_train_resumes_from_its_folder(tmp_path, monkeypatch, capsys):
+    """Interrupted after the step-4 checkpoint, `--resume` finishes the run; the losses
+    equal those of an uninterrupted run."""
+    from opsplit.cli import train as train_cmd
+
+    cfg = _toml(tmp_path, TRAIN)
+    full = tmp_path / "full"
+    assert main(["train", "--config", cfg, "--out", str(full), "--no-progress"]) == 0
+    real = train_cmd._augment
+
+    def interrupting(shift):
+        aug = real(shift)
+        calls = {"n": 0}
+
+        def f(x, g):
+            calls["n"] += 1
+            if calls["n"] == 6:  # during step 6, after the checkpoint of step 4
+                raise KeyboardInterrupt
+            return aug(x, g)
+
+        return f
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(train_cmd, "_augment", interrupting)
+    assert main(["train", "--config", cfg, "--out", str(cut), "--no-progress"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not (cut / "train" / "steps.csv").exists()
+    monkeypatch.setattr(train_cmd, "_augment", real)
+    assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
+    a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
+    b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
+    assert len(a) == 8 and a == b
+    assert "resumed from a checkpoint" in (cut / "report.md").read_text()
+
+
+def test_train_bad_configs(tmp_path, capsys):
+    for toml, msg in [("[model]\nheads = 3\n", "model.heads: expected a divisor of model.d_model"),
+                      ("[model]\npatch = 3\n", "model.patch: expected a divisor of 8"),
+                      ('[train]\ngradient = "magic"\n', "train.gradient: expected one of"),
+                      ("[model]\nn_steps = 0\n", "model.n_steps: expected a value >= 1")]:
+        assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(tmp_path / "x")]) == 2
+        assert msg in " ".join(capsys.readouterr().err.split())
+    assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "config.toml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["grid", "--levels", "0"], "--levels: expected 1 to 5 levels"),
+    (["grid", "--steps", "0"], "--steps: expected N_t >= 1, got 0"),
+])
+def test_grid_bad_arguments_stop_before_any_work(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
