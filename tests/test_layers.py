@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "opsplit"
 #: from units of a lower rank only.
 LAYERS = {
     "_checks": 0,  # shared argument checks, used by every layer
+    "_compile": 0,  # torch.compile markers that do not import dynamo at import time
     "functional": 1,  # attention kernels on plain tensors (no grid)
     "grid": 2,  # where
     "controls": 3,  # with what

@@ -88,6 +88,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._compile import eager_under_compile
+
 __all__ = ["causal_sliced_relu_attention", "causal_sliced_relu_bump_attention", "BASE"]
 
 #: positions per dense block of the divide and conquer
@@ -648,7 +650,7 @@ def _prepare(fn, zq, zk, v, key_padding_mask, key_weights):
     return w, wr, lead, R, Nq, Nk, D
 
 
-@torch.compiler.disable(reason="causal_sliced_relu_attention: data-dependent divide and conquer, runs eagerly")
+@eager_under_compile("causal_sliced_relu_attention: data-dependent divide and conquer, runs eagerly")
 def causal_sliced_relu_attention(
     zq: Tensor,
     zk: Tensor,
@@ -884,7 +886,7 @@ class _CausalBump(torch.autograd.Function):
         return dzq, dzk, dvv, None, db
 
 
-@torch.compiler.disable(reason="causal_sliced_relu_bump_attention: data-dependent divide and conquer, runs eagerly")
+@eager_under_compile("causal_sliced_relu_bump_attention: data-dependent divide and conquer, runs eagerly")
 def causal_sliced_relu_bump_attention(
     zq: Tensor,
     zk: Tensor,

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._compile import constant_under_compile
 from ..controls.timepoints import LeftLimit
 
-# under torch.compile, computed at trace time (a no-op decorator where torch lacks it)
-_assume_constant_result = getattr(getattr(torch, "compiler", None), "assume_constant_result", lambda f: f)
 
 __all__ = ["check_field_terms", "field_sum", "end_time", "stage_time"]
 
@@ -43,7 +42,7 @@ def field_sum(terms, t, u: Tensor, grid) -> Tensor:
     return out
 
 
-@_assume_constant_result
+@constant_under_compile
 def end_time(t, dt) -> LeftLimit:
     """The substep's end :math:`(t + \\Delta t)^-`.  (Times are Python numbers; under
     ``torch.compile`` the result is computed at trace time, since dynamo cannot build a
