@@ -9,12 +9,10 @@ piecewise constant on the time grid are seen as constant on each substep.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from .._compile import constant_under_compile
 from ..controls.timepoints import LeftLimit
-
 
 __all__ = ["check_field_terms", "field_sum", "end_time", "stage_time"]
 
