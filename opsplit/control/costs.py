@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from ..controls import Control, LeftLimit, PiecewiseConstant, PiecewiseLinear, TimeBasis
+from ..controls.projection import time_breakpoints
 
 __all__ = ["leaf_controls", "smoothness_cost", "energy_cost", "control_interval", "breakpoints"]
 
@@ -76,15 +77,9 @@ def control_interval(control: Control, default: tuple[float, float] | None = Non
 
 
 def breakpoints(control: Control) -> list[float]:
-    """Interior and end points where ``control`` may be non-smooth, sorted, ends included."""
-    t0, t1 = control_interval(control)
-    pts = {t0, t1}
-    if isinstance(control, PiecewiseConstant):
-        n = control.n_pieces
-        pts.update(t0 + (t1 - t0) * i / n for i in range(n + 1))
-    elif isinstance(control, PiecewiseLinear):
-        pts.update(control.breakpoints())
-    return sorted(pts)
+    """Interior and end points where ``control`` may be non-smooth, sorted, ends included
+    (:func:`opsplit.controls.projection.time_breakpoints`)."""
+    return time_breakpoints(control)
 
 
 def _points(control: Control) -> int:
