@@ -8,6 +8,7 @@ import torch
 
 from opsplit.data import (
     TensorData,
+    input_noise,
     load_digits,
     periodic_series,
     periodic_task,
@@ -82,6 +83,41 @@ def test_random_shift_moves_images_within_bounds():
     assert out.shape == img.shape and torch.equal(out.sum((1, 2, 3)), img.sum((1, 2, 3)))
     rows = out.sum((1, 3)).argmax(-1)  # first row of the blob moves by -1, 0 or 1
     assert set(rows.tolist()) <= {2, 3, 4} and len(set(rows.tolist())) > 1
+
+
+def test_input_noise_is_seeded_gaussian_on_inputs_only():
+    x = torch.zeros(4000, 50, dtype=torch.float64)
+    f = input_noise(0.1)
+    a = f(x, torch.Generator().manual_seed(3))
+    b = f(x, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and not torch.equal(a, f(x, torch.Generator().manual_seed(4)))
+    assert a.dtype == x.dtype and abs(float(a.std()) - 0.1) < 1e-3 and abs(float(a.mean())) < 1e-3
+    assert input_noise(0)(x, None) is x
+    for bad in (-0.1, float("nan"), float("inf"), "0.1", True):
+        with pytest.raises(ValueError, match="input_noise.std"):
+            input_noise(bad)
+    with pytest.raises(TypeError, match="floating tensor"):
+        f(torch.zeros(3, dtype=torch.int64), None)
+
+
+def test_trainer_applies_input_noise_to_inputs_not_targets():
+    """The trainer hands the batch's inputs to the augmentation and compares the model's
+    output with the untouched targets: a model returning its input has loss = noise variance."""
+    from opsplit.control import Objective, TrainConfig, Trainer
+
+    class Echo(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, x):
+            return x + 0 * self.w
+
+    x = torch.zeros(256, 64, dtype=torch.float64)
+    tr = Trainer(Echo().double(), Objective("mse"), TrainConfig(epochs=1, batch_size=256, lr=1e-3, progress=False),
+                 augment=input_noise(0.5))
+    tr.fit((x, x.clone()))
+    assert abs(tr.history.steps[0]["loss"] - 0.25) < 0.01
 
 
 def test_tensor_data_checks():
