@@ -8,7 +8,10 @@ Every (task, scheme) run is a fresh subprocess, so its peak RSS (ru_maxrss) is i
 counted with torch.autograd.graph.saved_tensors_hooks (as in train_memory.py).
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_schemes.py \
-        [--digits-epochs 12] [--periodic-epochs 4] [--out docs/figures]
+        [--digits-epochs 12] [--periodic-epochs 60] [--tasks ...] [--out docs/figures]
+
+The periodic tasks use the forecaster of benchmarks/train_periodic.py (a lift of the last 64
+values, sinusoidal positions, input noise 0.1) with each scheme.
 """
 
 from __future__ import annotations
@@ -86,15 +89,16 @@ def run_one(task: str, scheme: str, args) -> dict:
     else:
         import train_periodic as tp
 
-        from opsplit.data import periodic_task
+        from opsplit.data import input_noise, periodic_task
 
         ns = argparse.Namespace(seed=args.seed, d_model=32, heads=2, d_ff=64, n_steps=2, T=None, scheme=scheme,
-                                control="piecewise_constant", delay=8, center=False, final_norm=False,
-                                epochs=args.periodic_epochs, batch=32, lr=3e-3, progress=False, loss_from=50)
+                                control="piecewise_constant", delay=64, positions="sinusoidal", center=False,
+                                final_norm=False, epochs=args.periodic_epochs, batch=32, lr=3e-3, progress=False,
+                                loss_from=50)
         task_ = periodic_task(task)
         model = tp.build(ns, task_.window)
         obj = tp.objective(ns)
-        tr = Trainer(model, obj, tp.config(ns).replace(eval_every=1))
+        tr = Trainer(model, obj, tp.config(ns).replace(eval_every=1), augment=input_noise(0.1))
         x0, y0 = task_.train[torch.arange(32)]
         smb = saved_mb(model, x0, lambda o: obj.data_term(o, y0))
         t = time.perf_counter()
@@ -145,7 +149,7 @@ def main(argv=None):
     p.add_argument("--tasks", nargs="+", default=TASKS)
     p.add_argument("--schemes", nargs="+", default=SCHEMES)
     p.add_argument("--digits-epochs", type=int, default=12)
-    p.add_argument("--periodic-epochs", type=int, default=4)
+    p.add_argument("--periodic-epochs", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="docs/figures")
     p.add_argument("--json", default="benchmarks/out/train_schemes.json")

@@ -4,7 +4,15 @@ long-range retrieval task (recall the flagged symbol)."""
 
 from .base import TensorData
 from .digits import load_digits, random_shift
-from .periodic import FUNCTIONS, TABLE1_MSE, PeriodicTask, input_noise, periodic_series, periodic_task, rollout
+from .periodic import (
+           FUNCTIONS,
+           TABLE1_MSE,
+           PeriodicTask,
+           input_noise,
+           periodic_series,
+           periodic_task,
+           rollout,
+)
 from .retrieval import IGNORE, flag_retrieval, retrieval_accuracy, retrieval_loss
 
 __all__ = ["TensorData", "load_digits", "random_shift", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
