@@ -257,6 +257,7 @@ epochs = 2
 batch_size = 16
 save_every = 2
 warmup_steps = 0
+shift = 1
 eval_n_steps = [1, 2, 4]
 [data]
 limit = 64

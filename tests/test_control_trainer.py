@@ -357,3 +357,51 @@ def test_trainer_and_checkpoint_on_cuda(tmp_path):
     tr2 = Trainer(m2, Objective("cross_entropy"), tiny_config(epochs=2))
     tr2.load(tmp_path)
     assert _same(_params(m), _params(m2)) and tr2.step == tr.step
+
+
+def test_multi_resolution_training_draws_n_t_per_step_and_resumes(tmp_path):
+    """TrainConfig.train_n_steps: each optimizer step calls the model with an N_t drawn from
+    the list (seeded: the same draws in a resumed run); the model sees exactly the N_t the
+    history records."""
+    seen = []
+
+    class Recording(TinyClassifier):
+        def forward(self, x, n_steps=None):
+            if self.training:
+                seen.append(n_steps)
+            return super().forward(x, n_steps=n_steps)
+
+    cfg = tiny_config(train_n_steps=[1, 2, 4])
+    h = Trainer(Recording(), Objective("cross_entropy"), cfg).fit(tiny_data())
+    drawn = [int(r["n_steps"]) for r in h.steps]
+    assert seen == drawn and len(drawn) == 12 and set(drawn) == {1, 2, 4}
+    # without the option the model's own N_t is used
+    seen.clear()
+    Trainer(Recording(), Objective("cross_entropy"), tiny_config(epochs=1)).fit(tiny_data())
+    assert seen == [None] * 3
+    # resumed from the step-5 checkpoint: the same draws and losses as the uninterrupted run
+    Trainer(Recording(), Objective("cross_entropy"), cfg, save_every=5, keep_checkpoints=10).fit(
+        tiny_data(), out_dir=tmp_path / "run", plot=False)
+    seen.clear()
+    m = Recording(seed=5)
+    h2 = Trainer(m, Objective("cross_entropy"), cfg).fit(
+        tiny_data(), resume=tmp_path / "run" / "checkpoints" / "step-00000005")
+    assert seen == drawn[5:]
+    assert [r["loss"] for r in h2.steps] == [r["loss"] for r in h.steps]
+
+
+def test_multi_resolution_training_refuses_bad_lists_and_models():
+    for bad in ([], [0, 2], "4", [2.5]):
+        with pytest.raises((TypeError, ValueError), match="train_n_steps"):
+            tiny_config(train_n_steps=bad)
+
+    class NoSteps(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.lin(x.mean(1))
+
+    with pytest.raises(TypeError, match="train_n_steps: the model's forward must take n_steps"):
+        Trainer(NoSteps(), Objective("cross_entropy"), tiny_config(train_n_steps=[2])).fit(tiny_data())

@@ -58,7 +58,7 @@ SCHEMA = {
         "warmup_steps": Field("int", 10, "linear warm-up steps", at_least(0)),
         "gradient": Field("str", "backprop", "how the gradient of J is computed",
                           choices=GRADIENTS),
-        "shift": Field("int", 1, "random-shift augmentation in pixels (0: none)", at_least(0)),
+        "shift": Field("int", 0, "random-shift augmentation in pixels (0: none)", at_least(0)),
         "save_every": Field("int", 20, "checkpoint every this many steps (for --resume)",
                             at_least(1)),
         "seed": Field("int", 0, "seed of the data order, augmentation and dropout", at_least(0)),

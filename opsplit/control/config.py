@@ -70,6 +70,11 @@ class TrainConfig:
             bounded independently of N_t, blocks recomputed from the stored states;
             :mod:`opsplit.revolve`); ``None``: one state per block (``"checkpoint"``) or
             per substep (``"adjoint"``), memory linear in N_t.
+        train_n_steps: multi-resolution training: every optimizer step solves the model at an
+            N_t drawn uniformly from this list (the model is called with ``n_steps=``; the
+            draw uses the trainer's seeded generator, so resumed runs repeat it).  The
+            controls, functions of t, are then fit at several time steps Δt = T/N_t, not to
+            one discrete map (``None``: the model's own N_t).
         seed: seeds the parameters' RNG use during training, the data order and the
             augmentation generator.
         shuffle: reshuffle the training data every epoch (seeded).
@@ -97,6 +102,7 @@ class TrainConfig:
     gradient: str = "backprop"
     checkpoint_every: int = 1
     checkpoint_snapshots: int | None = DEFAULT_SNAPSHOTS
+    train_n_steps: tuple | None = None
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
@@ -131,6 +137,12 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.gradient: expected one of {GRADIENT_MODES}, got {self.gradient!r}")
         self.checkpoint_every = _int(self.checkpoint_every, "checkpoint_every", 1)
         self.checkpoint_snapshots = _int(self.checkpoint_snapshots, "checkpoint_snapshots", 1, allow_none=True)
+        if self.train_n_steps is not None:
+            v = self.train_n_steps
+            if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or not v:
+                raise TypeError(f"TrainConfig.train_n_steps: expected a non-empty list of integers >= 1 "
+                                f"(or None), got {v!r}")
+            self.train_n_steps = tuple(_int(n, "train_n_steps", 1) for n in v)
         self.seed = _int(self.seed, "seed", 0)
         for name in ("shuffle", "drop_last", "progress"):
             if not isinstance(getattr(self, name), bool):
@@ -144,6 +156,8 @@ class TrainConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
+        if self.train_n_steps is not None:
+            d["train_n_steps"] = list(self.train_n_steps)
         return d
 
     @classmethod

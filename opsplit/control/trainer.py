@@ -198,6 +198,12 @@ class Trainer:
         try:
             with torch.no_grad():
                 out = self.objective.select(self.model(x))
+                for n in self.config.train_n_steps or ():
+                    try:
+                        self.model(x, n_steps=n)
+                    except TypeError as e:
+                        raise TypeError(f"TrainConfig.train_n_steps: the model's forward must take n_steps= "
+                                        f"({type(self.model).__name__}: {e})") from None
                 self.objective.check(out, y)
                 val = self.objective.data_term(out, y)  # a callable loss fails here, not mid-run
         finally:
@@ -388,8 +394,12 @@ class Trainer:
         x, y = train[idx]
         if self.augment is not None:
             x = self.augment(x, self.generator)
+        kw = {}
+        if c.train_n_steps is not None:
+            pick = int(torch.randint(len(c.train_n_steps), (), generator=self.generator))
+            kw["n_steps"] = c.train_n_steps[pick]
         self.optimizer.zero_grad(set_to_none=True)
-        val = self.objective(self.forward_model, x, y, costs_model=self.model)
+        val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
         if not torch.isfinite(val.total):
             raise FloatingPointError(f"step {self.step}: the objective is {float(val.total)}; lower the "
                                      "learning rate or clip the gradients (TrainConfig.grad_clip)")
@@ -404,4 +414,6 @@ class Trainer:
         self.scheduler.step()
         row = val.as_floats()
         row.update(lr=lr, grad_norm=gn)
+        if kw:
+            row["n_steps"] = kw["n_steps"]
         return row
