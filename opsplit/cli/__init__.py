@@ -1,7 +1,7 @@
 """The ``opsplit`` command: the jobs of a user of opsplit, each writing its tables (CSV and
 Markdown), plots (PNG) and a report (Markdown and HTML) into an output folder.
 
-    opsplit                      the embedded default job (a few minutes on 2 CPU cores)
+    opsplit                      the embedded default job (under a minute on 2 idle CPU cores)
     opsplit solve ...            a seeded continuous transformer at given N_t, N_x, N_y, schemes
     opsplit compare ...          Lie / Strang / parallel / hybrid: error vs cost, orders
     opsplit convert ...          torch / Hugging Face models -> opsplit, error tables

@@ -13,7 +13,7 @@ from .output import Output, new_folder, relpath
 
 EXAMPLE = """\
 examples:
-  opsplit                       # the default job: a few minutes on 2 CPU cores
+  opsplit                       # the default job: under a minute on 2 idle CPU cores
   opsplit --quick               # the same job, tiny (seconds)
   opsplit solve --help          # a job's options, config keys and an example
 """

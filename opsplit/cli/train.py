@@ -119,9 +119,13 @@ def build_model(m: dict):
 
     g = torch.Generator().manual_seed(m["seed"])
     try:
-        enc = SplitEncoder(m["d_model"], m["heads"], m["d_ff"], n_steps=m["n_steps"], T=m["T"],
-                           scheme=m["scheme"], control=m["control"], generator=g)
-        return ImageClassifier(8, m["patch"], 1, 10, enc)
+        # F and G initialise from torch's global generator (as torch.nn modules do): seed it
+        # with model.seed for the construction only, leaving the caller's RNG state as it was
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(m["seed"])
+            enc = SplitEncoder(m["d_model"], m["heads"], m["d_ff"], n_steps=m["n_steps"], T=m["T"],
+                               scheme=m["scheme"], control=m["control"], generator=g)
+            return ImageClassifier(8, m["patch"], 1, 10, enc)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
 
