@@ -32,7 +32,7 @@ def build(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--epochs", type=int, default=35)
+    p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--d-ff", type=int, default=64)
