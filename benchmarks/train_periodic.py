@@ -98,7 +98,7 @@ def plot(task, pred, mse, path):
     plt.close(fig)
 
 
-def main(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--functions", nargs="+", default=["sin", "sin_exp", "square"])
     p.add_argument("--epochs", type=int, default=60)
@@ -122,7 +122,27 @@ def main(argv=None):
     p.add_argument("--figures", default="docs/figures")
     p.add_argument("--floor", action="store_true", help="print the square wave's Bayes floor on the test contexts")
     p.add_argument("--progress", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def settings(**overrides):
+    """This script's defaults (the forecaster and training of docs/training.md) with
+    ``overrides``: the one recipe the other training benchmarks reuse."""
+    args = parser().parse_args([])
+    for k, v in overrides.items():
+        if not hasattr(args, k):
+            raise AttributeError(f"train_periodic.settings: no setting {k!r}")
+        setattr(args, k, v)
+    return args
+
+
+def augment(args):
+    """The training augmentation of ``args``: input noise of std ``args.noise`` (or none)."""
+    return input_noise(args.noise) if args.noise else None
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     rows = []
     if args.floor:
         soft, hard = square_floor(periodic_task("square"))
@@ -130,7 +150,7 @@ def main(argv=None):
     for name in args.functions:
         task = periodic_task(name)
         model = build(args, task.window)
-        tr = Trainer(model, objective(args), config(args), augment=input_noise(args.noise) if args.noise else None)
+        tr = Trainer(model, objective(args), config(args), augment=augment(args))
         t = time.perf_counter()
         tr.fit(task.train)
         wall = time.perf_counter() - t

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import input_noise, load_digits, periodic_task  # noqa: E402
+from opsplit.data import load_digits, periodic_task  # noqa: E402
 
 KINDS = ["piecewise_constant", "piecewise_linear", "legendre"]
 LEVELS = [2, 4, 8, 16, 32]
@@ -50,13 +50,11 @@ def digits(kind, args):
 def periodic(kind, args):
     import train_periodic as tp
 
-    ns = argparse.Namespace(seed=args.seed, d_model=32, heads=2, d_ff=64, n_steps=4, T=args.T / 2, scheme="lie",
-                            control=kind, delay=64, positions="sinusoidal", center=False, final_norm=False,
-                            epochs=args.periodic_epochs, batch=32, lr=3e-3, progress=False, loss_from=50)
+    ns = tp.settings(seed=args.seed, n_steps=4, T=args.T / 2, control=kind, epochs=args.periodic_epochs)
     task = periodic_task("sin")
     model = tp.build(ns, task.window)
     tr = Trainer(model, tp.objective(ns), tp.config(ns).replace(train_n_steps=args.train_n_steps),
-                 augment=input_noise(0.1))
+                 augment=tp.augment(ns))
     t = time.perf_counter()
     tr.fit(task.train)
     wall = time.perf_counter() - t

@@ -89,16 +89,13 @@ def run_one(task: str, scheme: str, args) -> dict:
     else:
         import train_periodic as tp
 
-        from opsplit.data import input_noise, periodic_task
+        from opsplit.data import periodic_task
 
-        ns = argparse.Namespace(seed=args.seed, d_model=32, heads=2, d_ff=64, n_steps=2, T=None, scheme=scheme,
-                                control="piecewise_constant", delay=64, positions="sinusoidal", center=False,
-                                final_norm=False, epochs=args.periodic_epochs, batch=32, lr=3e-3, progress=False,
-                                loss_from=50)
+        ns = tp.settings(seed=args.seed, scheme=scheme, epochs=args.periodic_epochs)
         task_ = periodic_task(task)
         model = tp.build(ns, task_.window)
         obj = tp.objective(ns)
-        tr = Trainer(model, obj, tp.config(ns).replace(eval_every=1), augment=input_noise(0.1))
+        tr = Trainer(model, obj, tp.config(ns).replace(eval_every=1), augment=tp.augment(ns))
         x0, y0 = task_.train[torch.arange(32)]
         smb = saved_mb(model, x0, lambda o: obj.data_term(o, y0))
         t = time.perf_counter()

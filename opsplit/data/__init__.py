@@ -5,13 +5,13 @@ long-range retrieval task (recall the flagged symbol)."""
 from .base import TensorData
 from .digits import load_digits, random_shift
 from .periodic import (
-           FUNCTIONS,
-           TABLE1_MSE,
-           PeriodicTask,
-           input_noise,
-           periodic_series,
-           periodic_task,
-           rollout,
+    FUNCTIONS,
+    TABLE1_MSE,
+    PeriodicTask,
+    input_noise,
+    periodic_series,
+    periodic_task,
+    rollout,
 )
 from .retrieval import IGNORE, flag_retrieval, retrieval_accuracy, retrieval_loss
 

@@ -134,5 +134,4 @@ def input_noise(std: float):
         noise = torch.randn(inputs.shape, generator=generator, dtype=inputs.dtype, device="cpu")
         return inputs + std * noise.to(inputs.device)
 
-    add_noise.std = std
     return add_noise
