@@ -154,6 +154,8 @@ def check_choice(value, choices, name):
 
 def read_toml(path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config: expected a TOML file, {str(path)!r} is a folder")
     if not path.is_file():
         raise ConfigError(f"config: no such file {str(path)!r}")
     try:

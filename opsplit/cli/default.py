@@ -6,6 +6,7 @@ comparison table and the training curve."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from . import budget, compare, solve, threads, train
 from .config import dump_toml, load
@@ -55,7 +56,8 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
         mod.check(cfgs[name])
         budget.guard(f"opsplit (default job, {name})", mod.SCHEMA, cfgs[name], mod.estimate)
     plans = {name: mod.prepare(cfgs[name]) for name, mod in PARTS.items()}
-    train.check_new_folder(out)
+    # the same job again into its folder continues its training; anything else is refused
+    train.check_new_folder(out, None if out is None else Path(out) / "train.toml", cfgs["train"])
     folder = new_folder("default", out)
     for k, c in cfgs.items():
         (folder / f"{k}.toml").write_text(dump_toml(c))
@@ -79,7 +81,11 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     solve.run(cfgs["solve"], plans["solve"], o, progress, heading="Convergence in time and space",
               prefix="solve_")
     print("  3/3 training on the digits ...", flush=True)
-    _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+    try:
+        _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+    except train.Interrupted as e:
+        e.command = f"opsplit{' --quick' if quick else ''} --out {relpath(folder)}"
+        raise
     for r in evals:
         print(f"      test accuracy at N_t = {r['n_t']:>2}: {r['test_accuracy']:.3f}"
               + ("  (trained at this N_t)" if r["trained_at"] else ""))

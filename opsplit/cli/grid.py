@@ -99,7 +99,10 @@ def run_grid(args):
     res = tuple(3 ** (k + 2) for k in range(args.levels))
     reference = 3 * res[-1]
     model, rows, t_ref = grid_study(res, reference, args.steps, args.seed)
+    from .threads import describe
+
     print("opsplit: a seeded continuous transformer (paper 002, eq. 7; Lie scheme (13)-(17))")
+    print(f"  torch: {describe()}")
     print(f"  Omega = [0, 1] x [0, 1], smooth cosine-series kernels, J = {model.J}, "
           f"N_t = {model.n_steps}, dt = {model.dt():g}, float64, midpoint quadrature")
     print(f"  reference: N_x = N_y = {reference} ({t_ref:.2f} s)")

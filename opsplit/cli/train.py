@@ -159,12 +159,17 @@ def resume_config(folder):
     return p
 
 
-def check_new_folder(out) -> None:
+def check_new_folder(out, same_config: Path | None = None, cfg: dict | None = None) -> None:
     """A new run does not write into a folder that holds a training run (it would silently
-    continue that run with another config)."""
+    continue that run with another config), unless ``same_config`` (that run's config file)
+    holds ``cfg`` (the default job continues its own training)."""
     from ..control.checkpoint import latest_checkpoint
+    from .config import dump_toml
 
     if out is not None and latest_checkpoint(Path(out) / "train") is not None:
+        if same_config is not None and same_config.is_file() and cfg is not None \
+                and same_config.read_text() == dump_toml(cfg):
+            return
         raise ConfigError(f"--out: {str(out)!r} already holds a training run (checkpoints in "
                           f"{str(Path(out) / 'train' / 'checkpoints')!r}); continue it with "
                           f"opsplit train --resume {out}, or choose another folder")
@@ -203,7 +208,9 @@ def check(cfg) -> None:
     # digit for f in (0.5 / n_min, 1 - 0.5 / n_min)
     lo, hi = 0.5 / counts.min(), 1 - 0.5 / counts.min()
     try:
-        train, test = _digits_split(d)
+        with warnings.catch_warnings():  # an empty side: torch's std() warns before the error
+            warnings.simplefilter("ignore")
+            train, test = _digits_split(d)
         n_tr, n_te = np.bincount(train.targets.numpy(), minlength=10), np.bincount(test.targets.numpy(), minlength=10)
     except ValueError:  # an empty side
         n_te = np.array([round(f * n) for n in counts])
@@ -348,6 +355,7 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, step: int, checkpoint, at_once: bool = False, folder=None):
         super().__init__(step, checkpoint)
         self.step, self.checkpoint, self.at_once, self.folder = step, checkpoint, at_once, folder
+        self.command = None  # the command that continues the run (default: train --resume)
 
     def __str__(self):
         from .output import relpath
@@ -357,8 +365,8 @@ class Interrupted(KeyboardInterrupt):
                     f"nothing to resume (train.save_every sets how often checkpoints are written)")
         where = (f"the latest checkpoint is {relpath(self.checkpoint)}" if self.at_once else
                  f"saved a checkpoint at step {self.step}: {relpath(self.checkpoint)}")
-        return (f"interrupted at step {self.step}; {where}; continue with: "
-                f"opsplit train --resume {relpath(self.folder) if self.folder else '<folder>'}")
+        command = self.command or f"opsplit train --resume {relpath(self.folder) if self.folder else '<folder>'}"
+        return f"interrupted at step {self.step}; {where}; continue with: {command}"
 
 
 class _StopHere(Exception):
