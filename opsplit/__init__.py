@@ -30,7 +30,17 @@ _SUBPACKAGES = ("analysis", "controls", "functional", "grid", "models", "operato
 _NAMES = {"Grid": "grid", "ImageGrid": "grid", "Interval": "grid", "Propagator": "propagator"}
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from . import analysis, controls, functional, grid, models, operators, reference, schemes, solvers
+    from . import (
+        analysis,
+        controls,
+        functional,
+        grid,
+        models,
+        operators,
+        reference,
+        schemes,
+        solvers,
+    )
     from .grid import Grid, ImageGrid, Interval
     from .propagator import Propagator
 

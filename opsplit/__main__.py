@@ -4,7 +4,7 @@ import sys
 
 from .cli import main
 
-__all__ = ["main", "grid_study"]
+__all__ = ["main", "grid_study"]  # noqa: F822 (grid_study: module __getattr__)
 
 
 def __getattr__(name):

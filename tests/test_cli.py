@@ -661,7 +661,8 @@ def test_compare_report_explains_parallel_with_the_constraint(tmp_path):
 
 
 def test_a_folder_holding_a_training_run_is_continued_only_by_the_same_config(tmp_path):
-    from opsplit.cli import default, train as train_cmd
+    from opsplit.cli import default
+    from opsplit.cli import train as train_cmd
     from opsplit.cli.config import ConfigError, dump_toml
 
     run = tmp_path / "run"

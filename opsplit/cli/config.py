@@ -124,7 +124,7 @@ def between(lo, hi, what: str = "a value"):
     return check
 
 
-def seed_field(help: str) -> "Field":
+def seed_field(help: str) -> Field:
     """A seed key: an integer from 0 to :data:`MAX_SEED`."""
     return Field("int", 0, help, between(0, MAX_SEED, "a seed"))
 
