@@ -102,11 +102,12 @@ def parallel_note(m: dict) -> str:
         "+ O(Δt): each step pulls the state only 1/K of the way back to S1, a relaxation "
         "towards the constraint rather than the constraint (docs/schemes.md, 'Parallel (eq. 59) "
         "and projections'). Appendix C's first order ('with proper conditions') is reached "
-        "only at small Δt: on the default problem (seed 0, 12 x 12 grid, Heun substeps) the "
-        "local orders are 0.38, 0.50, 0.72, 0.86, 0.93, 0.96, 0.98 from N_t = 4 to 512, so a "
-        "fit over N_t = 4 ... 32 gives about 0.5; without the constraint (model.constraint = "
-        "false) they are 1.05, 1.04, 1.03, 1.01, 1.01, 1.00, 1.00. Hybrid splitting keeps S1 "
-        "in a group of its own and is first order from the coarsest N_t."
+        "only at small Δt: on the default problem (seed 0, 12 x 12 grid, Heun substeps; opsplit "
+        "compare --schemes parallel --solvers heun --n-t 4 8 16 32 64 128 256 512) the local "
+        "orders are 0.38, 0.50, 0.72, 0.86, 0.93, 0.96, 0.98, so a fit over N_t = 4 ... 32 gives "
+        "about 0.5; without the constraint (model.constraint = false) they are 1.05, 1.04, "
+        "1.03, 1.01, 1.01, 1.00, 1.00. Hybrid splitting keeps S1 in a group of its own and is "
+        "first order from the coarsest N_t."
     )
 
 
