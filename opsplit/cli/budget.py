@@ -148,19 +148,17 @@ def guard(job: str, schema: dict, cfg: dict, estimate: Callable, force: bool = F
     if force:
         return est
     memory = available_memory() if memory is None else memory
-    if est.bytes > memory:
-        names = _culprits(schema, cfg, estimate, lambda e: e.bytes) if schema else []
-        raise ConfigError(
-            f"{', '.join(names) or job}: the job needs an estimated {human_bytes(est.bytes)} of "
-            f"memory at its peak, more than the {human_bytes(memory)} available; expected a "
-            f"smaller value (or --force to try anyway)"
-        )
-    if est.seconds > MAX_SECONDS:
-        names = _culprits(schema, cfg, estimate, lambda e: e.seconds) if schema else []
-        raise ConfigError(
-            f"{', '.join(names) or job}: the job needs an estimated {human_seconds(est.seconds)} "
-            f"of compute ({est.flops:.2g} flop, {est.calls:.2g} operator calls), more than the "
-            f"{human_seconds(MAX_SECONDS)} the command runs without asking; expected a smaller "
-            f"value (or --force to run it anyway)"
-        )
+    limits = [  # (metric, limit, what is needed, what it exceeds)
+        (lambda e: e.bytes, memory, f"{human_bytes(est.bytes)} of memory at its peak",
+         f"the {human_bytes(memory)} available; expected a smaller value (or --force to try anyway)"),
+        (lambda e: e.seconds, MAX_SECONDS,
+         f"{human_seconds(est.seconds)} of compute ({est.flops:.2g} flop, {est.calls:.2g} operator calls)",
+         f"the {human_seconds(MAX_SECONDS)} the command runs without asking; expected a smaller "
+         f"value (or --force to run it anyway)"),
+    ]
+    for metric, limit, needed, exceeded in limits:
+        if metric(est) > limit:
+            names = _culprits(schema, cfg, estimate, metric) if schema else []
+            raise ConfigError(f"{', '.join(names) or job}: the job needs an estimated {needed}, "
+                              f"more than {exceeded}")
     return est
