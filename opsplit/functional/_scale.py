@@ -150,7 +150,7 @@ class Scales:
         dzq = None if dzq is None else ldexp(dzq, ed)
         dzk = None if dzk is None else ldexp(dzk, ed)
         db = None if db is None else ldexp(db, ed)
-        dv = None if (dv is None or eg is None) else ldexp(dv, eg.view(-1, 1, 1))
+        dv = dv if (dv is None or eg is None) else ldexp(dv, eg.view(-1, 1, 1))
         return dzq, dzk, dv, db
 
 
