@@ -543,3 +543,60 @@ def test_issue17_torch_func_transforms_of_the_causal_kernels_are_refused_clearly
     out = fn(zq, zk, v)
     for i in range(2):
         torch.testing.assert_close(out[i], fn(zq[i], zk[i], v[i]))
+
+
+@pytest.mark.parametrize("bump", ["full", "causal"])
+@pytest.mark.parametrize("dtype, b, how", [(F32, 1e-3, "float64"), (F64, 1e-7, "windows")],
+                         ids=["f32-float64-tables", "f64-windows"])
+def test_issue17_small_bandwidth_gradients_match_naive(bump, dtype, b, how):
+    """Gradients (scores, values and the bandwidth) where the bump is evaluated by float64
+    tables (float32, spread / b ~ 5e3) or pair by pair (float64, spread / b ~ 5e7), against
+    autograd of the naive formula; and the evaluation the route picks is the documented
+    one (with autograd: no cheap pair-by-pair sum)."""
+    from opsplit.functional._windows import route
+
+    g = torch.Generator().manual_seed(25)
+    N = 90
+    zq = torch.randn(1, 2, N, generator=g, dtype=F64)
+    zk = torch.cat([zq[..., :30] + 1e-3 * b * torch.rand(1, 2, 30, generator=g, dtype=F64),
+                    torch.randn(1, 2, N - 30, generator=g, dtype=F64)], -1)
+    v = torch.randn(1, 2, N, 3, generator=g, dtype=F64) + 0.5
+    zq, zk, v = zq.to(dtype), zk.to(dtype), v.to(dtype)
+    bt = torch.tensor(b, dtype=dtype)
+    assert route(zq.view(2, N), zk.view(2, N), None, bt.expand(2, 1), graph=True)[0] == how
+    kern = sliced_relu_bump_attention if bump == "full" else causal_sliced_relu_bump_attention
+    ref_fn = (naive_sliced_bump if bump == "full"
+              else lambda a, c, x, bb: causal(naive_sliced_bump, a, c, x, bandwidth=bb))
+    gout = torch.randn(1, 2, N, 3, generator=g, dtype=F64)
+    ours = [x.clone().requires_grad_() for x in (zq, zk, v, bt)]
+    (kern(*ours) * gout.to(dtype)).sum().backward()
+    ref = [x.double().requires_grad_() for x in (zq, zk, v, bt)]
+    out_ref = ref_fn(*ref)
+    assert float(out_ref.abs().max()) > 1e-2  # the windows hold keys
+    (out_ref * gout).sum().backward()
+    tol = 1e-5 if dtype == F32 else 1e-10
+    for name, a, r in zip(("zq", "zk", "v", "b"), ours, ref, strict=True):
+        m = float(r.grad.abs().max())
+        assert float((a.grad.double() - r.grad).abs().max()) <= tol * max(m, 1e-300), name
+
+
+def test_issue17_bandwidth_routes():
+    """Which evaluation the bump gets (opsplit/functional/_windows.py): the float32 tables up
+    to spread / b = 2^7, the pair-by-pair sum where windows hold few keys (not under
+    autograd), float64 tables for float32 inputs up to 2^32, and a clear refusal where
+    neither is accurate nor affordable."""
+    from opsplit.functional._windows import route
+
+    g = torch.Generator().manual_seed(26)
+    z = torch.randn(2, 400, generator=g)
+    b = lambda x: torch.full((2, 1), x)  # noqa: E731
+    assert route(z, z, None, b(0.5))[0] == "fast"
+    assert route(z, z + 1e-3, None, b(1e-3))[0] == "windows"
+    assert route(z, z + 1e-3, None, b(1e-3), graph=True)[0] == "float64"
+    assert route(z.double(), z.double(), None, b(1e-3).double())[0] == "fast"
+    assert route(z.double(), z.double(), None, b(1e-7).double(), graph=True)[0] == "windows"
+    tied = torch.zeros(2, 400, dtype=F64)
+    tied[:, 0] = 1.0  # all keys inside every window but one, spread / b = 1e12
+    assert route(tied, tied, None, b(1e-12).double())[0] == "refuse"
+    with pytest.raises(ValueError, match="bandwidth: b = 1e-12 is too small against the spread"):
+        sliced_relu_bump_attention(tied, tied, tied.unsqueeze(-1), 1e-12)

@@ -39,6 +39,8 @@ __all__ = ["BAND", "Scales", "ldexp", "row_maxabs", "exponents", "value_exponent
 #: that band the products of the prefix tables (<= 2^2L N) and their smallest significant
 #: terms (>= 2^-2L) stay far from the dtype's range (2^+-126 in float32)
 BAND = {torch.float32: 32, torch.float64: 256}
+#: exponents e for which 2^e is a normal number of the dtype (one factor in :func:`ldexp`)
+_ONE_FACTOR = {torch.float32: 125, torch.float64: 1021}
 
 
 def exponents(m: Tensor) -> Tensor:
@@ -58,6 +60,8 @@ def ldexp(x: Tensor, e: Tensor | None) -> Tensor:
     the product does not."""
     if e is None:
         return x
+    if not bool((e.abs() > _ONE_FACTOR[x.dtype]).any()):  # 2^e itself is a normal number
+        return x * torch.exp2(e.double()).to(x.dtype)
     e1 = torch.div(e, 2, rounding_mode="floor")
     f1 = torch.exp2(e1.double()).to(x.dtype)
     f2 = torch.exp2((e - e1).double()).to(x.dtype)

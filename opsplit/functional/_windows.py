@@ -20,12 +20,16 @@ the table form has no meaning at all.  So, per call (:func:`route`):
   :math:`2^{18}` in float64: errors below :math:`5\cdot 10^{-6}` and
   :math:`2\cdot 10^{-11}` of :math:`\max|v|`) and :math:`b` at least 8 ulps of its largest
   score: the fast kernel in the inputs' dtype;
-* otherwise, if the (query, key) pairs inside the windows are few (at most
-  :data:`PAIRS_PER_TOKEN` per query and key): this module's :func:`bump_by_windows`,
-  eq. 7 summed pair by pair in float64 (exact to rounding; differentiable by autograd, to
-  any order);
+* otherwise, without autograd and with at most :data:`PAIRS_CHEAP` (query, key) pairs per
+  query and key inside the windows: this module's :func:`bump_by_windows`, eq. 7 summed
+  pair by pair (kernel values in float64, exact to rounding; about the cost of float64
+  tables);
 * otherwise, for float32 inputs with :math:`\kappa \le` :data:`KAPPA_MAX`
-  (:math:`2^{32}`): the fast kernel in float64 (error below :math:`3\cdot 10^{-7}`);
+  (:math:`2^{32}`): the fast kernel in float64 (error below :math:`3\cdot 10^{-7}`; about
+  2.5 times the float32 kernel);
+* otherwise, with at most :data:`PAIRS_PER_TOKEN` pairs per query and key: the pair-by-pair
+  sum (with autograd it materialises a D-vector per pair and is several times slower; it
+  is differentiable to any order);
 * otherwise a ``ValueError`` naming the bandwidth.
 """
 
@@ -38,13 +42,17 @@ from torch import Tensor
 
 from ._inputs import scales
 
-__all__ = ["KAPPA_FAST", "KAPPA_MAX", "PAIRS_PER_TOKEN", "route", "bump_by_windows", "evaluate"]
+__all__ = ["KAPPA_FAST", "KAPPA_MAX", "PAIRS_CHEAP", "PAIRS_PER_TOKEN", "route",
+           "bump_by_windows", "evaluate"]
 
 #: spread / bandwidth up to which the prefix-table kernels run in the inputs' dtype
 KAPPA_FAST = {torch.float32: 2.0**7, torch.float64: 2.0**18}
 #: spread / bandwidth up to which float32 inputs may use the float64 prefix tables
 KAPPA_MAX = 2.0**32
-#: pairs per query and key that the pair-by-pair evaluation may enumerate
+#: pairs per query and key up to which the pair-by-pair sum is preferred to float64 tables
+#: (without autograd: ``embedding_bag``, about the cost of float64 tables)
+PAIRS_CHEAP = 8
+#: pairs per query and key that the pair-by-pair evaluation may enumerate at most
 PAIRS_PER_TOKEN = 64
 #: pairs enumerated at a time (memory: this many D-vectors in float64)
 _CHUNK = 1 << 17
@@ -64,10 +72,13 @@ def _windows(zq64: Tensor, zk64: Tensor, w: Tensor | None, b64: Tensor):
     return order, a0, a2
 
 
-def route(zq: Tensor, zk: Tensor, w: Tensor | None, b: Tensor) -> tuple[str, float]:
+def route(zq: Tensor, zk: Tensor, w: Tensor | None, b: Tensor, *, graph: bool = False
+          ) -> tuple[str, float]:
     """``("fast" | "windows" | "float64" | "refuse", kappa)`` for rows ``zq (R, N_q)``,
     ``zk (R, N_k)``, weights ``w (R, N_k)`` or ``None``, bandwidths ``b (R, 1)`` (see the
-    module docstring); ``kappa`` is the largest spread / bandwidth of the call."""
+    module docstring); ``kappa`` is the largest spread / bandwidth of the call.  ``graph``:
+    a gradient will be taken (the pair-by-pair sum is then materialised per pair and is
+    used only where no table evaluation is accurate)."""
     dt = zq.dtype
     with torch.no_grad():
         zq64, zk64, b64 = zq.double(), zk.double(), b.double()
@@ -85,27 +96,32 @@ def route(zq: Tensor, zk: Tensor, w: Tensor | None, b: Tensor) -> tuple[str, flo
             return "fast", kmax_
         order, a0, a2 = _windows(zq64, zk64, w, b64)
         R, Nq = zq.shape
-        pairs = int((a2 - a0).sum())
-        if pairs <= PAIRS_PER_TOKEN * R * (Nq + zk.shape[1]):
+        per_token = float((a2 - a0).sum()) / (R * (Nq + zk.shape[1]))
+        if per_token <= PAIRS_CHEAP and not graph:
             return "windows", kmax_
         ulps64 = bool((b64.view(-1) < big * (8 * torch.finfo(torch.float64).eps)).any())
         if dt == torch.float32 and kmax_ <= KAPPA_MAX and not ulps64:
             return "float64", kmax_
+        if per_token <= PAIRS_PER_TOKEN:
+            return "windows", kmax_
         return "refuse", kmax_
 
 
 def bump_by_windows(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tensor, *,
                     causal: bool) -> Tensor:
-    r"""Eq. 7 summed over the pairs inside the windows ``|q_i - z_j| < b``, in float64, with
-    plain torch operations (differentiable by autograd in ``zq``, ``zk``, ``v`` and ``b``,
-    to any order; :math:`\mathrm{hat}'` follows ``torch.relu`` / ``torch.abs``, as the naive
-    formula).  Rows: ``zq (R, N_q)``, ``zk (R, N_k)``, ``v (R, N_k, D)``, ``w (R, N_k)`` or
-    ``None``, ``b (R, 1)``.  With ``causal``, query ``i`` sees the keys
-    ``l <= i + N_k - N_q`` and is normalised by their weight.  Returns ``(R, N_q, D)`` in
-    ``v``'s dtype; 0 where the (visible) weight is 0."""
+    r"""Eq. 7 summed over the pairs inside the windows ``|q_i - z_j| < b``: the kernel values
+    in float64 from the scores themselves, the weighted values summed in ``v``'s dtype
+    (``embedding_bag``, or, when a gradient is needed, ``index_add``: plain torch operations,
+    differentiable by autograd in ``zq``, ``zk``, ``v`` and ``b`` to any order;
+    :math:`\mathrm{hat}'` follows ``torch.relu`` / ``torch.abs``, as the naive formula).
+    Rows: ``zq (R, N_q)``, ``zk (R, N_k)``, ``v (R, N_k, D)``, ``w (R, N_k)`` or ``None``,
+    ``b (R, 1)``.  With ``causal``, query ``i`` sees the keys ``l <= i + N_k - N_q`` and is
+    normalised by their weight.  Returns ``(R, N_q, D)`` in ``v``'s dtype; 0 where the
+    (visible) weight is 0."""
     R, Nq = zq.shape
     Nk, D = v.shape[1], v.shape[2]
-    dev = zq.device
+    dev, dt = zq.device, v.dtype
+    graph = torch.is_grad_enabled() and any(x.requires_grad for x in (zq, zk, v, b))
     zq64, zk64, b64 = zq.double(), zk.double(), b.double()
     wk = torch.ones(R, Nk, dtype=torch.float64, device=dev) if w is None else w.double()
     with torch.no_grad():
@@ -115,33 +131,33 @@ def bump_by_windows(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tens
     qf, kf, bf, wf = zq64.reshape(-1), zk64.reshape(-1), b64.reshape(-1), wk.reshape(-1)
     vf = v.reshape(R * Nk, D)
     a0f, of = a0.reshape(-1), order.reshape(-1)
-    F = R * Nq
+    F_ = R * Nq
     outs = []
     f0 = 0
-    while f0 < F:
+    while f0 < F_:
         base = int(cs[f0 - 1]) if f0 > 0 else 0
         f1 = int(torch.searchsorted(cs, torch.tensor([base + _CHUNK], device=dev), side="right"))
-        f1 = min(F, max(f0 + 1, f1))
+        f1 = min(F_, max(f0 + 1, f1))
         nn = n[f0:f1]
         with torch.no_grad():
+            first = torch.cumsum(nn, 0) - nn  # each query's first pair
             fq = torch.repeat_interleave(torch.arange(f0, f1, device=dev), nn)
-            start = torch.repeat_interleave(torch.cumsum(nn, 0) - nn, nn)
-            pos = a0f[fq] + torch.arange(fq.shape[0], device=dev) - start
+            pos = a0f[fq] + torch.arange(fq.shape[0], device=dev) - torch.repeat_interleave(first, nn)
             row = torch.div(fq, Nq, rounding_mode="floor")
             j = of[row * Nk + pos]  # key index in its row
             kg = row * Nk + j
-            keep = None
-            if causal:
-                keep = (j <= fq - row * Nq + (Nk - Nq)).double()
+            keep = (j <= fq - row * Nq + (Nk - Nq)) if causal else None
         hat = torch.relu(1 - (qf[fq] - kf[kg]).abs() / bf[row]) * wf[kg]
         if keep is not None:
             hat = hat * keep
-        contrib = hat.unsqueeze(1) * vf[kg].double()
-        outs.append(torch.zeros(f1 - f0, D, dtype=torch.float64, device=dev)
-                    .index_add(0, fq - f0, contrib))
+        if graph:
+            contrib = hat.to(dt).unsqueeze(1) * vf[kg]
+            outs.append(torch.zeros(f1 - f0, D, dtype=dt, device=dev).index_add(0, fq - f0, contrib))
+        else:
+            outs.append(torch.nn.functional.embedding_bag(kg, vf, first, mode="sum",
+                                                          per_sample_weights=hat.to(dt)))
         f0 = f1
-    out = torch.cat(outs).view(R, Nq, D) if outs else torch.zeros(R, Nq, D, dtype=torch.float64,
-                                                                   device=dev)
+    out = torch.cat(outs).view(R, Nq, D) if outs else v.new_zeros(R, Nq, D)
     if causal:
         t = torch.arange(Nq, device=dev) + (Nk - Nq)
         Wc = torch.cumsum(wk, 1)
@@ -149,8 +165,8 @@ def bump_by_windows(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tens
     else:
         W = wk.sum(1, keepdim=True).expand(R, Nq)
     nz = W > 0
-    out = torch.where(nz.unsqueeze(-1), out / torch.where(nz, W, 1.0).unsqueeze(-1), 0.0)
-    return out.to(v.dtype)
+    out = torch.where(nz.unsqueeze(-1), out.double() / torch.where(nz, W, 1.0).unsqueeze(-1), 0.0)
+    return out.to(dt)
 
 
 def evaluate(fn: str, zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tensor, fast, *,
@@ -161,7 +177,8 @@ def evaluate(fn: str, zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Te
     float64, :func:`bump_by_windows`, or a ``ValueError`` naming the bandwidth.  Checks
     that the scores and values are finite first."""
     sc = scales(fn, zq, zk, v, w, b)
-    how, kappa = route(zq, zk, w, b)
+    graph = torch.is_grad_enabled() and any(x.requires_grad for x in (zq, zk, v, b))
+    how, kappa = route(zq, zk, w, b, graph=graph)
     if how == "fast":
         return fast(zq, zk, v, w, b, sc)
     if how == "windows":

@@ -34,8 +34,9 @@ backward pass must itself be differentiable (``create_graph=True``: Hessian-vect
 products, gradient penalties, ``gradgradcheck``) it recomputes the output with the
 composition of differentiable sliced sums of :mod:`~opsplit.functional._sums` and
 differentiates that (derivatives of every order, same conventions at ties).  Under
-``torch.compile``, ``torch.jit.trace`` and ``torch.func.vmap`` that composition is the
-whole kernel (no data-dependent Python control flow; value checks skipped there, see
+``torch.compile``, ``torch.jit.trace``, the ``torch.func`` transforms (``vmap``, ``grad``,
+``jacrev``, ``jvp``, ``hessian``, ...) and forward-mode AD that composition is the whole
+kernel (no data-dependent Python control flow; value checks skipped there, see
 :func:`opsplit._checks.skip_value_checks`).
 
 **Workspace.**  On the CPU the prefix table of a call and its work buffers are kept for
@@ -59,6 +60,17 @@ are shifted by the median key of their row before the tables are built, and the 
 centred (for eq. 7 the mean is added back as a rank-one term; for eq. 3 the remainder of
 the mean after rounding is), so the prefix sums stay of the size of the result.  Scalar
 prefix sums (denominators, kernel masses) are accumulated in float64.
+
+**Magnitudes** (:mod:`~opsplit.functional._scale`).  The prefix tables multiply scores by
+values; every row whose largest score, value or weight lies outside :math:`2^{\pm 32}`
+(float32; :math:`2^{\pm 256}` in float64) is rescaled by powers of two first (exact: the
+kernels are homogeneous), and the output scaled back; the backward pass does the same with
+the incoming gradient.  So the kernels are right at every magnitude the dtype represents
+(in float32 scores and values of 1e19 overflowed, 1e-30 underflowed).  **Small
+bandwidths** (:mod:`~opsplit.functional._windows`): eq. 7's tables lose about
+:math:`\varepsilon\cdot\mathrm{spread}/b` of :math:`\max|v|`; beyond a limit per dtype the
+bump is summed pair by pair over the windows in float64, or (float32) read off float64
+tables, or refused with a ``ValueError`` naming the bandwidth.
 
 **Weights and masks.**  ``key_weights`` :math:`w_j \ge 0` turn every sum over keys into a
 quadrature :math:`\sum_j w_j (\cdot)` (the :math:`\Omega_x` integral of paper 004's eq. 8

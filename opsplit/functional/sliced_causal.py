@@ -71,6 +71,18 @@ ranks are decided on the exact float values, gradients use the convention of
 normalisation.  For eq. 7 a pair is inside the window when ``q - b < z < q + b`` evaluated
 in floating point, identically in the forward and backward passes.
 
+**Magnitudes and small bandwidths** as in :mod:`opsplit.functional.sliced`: rows are
+rescaled by powers of two where their scores, values or weights lie far from 1 (the dense
+blocks and the sorted levels multiply scores by values), the incoming gradient likewise in
+the backward pass; the bump with a bandwidth far below the spread of the scores is summed
+pair by pair over the windows (causal pairs only), read off float64 tables, or refused
+(:mod:`~opsplit.functional._windows`).
+
+**torch.func** transforms (``vmap``, ``grad``, ``vjp``, ``jacrev``, ``jvp``, ``jacfwd``,
+``hessian``) and forward-mode AD are refused with a ``RuntimeError`` naming them (the
+divide and conquer depends on the data and the backward pass is hand-written for
+``torch.autograd``); the kernels take any leading dims, which batch independent calls.
+
 **Double backward** is refused: the backward pass is hand-written and not itself
 differentiable, so a backward pass with ``create_graph=True`` (Hessian-vector products,
 gradient penalties, ``gradgradcheck``) through these kernels raises a ``RuntimeError``
