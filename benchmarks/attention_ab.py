@@ -48,8 +48,9 @@ H, D = 4, 64
 def load_base(ref: str, tmp: str):
     """``opsplit.functional`` of commit ``ref`` as the package ``opsplit_base.functional``
     (the base's ``opsplit/__init__.py`` is not run: only the modules the kernels import)."""
-    arch = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "opsplit"], check=True,
-                          capture_output=True).stdout
+    arch = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "opsplit"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True)
     pkg = types.ModuleType("opsplit_base")
     pkg.__path__ = [str(pathlib.Path(tmp) / "opsplit")]
@@ -95,8 +96,13 @@ def paired(fa, fb, ins, backward, runs, warm=2):
         ta.append(_timed(fa, ins, backward))
         tb.append(_timed(fb, ins, backward))
     r = [a / b for a, b in zip(ta, tb)]
-    return {"this_s": statistics.median(ta), "base_s": statistics.median(tb),
-            "ratio": statistics.median(r), "min": min(r), "max": max(r)}
+    return {
+        "this_s": statistics.median(ta),
+        "base_s": statistics.median(tb),
+        "ratio": statistics.median(r),
+        "min": min(r),
+        "max": max(r),
+    }
 
 
 def main():
@@ -114,13 +120,27 @@ def main():
         torch.set_num_threads(args.threads)
     tmp = tempfile.mkdtemp(prefix="opsplit_base_")
     base = load_base(args.base, tmp)
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-    info = {"base": args.base, "this": head + ("+" if subprocess.run(
-        ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "opsplit"]).returncode else ""),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "load_before": os.getloadavg()[0], "H": H, "D": D, "runs": args.runs}
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    info = {
+        "base": args.base,
+        "this": head
+        + (
+            "+"
+            if subprocess.run(
+                ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "opsplit"]
+            ).returncode
+            else ""
+        ),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_before": os.getloadavg()[0],
+        "H": H,
+        "D": D,
+        "runs": args.runs,
+    }
     print(json.dumps(info), flush=True)
     cases = []
     for kind in args.kinds:
@@ -132,14 +152,17 @@ def main():
                 if kind.endswith("bump"):
                     setups += [("b=0.002", 1.0, 0.002)]
             for label, scale, b in setups:
-                for bw in ([False] if args.no_backward else [False, True]):
+                for bw in [False] if args.no_backward else [False, True]:
                     ins = _inputs(T, scale=scale)
                     r = paired(_call(this, kind, b), _call(base, kind, b), ins, bw, args.runs)
                     r.update(kind=kind, T=T, inputs=label, backward=bw)
                     cases.append(r)
-                    print(f"| {kind} | {T} | {label} | {'fwd+bwd' if bw else 'fwd'} | "
-                          f"{r['this_s'] * 1e3:.1f} ms | {r['base_s'] * 1e3:.1f} ms | "
-                          f"{r['ratio']:.3f} | {r['min']:.2f}..{r['max']:.2f} |", flush=True)
+                    print(
+                        f"| {kind} | {T} | {label} | {'fwd+bwd' if bw else 'fwd'} | "
+                        f"{r['this_s'] * 1e3:.1f} ms | {r['base_s'] * 1e3:.1f} ms | "
+                        f"{r['ratio']:.3f} | {r['min']:.2f}..{r['max']:.2f} |",
+                        flush=True,
+                    )
     info["load_after"] = os.getloadavg()[0]
     out = ROOT / "benchmarks" / "out"
     out.mkdir(parents=True, exist_ok=True)

@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import opsplit.functional as this  # noqa: E402
 from attention_ab import load_base  # noqa: E402
 from sliced_reference import causal, naive_sliced_bump, naive_sliced_relu  # noqa: E402
+
+import opsplit.functional as this  # noqa: E402
 
 EXPS = [-38, -30, -20, -10, 0, 10, 19, 20, 30, 37]
 RATIOS = [1e3, 1.0, 1e-2, 1e-3, 1e-4, 1e-6, 1e-9, 1e-20, 1e-38, 1e-39]
@@ -42,20 +43,30 @@ RATIOS = [1e3, 1.0, 1e-2, 1e-3, 1e-4, 1e-6, 1e-9, 1e-20, 1e-38, 1e-39]
 
 def kernels(mod):
     return {
-        "relu (eq. 3)": (lambda q, k, v, b: mod.sliced_relu_attention(q, k, v),
-                         lambda q, k, v, b: naive_sliced_relu(q, k, v)),
-        "relu (eq. 2)": (lambda q, k, v, b: mod.sliced_relu_attention(q, k, v, centered=False),
-                         lambda q, k, v, b: naive_sliced_relu(q, k, v, centered=False)),
-        "bump (eq. 7)": (lambda q, k, v, b: mod.sliced_relu_bump_attention(q, k, v, b),
-                         lambda q, k, v, b: naive_sliced_bump(q, k, v, b)),
-        "causal relu (eq. 3)": (lambda q, k, v, b: mod.causal_sliced_relu_attention(q, k, v),
-                                lambda q, k, v, b: causal(naive_sliced_relu, q, k, v)),
+        "relu (eq. 3)": (
+            lambda q, k, v, b: mod.sliced_relu_attention(q, k, v),
+            lambda q, k, v, b: naive_sliced_relu(q, k, v),
+        ),
+        "relu (eq. 2)": (
+            lambda q, k, v, b: mod.sliced_relu_attention(q, k, v, centered=False),
+            lambda q, k, v, b: naive_sliced_relu(q, k, v, centered=False),
+        ),
+        "bump (eq. 7)": (
+            lambda q, k, v, b: mod.sliced_relu_bump_attention(q, k, v, b),
+            lambda q, k, v, b: naive_sliced_bump(q, k, v, b),
+        ),
+        "causal relu (eq. 3)": (
+            lambda q, k, v, b: mod.causal_sliced_relu_attention(q, k, v),
+            lambda q, k, v, b: causal(naive_sliced_relu, q, k, v),
+        ),
         "causal relu (eq. 2)": (
             lambda q, k, v, b: mod.causal_sliced_relu_attention(q, k, v, centered=False),
-            lambda q, k, v, b: causal(naive_sliced_relu, q, k, v, centered=False)),
+            lambda q, k, v, b: causal(naive_sliced_relu, q, k, v, centered=False),
+        ),
         "causal bump (eq. 7)": (
             lambda q, k, v, b: mod.causal_sliced_relu_bump_attention(q, k, v, b),
-            lambda q, k, v, b: causal(naive_sliced_bump, q, k, v, bandwidth=b)),
+            lambda q, k, v, b: causal(naive_sliced_bump, q, k, v, bandwidth=b),
+        ),
     }
 
 
@@ -87,11 +98,22 @@ def study(mod, label):
                 wrong.append((e_z, e_v, r))
             else:
                 worst = max(worst, r)
-        rows.append({"tree": label, "study": "magnitudes", "kernel": name,
-                     "wrong": len(wrong), "of": len(EXPS) ** 2, "worst_right": worst,
-                     "examples": wrong[:6]})
-        print(f"{label:>6} | magnitudes | {name:<20} | {len(wrong):3d} of {len(EXPS) ** 2} "
-              f"wrong | largest error of the rest {worst:.1e} | e.g. {wrong[:3]}", flush=True)
+        rows.append(
+            {
+                "tree": label,
+                "study": "magnitudes",
+                "kernel": name,
+                "wrong": len(wrong),
+                "of": len(EXPS) ** 2,
+                "worst_right": worst,
+                "examples": wrong[:6],
+            }
+        )
+        print(
+            f"{label:>6} | magnitudes | {name:<20} | {len(wrong):3d} of {len(EXPS) ** 2} "
+            f"wrong | largest error of the rest {worst:.1e} | e.g. {wrong[:3]}",
+            flush=True,
+        )
     for name in ("bump (eq. 7)", "causal bump (eq. 7)"):
         fn, ref = kernels(mod)[name]
         for dt, tol in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
@@ -103,11 +125,24 @@ def study(mod, label):
                     refused.append((e_z, r))
                 elif isinstance(res, str) or res > tol:
                     wrong.append((e_z, r, res))
-            rows.append({"tree": label, "study": "bandwidths", "kernel": name,
-                         "dtype": str(dt), "wrong": len(wrong), "refused": len(refused),
-                         "of": n, "examples": wrong[:6], "refused_cases": refused})
-            print(f"{label:>6} | bandwidths | {name:<20} | {str(dt)[6:]} | {len(wrong):2d} of "
-                  f"{n} wrong, {len(refused)} refused {refused} | e.g. {wrong[:3]}", flush=True)
+            rows.append(
+                {
+                    "tree": label,
+                    "study": "bandwidths",
+                    "kernel": name,
+                    "dtype": str(dt),
+                    "wrong": len(wrong),
+                    "refused": len(refused),
+                    "of": n,
+                    "examples": wrong[:6],
+                    "refused_cases": refused,
+                }
+            )
+            print(
+                f"{label:>6} | bandwidths | {name:<20} | {str(dt)[6:]} | {len(wrong):2d} of "
+                f"{n} wrong, {len(refused)} refused {refused} | e.g. {wrong[:3]}",
+                flush=True,
+            )
     return rows
 
 

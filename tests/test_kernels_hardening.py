@@ -491,26 +491,28 @@ def test_issue17_batch_mask_on_4d_scores_is_applied_along_the_batch(kind):
     assert float((ref - wrong).abs().max()) > 1e-3  # the test tells the two apart
 
 
-def test_issue17_torch_func_transforms_of_the_full_kernels():
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_issue17_torch_func_transforms_of_the_full_kernels(kind):
     """grad, jacrev, jvp, hessian and vmap of the full kernels (their composed path) equal
     autograd / forward-mode derivatives of the naive formulas; they raised torch's
     "must override the setup_context staticmethod" before."""
     from torch.func import grad, hessian, jacrev, jvp, vmap
 
+    kernel, naive = KINDS[kind]
     zq, zk, v = scores(2, 1, 5, 6, 2, ties=False, seed=23)
     t = torch.randn_like(zq)
-    for name, (kernel, naive) in KINDS.items():
-        f = lambda a, k=kernel: kernel(a, zk, v).square().sum()  # noqa: E731
-        fr = lambda a, n=naive: n(a, zk, v).square().sum()  # noqa: E731
-        torch.testing.assert_close(grad(f)(zq), grad(fr)(zq), rtol=1e-10, atol=1e-12, msg=name)
-        torch.testing.assert_close(jacrev(lambda a: kernel(a, zk, v))(zq),
-                                   jacrev(lambda a: naive(a, zk, v))(zq), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(jvp(lambda a: kernel(a, zk, v), (zq,), (t,))[1],
-                                   jvp(lambda a: naive(a, zk, v), (zq,), (t,))[1], rtol=1e-10, atol=1e-12)
-        h = lambda a, k=kernel: k(a, zk[:1], v[:1]).square().sum()  # noqa: E731
-        hr = lambda a, n=naive: n(a, zk[:1], v[:1]).square().sum()  # noqa: E731
-        torch.testing.assert_close(hessian(h)(zq[:1]), hessian(hr)(zq[:1]), rtol=1e-9, atol=1e-11)
-        torch.testing.assert_close(vmap(kernel)(zq, zk, v), naive(zq, zk, v), rtol=1e-10, atol=1e-12)
+
+    def close(a, b, rtol=1e-10, atol=1e-12):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+    close(grad(lambda a: kernel(a, zk, v).square().sum())(zq),
+          grad(lambda a: naive(a, zk, v).square().sum())(zq))
+    close(jacrev(lambda a: kernel(a, zk, v))(zq), jacrev(lambda a: naive(a, zk, v))(zq))
+    close(jvp(lambda a: kernel(a, zk, v), (zq,), (t,))[1],
+          jvp(lambda a: naive(a, zk, v), (zq,), (t,))[1])
+    close(hessian(lambda a: kernel(a, zk[:1], v[:1]).square().sum())(zq[:1]),
+          hessian(lambda a: naive(a, zk[:1], v[:1]).square().sum())(zq[:1]), 1e-9, 1e-11)
+    close(vmap(kernel)(zq, zk, v), naive(zq, zk, v))
 
 
 @pytest.mark.parametrize("fn", [causal_sliced_relu_attention,

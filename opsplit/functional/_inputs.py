@@ -15,8 +15,14 @@ from torch.autograd import forward_ad
 from .._checks import all_finite
 from . import _scale
 
-__all__ = ["check_scores_values", "key_weights", "check_centered", "bandwidth_rows",
-           "transform", "scales"]
+__all__ = [
+    "check_scores_values",
+    "key_weights",
+    "check_centered",
+    "bandwidth_rows",
+    "transform",
+    "scales",
+]
 
 
 def check_scores_values(fn: str, zq, zk, v) -> None:
@@ -61,8 +67,17 @@ def check_centered(fn: str, centered) -> bool:
     return centered
 
 
-def key_weights(fn: str, key_padding_mask, key_weights, shape, dtype, device, *,
-                check_values: bool = True, differentiable: bool = False) -> Tensor | None:
+def key_weights(
+    fn: str,
+    key_padding_mask,
+    key_weights,
+    shape,
+    dtype,
+    device,
+    *,
+    check_values: bool = True,
+    differentiable: bool = False,
+) -> Tensor | None:
     """The weight of every key, ``shape = (..., N_k)``: ``key_weights`` (broadcast) times 0 at
     the keys ``key_padding_mask`` marks (``True`` = ignore); ``None`` when neither is given.
 
@@ -77,12 +92,14 @@ def key_weights(fn: str, key_padding_mask, key_weights, shape, dtype, device, *,
             try:
                 key_weights = torch.as_tensor(key_weights, dtype=dtype, device=device)
             except (TypeError, ValueError, RuntimeError):
-                raise TypeError(f"{fn}: key_weights: expected a tensor, got "
-                                f"{type(key_weights).__name__}") from None
+                raise TypeError(
+                    f"{fn}: key_weights: expected a tensor, got {type(key_weights).__name__}"
+                ) from None
         if not key_weights.is_floating_point():
             raise TypeError(
-                f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
-        if (not differentiable and key_weights.requires_grad and torch.is_grad_enabled()):
+                f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}"
+            )
+        if not differentiable and key_weights.requires_grad and torch.is_grad_enabled():
             raise ValueError(
                 f"{fn}: key_weights: gradients with respect to the key weights are not "
                 f"supported; pass weights that do not require grad (e.g. key_weights.detach())"
@@ -130,7 +147,8 @@ def bandwidth_rows(fn: str, bandwidth, lead, dtype, device, *, check_values: boo
     if isinstance(bandwidth, Tensor):
         if not bandwidth.is_floating_point():
             raise TypeError(
-                f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}")
+                f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}"
+            )
         bt = bandwidth.to(device=device, dtype=dtype)
     else:
         try:
@@ -139,7 +157,8 @@ def bandwidth_rows(fn: str, bandwidth, lead, dtype, device, *, check_values: boo
             bt = torch.tensor(float(bandwidth), dtype=dtype, device=device)
         except (TypeError, ValueError):
             raise TypeError(
-                f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}") from None
+                f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}"
+            ) from None
     if check_values and (not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any())):
         raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
     try:
@@ -173,8 +192,9 @@ def transform(*xs) -> str | None:
     return None
 
 
-def scales(fn: str, zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
-           b: Tensor | None = None) -> _scale.Scales:
+def scales(
+    fn: str, zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tensor | None = None
+) -> _scale.Scales:
     """Check that the scores and values are finite (a ``ValueError`` naming ``zq``, ``zk`` or
     ``v``) and return the per-row power-of-two scales of the call (:mod:`._scale`).  Inputs
     are rows: ``zq (R, N_q)``, ``zk (R, N_k)``, ``v (R, N_k, D)``, ``w (R, N_k)``, ``b (R, 1)``

@@ -32,8 +32,15 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["BAND", "Scales", "ldexp", "row_maxabs", "exponents", "value_exponents",
-           "grad_exponents"]
+__all__ = [
+    "BAND",
+    "Scales",
+    "ldexp",
+    "row_maxabs",
+    "exponents",
+    "value_exponents",
+    "grad_exponents",
+]
 
 #: rows whose largest |score|, |value| or weight lies in [2^-L, 2^L] are not rescaled: in
 #: that band the products of the prefix tables (<= 2^2L N) and their smallest significant
@@ -114,8 +121,9 @@ class Scales:
 
     __slots__ = ("ez", "ev", "ew")
 
-    def __init__(self, ez: Tensor | None = None, ev: Tensor | None = None,
-                 ew: Tensor | None = None):
+    def __init__(
+        self, ez: Tensor | None = None, ev: Tensor | None = None, ew: Tensor | None = None
+    ):
         self.ez, self.ev, self.ew = ez, ev, ew
 
     @property

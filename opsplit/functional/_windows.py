@@ -42,8 +42,15 @@ from torch import Tensor
 
 from ._inputs import scales
 
-__all__ = ["KAPPA_FAST", "KAPPA_MAX", "PAIRS_CHEAP", "PAIRS_PER_TOKEN", "route",
-           "bump_by_windows", "evaluate"]
+__all__ = [
+    "KAPPA_FAST",
+    "KAPPA_MAX",
+    "PAIRS_CHEAP",
+    "PAIRS_PER_TOKEN",
+    "route",
+    "bump_by_windows",
+    "evaluate",
+]
 
 #: spread / bandwidth up to which the prefix-table kernels run in the inputs' dtype
 KAPPA_FAST = {torch.float32: 2.0**7, torch.float64: 2.0**18}
@@ -72,8 +79,9 @@ def _windows(zq64: Tensor, zk64: Tensor, w: Tensor | None, b64: Tensor):
     return order, a0, a2
 
 
-def route(zq: Tensor, zk: Tensor, w: Tensor | None, b: Tensor, *, graph: bool = False
-          ) -> tuple[str, float]:
+def route(
+    zq: Tensor, zk: Tensor, w: Tensor | None, b: Tensor, *, graph: bool = False
+) -> tuple[str, float]:
     """``("fast" | "windows" | "float64" | "refuse", kappa)`` for rows ``zq (R, N_q)``,
     ``zk (R, N_k)``, weights ``w (R, N_k)`` or ``None``, bandwidths ``b (R, 1)`` (see the
     module docstring); ``kappa`` is the largest spread / bandwidth of the call.  ``graph``:
@@ -107,8 +115,9 @@ def route(zq: Tensor, zk: Tensor, w: Tensor | None, b: Tensor, *, graph: bool = 
         return "refuse", kmax_
 
 
-def bump_by_windows(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tensor, *,
-                    causal: bool) -> Tensor:
+def bump_by_windows(
+    zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tensor, *, causal: bool
+) -> Tensor:
     r"""Eq. 7 summed over the pairs inside the windows ``|q_i - z_j| < b``: the kernel values
     in float64 from the scores themselves, the weighted values summed in ``v``'s dtype
     (``embedding_bag``, or, when a gradient is needed, ``index_add``: plain torch operations,
@@ -142,7 +151,9 @@ def bump_by_windows(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tens
         with torch.no_grad():
             first = torch.cumsum(nn, 0) - nn  # each query's first pair
             fq = torch.repeat_interleave(torch.arange(f0, f1, device=dev), nn)
-            pos = a0f[fq] + torch.arange(fq.shape[0], device=dev) - torch.repeat_interleave(first, nn)
+            pos = (
+                a0f[fq] + torch.arange(fq.shape[0], device=dev) - torch.repeat_interleave(first, nn)
+            )
             row = torch.div(fq, Nq, rounding_mode="floor")
             j = of[row * Nk + pos]  # key index in its row
             kg = row * Nk + j
@@ -152,10 +163,15 @@ def bump_by_windows(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tens
             hat = hat * keep
         if graph:
             contrib = hat.to(dt).unsqueeze(1) * vf[kg]
-            outs.append(torch.zeros(f1 - f0, D, dtype=dt, device=dev).index_add(0, fq - f0, contrib))
+            outs.append(
+                torch.zeros(f1 - f0, D, dtype=dt, device=dev).index_add(0, fq - f0, contrib)
+            )
         else:
-            outs.append(torch.nn.functional.embedding_bag(kg, vf, first, mode="sum",
-                                                          per_sample_weights=hat.to(dt)))
+            outs.append(
+                torch.nn.functional.embedding_bag(
+                    kg, vf, first, mode="sum", per_sample_weights=hat.to(dt)
+                )
+            )
         f0 = f1
     out = torch.cat(outs).view(R, Nq, D) if outs else v.new_zeros(R, Nq, D)
     if causal:
@@ -169,8 +185,9 @@ def bump_by_windows(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tens
     return out.to(dt)
 
 
-def evaluate(fn: str, zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tensor, fast, *,
-             causal: bool) -> Tensor:
+def evaluate(
+    fn: str, zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None, b: Tensor, fast, *, causal: bool
+) -> Tensor:
     """The bump attention of rows ``zq (R, N_q)``, ``zk (R, N_k)``, ``v (R, N_k, D)``,
     ``w (R, N_k)`` or ``None``, ``b (R, 1)`` by the evaluation :func:`route` picks:
     ``fast(zq, zk, v, w, b, scales)`` (a prefix-table kernel) in the inputs' dtype or in

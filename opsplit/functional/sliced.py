@@ -92,7 +92,7 @@ from .._checks import skip_value_checks
 from . import _windows
 from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
 from ._inputs import key_weights as combine_key_weights
-from ._scale import Scales, gradient_in
+from ._scale import gradient_in
 from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
 from ._sums import bump_attention_composed, relu_attention_composed
 
