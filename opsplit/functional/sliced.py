@@ -65,8 +65,9 @@ prefix sums (denominators, kernel masses) are accumulated in float64.
 values; every row whose largest score, value or weight lies outside :math:`2^{\pm 32}`
 (float32; :math:`2^{\pm 256}` in float64) is rescaled by powers of two first (exact: the
 kernels are homogeneous), and the output scaled back; the backward pass does the same with
-the incoming gradient.  So the kernels are right at every magnitude the dtype represents
-(in float32 scores and values of 1e19 overflowed, 1e-30 underflowed).  **Small
+the incoming gradient.  So the kernels are right at every magnitude the dtype represents,
+wherever the result is representable (in float32 scores and values of 1e19 overflowed,
+1e-30 underflowed).  **Small
 bandwidths** (:mod:`~opsplit.functional._windows`): eq. 7's tables lose about
 :math:`\varepsilon\cdot\mathrm{spread}/b` of :math:`\max|v|`; beyond a limit per dtype the
 bump is summed pair by pair over the windows in float64, or (float32) read off float64
