@@ -433,20 +433,35 @@ class Trainer:
             raise ValueError("TrainConfig.drop_last: expected True with world_size > 1 (every process needs a "
                              "non-empty slice of every global batch)")
         check_data_parallel(self.rank, self.world_size, self.model, self.forward_model)
-        spe = self._steps_per_epoch(n)
-        self._total_steps = min(c.max_steps, spe * c.epochs) if c.max_steps else spe * c.epochs
-        self._check_batch(train)
-        if evald is not None:
-            self._check_batch(evald)
-        out = self._check_out_dir(out_dir)
-        previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
-                                     snapshots=c.checkpoint_snapshots)
+        # everything that can refuse the run, before the first step; in a data-parallel run
+        # every rank stops if one refuses (instead of waiting in the first all-reduce)
+        err, previous, out = None, None, None
         try:
+            spe = self._steps_per_epoch(n)
+            self._total_steps = min(c.max_steps, spe * c.epochs) if c.max_steps else spe * c.epochs
+            self._check_batch(train)
+            if evald is not None:
+                self._check_batch(evald)
+            if out_dir is not None and self.rank == 0:
+                out = check_out_dir(out_dir, "Trainer.fit.out_dir")
+            previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
+                                         snapshots=c.checkpoint_snapshots)
             if resume is not None:
                 self.load(resume, allow_changes=allow, _total_steps=self._total_steps)
             else:
                 torch.manual_seed(c.seed)
                 self.generator.manual_seed(c.seed)
+        except Exception as e:
+            err = e
+        refused = any_rank([err is not None], self._device())[0] if self.world_size > 1 else err is not None
+        if refused:
+            if previous is not None:
+                restore_gradient_mode(previous)
+            if err is not None:
+                raise err
+            raise ValueError("Trainer.fit: another rank refused to start (its error says why); every rank stops "
+                             "before the first step")
+        try:
             self._loop(train, evald, spe, out)
         finally:
             restore_gradient_mode(previous)
@@ -455,21 +470,6 @@ class Trainer:
             if plot:
                 self.history.plot(out / "curves.png")
         return self.history
-
-    def _check_out_dir(self, out_dir) -> Path | None:
-        """The output folder (rank 0; ``None`` elsewhere), checked before the first step on
-        rank 0, every rank stopping if it is refused."""
-        err = None
-        if out_dir is not None and self.rank == 0:
-            try:
-                out = check_out_dir(out_dir, "Trainer.fit.out_dir")
-            except (TypeError, ValueError) as e:
-                err = e
-        if self.world_size > 1 and any_rank([err is not None], self._device())[0] and err is None:
-            raise ValueError("Trainer.fit.out_dir: refused on rank 0 (see its error); every rank stops")
-        if err is not None:
-            raise err
-        return out if out_dir is not None and self.rank == 0 else None
 
     def _device(self):
         return self.params[0].device
