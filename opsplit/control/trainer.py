@@ -6,7 +6,7 @@ Public API (five lines)::
     from opsplit.control import Objective, TrainConfig, Trainer
     trainer = Trainer(model, Objective("cross_entropy"), TrainConfig(epochs=20, lr=3e-3, gradient="backprop"))
     history = trainer.fit(train_data, eval_data, out_dir="runs/x")   # TensorData or (inputs, targets)
-    trainer.fit(train_data, eval_data, out_dir="runs/x", resume="runs/x")  # continue a killed run, bit for bit
+    trainer.fit(train_data, eval_data, out_dir="runs/x", resume="runs/x")  # continue a killed run
     metrics = trainer.evaluate(test_data, n_steps=8)                  # {"loss", "accuracy" | "mse", ...}
 
 **What is checked before the first step** (clear ``ValueError``/``TypeError``): the data
@@ -23,7 +23,8 @@ permutation drawn from a generator seeded with ``(seed, e)``, so it needs no sta
 checkpoint holds the model, optimizer, scheduler, global RNG states and the step counter;
 resuming from it continues the same sequence of batches and random numbers, so on CPU the
 loss curve and the parameters equal those of the uninterrupted run bit for bit
-(``tests/test_control_trainer.py``).
+(``tests/test_control_trainer.py``) — at the same number of threads and torch version (the
+CPU kernels' reductions are split by thread: another thread count rounds differently).
 
 **Peak memory** in the history (``peak_mem_mb``): on CUDA the peak allocated by torch's
 caching allocator during the epoch (``torch.cuda.max_memory_allocated``, reset per
