@@ -64,6 +64,7 @@ from ..controls import Control
 from ..controls.projection import TIME_CONTROLS, project_time, time_rows
 from ..grid import Grid, Interval
 from ..propagator import Propagator
+from .paths import check_out_dir, check_path
 from .schema import SCHEMA_NAME, SCHEMA_VERSION, SchemaError, validate
 
 __all__ = [
@@ -317,7 +318,7 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
     st = _need_safetensors()
     if not isinstance(model, nn.Module):
         raise TypeError(f"save_checkpoint.model: expected an nn.Module, got {type(model).__name__}")
-    path = Path(path)
+    path = check_out_dir(path, "save_checkpoint.path")
     if not allow_nonfinite:
         bad = nonfinite_tensors(model)
         if bad:
@@ -394,7 +395,7 @@ def _opsplit_version() -> str:
 def latest_checkpoint(folder) -> Path | None:
     """The complete checkpoint folder with the highest step under ``folder`` (``step-*``
     folders holding a ``meta.json``), or ``folder`` itself if it is one; ``None`` if none."""
-    folder = Path(folder)
+    folder = check_path(folder, "latest_checkpoint.folder")
     if (folder / META_FILE).is_file():
         return folder
     for sub in (folder, folder / "checkpoints"):
@@ -438,7 +439,7 @@ def read_checkpoint(path) -> Checkpoint:
     """Read and verify a checkpoint folder (schema, version, size, SHA-256, tensor index);
     raises :class:`CheckpointError` naming the problem."""
     st = _need_safetensors()
-    path = Path(path)
+    path = check_path(path, "read_checkpoint.path")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r}: not a folder (expected a folder with {META_FILE} "
                               f"and {TENSORS_FILE})")
@@ -880,6 +881,8 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             collection of setting names.  The accepted differences are in the returned
             checkpoint's ``changes``.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"load_checkpoint.model: expected an nn.Module, got {type(model).__name__}")
     allow = check_allow_changes(allow_changes, "load_checkpoint.allow_changes")
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     state, resampled = _plan_model_state(ckpt, model, resample)

@@ -237,14 +237,19 @@ class TrainConfig:
         """Build from a dict (a TOML table); unknown keys are refused with their names."""
         if not isinstance(d, dict):
             raise TypeError(f"TrainConfig.from_dict: expected a dict, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"TrainConfig: unknown key(s) {unknown}; expected keys from {sorted(names)}")
+        _refuse_unknown(d)
         return cls(**d)
 
     def replace(self, **changes) -> TrainConfig:
+        """A new config with ``changes`` (checked; unknown keys refused with their names)."""
+        _refuse_unknown(changes)
         return dataclasses.replace(self, **changes)
+
+
+def _refuse_unknown(d: dict) -> None:
+    unknown = sorted(set(d) - set(_CHECKS), key=str)
+    if unknown:
+        raise ValueError(f"TrainConfig: unknown key(s) {unknown}; expected keys from {sorted(_CHECKS)}")
 
 
 #: the fields whose change between a checkpoint's run and the resumed run makes the resumed

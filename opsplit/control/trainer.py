@@ -36,10 +36,8 @@ informative.  ``benchmarks/train_memory.py`` measures the autograd memory itself
 from __future__ import annotations
 
 import math
-import os
 import resource
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -60,6 +58,7 @@ from .distributed import any_rank, check_data_parallel
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
 from .objective import Objective
+from .paths import check_out_dir, check_path
 
 __all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
 
@@ -83,35 +82,6 @@ def as_dataset(data, name: str) -> TensorData:
         raise ValueError(f"{name}: expected a dataset, got None")
     raise TypeError(f"{name}: expected an opsplit.data.TensorData or a pair (inputs, targets), "
                     f"got {type(data).__name__}")
-
-
-def check_out_dir(path, name: str = "out_dir") -> Path:
-    """``path`` as a ``Path`` if a run could write its output folder there (``ValueError`` /
-    ``TypeError`` naming ``name`` otherwise) — checked before any training, so that an
-    unwritable folder does not fail the run after its last step.  Refused: a path that
-    is not a ``str`` / ``os.PathLike``, an empty one, an existing file, a path inside a file,
-    and a folder (or, if it does not exist yet, its nearest existing parent) in which no
-    entry can be created (tested by creating and removing a temporary folder there: works
-    for read-only mounts and for root).  Nothing is left behind."""
-    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{name}: expected a folder path (str or os.PathLike), got {type(path).__name__}")
-    if str(path) == "":
-        raise ValueError(f"{name}: expected a folder path, got an empty string")
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"{name}: {str(p)!r} is a file, expected a folder (or a path to create one)")
-    anc = p
-    while not anc.exists() and anc != anc.parent:
-        anc = anc.parent
-    if not anc.is_dir():
-        raise ValueError(f"{name}: {str(p)!r} cannot be created: {str(anc)!r} is a file, not a folder")
-    try:
-        probe = tempfile.mkdtemp(prefix=".opsplit-write-test-", dir=anc)
-        os.rmdir(probe)
-    except OSError as e:
-        raise ValueError(f"{name}: {str(p)!r} is not writable: cannot create entries in {str(anc)!r} "
-                         f"({e.strerror or e})") from None
-    return p
 
 
 def _total_norm(grads: list) -> Tensor:
@@ -188,7 +158,17 @@ class Trainer:
         if not params:
             raise ValueError("Trainer.model: the model has no trainable parameters")
         self.model, self.objective = model, objective
+        if forward_model is not None and not isinstance(forward_model, nn.Module):
+            raise TypeError(f"Trainer.forward_model: expected an nn.Module (e.g. DistributedDataParallel(model)) or "
+                            f"None, got {type(forward_model).__name__}")
         self.forward_model = forward_model if forward_model is not None else model
+        if metrics is not None and not isinstance(metrics, dict):
+            raise TypeError(f"Trainer.metrics: expected a dict {{name: fn(outputs, targets) -> float}}, got "
+                            f"{type(metrics).__name__}")
+        for k, fn in (metrics or {}).items():
+            if not isinstance(k, str) or not callable(fn):
+                raise TypeError(f"Trainer.metrics[{k!r}]: expected a callable fn(outputs, targets) -> float under a "
+                                f"string name, got {fn!r}")
         self.metrics = dict(metrics or {})
         if augment is not None and not callable(augment):
             raise TypeError(f"Trainer.augment: expected a callable fn(inputs, generator), got {augment!r}")
@@ -303,8 +283,7 @@ class Trainer:
         reports the new ones).  ``allow_changes`` (``True`` or setting names such as
         ``["lr", "epochs"]``) accepts them: a warning lists them, and the optimizer and
         schedule then follow *this* trainer's config from the resumed step on."""
-        if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"resume: expected a checkpoint or run folder path, got {type(path).__name__}")
+        check_path(path, "resume")
         allow = check_allow_changes(allow_changes, "allow_changes")
         p = latest_checkpoint(path)
         if p is None and Path(path).is_dir() and any(Path(path).iterdir()):
