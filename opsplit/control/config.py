@@ -8,25 +8,13 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ..data.base import check_int
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES", "check_int", "check_float", "config_changes"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
-
-
-def check_int(v, name: str, lo=None, allow_none: bool = False):
-    """An integer (``bool`` and ``float`` refused) ``>= lo``; ``name`` is the full argument
-    name used in the message (``"TrainConfig.batch_size"``)."""
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name}: expected an integer{'' if lo is None else f' >= {lo}'}"
-                        f"{' or None' if allow_none else ''}, got {v!r}")
-    if lo is not None and v < lo:
-        raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
-    return v
 
 
 def check_float(v, name: str, *, positive=False, nonneg=False, allow_none=False, below=None) -> float | None:
