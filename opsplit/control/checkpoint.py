@@ -676,6 +676,15 @@ def _grid_changes(where: str, a: dict, b: dict, resample: bool) -> list[SettingC
     return out
 
 
+def _class_change(where: str, what: str, a: dict | None, b: dict | None) -> SettingChange | None:
+    """A module (``what``) present on one side only, or of another class on the two sides."""
+    if a is None or b is None:
+        return SettingChange(where, what, a and a["class"], b and b["class"])
+    if a["class"] != b["class"]:
+        return SettingChange(where, "class", a["class"], b["class"])
+    return None
+
+
 def checkpoint_differences(checkpoint, model: nn.Module, *, resample: bool = False) -> list[SettingChange]:
     """The recorded settings of ``checkpoint`` (a folder or a :class:`Checkpoint`) that differ
     from ``model``'s: every propagator's class, :math:`[t_0, T]`, grid, scheme (its class
@@ -696,11 +705,11 @@ def checkpoint_differences(checkpoint, model: nn.Module, *, resample: bool = Fal
     for name in sorted(set(sp) | set(op), key=lambda n: (n.count("."), n)):
         a, b = sp.get(name), op.get(name)
         where = name or "model"
-        if a is None or b is None:
-            out.append(SettingChange(where, "propagator", a and a["class"], b and b["class"]))
-            continue
-        if a["class"] != b["class"]:
-            out.append(SettingChange(where, "class", a["class"], b["class"]))
+        first = _class_change(where, "propagator", a, b)
+        if first is not None:
+            out.append(first)
+            if first.key == "propagator":
+                continue
         for k in ("t0", "t1"):
             if not _same_number(a[k], b[k]):
                 out.append(SettingChange(where, k + (" (T)" if k == "t1" else ""), a[k], b[k]))
@@ -718,16 +727,13 @@ def checkpoint_differences(checkpoint, model: nn.Module, *, resample: bool = Fal
             if any(name == r or name.startswith(r + ".") for r in replaced):
                 continue
             a, b = ss.get(name), os_.get(name)
-            where = name or "model"
-            if a is None or b is None:
-                out.append(SettingChange(where, "module", a and a["class"], b and b["class"]))
-                continue
-            if a["class"] != b["class"]:
-                out.append(SettingChange(where, "class", a["class"], b["class"]))
+            first = _class_change(name or "model", "module", a, b)
+            if first is not None:
+                out.append(first)
                 continue
             for k in [k for k in a if k in b] + [k for k in b if k not in a] + [k for k in a if k not in b]:
                 if k != "class" and not _same_number(a.get(k), b.get(k)):
-                    out.append(SettingChange(where, k, a.get(k), b.get(k)))
+                    out.append(SettingChange(name or "model", k, a.get(k), b.get(k)))
     return out
 
 
