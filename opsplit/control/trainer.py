@@ -557,10 +557,11 @@ class Trainer:
                     "holds NaN/inf")
         else:
             what = f"the gradients are finite but their global norm overflows ({norm})"
-        hint = ("a finite objective with a non-finite gradient is a point where the model is not "
+        hint = ("a finite objective with a non-finite gradient is usually a point where the model is not "
                 "differentiable (sqrt(|p|) or |p|^a with a < 1 at p = 0, the norm of a zero vector, ...): change "
-                "the model there; a smaller learning rate or gradient clipping does not help") if bad else (
-                "rescale the objective or the parameters (float32 overflows at 3.4e38)")
+                "the model there (gradient clipping cannot repair it: it scales every gradient by inf/inf = NaN); "
+                "if instead the parameters have grown until the backward pass overflows, lower the learning rate"
+                ) if bad else "rescale the objective or the parameters (float32 overflows at 3.4e38)"
         raise FloatingPointError(
             f"step {self.step}: {what}, at a finite objective {loss:.6g}; the optimizer step was not taken and the "
             f"parameters are those before this step (nothing is written). {hint[0].upper()}{hint[1:]}")
