@@ -14,8 +14,17 @@ Public API (five lines)::
 configuration (:class:`~opsplit.control.TrainConfig`: ``lr > 0``, ...), the gradient mode
 against the model (:func:`~opsplit.control.set_gradient_mode`), the model's output on two
 training samples against the targets and the loss (:meth:`Objective.check`: shape
-mismatch, class range), and a checkpoint given to ``resume`` against the model
-(:func:`~opsplit.control.load_checkpoint`: another model is refused, nothing is loaded).
+mismatch, class range), the output folder (:func:`~opsplit.control.check_out_dir`), and a
+checkpoint given to ``resume`` against the model and the run
+(:func:`~opsplit.control.load_checkpoint`, :func:`~opsplit.control.config_changes`: another
+model, another map with the same tensors, or other run settings are refused, nothing is
+loaded).  In a data-parallel run a refusal on one rank stops every rank.
+
+**During training** the objective (before the backward pass) and the global gradient norm
+(after it, before clipping) must be finite: otherwise a ``FloatingPointError`` naming the
+parameters with a non-finite gradient stops the run before the optimizer step, the
+parameters unchanged, and no checkpoint is written (:func:`save_checkpoint` refuses
+non-finite weights in any case).
 
 **Determinism.** A fresh run seeds torch's global generator with ``config.seed`` (dropout
 and any other global-RNG use during training); the data order of epoch ``e`` is a
