@@ -107,6 +107,30 @@ def test_gradient_norm_and_clipping_unchanged_on_finite_gradients():
         torch.testing.assert_close(a, b, msg=k)
 
 
+@pytest.mark.parametrize("newer_torch", [True, False])
+def test_norm_and_clip_equal_clip_grad_norm(monkeypatch, newer_torch):
+    """The trainer's norm-then-clip equals clip_grad_norm_, with torch's helpers (>= 2.6) and
+    with the fallback the older torch of the dependency range takes."""
+    from opsplit.control import trainer as T
+
+    if not newer_torch:
+        for name in ("get_total_norm", "clip_grads_with_norm_"):
+            monkeypatch.delattr(torch.nn.utils, name, raising=False)
+    g = torch.Generator().manual_seed(0)
+    ps = [nn.Parameter(torch.zeros(s)) for s in ((3, 4), (5,), ())]
+    qs = [nn.Parameter(torch.zeros_like(p)) for p in ps]
+    for p, q in zip(ps, qs):
+        p.grad = torch.randn(p.shape, generator=g)
+        q.grad = p.grad.clone()
+    total = T._total_norm([p.grad for p in ps])
+    T._clip(ps, 0.5, total)
+    monkeypatch.undo()
+    ref = torch.nn.utils.clip_grad_norm_(qs, 0.5)
+    torch.testing.assert_close(total, ref)
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_save_checkpoint_refuses_nonfinite_weights(tmp_path):
     m = TinyClassifier()
     with torch.no_grad():
