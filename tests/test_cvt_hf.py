@@ -266,6 +266,36 @@ def test_to_hf_is_a_weight_copy():
     torch.testing.assert_close(back(x).logits, hf(x).logits, rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("E, F", [(11, 15), (22, 49), (21, 59), (8, 0), (6, 1)])
+def test_to_hf_hidden_widths(E, F):
+    """A model built from specs whose hidden width F is not int(E * (F / E)) in floating point
+    (int(11 * (15 / 11)) == 14), or 0, goes to transformers with its own width: to_hf picks a
+    mlp_ratio that transformers' int(embed_dim * mlp_ratio) maps back to F."""
+    from opsplit.models import CvtStageSpec
+
+    torch.manual_seed(0)
+    spec = CvtStageSpec(3, E, 1, 1, patch_size=3, patch_stride=2, patch_padding=1, mlp_hidden=F)
+    model = CvT(3, [spec], num_labels=2, dtype=torch.float64).eval()
+    hf = model.to_hf()
+    assert hf.cvt.encoder.stages[0].layers[0].intermediate.dense.out_features == F
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64)
+    torch.testing.assert_close(model(x).logits, _hf_logits(hf, x), rtol=0, atol=1e-12)
+
+
+def _hf_logits(hf, x, base=None):
+    """``CvtForImageClassification``'s logits from its modules, as its forward computes them
+    (transformers 5.x's forward fails with an IndexError when the last stage has no class
+    token: its ``ModelOutput`` drops the ``None`` class token before ``outputs[1]``);
+    ``base``: the output of ``hf.cvt(x)`` if already computed (one forward in training mode)."""
+    base = hf.cvt(x) if base is None else base
+    if base.cls_token_value is not None:
+        seq = hf.layernorm(base.cls_token_value)
+    else:
+        seq = hf.layernorm(base.last_hidden_state.flatten(2).transpose(1, 2))
+    return hf.classifier(seq.mean(dim=1))
+
+
 def test_requires_grad_is_kept():
     cfg, _ = random_config(2)
     hf = hf_model(cfg, "CvtModel", torch.float64, 1)

@@ -27,6 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 transformers = pytest.importorskip("transformers")
 
+from test_cvt_hf import _hf_logits, assert_close, randomized  # noqa: E402
+
 from opsplit.models import from_hf  # noqa: E402
 from opsplit.models.cvt import _hf_parts, _pairs  # noqa: E402
 
@@ -96,37 +98,17 @@ def hf_model(cfg: dict, seed: int, dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nn.Linear(E, 0) of a small mlp_ratio: "zero-element tensors"
         hf = getattr(transformers, cls)(transformers.CvtConfig(**cfg)).to(dtype).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # perturb every parameter and the batch-norm statistics (no map is the identity)
-        for p in hf.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g).to(dtype))
-        for m in hf.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
-                m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
-    return hf
-
-
-def _close(actual, expected, tol):
-    scale = max(1.0, float(expected.detach().abs().max())) if expected.numel() else 1.0
-    torch.testing.assert_close(actual, expected, rtol=0, atol=tol * scale)
+    return randomized(hf, seed)
 
 
 def _hf_run(hf, x):
-    """HF's outputs (last hidden state, class token, logits), or the exception it raises.
-
-    The logits are HF's read-out modules applied as ``CvtForImageClassification.forward``
-    applies them: transformers 5.x's forward itself fails (``IndexError`` at ``outputs[1]``,
-    a ``ModelOutput`` drops the ``None`` class token) whenever the last stage has no class
-    token, at every image size."""
+    """HF's outputs (last hidden state, class token, logits), or the exception it raises
+    (the logits through ``_hf_logits``: transformers 5.x's ``CvtForImageClassification``
+    forward fails at every size when the last stage has no class token)."""
     try:
         if type(hf).__name__ == "CvtForImageClassification":
             base = hf.cvt(x)
-            if base.cls_token_value is not None:
-                seq = hf.layernorm(base.cls_token_value)
-            else:
-                seq = hf.layernorm(base.last_hidden_state.flatten(2).transpose(1, 2))
-            return base.last_hidden_state, base.cls_token_value, hf.classifier(seq.mean(dim=1))
+            return base.last_hidden_state, base.cls_token_value, _hf_logits(hf, x, base)
         out = hf(x)
         return out.last_hidden_state, out.cls_token_value, None
     except Exception as e:  # noqa: BLE001 - torch's and transformers' errors vary (RuntimeError, ValueError)
@@ -196,18 +178,18 @@ def sweep(seed: int, dtype, sizes, tol, grad: bool) -> dict:
             continue
         x1 = x.to(dtype).detach().clone().requires_grad_(grad)
         out = model(x1)
-        _close(out.last_hidden_state.double(), ref[0], tol)
+        assert_close(out.last_hidden_state.double(), ref[0], tol)
         assert (out.cls_token_value is None) == (ref[1] is None)
         if ref[1] is not None:
-            _close(out.cls_token_value.double(), ref[1], tol)
+            assert_close(out.cls_token_value.double(), ref[1], tol)
         if ref[2] is not None:
-            _close(out.logits.double(), ref[2], tol)
+            assert_close(out.logits.double(), ref[2], tol)
         if grad:
             w = torch.randn(ref[0].shape, generator=g, dtype=torch.float64)
             x2 = x.clone().requires_grad_()
             (hf.cvt if ref[2] is not None else hf)(x2).last_hidden_state.mul(w).sum().backward()
             out.last_hidden_state.mul(w).sum().backward()
-            _close(x1.grad, x2.grad, tol)
+            assert_close(x1.grad, x2.grad, tol)
         counts["run"] += 1
         strides = cfg["patch_stride"] + cfg["stride_kv"]
         counts["run_not_divisible"] += any(H % s or W % s for s in strides)
@@ -265,8 +247,8 @@ def test_named_sizes_of_the_issue():
         x = torch.randn(2, 3, *size, dtype=torch.float64)
         ref = hf(x)
         out = model(x)
-        _close(out.last_hidden_state, ref.last_hidden_state, 1e-10)
-        _close(out.cls_token_value, ref.cls_token_value, 1e-10)
+        assert_close(out.last_hidden_state, ref.last_hidden_state, 1e-10)
+        assert_close(out.cls_token_value, ref.cls_token_value, 1e-10)
     back = model.to_hf()  # hidden width 0 round-trips
     assert back.encoder.stages[0].layers[0].intermediate.dense.out_features == 0
 
@@ -292,7 +274,7 @@ def test_train_mode_on_sizes_the_strides_do_not_divide():
             _refused_before_compute(model, x, r"pixel_values: stage [12]'s [QKV] projection has a 1x1 token grid")
             n_refused += 1
             continue
-        _close(model(x).last_hidden_state, ref[0], 1e-10)
+        assert_close(model(x).last_hidden_state, ref[0], 1e-10)
         P = _hf_parts(hf)
         params = {id(p) for p in hf.parameters()}
         for ours, theirs, view in _pairs(model, P["parts"], P["head"], P["ln"]):
