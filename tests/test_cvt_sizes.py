@@ -23,11 +23,11 @@ import warnings
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 transformers = pytest.importorskip("transformers")
 
 from test_cvt_hf import _hf_logits, assert_close, randomized  # noqa: E402
+from test_vit_hf import _AtenOps  # noqa: E402
 
 from opsplit.models import from_hf  # noqa: E402
 from opsplit.models.cvt import _hf_parts, _pairs  # noqa: E402
@@ -38,18 +38,6 @@ SIZES = [(n, n) for n in range(1, 18)] + [(19, 19), (23, 23), (32, 32), (37, 37)
 #: aten ops that mean the forward pass started computing
 COMPUTE = ("convolution", "mm", "addmm", "bmm", "linear", "layer_norm", "batch_norm", "softmax",
            "scaled_dot_product", "gelu")
-
-
-class _Ops(TorchDispatchMode):
-    """Records the aten ops a call dispatches."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def random_config(seed: int) -> dict:
@@ -133,7 +121,7 @@ def query_keeps_grid(cfg: dict, H: int, W: int) -> bool:
 
 
 def _refused_before_compute(model, x, match="pixel_values"):
-    with _Ops() as rec, pytest.raises(ValueError, match=match) as info:
+    with _AtenOps() as rec, pytest.raises(ValueError, match=match) as info:
         model(x)
     started = [op for op in rec.ops if any(c in op for c in COMPUTE)]
     assert not started, f"refused after computing {started}: {info.value}"
