@@ -42,7 +42,13 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_finite, check_float_dtype, check_like_module, check_positive_int
+from .._checks import (
+    check_finite,
+    check_float_dtype,
+    check_like_module,
+    check_parameters_finite,
+    check_positive_int,
+)
 from ..controls import Constant, LayerwiseConstant
 from ..grid import ImageGrid
 from ..operators import (
@@ -466,8 +472,12 @@ class CvT(nn.Module):
 
     def forward(self, pixel_values: Tensor) -> CvTOutput:
         grid = self._check_pixels(pixel_values)
+        check_parameters_finite(self, "CvT")
         f = ImageGrid.from_image(pixel_values)  # the image is the initial state on the input grid
-        u = self.propagator(f, grid=grid)
+        # the pixels and the parameters are checked above, naming them (one pass over the pixels)
+        u = self.propagator(f, grid=grid, check_finite_input=False)
+        check_finite(u, "CvT output", f"produced from finite pixels and finite parameters: an intermediate value "
+                                      f"left the range of {u.dtype}; scale the input down or use float64")
         g = self.scheme.output_grid(grid)
         prefix, spatial = g.split(u)
         B = u.shape[0]

@@ -148,6 +148,13 @@ def cvt_px(shape=(1, 3, 8, 8), fill=None, **kw):
     return x
 
 
+def nan_cvt():
+    m = cvt()
+    with torch.no_grad():
+        m.stage_operators(0)["embed"].weight.value[0, 0, 0, 0] = NAN
+    return m
+
+
 def spec(**kw):
     args = dict(in_channels=3, embed_dim=8, depth=1, num_heads=2)
     args.update(kw)
@@ -172,6 +179,7 @@ CVT = cases(
     ("cvt-kv-too-big", lambda: cvt(padding_kv=[0])(cvt_px((1, 3, 2, 2))), ValueError, r"pixel_values: images of 2x2 pixels do not fit stage 1 \(on the 1x1 token grid\): ConvAttention.k_proj"),
     ("cvt-query-grid", lambda: cvt(stride_q=[2])(cvt_px()), ValueError, r"pixel_values: images of 8x8 pixels do not fit stage 1.*the query projection must keep the token grid, got 4x4 -> 2x2"),
     ("cvt-train-batchnorm-1x1", lambda: cvt().train()(cvt_px((1, 3, 2, 2))), ValueError, r"pixel_values: stage 1's [QKV] projection has a 1x1 token grid for 2x2 images"),
+    ("cvt-nan-parameter", lambda: nan_cvt()(cvt_px()), ValueError, r"CvT: parameters must be finite, but propagator\.scheme\.stages\.0\.entry.*weight.*hold\(s\) NaN/inf"),
     ("cvt-query-keeps-no-grid", lambda: cvt(padding_q=[0]), ValueError, r"CvtStageSpec: the query projection keeps no token grid"),
     ("cvt-spec-mlp_hidden<0", lambda: spec(mlp_hidden=-1), ValueError, r"CvtStageSpec.mlp_hidden: expected an integer >= 0"),
     ("cvt-spec-mlp_hidden-float", lambda: spec(mlp_hidden=2.5), ValueError, r"CvtStageSpec.mlp_hidden: expected an integer >= 0"),
