@@ -100,6 +100,7 @@ def main(argv=None):
             print(f"{mode:>24}: HF {med['HF']:8.1f} ms  reference {med['ref']:8.1f} ms  this {med['this']:8.1f} ms   "
                   f"paired: reference/HF {paired('ref', 'HF'):5.3f}  this/HF {paired('this', 'HF'):5.3f}  "
                   f"this/reference {paired('this', 'ref'):5.3f}")
+            print(" " * 26 + "runs (s): " + "; ".join(f"{k} {[round(v, 2) for v in t[k]]}" for k in t))
 
 
 if __name__ == "__main__":
