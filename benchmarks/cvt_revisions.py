@@ -15,7 +15,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import statistics
@@ -33,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from opsplit.models import from_hf  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from cvt import arguments, workloads  # noqa: E402
+
 
 def load_revision(rev: str, into: Path):
     """opsplit as of git revision ``rev``, imported as the package ``opsplit_ref``."""
@@ -46,14 +48,15 @@ def load_revision(rev: str, into: Path):
     return importlib.import_module("opsplit_ref.models")
 
 
+def paired(times: dict, a: str, b: str) -> float:
+    """The median of the ratios of ``a``'s and ``b``'s runs taken side by side."""
+    return statistics.median(ta / tb for ta, tb in zip(times[a], times[b]))
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__.split("\n")[0])
+    ap.set_defaults(batch=4)
     ap.add_argument("--ref", required=True, help="git revision to compare with (e.g. main)")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--modes", default="eval,train")
     args = ap.parse_args(argv)
     import transformers
 
@@ -70,20 +73,7 @@ def main(argv=None):
         print(f"CvT-13, batch {args.batch} of {args.size}x{args.size}, float32, {torch.get_num_threads()} threads, "
               f"reference {args.ref}; max |logits this - reference| = {d:.2e}")
 
-        def eval_fwd(model):
-            model.eval()
-            with torch.no_grad():
-                model(x).logits
-
-        def train_fwd_bwd(model):
-            model.train()
-            for p in model.parameters():
-                p.grad = None
-            model(x).logits.square().mean().backward()
-
-        for mode, fn in (("eval forward", eval_fwd), ("train forward+backward", train_fwd_bwd)):
-            if mode.split()[0] not in args.modes:
-                continue
+        for mode, fn in workloads(x, args.modes):
             for m in models.values():
                 fn(m)  # warm-up
             t = {k: [] for k in models}
@@ -93,13 +83,10 @@ def main(argv=None):
                     fn(m)
                     t[k].append(time.perf_counter() - t0)
 
-            def paired(a, b):
-                return statistics.median(x / y for x, y in zip(t[a], t[b]))
-
             med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
             print(f"{mode:>24}: HF {med['HF']:8.1f} ms  reference {med['ref']:8.1f} ms  this {med['this']:8.1f} ms   "
-                  f"paired: reference/HF {paired('ref', 'HF'):5.3f}  this/HF {paired('this', 'HF'):5.3f}  "
-                  f"this/reference {paired('this', 'ref'):5.3f}")
+                  f"paired: reference/HF {paired(t, 'ref', 'HF'):5.3f}  this/HF {paired(t, 'this', 'HF'):5.3f}  "
+                  f"this/reference {paired(t, 'this', 'ref'):5.3f}")
             print(" " * 26 + "runs (s): " + "; ".join(f"{k} {[round(v, 2) for v in t[k]]}" for k in t))
 
 
