@@ -271,6 +271,15 @@ class DecoderLM(nn.Module):
     def n_layers(self) -> int:
         return self.config.n_layers
 
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int | None:
+        """The learned position table's size (``None`` with rotary positions: no limit)."""
+        return None if self.positions is None else self.positions.n_positions
+
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """GPT-2's initialisation from ``generator``: weights normal with std 0.02, biases 0,
