@@ -56,7 +56,8 @@ class PositionTable(Control):
         """Raise a ``ValueError`` naming ``name`` if a position lies outside the table."""
         if skip_value_checks() or positions.numel() == 0:
             return
-        lo, hi = float(positions.min()), float(positions.max())
+        p = positions.detach()
+        lo, hi = float(p.min()), float(p.max())
         if lo < 0 or hi > self.n_positions - 1:
             raise ValueError(
                 f"{name}: positions in [{lo:g}, {hi:g}] lie outside the learned position table [0, "
