@@ -379,26 +379,15 @@ class DecoderLM(nn.Module):
             u = F.dropout(u, self.config.embedding_dropout, True)
         return u
 
-    def read_out(self, u: Tensor, grid: Grid) -> tuple[Tensor, Tensor | None]:
-        """:math:`G`: the final norm, then the logits (``None`` without a head)."""
-        t1 = self.decoder.t1
-        for n in self.final_norm:
-            u = n.flow(t1, 1.0, u, grid) if n.has_flow else n.resolvent(t1, 1.0, u, grid)
-        W = self.head_weight
-        return u, (None if W is None else F.linear(u, W))
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
-                cache: KVCache | None = None, n_steps: int | None = None) -> DecoderOutput:
-        """Logits of every position (see the module docstring); with ``cache`` the ids are the
-        new tokens, the mask covers cached and new ones, and the cache is extended."""
+    def hidden(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+               position_ids: Tensor | None = None, cache: KVCache | None = None,
+               n_steps: int | None = None) -> Tensor:
+        """:math:`G` without the read-out: the normalised final state ``(B, N, d_model)``."""
         past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache)
         u = self.embed(input_ids, past, position_ids)
-        kpm = None
-        if mask is not None and not bool(mask.all()):
-            kpm = ~mask
         ctx = {}
-        if kpm is not None:
-            ctx["key_padding_mask"] = kpm
+        if mask is not None and not bool(mask.all()):
+            ctx["key_padding_mask"] = ~mask
         if position_ids is not None and self.positions is None:
             ctx["positions"] = position_ids
         if cache is not None:
@@ -407,8 +396,28 @@ class DecoderLM(nn.Module):
         grid = ContextGrid.of(self.decoder.grid, **ctx) if ctx else self.decoder.grid
         g = grid.with_shape(u.shape[1], self.config.d_model)
         u = self.decoder(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input)
-        h, logits = self.read_out(u, g)
-        return DecoderOutput(logits=logits, last_hidden_state=h, cache=cache)
+        t1 = self.decoder.t1
+        for n in self.final_norm:
+            u = n.flow(t1, 1.0, u, g) if n.has_flow else n.resolvent(t1, 1.0, u, g)
+        return u
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
+                cache: KVCache | None = None, n_steps: int | None = None) -> DecoderOutput:
+        """Logits of every position (see the module docstring); with ``cache`` the ids are the
+        new tokens, the mask covers cached and new ones, and the cache is extended."""
+        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps)
+        W = self.head_weight
+        return DecoderOutput(logits=None if W is None else F.linear(h, W), last_hidden_state=h, cache=cache)
+
+    def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+                          position_ids: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """The logits of the last position only, ``(B, vocab)`` (what generation reads; the
+        read-out is applied to one token)."""
+        W = self.head_weight
+        if W is None:
+            raise ValueError("DecoderLM.next_token_logits: the model has no read-out (lm_head=False)")
+        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache)
+        return F.linear(h[:, -1], W)
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """:func:`opsplit.models.generate.generate` with this model."""

@@ -266,12 +266,10 @@ class GroupedQueryAttention(Operator):
                 return None, True
 
         def build():
-            am = None
-            if self.causal and Nq > 1:
-                am = torch.ones(Nq, Nk, dtype=torch.bool, device=device).triu_(1 + past)
             return attention_log_weights(
-                B=B, H=1, Nq=Nq, Nk=Nk, dtype=dtype, device=device, attn_mask=am, key_padding_mask=kpm,
-                log_wx=logw, names=("causal mask", self.key_padding_mask or "key_padding_mask"),
+                B=B, H=1, Nq=Nq, Nk=Nk, dtype=dtype, device=device, key_padding_mask=kpm, log_wx=logw,
+                causal=self.causal and Nq > 1, causal_offset=past,
+                names=("attn_mask", self.key_padding_mask or "key_padding_mask"),
             )
 
         return cached(grid, ("gqa-mask", id(self), B, Nq, Nk, dtype, str(device)), build), False
