@@ -85,7 +85,7 @@ def test_requires_grad_and_training_mode_are_kept():
     ours = from_hf(hf)
     assert ours.training
     assert not ours.embedding.weight.requires_grad
-    assert ours.attention.WQ.raw.requires_grad
+    assert ours.attention.WQ.pieces[0].requires_grad
 
 
 def test_tied_read_out_is_one_parameter():

@@ -147,7 +147,9 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             ids, pos = seq[:, -1:], position_ids[:, -1:]
         else:
             ids, pos = seq, position_ids
-        logits = model.next_token_logits(ids, mask, position_ids=pos, cache=cache)
+        # the parameters and the prompt are checked for finite values at the first step; the
+        # later steps feed tokens the model produced, with the same parameters
+        logits = model.next_token_logits(ids, mask, position_ids=pos, cache=cache, check_values=step == 0)
         nxt = select_next_token(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
         if eos_token_id is not None:

@@ -41,8 +41,10 @@ keys (not with a cache).
 **Layouts** (head-major): ``WQ`` ``(N_y, H, d)``, ``WK, WV`` ``(N_y, H_kv, d)``, ``WO``
 ``(H, d, N_y)``, ``bQ`` ``(H, d)``, ``bK, bV`` ``(H_kv, d)``, ``bO`` ``(N_y,)``.
 Computation: three GEMMs, the rotation, ``F.scaled_dot_product_attention`` (through the
-overflow guard of :mod:`opsplit.operators._sdpa`) on the key/value heads repeated over
-their groups, one GEMM for :math:`W^O`.
+overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
+needed (torch >= 2.5), with the :math:`g` query heads of a group as :math:`g` queries of their
+key/value head for a single query (a decode step: no copy of the cache), else on the
+key/value heads repeated over their groups — and one GEMM for :math:`W^O`.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ from .context import cached, context_value
 from .rope import RotaryEmbedding
 
 __all__ = ["GroupedQueryAttention"]
+
+#: torch's SDPA takes fewer key/value heads than query heads itself (``enable_gqa``) from 2.5 on
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 def _shape(control) -> tuple | None:
@@ -280,14 +285,27 @@ class GroupedQueryAttention(Operator):
         ``(B, H_kv, N_k, d)``."""
         B, H, Nq, d = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
-        if Hkv != H:  # the group map pi: query head h reads key/value head h // g
-            g = H // Hkv
-            k = k[:, :, None].expand(B, Hkv, g, Nk, d).reshape(B, H, Nk, d)
-            v = v[:, :, None].expand(B, Hkv, g, Nk, v.shape[-1]).reshape(B, H, Nk, v.shape[-1])
         bias, is_causal = self._log_weights(grid, B, Nq, Nk, q.dtype, q.device)
         p = self.dropout if self.training else 0.0
-        return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal,
-                         scale=self.score_scale(grid), name="GroupedQueryAttention")
+        s = self.score_scale(grid)
+        if Hkv == H:
+            return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal, scale=s,
+                             name="GroupedQueryAttention")
+        # the group map pi: query head h reads key/value head h // g
+        g = H // Hkv
+        if Nq == 1:
+            # one query (a decode step): the g query heads of a group become g queries of their
+            # key/value head, (B, H, 1, d) -> (B, H_kv, g, d); every one sees every key
+            o = attention(q.reshape(B, Hkv, g, d), k, v, attn_mask=bias, dropout_p=p, is_causal=False, scale=s,
+                          name="GroupedQueryAttention")
+            return o.reshape(B, H, 1, v.shape[-1])
+        if bias is None and _SDPA_GQA and q.dim() == 4:
+            return attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=is_causal, scale=s,
+                             name="GroupedQueryAttention", enable_gqa=True)
+        k = k[:, :, None].expand(B, Hkv, g, Nk, d).reshape(B, H, Nk, d)
+        v = v[:, :, None].expand(B, Hkv, g, Nk, v.shape[-1]).reshape(B, H, Nk, v.shape[-1])
+        return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal, scale=s,
+                         name="GroupedQueryAttention")
 
     def combine_heads(self, t, o: Tensor, grid: Grid) -> Tensor:
         r""":math:`\int_{\Omega_h}[\cdot] W^O(h, \cdot, y)\,dh + b^O(y)`: ``(B, H, N, d)`` ->

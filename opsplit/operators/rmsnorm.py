@@ -176,6 +176,9 @@ class ProjectionSphere(Operator):
                 raise ValueError(f"ProjectionSphere.sigma2: expected sigma_2 > 0, got {float(sigma2):g}")
             sigma2 = Constant(sigma2, positive=True)
         self.sigma2 = as_control(sigma2, "ProjectionSphere.sigma2")
+        # a sigma_2 given as a number stays that number (a 0-d buffer that nothing trains)
+        self._number = float(self.sigma2.value) if isinstance(self.sigma2, Constant) and \
+            self.sigma2.value.dim() == 0 and not isinstance(self.sigma2.value, torch.nn.Parameter) else None
         self.eps = check_positive_float(eps, "ProjectionSphere.eps", allow_zero=True)
         self.compute_dtype = _check_compute_dtype(compute_dtype, "ProjectionSphere.compute_dtype")
 
@@ -190,11 +193,9 @@ class ProjectionSphere(Operator):
             )
 
     def _sigma(self, t, grid: Grid, dtype):
-        c = self.sigma2
-        if isinstance(c, Constant) and c.value.dim() == 0 and not c.value.requires_grad:
-            v = float(c.value)  # a fixed number: 1.0 is skipped (HF multiplies by nothing)
-            return v
-        s = c(t, grid)
+        if self._number is not None:  # a fixed number: 1.0 is skipped (HF multiplies by nothing)
+            return self._number
+        s = self.sigma2(t, grid)
         if s.dim() != 0:
             raise ValueError(f"ProjectionSphere: sigma_2 must be a scalar, the control gave shape {tuple(s.shape)}")
         return s.to(dtype)
