@@ -15,13 +15,20 @@ to it), over ``--repeats`` pairs after ``--warmup`` pairs:
   the key/value cache (no eos), reported as generated tokens per second.
 
 The targets (forward and forward+backward <= 1.05x HF's time, generation >= 0.95x HF's
-tokens/s) are judged on the median of the paired ratios.  Before timing, the script checks
+tokens/s) are judged on the median of the paired ratios.
+
+``--decode-cost`` measures instead the time of one decode step (one new token, key/value
+cache of ``n`` tokens) against the context length ``n`` for opsplit's own causal decoders
+(``AttentionDecoder`` + ``TokenClassifier``: d_model 64, 4 heads, 2 layers, with softmax,
+causal sliced ReLU and causal sliced ReLU-bump attention) and the converted Llama model, and
+fits the exponent of time against ``n``.  Before timing, the script checks
 that both sides compute the same thing (logits within 1e-4 relative, the same generated
 tokens).
 
 Usage::
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py [--repeats 9] [--threads 2] [--models llama gpt2]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --decode-cost [--sizes 1024 4096 16384 65536]
 """
 
 from __future__ import annotations
@@ -76,6 +83,51 @@ def paired(fa, fb, repeats: int, warmup: int):
     return ta, tb, [a / b for a, b in zip(ta, tb)]
 
 
+def decode_cost(sizes, repeats: int, vocab: int):
+    """Median time of one decode step against the cached context length."""
+    import math
+
+    from opsplit.models import AttentionDecoder, TokenClassifier
+    from opsplit.operators import KVCache
+
+    models = {}
+    for att in ("softmax", "sliced_relu", "sliced_bump"):
+        gen = torch.Generator().manual_seed(0)
+        enc = AttentionDecoder(64, 4, 128, attention=att, n_steps=2, causal=True, generator=gen)
+        models[f"AttentionDecoder {att}"] = TokenClassifier(256, 256, enc, generator=gen).eval()
+    models["converted Llama (benchmark model)"] = from_hf(build("llama", vocab))
+    print("\n| model | " + " | ".join(f"n = {n}" for n in sizes) + " | exponent (fit) | exponent (last two) |")
+    print("|---|" + "---|" * (len(sizes) + 2))
+    for name, m in models.items():
+        V = 256 if "Attention" in name else vocab
+        ms = []
+        for n in sizes:
+            ids = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(n))
+            small = KVCache()
+            with torch.no_grad():
+                m.next_token_logits(ids, cache=small)
+                # a cache of n tokens: every entry of the 8-token prompt repeated (the step's cost does
+                # not depend on the cached values; an n-token prompt through softmax attention costs n^2)
+                cache = KVCache()
+                cache.begin()
+                for op, t, tensors, dim in small.entries():
+                    cache.update(op, t, *(x.repeat(*[n // 8 if i == dim else 1 for i in range(x.dim())])
+                                          for x in tensors), dim=dim)
+                tok = ids[:, -1:]
+                times = []
+                for k in range(repeats + 1):
+                    pos = torch.tensor([[n + k]])
+                    t0 = time.perf_counter()
+                    m.next_token_logits(tok, position_ids=pos, cache=cache, check_values=False)
+                    times.append(time.perf_counter() - t0)
+            ms.append(statistics.median(times[1:]) * 1e3)
+        xs, ys = [math.log(n) for n in sizes], [math.log(t) for t in ms]
+        xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+        last = math.log(ms[-1] / ms[-2]) / math.log(sizes[-1] / sizes[-2])
+        print(f"| {name} | " + " | ".join(f"{t:.2f} ms" for t in ms) + f" | {slope:.2f} | {last:.2f} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=9)
@@ -89,11 +141,16 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--skip", nargs="*", default=[], choices=["forward", "backward", "generate"])
+    ap.add_argument("--decode-cost", action="store_true")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, repeats {args.repeats} (paired, interleaved)")
+    if args.decode_cost:
+        decode_cost(args.sizes, args.repeats, args.vocab)
+        return
     rows = []
     for kind in args.models:
         hf = build(kind, args.vocab)

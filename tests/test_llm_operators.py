@@ -365,6 +365,24 @@ def test_gqa_decode_with_cache_equals_full(Hkv, device, dtype):
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=tol)
 
 
+def test_gqa_cache_under_autograd_passes_gradients_to_cached_tokens():
+    """With autograd recording, the cache concatenates (no in-place buffers): the gradient of
+    the last chunk's output reaches the cached tokens' inputs as in the full evaluation."""
+    torch.manual_seed(2)
+    op = GroupedQueryAttention.create(8, 4, 2, cache="c", dtype=F64)
+    u = torch.randn(1, 5, 8, dtype=F64, requires_grad=True)
+    w = torch.randn(1, 2, 8, dtype=F64)
+    (g_full,) = torch.autograd.grad((op.field(0.0, u, Grid.paper(5, 8))[:, 3:] * w).sum(), u)
+    cache = KVCache()
+    cache.begin()
+    op.field(0.0, u[:, :3], ContextGrid.of(Grid.paper(3, 8), c=cache))
+    cache.begin()
+    out = op.field(0.0, u[:, 3:], ContextGrid.of(Grid.paper(2, 8), c=cache))
+    (g,) = torch.autograd.grad((out * w).sum(), u)
+    torch.testing.assert_close(g, g_full, rtol=0, atol=1e-12)
+    assert float(g[:, :3].abs().max()) > 0
+
+
 def test_gqa_gradcheck():
     gen = torch.Generator().manual_seed(6)
     r = lambda *s: torch.randn(*s, dtype=F64, generator=gen, requires_grad=True)  # noqa: E731
