@@ -268,8 +268,12 @@ def test_gated_ffn_on_a_weighted_grid(dtype):
     u = torch.randn(2, 4, ny, dtype=F64, generator=gen)
     ref = _gated_reference(u, Wg, Wu, Wd, bg, bu, bd, grid.y.weights(F64), hidden.weights(F64))
     out = op(u.to(dtype), grid=grid)
+    with torch.no_grad():  # inference: gate and up as one GEMM on the kernels side by side
+        out_ng = op(u.to(dtype), grid=grid)
+        out_ng2 = op(u.to(dtype), grid=grid)  # the cached kernels again
     tol = 1e-5 if dtype == F32 else 1e-12
-    assert float((out.double() - ref).abs().max()) <= tol * float(ref.abs().max())
+    for o in (out, out_ng, out_ng2):
+        assert float((o.double() - ref).abs().max()) <= tol * float(ref.abs().max())
 
 
 def test_gated_ffn_is_hf_llama_mlp():
@@ -345,6 +349,23 @@ def test_gqa_against_naive_loops():
     wx, pos = grid.x.weights(F64), grid.x.nodes(F64) - grid.x.nodes(F64)[0]
     ref = _gqa_reference(u, WQ, WK, WV, WO, bQ, bK, bV, bO, 0.4, kpm, wx, pos, 300.0)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_gqa_inference_kernels_follow_parameter_updates():
+    """Under no_grad the q/k/v kernels are applied side by side from a cached copy: an in-place
+    update of a weight (an optimiser step) must invalidate it."""
+    torch.manual_seed(4)
+    op = GroupedQueryAttention.create(8, 4, 2, qkv_bias=True, dtype=F64)
+    u = torch.randn(2, 3, 8, dtype=F64)
+    g = Grid.paper(3, 8)
+    with torch.no_grad():
+        a = op.field(0.0, u, g)
+        torch.testing.assert_close(a, op.field(0.0, u, g), rtol=0, atol=0)  # the cached kernels again
+        op.WK.raw.add_(0.5)
+        op.bV.raw.mul_(-1.0)
+        b = op.field(0.0, u, g)
+    torch.testing.assert_close(b, op.field(0.0, u, g).detach(), rtol=0, atol=1e-13)  # autograd path
+    assert not torch.allclose(a, b)
 
 
 @pytest.mark.parametrize("Hkv", [1, 2, 6])

@@ -65,11 +65,12 @@ class PositionTable(Control):
                 f"positions cannot be evaluated"
             )
 
-    def at(self, positions: Tensor) -> Tensor:
+    def at(self, positions: Tensor, *, check: bool = True) -> Tensor:
         """:math:`P(\\xi)` at coordinates ``positions`` (any shape; integer or real), shape
         ``positions.shape + (N_y,)``: a row lookup at integer coordinates, linear interpolation
-        between rows otherwise."""
-        self.check_positions(positions)
+        between rows otherwise.  ``check=False`` skips the range check (the caller made it)."""
+        if check:
+            self.check_positions(positions)
         if not positions.is_floating_point():
             return F.embedding(positions, self.weight)
         lo = positions.floor()

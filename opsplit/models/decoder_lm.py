@@ -371,14 +371,16 @@ class DecoderLM(nn.Module):
         return past, mask
 
     # -- the map -------------------------------------------------------------------------------
-    def embed(self, input_ids: Tensor, past: int = 0, position_ids: Tensor | None = None) -> Tensor:
-        """:math:`F_{\\text{in}}`: token table (+ learned positions), ``(B, N, d_model)``."""
+    def embed(self, input_ids: Tensor, past: int = 0, position_ids: Tensor | None = None, *,
+              check: bool = True) -> Tensor:
+        """:math:`F_{\\text{in}}`: token table (+ learned positions), ``(B, N, d_model)``
+        (``check=False``: the positions were checked against the table already)."""
         u = self.embedding(input_ids)
         if self.positions is not None:
             N = input_ids.shape[1]
             pos = position_ids if position_ids is not None else \
                 torch.arange(past, past + N, device=input_ids.device).unsqueeze(0)
-            u = u + self.positions.at(pos)
+            u = u + self.positions.at(pos, check=check)
         if self.config.embedding_dropout and self.training:
             u = F.dropout(u, self.config.embedding_dropout, True)
         return u
@@ -390,7 +392,7 @@ class DecoderLM(nn.Module):
         ``check_values=False`` skips the propagator's finiteness checks of the parameters,
         the input and the output (generation: checked at the prompt, unchanged after)."""
         past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache, values=check_values)
-        u = self.embed(input_ids, past, position_ids)
+        u = self.embed(input_ids, past, position_ids, check=False)  # check_inputs (or generate) checked them
         ctx = {}
         if mask is not None and not bool(mask.all()):
             ctx["key_padding_mask"] = ~mask

@@ -40,7 +40,8 @@ keys (not with a cache).
 
 **Layouts** (head-major): ``WQ`` ``(N_y, H, d)``, ``WK, WV`` ``(N_y, H_kv, d)``, ``WO``
 ``(H, d, N_y)``, ``bQ`` ``(H, d)``, ``bK, bV`` ``(H_kv, d)``, ``bO`` ``(N_y,)``.
-Computation: three GEMMs, the rotation, ``F.scaled_dot_product_attention`` (through the
+Computation: three GEMMs (one, on the three kernels side by side, when autograd does not
+record: a copy of them is kept per time piece and parameter version), the rotation, ``F.scaled_dot_product_attention`` (through the
 overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
 needed (torch >= 2.5), with the :math:`g` query heads of a group as :math:`g` queries of their
 key/value head for a single query (a decode step: no copy of the cache), else on the
@@ -59,6 +60,7 @@ from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
 from ._masks import attention_log_weights
+from ._fused import side_by_side
 from ._sdpa import attention
 from .base import Operator
 from .context import cached, context_value
@@ -133,6 +135,7 @@ class GroupedQueryAttention(Operator):
                 raise TypeError(f"{n}.{name}: expected the name (str) of a grid context input, got {type(key).__name__}")
         self.key_padding_mask, self.positions, self.cache = key_padding_mask, positions, cache
         self._check_static_shapes()
+        self._fused: dict = {}  # t -> (versions, W, b): the three kernels side by side, without autograd
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -241,17 +244,38 @@ class GroupedQueryAttention(Operator):
         WQ, WK, WV = self.WQ(t, grid), self.WK(t, grid), self.WV(t, grid)
         H, Hkv, d = WQ.shape[1], WK.shape[1], WQ.shape[2]
         bias = [None if c is None else c(t, grid).reshape(-1) for c in (self.bQ, self.bK, self.bV)]
-        q = _linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d).transpose(1, 2)
-        k = _linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d).transpose(1, 2)
-        v = _linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d).transpose(1, 2)
-        if self.rotary is not None:
-            pos = self._positions(grid, B, N, past, u.device)
-            key = ("rope", id(self.rotary), N, past, u.dtype, str(u.device), id(pos))
-            cos, sin = cached(grid, key, lambda: self.rotary.cos_sin(pos, u.dtype))
-            if cos.dim() == 3:  # (B, N, d) -> (B, 1, N, d)
-                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
-        return q, k, v
+        if torch.is_grad_enabled():
+            q = _linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d)
+            k = _linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d)
+            v = _linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d)
+            if self.rotary is not None:
+                cos, sin = self._cos_sin(grid, B, N, past, u)
+                q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+        else:
+            # one GEMM for the three, and one rotation for the query and key heads together
+            # (elementwise: the same numbers as two)
+            W, b = side_by_side(self._fused, t, (WQ, WK, WV), bias)
+            qkv = _linear_y(u, W, b, grid).view(B, N, H + 2 * Hkv, d)
+            qk, v = qkv[:, :, : H + Hkv], qkv[:, :, H + Hkv:]
+            if self.rotary is not None:
+                cos, sin = self._cos_sin(grid, B, N, past, u)
+                qk = self.rotary.rotate(qk, cos, sin)
+            q, k = qk[:, :, :H], qk[:, :, H:]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _cos_sin(self, grid: Grid, B: int, N: int, past: int, u: Tensor):
+        """cos, sin of the rotary angles of the new tokens, shaped ``(B or 1, N, 1, d)`` (one per
+        call, shared by the layers through the grid's per-call cache)."""
+        pos = self._positions(grid, B, N, past, u.device)
+        key = ("rope", id(self.rotary), N, past, u.dtype, str(u.device), id(pos))
+
+        def build():
+            cos, sin = self.rotary.cos_sin(pos, u.dtype)
+            if cos.dim() == 1 + pos.dim() and pos.dim() == 1:  # grid positions (N,) -> (1, N, 1, d)
+                return cos[None, :, None], sin[None, :, None]
+            return cos.unsqueeze(-2), sin.unsqueeze(-2)  # (B, N, d) -> (B, N, 1, d)
+
+        return cached(grid, key, build)
 
     def _log_weights(self, grid: Grid, B: int, Nq: int, Nk: int, dtype, device):
         """(bias, is_causal) for SDPA: causal (bottom-right aligned after a cache), key padding
