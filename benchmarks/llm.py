@@ -128,6 +128,62 @@ def decode_cost(sizes, repeats: int, vocab: int):
         print(f"| {name} | " + " | ".join(f"{t:.2f} ms" for t in ms) + f" | {slope:.2f} | {last:.2f} |")
 
 
+def measure(kind: str, args) -> list:
+    """The paired timings of one model (rows of the table)."""
+    rows = []
+    hf = build(kind, args.vocab)
+    ours = from_hf(hf)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, args.vocab, (args.B, args.N), generator=g)
+    with torch.no_grad():
+        r, o = hf(input_ids=ids).logits, ours(ids).logits
+    err = float((r - o).abs().max() / r.abs().max())
+    assert err < 1e-4, f"{kind}: the two models differ by {err}"
+
+    if "forward" not in args.skip:
+        def fwd_hf():
+            with torch.no_grad():
+                hf(input_ids=ids)
+
+        def fwd_ours():
+            with torch.no_grad():
+                ours(ids)
+
+        ta, tb, rat = paired(fwd_ours, fwd_hf, args.repeats, args.warmup)
+        rows.append((kind, f"forward {args.B}x{args.N}", ta, tb, rat, "time", 1.05))
+
+    if "backward" not in args.skip:
+        hf.train()
+        ours.train()
+
+        def fb(model, call):
+            def run():
+                model.zero_grad(set_to_none=True)
+                call().square().mean().backward()
+            return run
+
+        ta, tb, rat = paired(fb(ours, lambda: ours(ids).logits), fb(hf, lambda: hf(input_ids=ids).logits),
+                             args.repeats, args.warmup)
+        rows.append((kind, f"forward+backward {args.B}x{args.N}", ta, tb, rat, "time", 1.05))
+        hf.eval()
+        ours.eval()
+
+    if "generate" not in args.skip:
+        prompt = torch.randint(3, args.vocab, (args.gen_B, args.prompt), generator=g)
+        a = ours.generate(prompt, args.new)
+        b = hf.generate(prompt, max_new_tokens=args.new, do_sample=False, eos_token_id=None, pad_token_id=0)
+        same = torch.equal(a, b)
+        n_tok = args.gen_B * args.new
+        ta, tb, rat = paired(lambda: ours.generate(prompt, args.new),
+                             lambda: hf.generate(prompt, max_new_tokens=args.new, do_sample=False,
+                                                 eos_token_id=None, pad_token_id=0),
+                             args.repeats, args.warmup)
+        rows.append((kind, f"generate B={args.gen_B}, {args.prompt}+{args.new} tokens"
+                     + ("" if same else " (tokens differ!)"), [n_tok / t for t in ta], [n_tok / t for t in tb],
+                     [b_ / a_ for a_, b_ in zip(ta, tb)], "tokens/s", 0.95))
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=9)
@@ -153,57 +209,7 @@ def main(argv=None):
         return
     rows = []
     for kind in args.models:
-        hf = build(kind, args.vocab)
-        ours = from_hf(hf)
-        g = torch.Generator().manual_seed(1)
-        ids = torch.randint(3, args.vocab, (args.B, args.N), generator=g)
-        with torch.no_grad():
-            r, o = hf(input_ids=ids).logits, ours(ids).logits
-        err = float((r - o).abs().max() / r.abs().max())
-        assert err < 1e-4, f"{kind}: the two models differ by {err}"
-
-        if "forward" not in args.skip:
-            def fwd_hf():
-                with torch.no_grad():
-                    hf(input_ids=ids)
-
-            def fwd_ours():
-                with torch.no_grad():
-                    ours(ids)
-
-            ta, tb, rat = paired(fwd_ours, fwd_hf, args.repeats, args.warmup)
-            rows.append((kind, f"forward {args.B}x{args.N}", ta, tb, rat, "time", 1.05))
-
-        if "backward" not in args.skip:
-            hf.train()
-            ours.train()
-
-            def fb(model, call):
-                def run():
-                    model.zero_grad(set_to_none=True)
-                    call().square().mean().backward()
-                return run
-
-            ta, tb, rat = paired(fb(ours, lambda: ours(ids).logits), fb(hf, lambda: hf(input_ids=ids).logits),
-                                 args.repeats, args.warmup)
-            rows.append((kind, f"forward+backward {args.B}x{args.N}", ta, tb, rat, "time", 1.05))
-            hf.eval()
-            ours.eval()
-
-        if "generate" not in args.skip:
-            prompt = torch.randint(3, args.vocab, (args.gen_B, args.prompt), generator=g)
-            a = ours.generate(prompt, args.new)
-            b = hf.generate(prompt, max_new_tokens=args.new, do_sample=False, eos_token_id=None, pad_token_id=0)
-            same = torch.equal(a, b)
-            n_tok = args.gen_B * args.new
-            ta, tb, rat = paired(lambda: ours.generate(prompt, args.new),
-                                 lambda: hf.generate(prompt, max_new_tokens=args.new, do_sample=False,
-                                                     eos_token_id=None, pad_token_id=0),
-                                 args.repeats, args.warmup)
-            rows.append((kind, f"generate B={args.gen_B}, {args.prompt}+{args.new} tokens"
-                         + ("" if same else " (tokens differ!)"), [n_tok / t for t in ta], [n_tok / t for t in tb],
-                         [b_ / a_ for a_, b_ in zip(ta, tb)], "tokens/s", 0.95))
-
+        rows += measure(kind, args)
     print()
     print("| model | measurement | opsplit (median) | HF (median) | paired ratio opsplit/HF (median) | target | met |")
     print("|---|---|---|---|---|---|---|")

@@ -12,7 +12,10 @@ from torch.autograd import gradcheck
 
 from opsplit import Grid
 from opsplit.functional import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
-from opsplit.functional.sliced_decode import decode_sliced_relu_attention, decode_sliced_relu_bump_attention
+from opsplit.functional.sliced_decode import (
+    decode_sliced_relu_attention,
+    decode_sliced_relu_bump_attention,
+)
 from opsplit.models import AttentionDecoder, TokenClassifier
 from opsplit.operators import KVCache, MultiHeadAttention
 from opsplit.operators.context import ContextGrid

@@ -59,8 +59,8 @@ from torch import Tensor
 from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
-from ._masks import attention_log_weights
 from ._fused import side_by_side
+from ._masks import attention_log_weights
 from ._sdpa import attention
 from .base import Operator
 from .context import cached, context_value

@@ -60,7 +60,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .._checks import check_finite, check_float_dtype, check_positive_float, check_tensor, skip_value_checks
+from .._checks import (
+    check_finite,
+    check_float_dtype,
+    check_positive_float,
+    check_tensor,
+    skip_value_checks,
+)
 from ..controls import Constant, Control, as_control
 from ..grid import Grid, _axis_with_n, check_grid
 from .base import Operator

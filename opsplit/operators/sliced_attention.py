@@ -69,7 +69,10 @@ from ..functional import (
     sliced_relu_attention,
     sliced_relu_bump_attention,
 )
-from ..functional.sliced_decode import decode_sliced_relu_attention, decode_sliced_relu_bump_attention
+from ..functional.sliced_decode import (
+    decode_sliced_relu_attention,
+    decode_sliced_relu_bump_attention,
+)
 from ..grid import Grid
 from .base import Operator
 from .context import context_value

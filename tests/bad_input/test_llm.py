@@ -37,12 +37,12 @@ def llama_raw(**kw):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **kw}))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def lm():
     return llama()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpt2():
     return from_hf(transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2)).eval())
 
