@@ -40,7 +40,7 @@ from torch import nn
 
 from .decoder_lm import DecoderConfig, DecoderLM
 from .hf import register_hf_converter
-from .vit import _check_linear, _dropout_p, _hf_act, _is_hf, _need_hf
+from .vit import _check_linear, _dropout_p, _hf_act, _is_hf, _need_hf, _one_dtype_device
 
 __all__ = ["decoder_from_hf", "to_hf", "hf_state_dict", "HF_DECODER_CLASSES"]
 
@@ -54,17 +54,6 @@ HF_DECODER_CLASSES = GPT2_CLASSES + tuple(LLAMA_FAMILY)
 
 
 # -- checks (before any compute) ------------------------------------------------------------------
-def _dtype_device(model, cls: str):
-    kinds = {(t.dtype, t.device) for t in list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]}
-    if len(kinds) != 1:
-        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
-                         "move the model with .to(dtype, device) first")
-    dtype, device = kinds.pop()
-    if not dtype.is_floating_point:
-        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
-    return dtype, device
-
-
 def _check_conv1d(m, where: str, n_in: int, n_out: int) -> None:
     if not _is_hf(m, "Conv1D"):
         raise TypeError(f"from_hf: {where}: expected transformers' Conv1D, got {type(m).__name__}")
@@ -355,7 +344,7 @@ def decoder_from_hf(model) -> DecoderLM:
     module docstring; registered with :func:`~opsplit.models.hf.from_hf`)."""
     cls = type(model).__name__
     parts = _gpt2_parts(model) if cls in GPT2_CLASSES else _llama_parts(model)
-    dtype, device = _dtype_device(model, cls)
+    dtype, device = _one_dtype_device(model, cls)
     config = parts["config"]
     out = DecoderLM(config, device=device, dtype=dtype)
     hf_params = dict(model.named_parameters(remove_duplicate=False))

@@ -59,7 +59,7 @@ from torch import Tensor
 from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
-from ._fused import side_by_side
+from ._linear import linear_y, side_by_side
 from ._masks import attention_log_weights
 from ._sdpa import attention
 from .base import Operator
@@ -74,17 +74,6 @@ _SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]
 
 def _shape(control) -> tuple | None:
     return tuple(control.shape) if hasattr(control, "shape") and not callable(control.shape) else None
-
-
-def _linear_y(x: Tensor, W: Tensor, b: Tensor | None, grid: Grid) -> Tensor:
-    """:math:`\\int_{\\Omega_y} W(\\xi, \\cdot)\\, x(\\cdot, \\xi)\\, d\\xi + b` for a kernel
-    ``W`` of shape ``(N_y, M)`` (one GEMM; y-weights folded in)."""
-    wy = grid.y.uniform_weight
-    if wy is None:
-        x = x * grid.y.weights(x.dtype, x.device)
-    elif wy != 1.0:
-        W = W * wy
-    return F.linear(x, W.t(), b)
 
 
 class GroupedQueryAttention(Operator):
@@ -245,9 +234,9 @@ class GroupedQueryAttention(Operator):
         H, Hkv, d = WQ.shape[1], WK.shape[1], WQ.shape[2]
         bias = [None if c is None else c(t, grid).reshape(-1) for c in (self.bQ, self.bK, self.bV)]
         if torch.is_grad_enabled():
-            q = _linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d)
-            k = _linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d)
-            v = _linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d)
+            q = linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d)
+            k = linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d)
+            v = linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d)
             if self.rotary is not None:
                 cos, sin = self._cos_sin(grid, B, N, past, u)
                 q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
@@ -255,7 +244,7 @@ class GroupedQueryAttention(Operator):
             # one GEMM for the three, and one rotation for the query and key heads together
             # (elementwise: the same numbers as two)
             W, b = side_by_side(self._fused, t, (WQ, WK, WV), bias)
-            qkv = _linear_y(u, W, b, grid).view(B, N, H + 2 * Hkv, d)
+            qkv = linear_y(u, W, b, grid).view(B, N, H + 2 * Hkv, d)
             qk, v = qkv[:, :, : H + Hkv], qkv[:, :, H + Hkv:]
             if self.rotary is not None:
                 cos, sin = self._cos_sin(grid, B, N, past, u)
