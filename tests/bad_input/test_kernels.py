@@ -24,6 +24,7 @@ from opsplit.functional import (
     sliced_relu_attention,
     sliced_relu_bump_attention,
 )
+from opsplit.functional.sliced_decode import decode_sliced_relu_attention
 from opsplit.operators import KernelAttention, SlicedReLUAttention, SlicedReLUBumpAttention
 
 _PKG = os.path.dirname(os.path.abspath(opsplit.__file__))
@@ -181,6 +182,9 @@ KINDS = {  # kind: (kernel(zq, zk, v, b), naive reference(zq, zk, v, b))
                    lambda q, k, v, b: causal(naive_sliced_relu, q, k, v, centered=False)),
     "causal_bump": (lambda q, k, v, b: SCB(q, k, v, b),
                     lambda q, k, v, b: causal(naive_sliced_bump, q, k, v, bandwidth=b)),
+    # the decode steps of a key/value cache: the causal sums by direct O(N_q N_k D) sums
+    "decode": (lambda q, k, v, b: decode_sliced_relu_attention(q, k, v),
+               lambda q, k, v, b: causal(naive_sliced_relu, q, k, v)),
 }
 #: exponents drawn half of the time from the edges of the float32 range and of the
 #: promise 1e-30..1e30 (where the products of scores and values overflow or underflow)
@@ -206,7 +210,8 @@ def _inputs(seed, nq, nk, e_z, e_v, quant, dt):
        seed=st.integers(0, 10**6), f32=st.booleans())
 def test_kernels_over_extreme_magnitudes(e_z, e_v, nq, nk, quant, seed, f32):
     """Scores scaled by 10^e_z and values by 10^e_v (1e-36..1e36), the bump's bandwidth with
-    the scores: all six sliced kernels (full and causal; eqs. 3, 2, 7) return a finite result
+    the scores: all six sliced kernels (full and causal; eqs. 3, 2, 7) and the cached decode
+    step (eq. 3) return a finite result
     equal to the naive O(N^2) formula (in float64, on the same rounded inputs) within the
     dtype's tolerance of max |v|.  No refusal: every magnitude is computed (issue 17: in
     float32 1e19 gave NaN/inf and 1e-30 an error of 0.9-4.7; 60 examples of the old test
