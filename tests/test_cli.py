@@ -583,6 +583,7 @@ def test_memory_estimate_against_the_peak_resident_memory():
         assert measured / 3 < est < measured * 3, (nx, ny, est, measured)
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
 def test_train_estimate_flops_match_flop_counter():
     from torch.utils.flop_counter import FlopCounterMode
 
