@@ -1,0 +1,112 @@
+"""The digits recipe of ``benchmarks/train_digits.py`` and its augmentation
+(:func:`opsplit.data.random_affine`): the warp against a direct bilinear transcription,
+its bad input, and a short run of the recipe that must learn (no timing here: the
+accuracy over split seeds and the wall time are measured by the benchmark, docs/training.md)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsplit.data import load_digits, random_affine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def _naive_affine(images, u, rotate, scale, shear, shift, bg):
+    """Loop transcription: output pixel (i, j) (row, column) has its centre at
+    p = (j + 1/2 - W/2, i + 1/2 - H/2) about the image centre; it reads the input at
+    q = s R(a) [[1, k], [0, 1]] p + delta, bilinearly from the four pixel centres around q,
+    pixels outside the image being ``bg``."""
+    B, C, H, W = images.shape
+    out = torch.empty_like(images)
+
+    def pix(b, c, r, col):
+        return float(images[b, c, r, col]) if 0 <= r < H and 0 <= col < W else bg
+
+    for b in range(B):
+        a = math.radians(rotate * float(u[b, 0]))
+        s = 1 + scale * float(u[b, 1])
+        k = shear * float(u[b, 2])
+        dx, dy = shift * float(u[b, 3]), shift * float(u[b, 4])
+        for i in range(H):
+            for j in range(W):
+                x, y = j + 0.5 - W / 2, i + 0.5 - H / 2
+                x, y = x + k * y, y  # shear
+                x, y = math.cos(a) * x - math.sin(a) * y, math.sin(a) * x + math.cos(a) * y
+                qx, qy = s * x + dx, s * y + dy
+                # back to pixel indices (centre of pixel col at col + 1/2 - W/2)
+                fx, fy = qx + W / 2 - 0.5, qy + H / 2 - 0.5
+                x0, y0 = math.floor(fx), math.floor(fy)
+                wx, wy = fx - x0, fy - y0
+                for c in range(C):
+                    out[b, c, i, j] = ((1 - wy) * ((1 - wx) * pix(b, c, y0, x0) + wx * pix(b, c, y0, x0 + 1))
+                                       + wy * ((1 - wx) * pix(b, c, y0 + 1, x0) + wx * pix(b, c, y0 + 1, x0 + 1)))
+    return out
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 8, 8), (2, 2, 6, 9)])
+def test_random_affine_matches_a_direct_bilinear_transcription(shape):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    kw = dict(rotate=25.0, scale=0.2, shear=0.3, shift=0.8)
+    got = random_affine(**kw, fill=-0.5)(x, torch.Generator().manual_seed(7))
+    u = torch.rand(shape[0], 5, generator=torch.Generator().manual_seed(7), dtype=torch.float64) * 2 - 1
+    want = _naive_affine(x, u, kw["rotate"], kw["scale"], kw["shear"], kw["shift"], -0.5)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got, x)  # it moved something
+
+
+def test_random_affine_fills_with_the_batch_minimum_and_keeps_dtype():
+    x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0)) + 3.0
+    f = random_affine(scale=0.5, shift=2.0)
+    y = f(x, torch.Generator().manual_seed(0))
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    # the border reads the background value (the minimum), never zero
+    assert float(y.min()) >= float(x.min()) - 1e-5
+    # reproducible from the generator, and different draws for another seed
+    assert torch.equal(y, f(x, torch.Generator().manual_seed(0)))
+    assert not torch.equal(y, f(x, torch.Generator().manual_seed(1)))
+
+
+def test_random_affine_with_zero_bounds_is_the_identity():
+    x = torch.randn(2, 1, 8, 8)
+    assert random_affine()(x, torch.Generator()) is x
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rotate=-1.0), "rotate"),
+    (dict(rotate=float("nan")), "rotate"),
+    (dict(scale=1.0), "scale"),
+    (dict(shear=True), "shear"),
+    (dict(shift="1"), "shift"),
+    (dict(fill=float("inf")), "fill"),
+])
+def test_random_affine_refuses_bad_bounds(kw, match):
+    with pytest.raises(ValueError, match=f"random_affine.{match}"):
+        random_affine(**kw)
+
+
+def test_random_affine_refuses_bad_images_and_generators():
+    f = random_affine(rotate=5.0)
+    with pytest.raises(ValueError, match="random_affine: expected floating images"):
+        f(torch.zeros(8, 8), None)
+    with pytest.raises(ValueError, match="random_affine: expected floating images"):
+        f(torch.zeros(1, 1, 8, 8, dtype=torch.int64), None)
+    with pytest.raises(TypeError, match="random_affine.generator"):
+        f(torch.zeros(1, 1, 8, 8), 3)
+
+
+def test_seed_lists_of_the_benchmark():
+    import argparse
+
+    import train_digits as td
+
+    assert td.seed_list("0-4") == [0, 1, 2, 3, 4]
+    assert td.seed_list("0,2,5") == [0, 2, 5]
+    assert td.seed_list("1-2,7") == [1, 2, 7]
+    with pytest.raises(argparse.ArgumentTypeError):
+        td.seed_list("a-b")
