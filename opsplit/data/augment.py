@@ -22,8 +22,14 @@ def _bound(v, name: str, *, below_one: bool = False) -> float:
     return float(v)
 
 
-def random_affine(*, rotate: float = 0.0, scale: float = 0.0, shear: float = 0.0, shift: float = 0.0,
-                  fill: float | None = None):
+def random_affine(
+    *,
+    rotate: float = 0.0,
+    scale: float = 0.0,
+    shear: float = 0.0,
+    shift: float = 0.0,
+    fill: float | None = None,
+):
     r"""A training augmentation ``fn(images, generator)`` that moves every image of
     ``(B, C, H, W)`` by its own random affine map of the plane, drawn uniformly:
 
@@ -61,22 +67,28 @@ def random_affine(*, rotate: float = 0.0, scale: float = 0.0, shear: float = 0.0
         if identity:
             return images
         B, _, H, W = images.shape
-        u = torch.rand(B, 5, generator=generator, dtype=torch.float64) * 2 - 1  # U(-1, 1), drawn on the CPU
+        # U(-1, 1) per image and parameter, drawn on the CPU (the trainer's generator)
+        u = torch.rand(B, 5, generator=generator, dtype=torch.float64) * 2 - 1
         a = torch.deg2rad(rotate * u[:, 0])
         s = 1 + scale * u[:, 1]
         k = shear * u[:, 2]
         cos, sin = torch.cos(a), torch.sin(a)
         # A = s R(a) [[1, k], [0, 1]] in pixel coordinates (x along W, y along H)
-        A = torch.stack([torch.stack([cos, cos * k - sin], -1), torch.stack([sin, sin * k + cos], -1)], -2)
+        A = torch.stack(
+            [torch.stack([cos, cos * k - sin], -1), torch.stack([sin, sin * k + cos], -1)], -2
+        )
         A = s[:, None, None] * A
         # grid_sample's normalised coordinates: x_n = x / (W / 2), y_n = y / (H / 2)
         D = torch.tensor([W / 2.0, H / 2.0], dtype=torch.float64)
-        theta = torch.cat([A * D[None, None, :] / D[None, :, None], (shift * u[:, 3:5] / D)[:, :, None]], -1)
+        theta = torch.cat(
+            [A * D[None, None, :] / D[None, :, None], (shift * u[:, 3:5] / D)[:, :, None]], -1
+        )
         theta = theta.to(device=images.device, dtype=images.dtype)
         grid = torch.nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
         bg = images.amin() if fill is None else fill
-        out = torch.nn.functional.grid_sample(images - bg, grid, mode="bilinear", padding_mode="zeros",
-                                              align_corners=False)
+        out = torch.nn.functional.grid_sample(
+            images - bg, grid, mode="bilinear", padding_mode="zeros", align_corners=False
+        )
         return out + bg
 
     return affine
