@@ -64,6 +64,18 @@ def test_random_affine_matches_a_direct_bilinear_transcription(shape):
     assert not torch.allclose(got, x)  # it moved something
 
 
+def test_random_affine_on_every_device_and_dtype(device, dtype):
+    """The draws come from a CPU generator and the warp runs where the images are: the same
+    images give the same output on every device (float32: to rounding)."""
+    x = torch.randn(3, 2, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    f = random_affine(rotate=10.0, scale=0.1, shear=0.1, shift=0.5)
+    ref = f(x, torch.Generator().manual_seed(3))
+    got = f(x.to(device, dtype), torch.Generator().manual_seed(3))
+    assert got.device.type == device.type and got.dtype == dtype
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got.cpu().double(), ref, rtol=tol, atol=tol)
+
+
 def test_random_affine_fills_with_the_batch_minimum_and_keeps_dtype():
     x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0)) + 3.0
     f = random_affine(scale=0.5, shift=2.0)
@@ -82,29 +94,45 @@ def test_random_affine_with_zero_bounds_is_the_identity():
 
 
 @pytest.mark.parametrize(
-    "kw, match",
+    "kw, exc, match",
     [
-        (dict(rotate=-1.0), "rotate"),
-        (dict(rotate=float("nan")), "rotate"),
-        (dict(scale=1.0), "scale"),
-        (dict(shear=True), "shear"),
-        (dict(shift="1"), "shift"),
-        (dict(fill=float("inf")), "fill"),
+        (dict(rotate=-1.0), ValueError, "rotate: expected a finite number >= 0"),
+        (dict(rotate=float("nan")), ValueError, "rotate"),
+        (dict(scale=1.0), ValueError, r"scale: expected a number in \[0, 1\)"),
+        (dict(scale=float("inf")), ValueError, "scale"),
+        (dict(shear=True), TypeError, "shear: expected a real number"),
+        (dict(shift="1"), TypeError, "shift: expected a real number"),
+        (dict(fill=float("inf")), ValueError, "fill: expected a finite number"),
+        (dict(fill="0"), TypeError, "fill"),
     ],
 )
-def test_random_affine_refuses_bad_bounds(kw, match):
-    with pytest.raises(ValueError, match=f"random_affine.{match}"):
+def test_random_affine_refuses_bad_bounds(kw, exc, match):
+    with pytest.raises(exc, match=f"random_affine.{match}"):
         random_affine(**kw)
 
 
-def test_random_affine_refuses_bad_images_and_generators():
-    f = random_affine(rotate=5.0)
-    with pytest.raises(ValueError, match="random_affine: expected floating images"):
-        f(torch.zeros(8, 8), None)
-    with pytest.raises(ValueError, match="random_affine: expected floating images"):
-        f(torch.zeros(1, 1, 8, 8, dtype=torch.int64), None)
-    with pytest.raises(TypeError, match="random_affine.generator"):
-        f(torch.zeros(1, 1, 8, 8), 3)
+@pytest.mark.parametrize(
+    "images, generator, exc, match",
+    [
+        ([[1.0]], None, TypeError, r"images: expected a torch\.Tensor"),
+        (
+            torch.zeros(8, 8),
+            None,
+            ValueError,
+            r"images: expected \(B, C, H, W\), got shape \(8, 8\)",
+        ),
+        (
+            torch.zeros(1, 1, 8, 8, dtype=torch.int64),
+            None,
+            TypeError,
+            "images: expected a floating",
+        ),
+        (torch.zeros(1, 1, 8, 8), 3, TypeError, r"generator: expected a torch\.Generator"),
+    ],
+)
+def test_random_affine_refuses_bad_images_and_generators(images, generator, exc, match):
+    with pytest.raises(exc, match=f"random_affine.{match}"):
+        random_affine(rotate=5.0)(images, generator)
 
 
 def test_seed_lists_of_the_benchmark():

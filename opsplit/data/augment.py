@@ -4,22 +4,12 @@ for whole-pixel shifts (:func:`~opsplit.data.random_shift`) to be a small pertur
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from .._checks import check_generator
+from .._checks import check_finite_float, check_generator, check_positive_float
 
 __all__ = ["random_affine"]
-
-
-def _bound(v, name: str, *, below_one: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"random_affine.{name}: expected a finite number >= 0, got {v!r}")
-    if below_one and v >= 1:
-        raise ValueError(f"random_affine.{name}: expected a number in [0, 1), got {v!r}")
-    return float(v)
 
 
 def random_affine(
@@ -45,23 +35,33 @@ def random_affine(
     :math:`A p + \delta` (:func:`torch.nn.functional.grid_sample`, ``align_corners=False``);
     points outside the image read ``fill`` (default: the batch minimum, the background of
     standardised digits).  All draws come from ``generator`` (the trainer's seeded one:
-    runs and resumed runs repeat them); with every bound 0 the images are returned as they
-    are.
+    runs and resumed runs repeat them; a CPU generator, the warp runs on the images'
+    device); with every bound 0 the images are returned as they are.  A bound that is not a
+    finite number >= 0 (``scale`` < 1) is refused when the augmentation is built, images
+    that are not floating ``(B, C, H, W)`` when it is called, naming the argument.
     """
-    rotate = _bound(rotate, "rotate")
-    scale = _bound(scale, "scale", below_one=True)
-    shear = _bound(shear, "shear")
-    shift = _bound(shift, "shift")
+    rotate, scale, shear, shift = (
+        check_positive_float(v, f"random_affine.{name}", allow_zero=True)
+        for v, name in ((rotate, "rotate"), (scale, "scale"), (shear, "shear"), (shift, "shift"))
+    )
+    if scale >= 1:
+        raise ValueError(f"random_affine.scale: expected a number in [0, 1), got {scale!r}")
     if fill is not None:
-        if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill):
-            raise ValueError(f"random_affine.fill: expected None or a finite number, got {fill!r}")
-        fill = float(fill)
+        fill = check_finite_float(fill, "random_affine.fill")
     identity = rotate == scale == shear == shift == 0.0
 
     def affine(images: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        if not isinstance(images, Tensor) or not images.is_floating_point() or images.dim() != 4:
+        if not isinstance(images, Tensor):
+            raise TypeError(
+                f"random_affine.images: expected a torch.Tensor (B, C, H, W), got {type(images).__name__}"
+            )
+        if images.dim() != 4:
             raise ValueError(
-                f"random_affine: expected floating images (B, C, H, W), got {getattr(images, 'shape', type(images))}"
+                f"random_affine.images: expected (B, C, H, W), got shape {tuple(images.shape)}"
+            )
+        if not images.is_floating_point():
+            raise TypeError(
+                f"random_affine.images: expected a floating-point tensor, got dtype {images.dtype}"
             )
         check_generator(generator, "random_affine.generator")
         if identity:
