@@ -153,11 +153,6 @@ def _recipe():
     return td
 
 
-def _nearest_neighbour_accuracy(train, images, targets):
-    d = torch.cdist(images.flatten(1).double(), train.inputs.flatten(1).double())
-    return float((train.targets[d.argmin(1)] == targets).double().mean())
-
-
 def test_the_recipe_augmentation_keeps_the_digits_recognisable():
     """The recipe's affine bounds are a small perturbation of an 8x8 digit: a 1-nearest-
     neighbour classifier on the clean training images (pixel distance, independent of the
@@ -169,11 +164,11 @@ def test_the_recipe_augmentation_keeps_the_digits_recognisable():
     train, test = load_digits(seed=0)
     aug = td.augment(td.settings())
     g = torch.Generator().manual_seed(0)
-    clean = _nearest_neighbour_accuracy(train, test.inputs, test.targets)
+    clean = td.nearest_neighbour_accuracy(train, test.inputs, test.targets)
     moved = [
-        _nearest_neighbour_accuracy(train, aug(test.inputs, g), test.targets) for _ in range(3)
+        td.nearest_neighbour_accuracy(train, aug(test.inputs, g), test.targets) for _ in range(3)
     ]
-    shifted = _nearest_neighbour_accuracy(
+    shifted = td.nearest_neighbour_accuracy(
         train, random_shift(test.inputs, g, max_shift=1), test.targets
     )
     assert clean > 0.98
@@ -193,3 +188,29 @@ def test_the_recipe_learns_in_a_few_epochs():
     r = td.run(td.settings(epochs=8), verbose=False)
     assert r["n_test"] == 359
     assert r["test_accuracy"] >= 0.75, r["test_accuracy"]
+
+
+def test_the_benchmark_table_has_mean_and_minimum_over_splits():
+    td = _recipe()
+    rows = [
+        dict(
+            split_seed=sp,
+            seed=s,
+            test_accuracy=a,
+            test_errors=e,
+            wall_s=10.0,
+            loadavg=1.0,
+            nearest_neighbour_accuracy=nn,
+        )
+        for sp, s, a, e, nn in [
+            (0, 0, 0.99, 4, 0.98),
+            (1, 0, 0.97, 11, 0.96),
+            (0, 1, 1.0, 0, 0.98),
+            (1, 1, 0.98, 7, 0.96),
+        ]
+    ]
+    lines = td.table(rows).splitlines()
+    assert lines[0].startswith("| split seed | weight seed 0 | weight seed 1 | 1-nearest neighbour")
+    assert lines[2].startswith("| 0 | 99.00 % (4) | 100.00 % (0) | 98.00 % |")
+    assert lines[4] == "| mean | 98.00 % | 99.00 % | 97.00 % | | |"
+    assert lines[5] == "| min | 97.00 % | 98.00 % | 96.00 % | | |"
