@@ -9,14 +9,27 @@ eq. 7).  opsplit's pieces, in the order data flows through them:
 - :mod:`opsplit.operators`  what moves u: the terms of the equation
 - :mod:`opsplit.solvers`    how one substep is advanced
 - :mod:`opsplit.schemes`    in what order: splitting schemes
-- :class:`opsplit.Propagator`  the composed map f -> u(T)
+- :class:`opsplit.Propagator`  the composed map f -> u(T); ``solve`` returns a Solution with statistics
+- :mod:`opsplit.adaptive`   adaptive time steps (error estimate, PI controller)
 - :mod:`opsplit.models`     named discretisations (the paper's transformer, ...)
 - :mod:`opsplit.functional` attention kernels as functions (sliced ReLU, ReLU-bump, kernel)
 - :mod:`opsplit.analysis`   measuring: convergence orders, plots
 - :mod:`opsplit.reference`  the unsplit continuous-time solution
 """
 
-from . import analysis, controls, functional, grid, models, operators, reference, schemes, solvers
+from . import (
+    adaptive,
+    analysis,
+    controls,
+    functional,
+    grid,
+    models,
+    operators,
+    reference,
+    schemes,
+    solvers,
+)
+from .adaptive import AdaptivePropagator
 from .grid import Grid, ImageGrid, Interval
 from .propagator import Propagator
 
@@ -27,6 +40,8 @@ __all__ = [
     "ImageGrid",
     "Interval",
     "Propagator",
+    "AdaptivePropagator",
+    "adaptive",
     "analysis",
     "controls",
     "functional",
