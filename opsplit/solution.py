@@ -8,7 +8,8 @@ the time grid that was used.
 **Substep calls** count the substep solves the forward solve made (one call of a
 :class:`~opsplit.solvers.Substep`: one operator advanced over one sub-interval by its
 solver, whatever the solver's own internal stages), per substep of the scheme, labelled
-``"<index>:<operator>"`` in the order of ``scheme.modules()``.  The substeps of a
+``"<index>:<operator>"`` in the order of ``scheme.modules()`` (leaf substeps: the inner
+substeps of a composite term are counted, not the composite).  The substeps of a
 parallel group run as one vmapped call count one call each.  An adaptive solve's counts
 include its rejected attempts and the work of its error estimate; the backward pass
 (and a checkpointed recomputation) is not counted.  Counting uses forward hooks on the
@@ -117,13 +118,17 @@ class Solution:
 
 
 def substep_labels(scheme: nn.Module) -> dict:
-    """``{substep module: "<index>:<operator>"}`` for every substep of ``scheme`` (nested
-    ones included), in the order of ``scheme.modules()``."""
+    """``{substep module: "<index>:<operator>"}`` for every leaf substep of ``scheme``, in the
+    order of ``scheme.modules()``: substeps nested in a composite term (a
+    :class:`~opsplit.schemes.Relaxation`, a :class:`~opsplit.schemes.SchemeFlow`) are
+    listed, the composite's own substep is not (its work is its inner substeps')."""
     from .solvers.base import Substep
 
     out = {}
     for m in scheme.modules():
         if isinstance(m, Substep) and m not in out:
+            if any(isinstance(x, Substep) for op in m.terms for x in op.modules()):
+                continue
             out[m] = f"{len(out)}:{type(m.terms[0]).__name__}"
     return out
 

@@ -5,6 +5,7 @@ from .blanes_moan import BlanesMoan
 from .composition import Composition
 from .hybrid import Hybrid
 from .lie import Lie
+from .nested import SchemeFlow
 from .parallel import Parallel, ScaledOperator
 from .relaxation import Relaxation
 from .stages import Schedule, Stage, Stages
@@ -25,4 +26,5 @@ __all__ = [
     "Composition",
     "TripleJump",
     "BlanesMoan",
+    "SchemeFlow",
 ]
