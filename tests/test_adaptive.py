@@ -377,3 +377,27 @@ def test_blow_up_ends_in_an_error_not_a_hang():
     f = torch.ones(1, 2, 3, dtype=D)
     with pytest.raises(AdaptiveStepError, match="step size underflow"):
         prop.solve(f, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("scheme, expected", [(Lie, 2.0), (Strang, 4.0), (TripleJump, 6.0)])
+def test_local_extrapolation_gains_one_order_or_two_for_symmetric_schemes(scheme, expected):
+    # the extrapolated step map on a uniform grid, exact flows of u_t = u (W_1 + W_2 + W_3):
+    # order p + 1 (Lie), p + 2 for symmetric schemes (Strang, the triple jump)
+    import numpy as np
+    import scipy.linalg as sla
+
+    from opsplit.analysis import fit_order
+    from opsplit.solvers import Exact
+
+    g = torch.Generator().manual_seed(4)
+    Ws = [torch.randn(4, 4, generator=g, dtype=D) / 2 for _ in range(3)]
+    est = StepDoubling(scheme([Substep(FFNIntegral(W.clone()), Exact()) for W in Ws]), extrapolate=True)
+    u = torch.randn(2, 3, 4, dtype=D)
+    exact = torch.from_numpy(u.numpy() @ sla.expm(sum(W.numpy() for W in Ws)))
+    errs = []
+    for n in (2, 4, 8, 16):
+        ts, v = np.linspace(0.0, 1.0, n + 1), u
+        for a, b in zip(ts[:-1], ts[1:]):
+            v = est.propagate(float(a), float(b), v, Grid.paper(3, 4))
+        errs.append(relative_error(v, exact))
+    assert fit_order([1 / n for n in (2, 4, 8, 16)], errs).within(expected, 0.15), errs
