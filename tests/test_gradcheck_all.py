@@ -357,3 +357,35 @@ def test_cvt_operators_double_backward():
         gradgradcheck(lambda u: op.field(0.0, u, g), (x,), fast_mode=True)
     with _math_sdpa():
         assert gradgradcheck(lambda u: op.field(0.0, u, g), (x,), fast_mode=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_single_head_softmax_paths_differentiate_twice_on_every_torch(dtype):
+    """Issue 17, finding 3: from torch 2.14 the dispatcher sends 3-D SDPA inputs to the
+    CPU flash kernel, which has no double backward. opsplit picks SDPA's math path for
+    one head itself: a Hessian-vector product through ``SoftmaxAttention`` and through the
+    float32 Gaussian kernel attention (SDPA with an additive mask) must run, in both
+    dtypes, and agree with the float64 one."""
+    from opsplit.functional import nadaraya_watson_attention
+    from opsplit.operators import SoftmaxAttention
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 4, generator=gen, dtype=torch.float64)
+    w = [torch.randn(4, 4, generator=gen, dtype=torch.float64) * 0.5 for _ in range(3)]
+    t = torch.randn(2, 5, 4, generator=gen, dtype=torch.float64)
+    grid = Grid.paper(5, 4)
+    fns = {
+        "softmax": lambda u, ws: SoftmaxAttention(*ws).field(0.0, u, grid),
+        "gaussian": lambda u, ws: nadaraya_watson_attention(u, u, u, kernel="gaussian",
+                                                            bandwidth=1.5),
+    }
+    for name, fn in fns.items():
+        hvps = []
+        for dt in (dtype, torch.float64):
+            u = x.to(dt).requires_grad_()
+            out = fn(u, [a.to(dt) for a in w])
+            (g,) = torch.autograd.grad((out * out).sum(), u, create_graph=True)
+            (h,) = torch.autograd.grad((g * t.to(dt)).sum(), u)
+            hvps.append(h.double())
+        tol = 1e-4 if dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(hvps[0], hvps[1], rtol=tol, atol=tol, msg=name)

@@ -50,3 +50,19 @@ def test_an_installed_torch_is_kept(tmp_path):
         ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, check=True
     )
     assert "torch==" not in out.stdout and out.stdout.strip().endswith("-e .")
+
+
+def test_install_script_keeps_exactly_pyprojects_torch_range():
+    """install.sh keeps an installed torch only inside pyproject.toml's range, whose upper
+    end is the newest release CI tests (.ci/run, scripts/test_newest_torch.sh)."""
+    import re
+
+    root = SCRIPT.parents[1]
+    spec = re.search(r'"torch>=(\d+)\.(\d+),<(\d+)\.(\d+)"',
+                     (root / "pyproject.toml").read_text(encoding="utf-8"))
+    assert spec, "pyproject.toml: expected torch>=A.B,<C.D"
+    lo, hi = spec.groups()[:2], spec.groups()[2:]
+    line = f"({lo[0]}, {lo[1]}) <= v < ({hi[0]}, {hi[1]})"
+    assert line in SCRIPT.read_text(encoding="utf-8")
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8")
+    assert "scripts/test.sh" in ci and "scripts/test_newest_torch.sh" in ci

@@ -25,7 +25,9 @@ without affine, :math:`\|k\| = \sqrt d`).  Then Gaussian kernel attention with b
 :math:`h` *equals* softmax attention with scale :math:`1/h^2`; :math:`h = d^{1/4}` gives the
 usual :math:`1/\sqrt d`.  The Gaussian case is evaluated exactly this way, through
 ``torch.nn.functional.scaled_dot_product_attention`` with the additive mask
-:math:`-\|k_j\|^2/(2h^2) + \log w_j` in float32 (memory linear in the sequence length), and
+:math:`-\|k_j\|^2/(2h^2) + \log w_j` in float32 (with heads, ``(..., H, N, d)``: torch's
+fused kernel, memory linear in the sequence length, no double backward on the CPU; 3-D
+inputs: SDPA's math path, see :mod:`opsplit.functional._sdpa_path`), and
 as an explicit softmax in float64 (SDPA rounds the float64 case on the CPU); the compact
 kernels are evaluated densely.  Dense evaluations go in slices of queries, so the
 temporaries are bounded by ``N_k`` times a fixed slice.
@@ -40,10 +42,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import skip_value_checks
+from ._sdpa_path import sdpa
 
 __all__ = ["KERNELS", "kernel_profile", "nadaraya_watson_attention"]
 
@@ -235,7 +237,7 @@ def evaluate(q: Tensor, k: Tensor, v: Tensor, kernel: str, h: Tensor,
         if logw is not None:
             bias = bias + logw
         mask = bias.unsqueeze(-2)  # (..., 1, N_k)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        out = sdpa(q, k, v, attn_mask=mask, scale=1.0)
         if logw is not None:
             # a row whose keys are all masked: SDPA gives NaN; opsplit's convention is 0
             empty = torch.isinf(logw).all(-1).unsqueeze(-1).unsqueeze(-1)

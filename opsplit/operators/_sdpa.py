@@ -13,15 +13,19 @@ evaluated in float64 (where the scores fit) and rounded back, and a float64 call
 scores may overflow raises a ``ValueError`` that says so.  The bound is a value check: it
 is skipped under ``torch.compile`` / ``torch.jit`` tracing (:func:`opsplit._checks.skip_value_checks`)
 and under ``torch.func.vmap`` (a parallel scheme's batched call).
+
+Which SDPA implementation runs (3-D: the math path, differentiable to any order; 4-D:
+torch's fused kernel) is chosen by :func:`opsplit.functional._sdpa_path.sdpa`, the same on
+every torch version.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import skip_value_checks
+from ..functional._sdpa_path import sdpa as _sdpa
 
 __all__ = ["attention", "score_bound", "check_scores"]
 
@@ -42,17 +46,17 @@ def score_bound(q: Tensor, k: Tensor, scale: float) -> float:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
               attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-              is_causal: bool = False) -> Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)``
-    with the overflow guard of the module docstring; ``name`` names the caller in errors."""
+              is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa)`` with the overflow guard of the module docstring; ``name`` names the caller
+    in errors."""
     if not _unchecked(q, k):
         bound = score_bound(q, k, scale)
         if not bound < torch.finfo(q.dtype).max / 4:
             if q.dtype == torch.float32 and bound < torch.finfo(torch.float64).max / 4:
                 mask = attn_mask.double() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
-                out = F.scaled_dot_product_attention(
-                    q.double(), k.double(), v.double(), attn_mask=mask, dropout_p=dropout_p,
-                    is_causal=is_causal, scale=scale)
+                out = _sdpa(q.double(), k.double(), v.double(), mask, dropout_p, is_causal,
+                            scale, enable_gqa)
                 return out.to(v.dtype)
             raise ValueError(
                 f"{name}: the attention scores s*<q, k> may reach "
@@ -61,8 +65,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
                 f"scale the input (or the weights) down"
                 + (", or use float64" if q.dtype != torch.float64 else "")
             )
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                          is_causal=is_causal, scale=scale)
+    return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def check_scores(a: Tensor, name: str) -> Tensor:
