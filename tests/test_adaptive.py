@@ -401,3 +401,30 @@ def test_local_extrapolation_gains_one_order_or_two_for_symmetric_schemes(scheme
             v = est.propagate(float(a), float(b), v, Grid.paper(3, 4))
         errs.append(relative_error(v, exact))
     assert fit_order([1 / n for n in (2, 4, 8, 16)], errs).within(expected, 0.15), errs
+
+
+def test_training_with_adaptive_steps_in_the_checkpointed_mode():
+    # opsplit.control's Trainer on a model whose encoder solves to a tolerance: the
+    # checkpointed gradient mode trains to the same parameters as backprop (the adjoint mode
+    # goes through the same set_gradient_mode: test_adjoint_and_backprop_gradients_agree...)
+    import sys
+    from pathlib import Path
+
+    from opsplit.control import Objective, Trainer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _train_helpers import TinyClassifier, state_copy, tiny_config, tiny_data
+
+    data = tiny_data(n=16)
+    states = {}
+    for mode in ("backprop", "checkpoint"):
+        model = TinyClassifier(scheme="strang", control="legendre", solver=RK4(), T=0.5).double()
+        model.encoder = AdaptivePropagator.from_propagator(model.encoder, rtol=1e-2, atol=1e-3)
+        x = data.inputs.double()
+        Trainer(model, Objective("cross_entropy"), tiny_config(epochs=1, gradient=mode)).fit(
+            type(data)(x, data.targets)
+        )
+        assert model.encoder.last_stats.n_accepted > 1
+        states[mode] = state_copy(model)
+    for k, v in states["backprop"].items():
+        torch.testing.assert_close(states["checkpoint"][k], v, rtol=1e-10, atol=1e-12)
