@@ -12,8 +12,9 @@ per optimizer step from --train-n-steps (TrainConfig.train_n_steps).  Then on th
 images:
 
 * fixed N_t = 1, 2, 4, 8, 16, 32: accuracy and substep calls per input;
-* adaptive steps (step doubling, rtol = atol = --rtols), each input its own steps
-  (per_sample=True): accuracy, substep calls per input (mean, min, max), accepted steps;
+* adaptive steps (step doubling, rtol = atol = --rtols, first step T/2), each input its
+  own steps (per_sample=True): accuracy, substep calls per input (mean, min, max),
+  accepted steps;
 * the margin of each input (top logit minus the runner-up, at N_t = 32) against the steps
   it took (plot: docs/figures/adaptive_depth.png); Spearman's rank correlation printed.
 
@@ -61,7 +62,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--train-n-steps", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--rtols", type=float, nargs="+", default=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3])
+    ap.add_argument("--rtols", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3])
+    ap.add_argument("--first-step", type=float, default=None,
+                    help="the adaptive solves' first step (default T/2: loose tolerances may take two steps)")
+    ap.add_argument("--model", default=str(ROOT / "benchmarks" / "out" / "adaptive_depth_model.pt"),
+                    help="the trained weights: loaded if the file exists (same settings), else trained and saved")
     ap.add_argument("--T", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, default=None, help="first test images only (quick runs)")
@@ -74,10 +79,19 @@ def main(argv=None):
     cfg = TrainConfig(epochs=args.epochs, batch_size=64, lr=3e-3, weight_decay=0.05, schedule="cosine",
                       warmup_steps=50, grad_clip=1.0, seed=args.seed, eval_every=args.epochs, progress=False,
                       train_n_steps=args.train_n_steps)
-    t = time.perf_counter()
-    Trainer(model, Objective("cross_entropy"), cfg).fit(train, test)
-    print(f"trained {args.epochs} epochs at N_t in {args.train_n_steps} in {time.perf_counter() - t:.0f} s "
-          f"(Strang / Heun, Legendre controls in t, T = {args.T:g})", flush=True)
+    key = {"epochs": args.epochs, "train_n_steps": args.train_n_steps, "T": args.T, "seed": args.seed}
+    path = Path(args.model)
+    saved = torch.load(path) if path.is_file() else None
+    if saved is not None and saved["key"] == key:
+        model.load_state_dict(saved["state"])
+        print(f"loaded the trained model from {path} ({key})", flush=True)
+    else:
+        t = time.perf_counter()
+        Trainer(model, Objective("cross_entropy"), cfg).fit(train, test)
+        print(f"trained {args.epochs} epochs at N_t in {args.train_n_steps} in {time.perf_counter() - t:.0f} s "
+              f"(Strang / Heun, Legendre controls in t, T = {args.T:g})", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "state": model.state_dict()}, path)
     model.eval()
     x, y = test.inputs, test.targets
     if args.limit:
@@ -102,7 +116,10 @@ def main(argv=None):
         per_input = {}
         for rtol in args.rtols:
             t = time.perf_counter()
-            logits, stats = classify(model, x, rtol=rtol, atol=rtol, per_sample=True)
+            from opsplit.adaptive import PIController
+
+            ctl = PIController(rtol=rtol, atol=rtol, first_step=args.first_step or args.T / 2)
+            logits, stats = classify(model, x, controller=ctl, per_sample=True)
             secs = time.perf_counter() - t
             acc = float((logits.argmax(-1) == y).float().mean())
             calls = np.array([s.n_substep_calls for s in stats.per_sample])

@@ -146,18 +146,19 @@ def smooth():
     return p, ref
 
 
+def _window_study(scheme, p, ref, ns):
+    """The fitted order of ``scheme`` on [0.5, 1.5] against ``ref``."""
+    return temporal_convergence(
+        lambda n: Propagator(scheme, n, t0=0.5, t1=1.5, grid=p.grid)(p.f), ns, ref, t0=0.5, t1=1.5
+    )
+
+
 @pytest.mark.parametrize("name", SCHEMES)
 def test_measured_order_four_on_the_smooth_problem(smooth, name):
     p, ref = smooth
     scheme = SCHEMES[name](p.substeps("rk4"))
     assert scheme.effective_order == 4
-    st = temporal_convergence(
-        lambda n: Propagator(scheme, n, t0=0.5, t1=1.5, grid=p.grid)(p.f),
-        [2, 4, 8, 16],
-        ref,
-        t0=0.5,
-        t1=1.5,
-    )
+    st = _window_study(scheme, p, ref, [2, 4, 8, 16])
     assert st.fit.within(4.0, 0.15), str(st)
     assert (st.errors[1:] < st.errors[:-1]).all()
 
@@ -166,13 +167,7 @@ def test_substep_order_caps_the_composition(smooth):
     p, ref = smooth
     scheme = BlanesMoan(p.substeps("heun"))
     assert scheme.order == 4 and scheme.effective_order == 2
-    st = temporal_convergence(
-        lambda n: Propagator(scheme, n, t0=0.5, t1=1.5, grid=p.grid)(p.f),
-        [4, 8, 16, 32],
-        ref,
-        t0=0.5,
-        t1=1.5,
-    )
+    st = _window_study(scheme, p, ref, [4, 8, 16, 32])
     assert st.fit.within(2.0, 0.15), str(st)
 
 
@@ -347,13 +342,7 @@ def test_s1_in_an_outer_strang_step(moving, expected):
     inner = BlanesMoan([Substep(op, ProjectedS1(RK4())) for op in p.smooth_terms])
     scheme = Strang([Substep(p.norm, CatchUp()), Substep(SchemeFlow(inner), Exact())])
     assert scheme.effective_order == 2  # what is guaranteed; the fixed-S1 case measures 4
-    st = temporal_convergence(
-        lambda n: Propagator(scheme, n, t0=0.5, t1=1.5, grid=p.grid)(p.f),
-        [2, 4, 8, 16],
-        ref,
-        t0=0.5,
-        t1=1.5,
-    )
+    st = _window_study(scheme, p, ref, [2, 4, 8, 16])
     assert st.fit.within(expected, 0.15), str(st)
     with pytest.raises(
         ValueError, match=r"substep 0 \(ProjectionS1\) would be advanced over a negative"
