@@ -199,7 +199,7 @@ class Composition(Scheme):
         # dynamic declarations (dropout in training mode) are re-read once per solve
         self._check_reversible()
 
-    def _check_span(self, t: float, dt: float) -> None:
+    def check_span(self, t: float, dt: float) -> None:
         """Raise before compute if a substep would read a control outside its interval (only
         compositions whose clocks leave [t, t + dt], such as the triple jump)."""
         if self._controls is None:
@@ -227,7 +227,7 @@ class Composition(Scheme):
     def step(self, t, dt: float, u: Tensor, grid) -> Tensor:
         t = float(t)
         if self.clock_range[0] < -_ZERO or self.clock_range[1] > 1.0 + 1e-12:
-            self._check_span(t, float(dt))
+            self.check_span(t, float(dt))
         for k, a, c in self.calls:
             u = self.substeps[k](t + a * dt, c * dt, u, grid)
         return u
