@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import torch
 
+from ..adaptive import PIController
 from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
 from ..analysis.problems import SCHEMES, SOLVERS
 from .budget import Estimate
@@ -283,8 +284,9 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
     ``"finest"`` -- the same scheme at the largest N_t on the finest grid.  A coarser grid's
     error is measured after resampling the reference to its nodes.  Substep solves are the
     solve's statistics (``Propagator.solve``).  With ``rtol > 0`` every (scheme, solver) is
-    also solved by adaptive steps on the finest grid (``atol``: ``1e-3 rtol`` when 0); those
-    rows are ``reference_info["adaptive"]``.
+    also solved by adaptive steps on the finest grid (``atol``: ``1e-3 rtol`` when 0; steps
+    at most ``T / min(n_t)``, the largest fixed step); those rows are
+    ``reference_info["adaptive"]``.
     """
     from tqdm.auto import tqdm
 
@@ -314,7 +316,9 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
     for s, v, n, g in tqdm(jobs, desc=desc, disable=not progress, leave=False):
         p = problems[g]
         prop = p.propagator(n or 1, s, v)
-        kw = {} if n is not None else {"rtol": rtol, "atol": atol or 1e-3 * rtol}
+        # an adaptive step is at most the largest fixed step (the one preflight checked)
+        kw = {} if n is not None else {"controller": PIController(
+            rtol=rtol, atol=atol or 1e-3 * rtol, max_step=model["T"] / min(n_t))}
         with torch.no_grad(), warnings.catch_warnings():
             # torch's vmap fallback for SDPA (parallel/hybrid terms batched): a speed note only
             warnings.filterwarnings("ignore", message="There is a performance drop")
@@ -324,7 +328,7 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
             ref = refs[s, v].to(torch.float64).cpu()
             st = sol.stats
             adaptive.append({
-                "scheme": s, "solver": v, "rtol": rtol, "atol": kw["atol"], "n_x": g[0], "n_y": g[1],
+                "scheme": s, "solver": v, "rtol": rtol, "atol": kw["controller"].atol, "n_x": g[0], "n_y": g[1],
                 "accepted": st.n_accepted, "rejected": st.n_rejected, "substeps": st.n_substep_calls,
                 "min_dt": min(st.step_sizes), "max_dt": max(st.step_sizes),
                 "rel_error": relative_error(u, ref, p.grid), "seconds": sec,
@@ -377,8 +381,8 @@ def adaptive_table(out, ref_info: dict, prefix: str = "") -> None:
         f"{prefix}adaptive", rows,
         ["scheme", "solver", "rtol", "atol", "n_x", "n_y", "accepted", "rejected", "substeps", "min_dt",
          "max_dt", "rel_error", "seconds"],
-        f"adaptive steps (step doubling, PI controller; rtol {r0['rtol']:g}, atol {r0['atol']:g}) on the "
-        "finest grid: accepted and rejected steps, substep solves (the estimate's included), step sizes "
+        f"adaptive steps (step doubling, PI controller; rtol {r0['rtol']:g}, atol {r0['atol']:g}, steps at "
+        "most the largest fixed step) on the finest grid: accepted and rejected steps, substep solves (the estimate's included), step sizes "
         "(docs/adaptive.md)",
     )
 
