@@ -229,8 +229,8 @@ def test_kv_cache_key_maximum_propagates_nan():
     assert math.isnan(cache.key_max(op, 0.0))
 
 
-@pytest.mark.parametrize("n_kv", [1, 2])
-def test_decode_step_guard_sees_the_cached_keys(n_kv):
+@pytest.mark.parametrize("n_kv,n_prompt", [(1, 5), (2, 5), (2, 700)])  # 700: the prompt's large-input reduction
+def test_decode_step_guard_sees_the_cached_keys(n_kv, n_prompt):
     """float32 keys of size 1e21 in the cache and a new token of size 1e18: the new token's own
     queries and keys bound the scores by ~1e36 (finite), but its scores against the cached keys
     reach ~1e39 (beyond float32).  The guard's bound must include the cached keys (kept by the
@@ -240,17 +240,18 @@ def test_decode_step_guard_sees_the_cached_keys(n_kv):
     op64 = GroupedQueryAttention.create(8, 4, n_kv, causal=True, cache="kv", rope_theta=10000.0, dtype=F64)
     op64.load_state_dict({k: v.double() for k, v in op.state_dict().items()})
     g = torch.Generator().manual_seed(4)
-    prompt, new = torch.randn(1, 5, 8, generator=g) * 1e21, torch.randn(1, 1, 8, generator=g) * 1e18
+    prompt, new = torch.randn(1, n_prompt, 8, generator=g) * 1e21, torch.randn(1, 1, 8, generator=g) * 1e18
     outs = []
     with torch.no_grad():
         for o, dt in ((op, torch.float32), (op64, F64)):
             cache = KVCache()
-            o.field(0.0, prompt.to(dt), ContextGrid.of(Grid.paper(5, 8), kv=cache))
+            first = o.field(0.0, prompt.to(dt), ContextGrid.of(Grid.paper(n_prompt, 8), kv=cache))
+            assert bool(torch.isfinite(first).all())
             cache.begin()
             outs.append(o.field(0.0, new.to(dt), ContextGrid.of(Grid.paper(1, 8), kv=cache)))
             if dt == torch.float32:
                 # the premise: the new token alone would not trigger the fallback
-                q, k, _ = o.heads(0.0, new, Grid.paper(1, 8), past=5)
+                q, k, _ = o.heads(0.0, new, Grid.paper(1, 8), past=n_prompt)
                 assert o.score_scale(None) * 2 * float(q.abs().amax()) * float(k.abs().amax()) < 3.4e38 / 4
     assert bool(torch.isfinite(outs[0]).all())
     assert float((outs[0].double() - outs[1]).abs().max() / outs[1].abs().max()) < 1e-5

@@ -72,6 +72,10 @@ __all__ = ["GroupedQueryAttention"]
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
+#: below this many query/key entries the guard's maxima are one reduction (a decode step)
+_SMALL = 1 << 14
+
+
 def _shape(control) -> tuple | None:
     return tuple(control.shape) if hasattr(control, "shape") and not callable(control.shape) else None
 
@@ -391,9 +395,13 @@ class GroupedQueryAttention(Operator):
         qk, v = self._qkv(t, u, grid, past, W, b, H, Hkv, d)
         mq = mk = None
         if qk.numel() and not values_unchecked(qk):
-            m = qk.detach().abs().amax(dim=(0, 1, 3)).tolist()  # per head: H query, then H_kv key heads
-            nan = any(x != x for x in m)  # propagate NaN as torch.amax does
-            mq, mk = (math.nan, math.nan) if nan else (max(m[:H]), max(m[H:]))
+            a = qk.detach().abs()
+            if qk.numel() <= _SMALL:  # a decode step: one reduction to the H + H_kv heads' maxima
+                m = a.amax(dim=(0, 1, 3)).tolist()
+                nan = any(x != x for x in m)  # propagate NaN as torch.amax does
+                mq, mk = (math.nan, math.nan) if nan else (max(m[:H]), max(m[H:]))
+            else:  # two contiguous-run reductions (faster than one over dims 0, 1, 3 on large inputs)
+                mq, mk = torch.stack([a[:, :, :H].amax(), a[:, :, H:].amax()]).tolist()
         q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self, t, k, v, key_max=mk)
