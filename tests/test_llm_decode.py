@@ -255,3 +255,14 @@ def test_decode_step_guard_sees_the_cached_keys(n_kv, n_prompt):
                 assert o.score_scale(None) * 2 * float(q.abs().amax()) * float(k.abs().amax()) < 3.4e38 / 4
     assert bool(torch.isfinite(outs[0]).all())
     assert float((outs[0].double() - outs[1]).abs().max() / outs[1].abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("n", [3, 700])  # the decode-step reduction and the large-input one
+def test_guard_propagates_nan(n):
+    """A NaN in the queries or keys makes the bound NaN, and the operator says so (as the full
+    reduction of score_bound does), in both of the guard's reductions."""
+    op = GroupedQueryAttention.create(8, 4, 2, causal=True)
+    x = torch.randn(1, n, 8)
+    x[0, n // 2, 3] = float("nan")
+    with torch.no_grad(), pytest.raises(ValueError, match="attention scores s\\*<q, k> may reach nan"):
+        op.field(0.0, x, Grid.paper(n, 8))

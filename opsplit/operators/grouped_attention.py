@@ -395,13 +395,14 @@ class GroupedQueryAttention(Operator):
         qk, v = self._qkv(t, u, grid, past, W, b, H, Hkv, d)
         mq = mk = None
         if qk.numel() and not values_unchecked(qk):
-            a = qk.detach().abs()
             if qk.numel() <= _SMALL:  # a decode step: one reduction to the H + H_kv heads' maxima
-                m = a.amax(dim=(0, 1, 3)).tolist()
+                m = qk.abs().amax(dim=(0, 1, 3)).tolist()
                 nan = any(x != x for x in m)  # propagate NaN as torch.amax does
                 mq, mk = (math.nan, math.nan) if nan else (max(m[:H]), max(m[H:]))
-            else:  # two contiguous-run reductions (faster than one over dims 0, 1, 3 on large inputs)
-                mq, mk = torch.stack([a[:, :, :H].amax(), a[:, :, H:].amax()]).tolist()
+            else:  # max|x| = max(-min x, max x): two min-max passes, no |x| copy of a large input
+                m = torch.stack((*torch.aminmax(qk[:, :, :H]), *torch.aminmax(qk[:, :, H:]))).tolist()
+                nan = any(x != x for x in m)
+                mq, mk = (math.nan, math.nan) if nan else (max(-m[0], m[1]), max(-m[2], m[3]))
         q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self, t, k, v, key_max=mk)
