@@ -193,11 +193,6 @@ def estimate(cfg, name: str, B: int) -> Estimate:
     return Estimate(f, float(calls), 2.0 * params + 2.0 * act + 2.0 * cache)
 
 
-def _diff(a, b) -> tuple[float, float]:
-    d = float((a - b).abs().max())
-    return d, d / max(float(b.abs().max()), 1e-300)
-
-
 def _left_padded(V: int, B: int, N: int, gen) -> tuple:
     """Token ids ``(B, N)`` and a 0/1 mask: sample ``b`` has ``min(N - 1, 2b - 1)`` left pads."""
     ids = torch.randint(0, V, (B, N), generator=gen)
@@ -212,6 +207,7 @@ def convert_decoder(name: str, s: dict, batch: int, seed: int, dtype) -> dict:
     batch, the gradients of a random linear functional of them with respect to every
     parameter (relative to the largest entry of each HF gradient), and greedy generation."""
     from ..models import from_hf, hf_state_dict
+    from .convert import _diff
 
     ref = reference(name, s, seed)
     gen = torch.Generator().manual_seed(seed)
