@@ -2,6 +2,7 @@
 :class:`TensorData`, scikit-learn's bundled digits, the periodic sequences of seed 001, and a
 long-range retrieval task (recall the flagged symbol)."""
 
+from .augment import random_affine
 from .base import TensorData
 from .digits import load_digits, random_shift
 from .periodic import (
@@ -15,6 +16,6 @@ from .periodic import (
 )
 from .retrieval import IGNORE, flag_retrieval, retrieval_accuracy, retrieval_loss
 
-__all__ = ["TensorData", "load_digits", "random_shift", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
+__all__ = ["TensorData", "load_digits", "random_shift", "random_affine", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
            "periodic_task", "rollout", "input_noise", "IGNORE", "flag_retrieval", "retrieval_loss",
            "retrieval_accuracy"]
