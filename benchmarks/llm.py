@@ -21,7 +21,8 @@ tokens/s) are judged on the median of the paired ratios.
 cache of ``n`` tokens) against the context length ``n`` for opsplit's own causal decoders
 (``AttentionDecoder`` + ``TokenClassifier``: d_model 64, 4 heads, 2 layers, with softmax,
 causal sliced ReLU and causal sliced ReLU-bump attention) and the converted Llama model, and
-fits the exponent of time against ``n``.  Before timing, the script checks
+fits the exponent of time against ``n`` (a step as ``generate`` runs it after the prompt:
+``DecoderLM.decode_steps``, else ``next_token_logits`` without the value checks).  Before timing, the script checks
 that both sides compute the same thing (logits within 1e-4 relative, the same generated
 tokens).
 
@@ -118,11 +119,18 @@ def decode_cost(sizes, repeats: int, vocab: int):
                     cache.update(op, t, *(x.repeat(*[n // 8 if i == dim else 1 for i in range(x.dim())])
                                           for x in tensors), dim=dim)
                 tok = ids[:, -1:]
+                # what generate runs after the prompt: DecoderLM.decode_steps (controls evaluated
+                # once, no per-step checks), else next_token_logits without the value checks
+                if hasattr(m, "decode_steps"):
+                    step = m.decode_steps(cache)
+                else:
+                    def step(t, p, _, m=m, cache=cache):
+                        return m.next_token_logits(t, position_ids=p, cache=cache, check_values=False)
                 times = []
                 for k in range(repeats + 1):
                     pos = torch.tensor([[n + k]])
                     t0 = time.perf_counter()
-                    m.next_token_logits(tok, position_ids=pos, cache=cache, check_values=False)
+                    step(tok, pos, None)
                     times.append(time.perf_counter() - t0)
             ms.append(statistics.median(times[1:]) * 1e3)
         xs, ys = [math.log(n) for n in sizes], [math.log(t) for t in ms]

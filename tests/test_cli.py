@@ -162,6 +162,92 @@ def test_convert_cvt_bad_config(tmp_path, capsys):
     assert "cvt.depth/num_heads/embed_dim/patch_sizes/patch_stride: expected one entry per stage" in err
 
 
+LLM_CONVERT = """
+[convert]
+models = ["gpt2", "llama", "qwen2", "mistral"]
+dtypes = ["float32", "float64"]
+batch = 3
+[gpt2]
+n_embd = 8
+n_layer = 1
+activation_function = "relu"
+tie_word_embeddings = false
+seq_len = 5
+new_tokens = 6
+[llama]
+hidden_size = 12
+num_attention_heads = 3
+num_key_value_heads = 1
+head_dim = 6
+attention_bias = true
+mlp_bias = true
+rope_theta = 500000.0
+seq_len = 5
+new_tokens = 6
+[qwen2]
+num_hidden_layers = 1
+seq_len = 4
+new_tokens = 6
+[mistral]
+seq_len = 4
+new_tokens = 6
+"""
+
+
+def test_convert_decoder_llms(tmp_path):
+    """GPT-2, Llama (multi-query, head_dim override, biases), Qwen2 and Mistral built from the
+    config, converted: logits of a left-padded batch and every parameter's gradient within
+    1e-5 (float32) and 1e-10 (float64) of Hugging Face's, relative to the largest; greedy
+    generation token for token."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "llm"
+    assert main(["convert", "--config", _toml(tmp_path, LLM_CONVERT), "--out", str(out), "--no-progress"]) == 0
+    rows = _rows(out / "conversion_errors.csv")
+    assert [(r["model"].split()[1], r["dtype"]) for r in rows] == [
+        (m, d) for m in ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+        for d in ("float32", "float64")]
+    for r in rows:
+        tol = 1e-5 if r["dtype"] == "float32" else 1e-10
+        assert r["opsplit class"] == "DecoderLM"
+        assert float(r["relative diff (output)"]) <= tol and float(r["relative diff (parameter grads)"]) <= tol, r
+        assert r["greedy tokens equal"] == "18/18", r
+        assert r["max abs diff (input grad)"] == "" and int(r["parameters"]) > 0
+    assert "greedy tokens equal" in (out / "report.md").read_text()
+
+
+def test_convert_decoder_config_reaches_the_model(tmp_path):
+    """The section's keys are the Hugging Face config's (checked on the built model)."""
+    pytest.importorskip("transformers")
+    from opsplit.cli import convert
+    from opsplit.cli.config import load
+
+    cfg = load(convert.SCHEMA, data={"llama": {"num_key_value_heads": 1, "head_dim": 6, "mlp_bias": True,
+                                               "hidden_act": "gelu", "rope_theta": 123.0}})
+    m = convert.BUILDERS["llama"](cfg["llama"], 0)
+    c = m.config
+    assert (c.n_kv_heads, c.head_dim, c.mlp_bias, c.activation, c.rope_theta) == (1, 6, True, "gelu", 123.0)
+    g = convert.BUILDERS["gpt2"](load(convert.SCHEMA, data={"gpt2": {"n_inner": 7}})["gpt2"], 0)
+    assert g.config.d_ff == 7 and g.config.max_positions == 64
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_convert_decoder_estimate_flops_match_flop_counter(family):
+    pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from opsplit.cli import convert_decoders
+    from opsplit.cli.config import load
+    from opsplit.cli.convert import SCHEMA
+
+    s = load(SCHEMA, data={family: {"seq_len": 32}})[family]
+    ref = convert_decoders.reference(family, s, 0)
+    ref.set_attn_implementation("eager")  # matmuls that FlopCounterMode counts (not CPU SDPA's kernel)
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        ref(input_ids=torch.zeros(2, 32, dtype=torch.long))
+    est = convert_decoders.forward_flops(family, s, 2, 32)
+    assert 0.7 < est / fc.get_total_flops() < 1.4, (est, fc.get_total_flops())
+
+
 def test_report_of_a_folder_without_manifest(tmp_path):
     import matplotlib
 

@@ -6,6 +6,8 @@ the whole sequence at every step."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -91,3 +93,176 @@ def test_own_decoder_seeded_sampling():
     a = m.generate(ids, 12, generator=torch.Generator().manual_seed(5), **kw)
     b = m.generate(ids, 12, generator=torch.Generator().manual_seed(5), **kw)
     assert torch.equal(a, b) and a.shape == (2, 16)
+
+
+# -- the decode steps of a generation: controls evaluated once, no per-step checks -------------
+from _llm_configs import build, left_padded  # noqa: E402
+
+from opsplit.grid import Interval  # noqa: E402
+from opsplit.models import from_hf  # noqa: E402
+from opsplit.operators import (  # noqa: E402
+    FeedForward,
+    FieldDropout,
+    GatedFeedForward,
+    GroupedQueryAttention,
+    PointwiseAffine,
+    PreNorm,
+    ProjectionS1,
+    ProjectionSphere,
+)
+from opsplit.operators._fused import frozen_field, frozen_map  # noqa: E402
+
+# GPT-2: gelu_new tied, relu (in-place) untied, gelu_fast; Llama: plain, q/k/v/o and MLP biases
+# untied, GELU with MLP bias tied; Qwen2 (q/k/v biases), Mistral
+DECODE = [("gpt2", 0), ("gpt2", 2), ("gpt2", 5), ("llama", 0), ("llama", 5), ("llama", 2), ("qwen2", 1),
+          ("mistral", 0)]
+
+
+@pytest.mark.parametrize("family,seed", DECODE, ids=[f"{f}{s}" for f, s in DECODE])
+def test_decode_steps_equal_the_checked_call_bit_for_bit(family, seed, dtype):
+    """DecoderLM.decode_steps (what generate runs after the prompt) gives the logits of
+    next_token_logits (the checked path through the propagator) bit for bit, step by step,
+    on a left-padded batch."""
+    hf = build(family, seed, dtype=dtype, scale=0.5)
+    m = from_hf(hf)
+    ids, mask = left_padded(hf.config.vocab_size, 3, 5, seed)
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    a, b = KVCache(), KVCache()
+    with torch.no_grad():
+        la = m.next_token_logits(ids, mask, position_ids=pos, cache=a)
+        lb = m.next_token_logits(ids, mask, position_ids=pos, cache=b)
+        step = m.decode_steps(a)
+        for k in range(6):
+            tok = la.argmax(-1, keepdim=True)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            pos = pos[:, -1:] + 1
+            la = step(tok, pos, mask == 0)
+            lb = m.next_token_logits(tok, mask, position_ids=pos, cache=b)
+            assert torch.equal(la, lb), (family, seed, k)
+    assert a.length == b.length == 5 + 6
+
+
+def test_decode_steps_need_no_grad():
+    m = from_hf(build("llama", 0, dtype=F64))
+    with pytest.raises(RuntimeError, match="without autograd"):
+        m.decode_steps(KVCache())
+
+
+def _frozen_cases(dtype):
+    g = torch.Generator().manual_seed(7)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=F64).to(dtype)
+
+    ny, nz = 6, 10
+    ffn_relu = FeedForward(r(ny, nz), r(nz), r(nz, ny), r(ny), activation="relu")
+    ffn_hidden = FeedForward(r(ny, nz), None, r(nz, ny), None, activation="gelu", hidden=Interval(length=2.5))
+    ffn_trap = FeedForward(r(ny, nz), r(nz), r(nz, ny), r(ny), activation="tanh",
+                           hidden=Interval(length=3.0, rule="trapezoid"))  # unequal hidden weights
+    gated = GatedFeedForward(r(ny, nz), r(ny, nz), r(nz, ny), b_gate=r(nz), b_up=r(nz), b_down=r(ny))
+    ln = [PointwiseAffine(r(ny), r(ny), projection=ProjectionS1(0.0, 1.0, eps=1e-5))]
+    ln0 = [PointwiseAffine(r(ny), r(ny), projection=ProjectionS1(0.0, 1.0, eps=0.0))]  # eps = 0: as it is
+    rms = [ProjectionSphere(1.0, eps=1e-6), PointwiseAffine(r(ny), None)]
+    rms32 = [ProjectionSphere(2.0, eps=1e-6, compute_dtype=torch.float32), PointwiseAffine(None, r(ny))]
+    drop = FieldDropout(ffn_relu, 0.3).eval()
+    return {"prenorm-ffn-relu-ln": PreNorm(ffn_relu, ln), "prenorm-ffn-hidden-ln0": PreNorm(ffn_hidden, ln0),
+            "ffn-trapezoid": ffn_trap, "prenorm-gated-rms": PreNorm(gated, rms),
+            "prenorm-dropout-rms32": PreNorm(drop, rms32), "gated": gated}
+
+
+@pytest.mark.parametrize("name", ["prenorm-ffn-relu-ln", "prenorm-ffn-hidden-ln0", "ffn-trapezoid",
+                                  "prenorm-gated-rms", "prenorm-dropout-rms32", "gated"])
+def test_frozen_terms_equal_the_terms_bit_for_bit(name, dtype):
+    op = _frozen_cases(dtype)[name]
+    grid = Grid.paper(None, 6).with_shape(4, 6)
+    u = torch.randn(2, 4, 6, dtype=F64, generator=torch.Generator().manual_seed(8)).to(dtype) * 3
+    with torch.no_grad():
+        f = frozen_field(op, 0.0, grid, dtype)
+        assert torch.equal(f(u, grid), op.field(0.0, u, grid))
+        if isinstance(op, PreNorm):
+            for n in op.maps:
+                assert torch.equal(frozen_map(n, 0.0, grid, dtype)(u, grid),
+                                   n.flow(0.0, 1.0, u, grid) if n.has_flow else n.resolvent(0.0, 1.0, u, grid))
+
+
+def test_frozen_dropout_in_training_mode_stays_random():
+    op = FieldDropout(FeedForward.create(4, 8), 0.5).train()
+    grid = Grid.paper(3, 4)
+    u = torch.randn(1, 3, 4)
+    with torch.no_grad():
+        f = frozen_field(op, 0.0, grid, torch.float32)
+        assert not torch.equal(f(u, grid), f(u, grid))
+
+
+# -- the overflow guard of a decode step: the maximum of the cached keys ----------------------
+def test_kv_cache_keeps_the_maximum_of_its_keys():
+    op, g = object(), torch.Generator().manual_seed(2)
+    cache = KVCache()
+    chunks = [torch.randn(2, 3, n, 4, generator=g, dtype=F64) * s for n, s in ((5, 1.0), (1, 7.0), (2, 0.1))]
+    cache.update(op, 0.0, chunks[0], chunks[0])  # no maximum given: computed from the cache when first asked
+    assert cache.key_max(op, 0.0) is None
+    for x in chunks[1:]:
+        cache.begin()
+        k, _ = cache.update(op, 0.0, x, x, key_max=float(x.abs().amax()))
+        assert cache.key_max(op, 0.0) == float(k.abs().amax())
+    cache.begin()
+    cache.update(op, 0.0, chunks[0], chunks[0])  # an append without it drops the kept maximum
+    assert cache.key_max(op, 0.0) is None
+    cache.begin()  # asked again: computed once from the cached keys, then kept
+    k, _ = cache.update(op, 0.0, chunks[2], chunks[2], key_max=float(chunks[2].abs().amax()))
+    assert cache.key_max(op, 0.0) == float(k.abs().amax()) == float(chunks[1].abs().amax())
+    cache.select(torch.tensor([1]))  # rows dropped: the maximum may have been theirs
+    assert cache.key_max(op, 0.0) is None
+
+
+def test_kv_cache_key_maximum_propagates_nan():
+    op, cache = object(), KVCache()
+    x = torch.ones(1, 1, 2, 2)
+    cache.update(op, 0.0, x, x, key_max=float("nan"))
+    cache.begin()
+    cache.update(op, 0.0, x, x, key_max=1.0)
+    assert math.isnan(cache.key_max(op, 0.0))
+    cache = KVCache()
+    cache.update(op, 0.0, x, x, key_max=1.0)
+    cache.begin()
+    cache.update(op, 0.0, x, x, key_max=float("nan"))
+    assert math.isnan(cache.key_max(op, 0.0))
+
+
+@pytest.mark.parametrize("n_kv,n_prompt", [(1, 5), (2, 5), (2, 700)])  # 700: the prompt's large-input reduction
+def test_decode_step_guard_sees_the_cached_keys(n_kv, n_prompt):
+    """float32 keys of size 1e21 in the cache and a new token of size 1e18: the new token's own
+    queries and keys bound the scores by ~1e36 (finite), but its scores against the cached keys
+    reach ~1e39 (beyond float32).  The guard's bound must include the cached keys (kept by the
+    cache as they were appended) so that the step falls back to float64: finite and right."""
+    torch.manual_seed(3)
+    op = GroupedQueryAttention.create(8, 4, n_kv, causal=True, cache="kv", rope_theta=10000.0)
+    op64 = GroupedQueryAttention.create(8, 4, n_kv, causal=True, cache="kv", rope_theta=10000.0, dtype=F64)
+    op64.load_state_dict({k: v.double() for k, v in op.state_dict().items()})
+    g = torch.Generator().manual_seed(4)
+    prompt, new = torch.randn(1, n_prompt, 8, generator=g) * 1e21, torch.randn(1, 1, 8, generator=g) * 1e18
+    outs = []
+    with torch.no_grad():
+        for o, dt in ((op, torch.float32), (op64, F64)):
+            cache = KVCache()
+            first = o.field(0.0, prompt.to(dt), ContextGrid.of(Grid.paper(n_prompt, 8), kv=cache))
+            assert bool(torch.isfinite(first).all())
+            cache.begin()
+            outs.append(o.field(0.0, new.to(dt), ContextGrid.of(Grid.paper(1, 8), kv=cache)))
+            if dt == torch.float32:
+                # the premise: the new token alone would not trigger the fallback
+                q, k, _ = o.heads(0.0, new, Grid.paper(1, 8), past=n_prompt)
+                assert o.score_scale(None) * 2 * float(q.abs().amax()) * float(k.abs().amax()) < 3.4e38 / 4
+    assert bool(torch.isfinite(outs[0]).all())
+    assert float((outs[0].double() - outs[1]).abs().max() / outs[1].abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("n", [3, 700])  # the decode-step reduction and the large-input one
+def test_guard_propagates_nan(n):
+    """A NaN in the queries or keys makes the bound NaN, and the operator says so (as the full
+    reduction of score_bound does), in both of the guard's reductions."""
+    op = GroupedQueryAttention.create(8, 4, 2, causal=True)
+    x = torch.randn(1, n, 8)
+    x[0, n // 2, 3] = float("nan")
+    with torch.no_grad(), pytest.raises(ValueError, match="attention scores s\\*<q, k> may reach nan"):
+        op.field(0.0, x, Grid.paper(n, 8))

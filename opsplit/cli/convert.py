@@ -1,22 +1,26 @@
 """``opsplit convert``: a torch ``nn.TransformerEncoder``, a Hugging Face ViT and a Hugging
-Face CvT built from a config (seeded, no download) converted to opsplit
-(:func:`opsplit.models.from_torch`, :func:`opsplit.models.from_hf`); the table of the
-largest output and input-gradient differences, in float32 and float64."""
+Face CvT, and the decoder-only LLMs GPT-2, Llama, Qwen2 and Mistral
+(:mod:`opsplit.cli.convert_decoders`), built from a config (seeded, no download) and
+converted to opsplit (:func:`opsplit.models.from_torch`, :func:`opsplit.models.from_hf`);
+the table of the largest output and gradient differences, in float32 and float64 (and for
+the LLMs, how many greedy tokens agree)."""
 
 from __future__ import annotations
 
 import torch
 
+from . import convert_decoders as llm
 from .budget import Estimate
 from .config import ConfigError, Field, at_least, positive, seed_field
 
 NAME = "convert"
-SUMMARY = ("convert a torch encoder, a Hugging Face ViT and a CvT built from a config to opsplit; "
-           "error table")
+SUMMARY = ("convert a torch encoder, a Hugging Face ViT, CvT, GPT-2, Llama, Qwen2 or Mistral built from a "
+           "config to opsplit; error table")
 EXAMPLE = """\
 examples:
   opsplit convert                                  # the three models, float32 and float64
   opsplit convert --models torch --layers 4 --d-model 32 --nhead 8
+  opsplit convert --models gpt2 llama qwen2 mistral   # the decoder-only LLMs (+ greedy generation)
   opsplit convert --config convert.toml
 
 convert.toml:
@@ -33,14 +37,19 @@ convert.toml:
   [cvt]                   # transformers.CvtModel(CvtConfig(...)): one entry per stage
   depth = [1, 2]
   embed_dim = [8, 16]
+  [llama]                 # transformers.LlamaForCausalLM(LlamaConfig(...)), random weights
+  num_attention_heads = 4
+  num_key_value_heads = 1 # multi-query
+  seq_len = 8             # prompt tokens; new_tokens: greedy tokens generated
+  new_tokens = 16
 """
 
-MODELS = ("torch", "vit", "cvt")
+MODELS = ("torch", "vit", "cvt") + llm.FAMILIES
 
 
 SCHEMA = {
     "convert": {
-        "models": Field("str_list", list(MODELS), "which models to convert", choices=MODELS),
+        "models": Field("str_list", ["torch", "vit", "cvt"], "which models to convert", choices=MODELS),
         "dtypes": Field("str_list", ["float32", "float64"], "floating types",
                         choices=("float32", "float64")),
         "seed": seed_field("seed of the weights and inputs"),
@@ -79,11 +88,12 @@ SCHEMA = {
         "image_size": Field("int", 16, "image side", at_least(1)),
         "num_channels": Field("int", 3, "image channels", at_least(1)),
     },
+    **llm.SCHEMA,
 }
 
 
 def add_arguments(p):
-    p.add_argument("--models", nargs="+", metavar="M", help="torch vit cvt")
+    p.add_argument("--models", nargs="+", metavar="M", help="torch vit cvt gpt2 llama qwen2 mistral")
     p.add_argument("--dtypes", nargs="+", metavar="D", help="float32 float64")
     p.add_argument("--layers", type=int, help="torch.num_layers")
     p.add_argument("--d-model", type=int, help="torch.d_model")
@@ -110,12 +120,14 @@ def check(cfg) -> None:
         if v["image_size"] % v["patch_size"]:
             raise ConfigError(f"vit.patch_size: expected a divisor of vit.image_size = "
                               f"{v['image_size']} (whole patches), got {v['patch_size']}")
-    if "vit" in models or "cvt" in models:
+    hf = [m for m in models if m != "torch"]
+    if hf:
         try:
             import transformers  # noqa: F401
         except ImportError:
-            raise ConfigError("convert.models: 'vit' and 'cvt' need the transformers package "
+            raise ConfigError(f"convert.models: {', '.join(map(repr, hf))} need the transformers package "
                               "(pip install transformers, or the [test] extra)") from None
+    llm.check(cfg, [m for m in models if m in llm.FAMILIES])
     if "cvt" in models:
         c = cfg["cvt"]
         keys = ("depth", "num_heads", "embed_dim", "patch_sizes", "patch_stride")
@@ -177,6 +189,9 @@ def estimate(cfg) -> Estimate:
             p += emb + L * v["hidden_size"]
             a += B * v["num_channels"] * v["image_size"] ** 2
             passes, copies, calls = 6, 2, 6 * v["num_hidden_layers"] * 8
+        elif name in llm.FAMILIES:
+            total += llm.estimate(cfg, name, B).times(len(c["dtypes"]))
+            continue
         else:
             cv = cfg["cvt"]
             f = p = a = 0.0
@@ -260,7 +275,7 @@ def _build_cvt(c: dict, seed: int):
     return model
 
 
-BUILDERS = {"torch": _build_torch, "vit": _build_vit, "cvt": _build_cvt}
+BUILDERS = {"torch": _build_torch, "vit": _build_vit, "cvt": _build_cvt, **llm.BUILDERS}
 
 
 def _perturb(module, gen):
@@ -374,7 +389,11 @@ def convert_cvt(c: dict, batch: int, seed: int, dtype) -> dict:
 
 # name -> builder(section config, batch, seed, dtype) -> a table row; a new converter plugs
 # in here with a schema section of the same name
-CONVERTERS = {"torch": convert_torch, "vit": convert_vit, "cvt": convert_cvt}
+CONVERTERS = {"torch": convert_torch, "vit": convert_vit, "cvt": convert_cvt, **llm.CONVERTERS}
+#: the table's columns (a row leaves out what does not apply to its model)
+COLUMNS = ("model", "opsplit class", "dtype", "max abs diff (output)", "relative diff (output)",
+           "max abs diff (input grad)", "relative diff (parameter grads)", "greedy tokens equal", "round trip",
+           "parameters")
 
 
 def run(cfg, plan, out, progress=True, heading="Converted models", prefix=""):
@@ -390,13 +409,19 @@ def run(cfg, plan, out, progress=True, heading="Converted models", prefix=""):
         "Each model is built from the config with seeded random weights (no download), "
         "converted to opsplit, and run on the same seeded input in eval mode. "
         "max abs diff (output): the largest absolute difference of the outputs (ViT: last "
-        "hidden state and pooler); relative: divided by the largest absolute reference "
+        "hidden state and pooler; the LLMs: the logits of every position of a left-padded "
+        "batch); relative: divided by the largest absolute reference "
         "output; input grad: the gradients with respect to the input of a random linear "
-        "functional of the outputs; round trip: to_torch(from_torch(m)) against m, both "
-        "under no_grad."
+        "functional of the outputs; parameter grads (the LLMs): the gradients of that functional "
+        "with respect to every parameter, the largest difference relative to the largest entry of "
+        "each parameter's gradient; greedy tokens equal (the LLMs): new tokens of opsplit's "
+        "generate equal to Hugging Face's generate (do_sample=False, key/value cache), out of "
+        "all generated; round trip: to_torch(from_torch(m)) against m, both under no_grad."
     )
-    out.table(f"{prefix}conversion_errors", rows, title="opsplit against the original model")
+    out.table(f"{prefix}conversion_errors", rows, columns=COLUMNS, title="opsplit against the original model")
     for r in rows:
-        print(f"  {r['model']:<55} {r['dtype']:<8} max abs diff {r['max abs diff (output)']:.2e}  "
-              f"grad {r['max abs diff (input grad)']:.2e}")
+        g = r["max abs diff (input grad)"]
+        grad = f"grad {g:.2e}" if g != "" else f"parameter grads {r['relative diff (parameter grads)']:.2e} (rel)"
+        tokens = f"  greedy {r['greedy tokens equal']}" if r.get("greedy tokens equal") else ""
+        print(f"  {r['model']:<55} {r['dtype']:<8} max abs diff {r['max abs diff (output)']:.2e}  {grad}{tokens}")
     return rows

@@ -65,6 +65,7 @@ from ..operators import (
     ProjectionSphere,
     RotaryEmbedding,
 )
+from ..operators._fused import frozen_field, frozen_map
 from ..operators.activation import activation_fn
 from ..operators.context import ContextGrid
 from ..propagator import Propagator
@@ -172,6 +173,16 @@ class DecoderOutput:
     logits: Tensor | None
     last_hidden_state: Tensor
     cache: KVCache | None = None
+
+
+def _frozen_substep(s: Substep, t: float, dt: float, grid: Grid, dtype):
+    """A substep over ``[t, t + dt]`` as ``f(u, grid)`` with its term's controls evaluated once
+    (:mod:`opsplit.operators._fused`): explicit Euler is :meth:`ExplicitEuler.step`'s
+    ``u + dt * A(t; u)`` in one fused pass; another solver is called as it is."""
+    if type(s.solver) is ExplicitEuler and len(s.terms) == 1:
+        f = frozen_field(s.terms[0], t, grid, dtype)
+        return lambda u, g: torch.add(u, f(u, g), alpha=dt)
+    return lambda u, g: s.solver.step(s.terms, t, dt, u, g)
 
 
 class DecoderLM(nn.Module):
@@ -427,6 +438,58 @@ class DecoderLM(nn.Module):
             raise ValueError("DecoderLM.next_token_logits: the model has no read-out (lm_head=False)")
         h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, check_values=check_values)
         return F.linear(h[:, -1], W)
+
+    def decode_steps(self, cache: KVCache, *, n_steps: int | None = None):
+        """The decode steps of one generation, after its prompt went through
+        :meth:`next_token_logits` with ``cache``: a function ``step(input_ids, position_ids,
+        key_padding_mask)`` of the new tokens ``(B, 1)``, their positions ``(B, 1)`` and the
+        padding of every token so far (``(B, past + 1)``, ``True`` = padded, or ``None``)
+        that extends ``cache`` and returns the next-token logits ``(B, vocab)``.
+
+        The scheme's steps are made once, here, with every control evaluated at its step's
+        time (:mod:`opsplit.operators._fused`; Lie splitting with explicit-Euler substeps,
+        the decoder's own; another scheme is advanced as it is), and the steps run no checks:
+        :func:`~opsplit.models.generate.generate` has validated the prompt, the parameters
+        (finite), the grid and every operator against it at the prompt, and it feeds tokens
+        the model produced, with positions it made.  Valid while the parameters do not change
+        and autograd does not record (``torch.no_grad()``); the same operations as
+        :meth:`next_token_logits`, bit for bit (``tests/test_llm_decode.py``)."""
+        if torch.is_grad_enabled():
+            raise RuntimeError("DecoderLM.decode_steps: for calls without autograd (torch.no_grad())")
+        W = self.head_weight
+        if W is None:
+            raise ValueError("DecoderLM.decode_steps: the model has no read-out (lm_head=False)")
+        dtype = self.embedding.weight.dtype
+        grid = self.decoder.grid.with_shape(1, self.config.d_model)
+        scheme = self.decoder.scheme
+        times = self.decoder.times(n_steps)
+        steps = []
+        for a, b in zip(times[:-1], times[1:]):
+            dt = b - a
+            if type(scheme) is Lie:
+                steps += [_frozen_substep(s, a, dt, grid, dtype) for s in scheme.substeps]
+            else:
+                steps.append(lambda u, g, a=a, dt=dt: scheme.advance(a, dt, u, g)[0])
+        final = [frozen_map(m, self.decoder.t1, grid, dtype) for m in self.final_norm]
+        rope = self.positions is None
+        x, y, h = grid.x, grid.y, grid.h
+
+        def step(input_ids: Tensor, position_ids: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+            u = self.embed(input_ids, 0, position_ids, check=False)
+            ctx = {"kv_cache": cache}
+            if key_padding_mask is not None:
+                ctx["key_padding_mask"] = key_padding_mask
+            if rope:
+                ctx["positions"] = position_ids
+            g = ContextGrid(x=x, y=y, h=h, context=ctx)
+            cache.begin()
+            for f in steps:
+                u = f(u, g)
+            for f in final:
+                u = f(u, g)
+            return F.linear(u[:, -1], W)
+
+        return step
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """:func:`opsplit.models.generate.generate` with this model."""

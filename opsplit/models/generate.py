@@ -29,6 +29,16 @@ the cache append is a copy of the layer's :math:`O(n\,d)` keys and values (as Hu
 Face's ``DynamicCache``).  Without the cache a step is a full forward pass,
 :math:`O(n^2 d)` attention and :math:`n` feed-forward evaluations per layer.
 
+**Checks once per call.**  Every argument, the prompt (ids in range, the mask, the
+positions against a learned table, including the ``max_new_tokens`` it will reach), the
+parameters (finite) and the grid with every operator's controls are checked before any
+compute, at the first step (the prompt).  The later steps feed tokens the model produced,
+with the same parameters and positions made here: a model that provides
+``decode_steps(cache)`` (:meth:`~opsplit.models.DecoderLM.decode_steps`) runs them without
+checks, with its controls evaluated once for the whole generation
+(:mod:`opsplit.operators._fused`), and gives the same logits bit for bit; another model is
+called with ``check_values=False``.
+
 A model is generated from when it provides ``vocab_size``, ``check_inputs(input_ids,
 attention_mask)`` (validation before any compute, returning ``(past, mask)``) and
 ``next_token_logits(input_ids, attention_mask, position_ids=..., cache=...)`` returning the
@@ -139,26 +149,40 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             f"max_new_tokens: a prompt of {int(position_ids[:, -1].max()) + 1} positions plus {max_new_tokens} new "
             f"tokens exceeds the model's learned positions (max_positions = {limit})"
         )
+    # the sequence, its mask and positions for every step, written as tokens are chosen
+    total = N + max_new_tokens
+    seq = input_ids.new_empty(B, total)
+    seq[:, :N] = input_ids
+    mask_all = torch.ones(B, total, dtype=torch.long, device=device)
+    mask_all[:, :N] = mask
+    pos_all = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, max_new_tokens + 1, device=device)], -1)
     cache = KVCache() if use_cache else None
-    seq = input_ids
+    decode = padding = None
     unfinished = torch.ones(B, dtype=torch.long, device=device)
+    n = N
     for step in range(max_new_tokens):
-        if cache is not None and step > 0:
-            ids, pos = seq[:, -1:], position_ids[:, -1:]
+        if decode is not None:
+            logits = decode(seq[:, n - 1: n], pos_all[:, n - 1: n], None if padding is None else padding[:, :n])
+        elif cache is not None and step > 0:
+            logits = model.next_token_logits(seq[:, n - 1: n], mask_all[:, :n], position_ids=pos_all[:, n - 1: n],
+                                             cache=cache, check_values=False)
         else:
-            ids, pos = seq, position_ids
-        # the parameters and the prompt are checked for finite values at the first step; the
-        # later steps feed tokens the model produced, with the same parameters
-        logits = model.next_token_logits(ids, mask, position_ids=pos, cache=cache, check_values=step == 0)
+            # the parameters and the prompt are checked (finite values included) at the first
+            # step; the later steps feed tokens the model produced, with the same parameters
+            logits = model.next_token_logits(seq[:, :n], mask_all[:, :n], position_ids=pos_all[:, :n], cache=cache,
+                                             check_values=step == 0)
+            if step == 0 and cache is not None and hasattr(model, "decode_steps"):
+                # the decode steps, made once: controls evaluated at their times, no checks
+                decode = model.decode_steps(cache)
+                padding = None if bool(mask.all()) else mask_all == 0
         nxt = select_next_token(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
         if eos_token_id is not None:
             nxt = nxt * unfinished + pad_token_id * (1 - unfinished)
-        seq = torch.cat([seq, nxt[:, None]], dim=-1)
-        mask = torch.cat([mask, mask.new_ones(B, 1)], dim=-1)
-        position_ids = torch.cat([position_ids, position_ids[:, -1:] + 1], dim=-1)
+        seq[:, n] = nxt
+        n += 1
         if eos_token_id is not None:
             unfinished = unfinished & (nxt != eos_token_id).long()
             if not bool(unfinished.any()):
                 break
-    return seq
+    return seq if n == total else seq[:, :n].clone()

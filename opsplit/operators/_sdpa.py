@@ -12,7 +12,10 @@ differences of scores stay finite too) SDPA runs as is; otherwise a float32 call
 evaluated in float64 (where the scores fit) and rounded back, and a float64 call whose
 scores may overflow raises a ``ValueError`` that says so.  The bound is a value check: it
 is skipped under ``torch.compile`` / ``torch.jit`` tracing (:func:`opsplit._checks.skip_value_checks`)
-and under ``torch.func.vmap`` (a parallel scheme's batched call).
+and under ``torch.func.vmap`` (a parallel scheme's batched call).  A caller that already
+knows :math:`\max|q|` and :math:`\max|k|` (a decode step: the key/value cache keeps the
+maximum of its keys, :mod:`opsplit.operators.kv_cache`) passes the bound,
+:func:`bound_from`, and no reduction over the keys is made.
 
 Which SDPA implementation runs (3-D: the math path, differentiable to any order; 4-D:
 torch's fused kernel) is chosen by :func:`opsplit.functional._sdpa_path.sdpa`, the same on
@@ -27,10 +30,10 @@ from torch import Tensor
 from .._checks import skip_value_checks
 from ..functional._sdpa_path import sdpa as _sdpa
 
-__all__ = ["attention", "score_bound", "check_scores"]
+__all__ = ["attention", "score_bound", "bound_from", "check_scores", "values_unchecked"]
 
 
-def _unchecked(*xs) -> bool:
+def values_unchecked(*xs) -> bool:
     """Value checks are skipped under torch.compile / torch.jit and torch.func.vmap."""
     f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
     return skip_value_checks() or (f is not None and any(f(x) for x in xs))
@@ -41,17 +44,23 @@ def score_bound(q: Tensor, k: Tensor, scale: float) -> float:
     if q.numel() == 0 or k.numel() == 0:
         return 0.0
     mq, mk = torch.stack([q.detach().abs().amax(), k.detach().abs().amax().to(q.dtype)]).tolist()
-    return float(scale) * q.shape[-1] * mq * mk
+    return bound_from(mq, mk, q.shape[-1], scale)
+
+
+def bound_from(q_max: float, k_max: float, d: int, scale: float) -> float:
+    """:math:`s\\,d\\,\\max|q|\\max|k|`, the bound of :func:`score_bound` from the two maxima."""
+    return float(scale) * d * q_max * k_max
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
               attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-              is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
+              is_causal: bool = False, enable_gqa: bool = False, bound: float | None = None) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
     enable_gqa)`` with the overflow guard of the module docstring; ``name`` names the caller
-    in errors."""
-    if not _unchecked(q, k):
-        bound = score_bound(q, k, scale)
+    in errors; ``bound``: :func:`score_bound` of ``q, k`` when the caller has it."""
+    if not values_unchecked(q, k):
+        if bound is None:
+            bound = score_bound(q, k, scale)
         if not bound < torch.finfo(q.dtype).max / 4:
             if q.dtype == torch.float32 and bound < torch.finfo(torch.float64).max / 4:
                 mask = attn_mask.double() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
@@ -70,7 +79,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
 
 def check_scores(a: Tensor, name: str) -> Tensor:
     """Raise a ``ValueError`` if dense scores ``a`` (before the softmax) overflowed."""
-    if not _unchecked(a) and a.numel() and bool(torch.isposinf(a).any() | torch.isnan(a).any()):
+    if not values_unchecked(a) and a.numel() and bool(torch.isposinf(a).any() | torch.isnan(a).any()):
         raise ValueError(
             f"{name}: the attention scores overflow {a.dtype} (finite inputs of too large a "
             f"magnitude): the softmax would be NaN; scale the input (or the weights) down"

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from .._checks import check_positive_int
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
+from ._fused import frozen_output
 from ._linear import linear_y, side_by_side
 from .activation import activation_fn
 from .feedforward import FeedForward, _shape
@@ -106,17 +107,31 @@ class GatedFeedForward(FeedForward):
         return linear_y(u, self.W_up(t, grid), None if self.b_up is None else self.b_up(t, grid), grid)
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
-        act = activation_fn(self.activation)
         if torch.is_grad_enabled():
+            act = activation_fn(self.activation)
             h = act(self.hidden_preactivation(t, u, grid)) * self.up(t, u, grid)
-        else:  # one GEMM for the gate and the up transform (a cached copy of the two kernels)
-            Wg, Wu = self.W1(t, grid), self.W_up(t, grid)
-            bg = None if self.b1 is None else self.b1(t, grid)
-            bu = None if self.b_up is None else self.b_up(t, grid)
-            W, b = side_by_side(self._fused, t, (Wg, Wu), (bg, bu))
-            g, up = linear_y(u, W, b, grid).split(Wg.shape[1], dim=-1)
-            h = act(g) * up
-        return self.output(t, h, grid)
+            return self.output(t, h, grid)
+        return self.output(t, self._gated(u, grid, *self._gate_up(t, grid)), grid)
+
+    def _gate_up(self, t, grid: Grid) -> tuple:
+        """Without autograd: the gate and up kernels side by side (one GEMM; a cached copy of
+        the two), their biases and :math:`N_z`."""
+        Wg, Wu = self.W1(t, grid), self.W_up(t, grid)
+        bg = None if self.b1 is None else self.b1(t, grid)
+        bu = None if self.b_up is None else self.b_up(t, grid)
+        W, b = side_by_side(self._fused, t, (Wg, Wu), (bg, bu))
+        return W, b, Wg.shape[1]
+
+    def _gated(self, u: Tensor, grid: Grid, W: Tensor, b: Tensor | None, nz: int) -> Tensor:
+        g, up = linear_y(u, W, b, grid).split(nz, dim=-1)
+        return activation_fn(self.activation)(g) * up
+
+    def frozen_field(self, t, grid: Grid):
+        """The field at time ``t`` as ``f(u, grid)`` with the kernels evaluated once
+        (:mod:`opsplit.operators._fused`: repeated calls without autograd, fixed parameters);
+        the same operations as :meth:`field`."""
+        kernels, out = self._gate_up(t, grid), frozen_output(self, t, grid)
+        return lambda u, g: out(self._gated(u, g, *kernels), g)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", gated=True"

@@ -61,7 +61,7 @@ from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
 from ._linear import linear_y, side_by_side
 from ._masks import attention_log_weights
-from ._sdpa import attention
+from ._sdpa import attention, bound_from, values_unchecked
 from .base import Operator
 from .context import cached, context_value
 from .rope import RotaryEmbedding
@@ -70,6 +70,10 @@ __all__ = ["GroupedQueryAttention"]
 
 #: torch's SDPA takes fewer key/value heads than query heads itself (``enable_gqa``) from 2.5 on
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+#: below this many query/key entries the guard's maxima are one reduction (a decode step)
+_SMALL = 1 << 14
 
 
 def _shape(control) -> tuple | None:
@@ -229,28 +233,46 @@ class GroupedQueryAttention(Operator):
     def heads(self, t, u: Tensor, grid: Grid, past: int = 0):
         """:math:`R Q, R K, V` of the state's tokens: ``(B, H, N, d)``, ``(B, H_kv, N, d)``,
         ``(B, H_kv, N, d)`` (rotated when the operator has rotary positions)."""
+        if not torch.is_grad_enabled():
+            W, b, (H, Hkv, d) = self._in_kernel(t, grid)
+            qk, v = self._qkv(t, u, grid, past, W, b, H, Hkv, d)
+            return qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
         B, N, ny = u.shape
         WQ, WK, WV = self.WQ(t, grid), self.WK(t, grid), self.WV(t, grid)
         H, Hkv, d = WQ.shape[1], WK.shape[1], WQ.shape[2]
         bias = [None if c is None else c(t, grid).reshape(-1) for c in (self.bQ, self.bK, self.bV)]
-        if torch.is_grad_enabled():
-            q = linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d)
-            k = linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d)
-            v = linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d)
-            if self.rotary is not None:
-                cos, sin = self._cos_sin(grid, B, N, past, u)
-                q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
-        else:
-            # one GEMM for the three, and one rotation for the query and key heads together
-            # (elementwise: the same numbers as two)
-            W, b = side_by_side(self._fused, t, (WQ, WK, WV), bias)
-            qkv = linear_y(u, W, b, grid).view(B, N, H + 2 * Hkv, d)
-            qk, v = qkv[:, :, : H + Hkv], qkv[:, :, H + Hkv:]
-            if self.rotary is not None:
-                cos, sin = self._cos_sin(grid, B, N, past, u)
-                qk = self.rotary.rotate(qk, cos, sin)
-            q, k = qk[:, :, :H], qk[:, :, H:]
+        q = linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d)
+        k = linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d)
+        v = linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d)
+        if self.rotary is not None:
+            cos, sin = self._cos_sin(grid, B, N, past, u)
+            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def kernels(self, t, grid: Grid) -> tuple:
+        """The kernels at time ``t`` for a call without autograd: ``(W, b, (H, H_kv, d), W_O,
+        b_O)`` with :math:`W^Q, W^K, W^V` side by side ``(N_y, (H + 2 H_kv) d)`` and their
+        biases (one GEMM), and :math:`W^O` as ``(H d, N_y)`` with the head weights folded in."""
+        return self._in_kernel(t, grid) + self._out_kernel(t, grid)
+
+    def _in_kernel(self, t, grid: Grid) -> tuple:
+        WQ, WK, WV = self.WQ(t, grid), self.WK(t, grid), self.WV(t, grid)
+        bias = [None if c is None else c(t, grid).reshape(-1) for c in (self.bQ, self.bK, self.bV)]
+        W, b = side_by_side(self._fused, t, (WQ, WK, WV), bias)
+        return W, b, (WQ.shape[1], WK.shape[1], WQ.shape[2])
+
+    def _qkv(self, t, u: Tensor, grid: Grid, past: int, W: Tensor, b: Tensor | None, H: int, Hkv: int,
+             d: int) -> tuple:
+        """Without autograd: the rotated query and key heads together ``(B, N, H + H_kv, d)``
+        and the value heads ``(B, N, H_kv, d)``, token-major, from one GEMM and one rotation
+        (elementwise: the same numbers as two)."""
+        B, N, _ = u.shape
+        qkv = linear_y(u, W, b, grid).view(B, N, H + 2 * Hkv, d)
+        qk, v = qkv[:, :, : H + Hkv], qkv[:, :, H + Hkv:]
+        if self.rotary is not None:
+            cos, sin = self._cos_sin(grid, B, N, past, u)
+            qk = self.rotary.rotate(qk, cos, sin)
+        return qk, v
 
     def _cos_sin(self, grid: Grid, B: int, N: int, past: int, u: Tensor):
         """cos, sin of the rotary angles of the new tokens, shaped ``(B or 1, N, 1, d)`` (one per
@@ -292,10 +314,10 @@ class GroupedQueryAttention(Operator):
 
         return cached(grid, ("gqa-mask", id(self), B, Nq, Nk, dtype, str(device)), build), False
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid, *, bound: float | None = None) -> Tensor:
         r""":math:`\int_{\Omega_x}\gamma(x,\tilde x,h) V(\tilde x, \pi(h), \cdot)\, d\tilde x`,
         ``(B, H, N_q, d)``, from queries ``(B, H, N_q, d)`` and key/value heads
-        ``(B, H_kv, N_k, d)``."""
+        ``(B, H_kv, N_k, d)`` (``bound``: the overflow guard's bound of the scores, when known)."""
         B, H, Nq, d = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
         bias, is_causal = self._log_weights(grid, B, Nq, Nk, q.dtype, q.device)
@@ -303,47 +325,92 @@ class GroupedQueryAttention(Operator):
         s = self.score_scale(grid)
         if Hkv == H:
             return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal, scale=s,
-                             name="GroupedQueryAttention")
+                             name="GroupedQueryAttention", bound=bound)
         # the group map pi: query head h reads key/value head h // g
         g = H // Hkv
         if Nq == 1:
             # one query (a decode step): the g query heads of a group become g queries of their
             # key/value head, (B, H, 1, d) -> (B, H_kv, g, d); every one sees every key
             o = attention(q.reshape(B, Hkv, g, d), k, v, attn_mask=bias, dropout_p=p, is_causal=False, scale=s,
-                          name="GroupedQueryAttention")
+                          name="GroupedQueryAttention", bound=bound)
             return o.reshape(B, H, 1, v.shape[-1])
         if bias is None and _SDPA_GQA and q.dim() == 4:
             return attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=is_causal, scale=s,
-                             name="GroupedQueryAttention", enable_gqa=True)
+                             name="GroupedQueryAttention", enable_gqa=True, bound=bound)
         k = k[:, :, None].expand(B, Hkv, g, Nk, d).reshape(B, H, Nk, d)
         v = v[:, :, None].expand(B, Hkv, g, Nk, v.shape[-1]).reshape(B, H, Nk, v.shape[-1])
         return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal, scale=s,
-                         name="GroupedQueryAttention")
+                         name="GroupedQueryAttention", bound=bound)
 
-    def combine_heads(self, t, o: Tensor, grid: Grid) -> Tensor:
-        r""":math:`\int_{\Omega_h}[\cdot] W^O(h, \cdot, y)\,dh + b^O(y)`: ``(B, H, N, d)`` ->
-        ``(B, N, N_y)``."""
-        B, H, N, d = o.shape
+    def _out_kernel(self, t, grid: Grid) -> tuple:
+        """``(W_O (H d, N_y), b_O)`` at time ``t``, the head weights of :math:`\\Omega_h` folded in."""
         WO = self.WO(t, grid)
+        H = WO.shape[0]
         itv = grid.h
         if itv is not None:
             itv = itv.with_n(H) if itv.n is None else itv
             wh = itv.uniform_weight
             if wh is None:
-                WO = WO * itv.weights(o.dtype, o.device).view(H, 1, 1)
+                WO = WO * itv.weights(WO.dtype, WO.device).view(H, 1, 1)
             elif wh != 1.0:
                 WO = WO * wh
-        bO = None if self.bO is None else self.bO(t, grid)
-        o = o.transpose(1, 2).reshape(B, N, H * d)
-        return F.linear(o, WO.reshape(H * d, -1).t(), bO)
+        return WO.reshape(H * WO.shape[1], -1).t(), None if self.bO is None else self.bO(t, grid)
+
+    def combine_heads(self, t, o: Tensor, grid: Grid) -> Tensor:
+        r""":math:`\int_{\Omega_h}[\cdot] W^O(h, \cdot, y)\,dh + b^O(y)`: ``(B, H, N, d)`` ->
+        ``(B, N, N_y)``."""
+        B, H, N, d = o.shape
+        WO, bO = self._out_kernel(t, grid)
+        return F.linear(o.transpose(1, 2).reshape(B, N, H * d), WO, bO)
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
+        if not torch.is_grad_enabled():
+            return self._field(t, u, grid, self.kernels(t, grid))
         cache = context_value(grid, self.cache)
         past = 0 if cache is None else cache.past(self, t)
         q, k, v = self.heads(t, u, grid, past)
         if cache is not None:
             k, v = cache.update(self, t, k, v)
         return self.combine_heads(t, self.attend(q, k, v, grid), grid)
+
+    def frozen_field(self, t, grid: Grid):
+        """The field at time ``t`` as a function ``f(u, grid)`` with the kernels evaluated once
+        (:meth:`kernels`): for repeated calls without autograd while the parameters do not
+        change — the decode steps of one generation.  The same operations as :meth:`field`."""
+        kernels = self.kernels(t, grid)
+
+        def f(u: Tensor, g: Grid) -> Tensor:
+            return self._field(t, u, g, kernels)
+
+        return f
+
+    def _field(self, t, u: Tensor, grid: Grid, kernels) -> Tensor:
+        """The field without autograd, from :meth:`kernels`.  The overflow guard's bound comes
+        from one reduction over the new queries and keys; with a cache, the maximum of the
+        cached keys is kept by the cache as they are appended (no pass over the cache)."""
+        W, b, (H, Hkv, d), WO, bO = kernels
+        B, N, _ = u.shape
+        cache = context_value(grid, self.cache)
+        past = 0 if cache is None else cache.past(self, t)
+        qk, v = self._qkv(t, u, grid, past, W, b, H, Hkv, d)
+        mq = mk = None
+        if qk.numel() and not values_unchecked(qk):
+            if qk.numel() <= _SMALL:  # a decode step: one reduction to the H + H_kv heads' maxima
+                m = qk.abs().amax(dim=(0, 1, 3)).tolist()
+                nan = any(x != x for x in m)  # propagate NaN as torch.amax does
+                mq, mk = (math.nan, math.nan) if nan else (max(m[:H]), max(m[H:]))
+            else:  # max|x| = max(-min x, max x): two min-max passes, no |x| copy of a large input
+                m = torch.stack((*torch.aminmax(qk[:, :, :H]), *torch.aminmax(qk[:, :, H:]))).tolist()
+                nan = any(x != x for x in m)
+                mq, mk = (math.nan, math.nan) if nan else (max(-m[0], m[1]), max(-m[2], m[3]))
+        q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(self, t, k, v, key_max=mk)
+            if mk is not None:
+                mk = cache.key_max(self, t)
+        bound = None if mq is None else bound_from(mq, mk, d, self.score_scale(grid))
+        o = self.attend(q, k, v, grid, bound=bound)
+        return F.linear(o.transpose(1, 2).reshape(B, N, H * d), WO, bO)
 
     def extra_repr(self) -> str:
         s = "scale=1/sqrt(|Omega_y|)" if self.scale is None else f"scale={self.scale:.6g}"

@@ -22,6 +22,14 @@ The cache costs :math:`O(n)` memory per layer and head (the keys and values of t
 per head instead of recomputing the whole prefix (:math:`O(n^2 d)` for attention plus
 :math:`O(n)` feed-forward evaluations per layer); appending is amortised :math:`O(1)` per
 token under ``torch.no_grad()`` (buffers of geometric capacity).
+
+**Bound of the cached keys.**  The overflow guard of softmax attention
+(:mod:`opsplit.operators._sdpa`) needs :math:`\max|k|` over every key a query reads.  An
+operator that passes ``key_max`` (the max-abs of its new keys) to :meth:`KVCache.update`
+gets that maximum over the whole prefix back from :meth:`KVCache.key_max` without a pass
+over the cache: the entry keeps it as tokens are appended (computed once from the cached
+keys the first time it is asked for; dropped when an append does not give it, and by
+:meth:`KVCache.select`).  A maximum is exact, so the bound is the one a full reduction gives.
 """
 
 from __future__ import annotations
@@ -30,6 +38,13 @@ import torch
 from torch import Tensor
 
 __all__ = ["KVCache"]
+
+
+def _max(a: float | None, b: float) -> float:
+    """``max(a, b)`` propagating NaN as ``torch.amax`` does (``a = None``: no cached keys)."""
+    if a is None:
+        return b
+    return a if a != a or a >= b else b
 
 
 class KVCache:
@@ -48,7 +63,7 @@ class KVCache:
     """
 
     def __init__(self):
-        self._entries: dict = {}  # key -> [op, t, buffers, dim, length]
+        self._entries: dict = {}  # key -> [op, t, buffers, dim, length, max |tensors[0]| or None]
         self._touched: set = set()
 
     def __len__(self) -> int:
@@ -76,11 +91,12 @@ class KVCache:
 
     def entries(self) -> list:
         """``(operator, t, tensors, dim)`` of every entry (``tensors``: the cached tokens)."""
-        return [(op, t, tuple(b.narrow(dim, 0, n) for b in bufs), dim) for op, t, bufs, dim, n in self._entries.values()]
+        return [(op, t, tuple(b.narrow(dim, 0, n) for b in bufs), dim) for op, t, bufs, dim, n, _ in self._entries.values()]
 
-    def update(self, op, t, *tensors: Tensor, dim: int = 2) -> tuple[Tensor, ...]:
+    def update(self, op, t, *tensors: Tensor, dim: int = 2, key_max: float | None = None) -> tuple[Tensor, ...]:
         """Append the new tokens' ``tensors`` for ``op`` at step ``t`` and return the whole
-        prefix (cached, then new) of each."""
+        prefix (cached, then new) of each.  ``key_max``: :math:`\\max|\\cdot|` of the new
+        ``tensors[0]`` (the keys), kept for :meth:`key_max` (module docstring)."""
         key = self._key(op, t)
         if key in self._touched:
             raise RuntimeError(
@@ -93,9 +109,9 @@ class KVCache:
         e = self._entries.get(key)
         if e is None:
             bufs = tuple(x if grad else self._grow(x, dim, 2 * m) for x in tensors)
-            self._entries[key] = [op, float(t), bufs, dim, m]
+            self._entries[key] = [op, float(t), bufs, dim, m, None if key_max is None else float(key_max)]
             return tuple(b.narrow(dim, 0, m) for b in bufs)
-        _, _, bufs, _, n = e
+        _, _, bufs, _, n, kmax = e
         if len(bufs) != len(tensors):
             raise ValueError(f"KVCache: {type(op).__name__} cached {len(bufs)} tensors, got {len(tensors)}")
         if grad:
@@ -105,8 +121,17 @@ class KVCache:
                 bufs = tuple(self._grow(b.narrow(dim, 0, n), dim, 2 * (n + m)) for b in bufs)
             for b, x in zip(bufs, tensors):
                 b.narrow(dim, n, m).copy_(x)
+        if key_max is not None and kmax is None and n:
+            kmax = float(bufs[0].narrow(dim, 0, n).detach().abs().amax())  # once: the keys cached so far
+        e[5] = None if key_max is None else _max(kmax, float(key_max))
         e[2], e[4] = bufs, n + m
         return tuple(b.narrow(dim, 0, n + m) for b in bufs)
+
+    def key_max(self, op, t) -> float | None:
+        """:math:`\\max|k|` over the cached keys (``tensors[0]``) of ``op`` at step ``t``, kept
+        by appends that gave ``key_max``; ``None`` when not kept (module docstring)."""
+        e = self._entries.get(self._key(op, t))
+        return None if e is None else e[5]
 
     @staticmethod
     def _grow(x: Tensor, dim: int, capacity: int) -> Tensor:
@@ -121,6 +146,7 @@ class KVCache:
         """Keep the batch rows ``index`` of every entry (e.g. after dropping sequences)."""
         for e in self._entries.values():
             e[2] = tuple(x.index_select(0, index.to(x.device)) for x in e[2])
+            e[5] = None  # the kept maximum may belong to a dropped row
 
     def __repr__(self) -> str:
         return f"KVCache(entries={len(self._entries)}, length={self.length})"

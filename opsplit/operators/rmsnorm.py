@@ -190,6 +190,12 @@ class ProjectionSphere(Operator):
         # the resolvent of an indicator's subdifferential is the projection, for every dt
         return _project_sphere(u, self._sigma(t, grid, u.dtype), grid, self.eps, self.compute_dtype)
 
+    def frozen_map(self, t, grid: Grid, dtype):
+        """The projection at time ``t`` as ``f(u, grid)`` with :math:`\\sigma_2(t)` evaluated
+        once (:mod:`opsplit.operators._fused`); the same operations as :meth:`resolvent`."""
+        sigma, eps, cd = self._sigma(t, grid, dtype), self.eps, self.compute_dtype
+        return lambda u, g: _project_sphere(u, sigma, g, eps, cd)
+
     def extra_repr(self) -> str:
         s = f"eps={self.eps:g}"
         if self.compute_dtype is not None:

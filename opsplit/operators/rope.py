@@ -72,10 +72,19 @@ class RotaryEmbedding(nn.Module):
                 f"RotaryEmbedding.compute_dtype: expected None, torch.float32 or torch.float64, got {compute_dtype!r}"
             )
         self.compute_dtype = compute_dtype
+        self._frequencies: dict = {}  # (theta, head_dim, compute_dtype, device) -> omega
 
     def frequencies(self, device=None) -> Tensor:
         """:math:`\\omega_k = \\theta^{-2k/d}`, ``k < d/2`` (float32 as HF computes them with
-        ``compute_dtype=torch.float32``, else float64)."""
+        ``compute_dtype=torch.float32``, else float64); computed once per device and kept (a
+        new tensor is made when ``theta``, ``head_dim`` or ``compute_dtype`` change)."""
+        key = (self.theta, self.head_dim, self.compute_dtype, str(device))
+        w = self._frequencies.get(key)
+        if w is None:
+            w = self._frequencies[key] = self._compute_frequencies(device)
+        return w
+
+    def _compute_frequencies(self, device) -> Tensor:
         d = self.head_dim
         if self.compute_dtype == torch.float32:
             return 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
