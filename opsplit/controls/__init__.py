@@ -6,6 +6,7 @@ from .layerwise import LayerwiseConstant
 from .piecewise import Constant, PiecewiseConstant
 from .piecewise_linear import PiecewiseLinear
 from .polynomial import PolynomialSeries
+from .position_table import PositionTable
 from .reference_grid import OnReferenceGrid
 from .time_basis import TimeBasis, basis_matrix
 from .timepoints import LeftLimit, is_left_limit
@@ -21,6 +22,7 @@ __all__ = [
     "TimeBasis",
     "basis_matrix",
     "PolynomialSeries",
+    "PositionTable",
     "OnReferenceGrid",
     "LeftLimit",
     "is_left_limit",

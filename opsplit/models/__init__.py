@@ -3,7 +3,9 @@
 from .continuous import ContinuousTransformer
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
 from .cvt import CvT, CvTOutput, CvtReadout, CvtStageSpec, build_cvt, cvt_from_hf, one_head_cvt
+from .decoder_lm import DecoderConfig, DecoderLM, DecoderOutput
 from .hf import from_hf, hf_converters, register_hf_converter
+from .hf_decoders import hf_state_dict, to_hf
 from .paper import PaperTransformer, paper_scheme
 from .split_encoder import (
     CONTROL_KINDS,
@@ -59,4 +61,9 @@ __all__ = [
     "ATTENTIONS",
     "AttentionDecoder",
     "TokenClassifier",
+    "DecoderConfig",
+    "DecoderLM",
+    "DecoderOutput",
+    "to_hf",
+    "hf_state_dict",
 ]

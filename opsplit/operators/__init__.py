@@ -12,12 +12,17 @@ from .dropout import FieldDropout
 from .droppath import DropPath, FieldDropPath, StateDropout
 from .feedforward import FeedForward
 from .ffn import FFNIntegral
+from .gated_ffn import GatedFeedForward
+from .grouped_attention import GroupedQueryAttention
 from .kernel_attention import KernelAttention
+from .kv_cache import KVCache
 from .layernorm import ProjectionS1, project_s1
 from .multihead import MultiHeadAttention
 from .prenorm import PreNorm
 from .relu import ProjectionS2
 from .relu_attention import ReLUAttention
+from .rmsnorm import ProjectionSphere, project_sphere
+from .rope import RotaryEmbedding
 from .sliced_attention import SlicedReLUAttention, SlicedReLUBumpAttention
 from .transfer import ConvTransfer, GridTransfer, PrependTokens
 
@@ -50,6 +55,12 @@ __all__ = [
     "DropPath",
     "FieldDropPath",
     "StateDropout",
+    "ProjectionSphere",
+    "project_sphere",
+    "RotaryEmbedding",
+    "GatedFeedForward",
+    "GroupedQueryAttention",
+    "KVCache",
 ]
 
 

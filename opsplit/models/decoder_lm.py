@@ -1,0 +1,422 @@
+r"""Decoder-only language models (GPT-2, the Llama family) as :math:`G \circ \bar{\mathcal N} \circ F`
+with a pre-norm causal splitting scheme (paper 002, §4.2, eq. 36, with causal attention).
+
+**The continuous model.**  On :math:`\Omega_x \times \Omega_y` (tokens, features) and
+:math:`t \in [0, T]`, :math:`T` = number of layers,
+
+.. math::  u_t = A\big(N_1(u)\big) + F\big(N_2(u)\big),\qquad u(0) = F_{\text{in}}(\text{tokens}),
+
+with :math:`A` a causal attention term and :math:`F` a feed-forward term, each reading the
+state through a normalisation map (:class:`~opsplit.operators.PreNorm`).  The Lie scheme
+(Appendix C, eq. 58) with explicit-Euler substeps and :math:`\Delta t = 1` is one layer
+``h = h + attn(norm1(h)); h = h + mlp(norm2(h))``; the controls are piecewise constant in
+time (one weight set per layer, :class:`~opsplit.controls.PiecewiseConstant`), so
+:math:`N_t` = number of layers, and another :math:`N_t` solves the same continuous model.
+
+===================  ====================================  ==========================================
+ piece                GPT-2                                 Llama, Qwen2, Mistral
+===================  ====================================  ==========================================
+ :math:`N_1, N_2`     :math:`\gamma\odot P_{S_1}+\beta`      :math:`\gamma\odot P_{S_\circ}` (sphere,
+                      (LayerNorm, Theorem 3.1)              :class:`~opsplit.operators.ProjectionSphere`)
+ :math:`A`            :class:`~opsplit.operators.GroupedQueryAttention`, causal
+                      :math:`H_{kv} = H`, biases             rotary positions, :math:`H_{kv} \mid H`
+ :math:`F`            :class:`~opsplit.operators.FeedForward`  :class:`~opsplit.operators.GatedFeedForward`
+                      (GELU-tanh)                           (SiLU)
+ :math:`F_{\text{in}}`  token table + learned positions      token table
+                      (:class:`~opsplit.controls.PositionTable`)
+ :math:`G`            final norm, then :math:`\langle u, E_v\rangle_{\Omega_y}` (the token table
+                      read back when tied, else its own table): logits
+===================  ====================================  ==========================================
+
+**Calls.**  ``model(input_ids, attention_mask=None, position_ids=None, cache=None)`` takes
+integer ids ``(B, N)`` and an optional 0/1 mask ``(B, past + N)`` (0 = padding; left
+padding for batched prompts) as Hugging Face does, and returns a :class:`DecoderOutput`.
+The mask, the explicit positions and the key/value cache are call-time inputs of the grid
+(:class:`~opsplit.operators.context.ContextGrid`): the propagator, the scheme and the solvers
+do not know them.  ``model.generate(...)`` is :func:`opsplit.models.generate.generate`.
+
+Every input is checked before any compute: integer ids in ``[0, vocab_size)``, at least one
+token (``input_ids: empty prompt``), the mask's shape and values, the positions against a
+learned table (a sequence longer than ``max_positions`` is refused).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._checks import check_positive_float, check_positive_int, check_probability
+from ..controls import PiecewiseConstant, PositionTable
+from ..grid import Grid
+from ..operators import (
+    FeedForward,
+    FieldDropout,
+    GatedFeedForward,
+    GroupedQueryAttention,
+    KVCache,
+    PointwiseAffine,
+    PreNorm,
+    ProjectionS1,
+    ProjectionSphere,
+    RotaryEmbedding,
+)
+from ..operators.activation import activation_fn
+from ..operators.context import ContextGrid
+from ..propagator import Propagator
+from ..schemes import Lie
+from ..solvers import ExplicitEuler, Substep
+
+__all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
+
+NORMS = ("rms", "layer")
+MLPS = ("gated", "plain")
+POSITIONS = ("rope", "learned")
+
+
+def _bool(v, name):
+    if not isinstance(v, bool):
+        raise TypeError(f"DecoderConfig.{name}: expected a bool, got {type(v).__name__} {v!r}")
+    return v
+
+
+@dataclass
+class DecoderConfig:
+    """The shape and options of a :class:`DecoderLM` (see the module docstring's table).
+
+    ``padding_idx``: the token whose embedding row gets no gradient (``nn.Embedding``'s).
+    ``hf_arithmetic=True`` evaluates the RMS norms and the rotary angles in float32 whatever
+    the model's dtype, as Hugging Face's Llama family does (the converters set it).
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    mlp: str = "gated"
+    activation: str = "silu"
+    positions: str = "rope"
+    rope_theta: float = 10000.0
+    max_positions: int | None = None
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    norm_bias: bool = False
+    tie_embeddings: bool = False
+    lm_head: bool = True
+    scale: float | None = None
+    attention_dropout: float = 0.0
+    residual_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    hf_arithmetic: bool = False
+    padding_idx: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
+            setattr(self, name, check_positive_int(getattr(self, name), f"DecoderConfig.{name}"))
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        self.n_kv_heads = check_positive_int(self.n_kv_heads, "DecoderConfig.n_kv_heads")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"DecoderConfig.n_kv_heads: {self.n_kv_heads} key/value heads must divide n_heads = {self.n_heads}"
+            )
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"DecoderConfig: d_model = {self.d_model} is not divisible by n_heads = "
+                                 f"{self.n_heads}; pass head_dim")
+            self.head_dim = self.d_model // self.n_heads
+        self.head_dim = check_positive_int(self.head_dim, "DecoderConfig.head_dim")
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DecoderConfig.{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        activation_fn(self.activation)
+        self.norm_eps = check_positive_float(self.norm_eps, "DecoderConfig.norm_eps", allow_zero=True)
+        self.rope_theta = check_positive_float(self.rope_theta, "DecoderConfig.rope_theta")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"DecoderConfig.head_dim: rotary positions need an even head size, got {self.head_dim}")
+        if self.positions == "learned":
+            if self.max_positions is None:
+                raise ValueError("DecoderConfig.max_positions: learned positions need the table size")
+            self.max_positions = check_positive_int(self.max_positions, "DecoderConfig.max_positions")
+        for name in ("qkv_bias", "out_bias", "mlp_bias", "norm_bias", "tie_embeddings", "lm_head", "hf_arithmetic"):
+            _bool(getattr(self, name), name)
+        if self.norm_bias and self.norm != "layer":
+            raise ValueError("DecoderConfig.norm_bias: only a LayerNorm has a bias (norm='layer')")
+        if self.scale is None:
+            self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.scale = check_positive_float(self.scale, "DecoderConfig.scale")
+        for name in ("attention_dropout", "residual_dropout", "embedding_dropout"):
+            setattr(self, name, check_probability(getattr(self, name), f"DecoderConfig.{name}"))
+        if self.padding_idx is not None:
+            if isinstance(self.padding_idx, bool) or not isinstance(self.padding_idx, int) or \
+                    not 0 <= self.padding_idx < self.vocab_size:
+                raise ValueError(f"DecoderConfig.padding_idx: expected None or an id in [0, {self.vocab_size - 1}], "
+                                 f"got {self.padding_idx!r}")
+
+
+@dataclass
+class DecoderOutput:
+    """What :class:`DecoderLM` returns: logits ``(B, N, vocab)`` (``None`` without a head),
+    the normalised final state ``(B, N, d_model)`` and the cache passed in (if any)."""
+
+    logits: Tensor | None
+    last_hidden_state: Tensor
+    cache: KVCache | None = None
+
+
+class DecoderLM(nn.Module):
+    r""":math:`G \circ \bar{\mathcal N} \circ F_{\text{in}}` of the module docstring.
+
+    Args:
+        config: a :class:`DecoderConfig`.
+        generator: ``torch.Generator`` for the initialisation (GPT-2's: normal, std 0.02).
+        device, dtype: factory kwargs.
+
+    Attributes: ``embedding`` (the token table), ``positions`` (a
+    :class:`~opsplit.controls.PositionTable` or ``None``), ``decoder`` (the
+    :class:`~opsplit.propagator.Propagator`), ``final_norm`` (the maps of :math:`G`),
+    ``head`` (the read-out table, ``None`` when tied or absent); ``attention``, ``ffn``,
+    ``norms`` name the scheme's operators.
+    """
+
+    def __init__(self, config: DecoderConfig, *, generator: torch.Generator | None = None, device=None, dtype=None):
+        super().__init__()
+        if not isinstance(config, DecoderConfig):
+            raise TypeError(f"DecoderLM.config: expected a DecoderConfig, got {type(config).__name__}")
+        self.config = c = config
+        fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        L, E, H, Hkv, d, Fz = c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
+
+        def pc(*shape, fill=0.0):
+            return PiecewiseConstant(torch.full((L, *shape), fill, **fk), t0=0.0, t1=float(L))
+
+        rotary = None
+        if c.positions == "rope":
+            rotary = RotaryEmbedding(d, c.rope_theta, compute_dtype=torch.float32 if c.hf_arithmetic else None)
+        attention = GroupedQueryAttention(
+            pc(E, H, d), pc(E, Hkv, d), pc(E, Hkv, d), pc(H, d, E),
+            bQ=pc(H, d) if c.qkv_bias else None, bK=pc(Hkv, d) if c.qkv_bias else None,
+            bV=pc(Hkv, d) if c.qkv_bias else None, bO=pc(E) if c.out_bias else None,
+            scale=c.scale, causal=True, rotary=rotary, dropout=c.attention_dropout,
+            key_padding_mask="key_padding_mask", positions="positions", cache="kv_cache",
+        )
+        b = c.mlp_bias
+        if c.mlp == "gated":
+            ffn = GatedFeedForward(pc(E, Fz), pc(E, Fz), pc(Fz, E), b_gate=pc(Fz) if b else None,
+                                   b_up=pc(Fz) if b else None, b_down=pc(E) if b else None,
+                                   activation=c.activation)
+        else:
+            ffn = FeedForward(pc(E, Fz), pc(Fz) if b else None, pc(Fz, E), pc(E) if b else None,
+                              activation=c.activation)
+        norm1, norm2 = self._norm(pc(E, fill=1.0), pc(E) if c.norm_bias else None), \
+            self._norm(pc(E, fill=1.0), pc(E) if c.norm_bias else None)
+        p = c.residual_dropout
+        a_term = FieldDropout(attention, p) if p else attention
+        f_term = FieldDropout(ffn, p) if p else ffn
+        scheme = Lie([Substep(PreNorm(a_term, norm1), ExplicitEuler()), Substep(PreNorm(f_term, norm2), ExplicitEuler())])
+        self.decoder = Propagator(scheme, L, t0=0.0, t1=float(L), grid=Grid.paper(None, E, nh=H))
+        # named access (not registered again: the operators live in the scheme)
+        self.__dict__["_parts"] = {"attention": attention, "ffn": ffn, "norms": (norm1, norm2)}
+
+        self.embedding = nn.Embedding(c.vocab_size, E, padding_idx=c.padding_idx, **fk)
+        self.positions = None
+        if c.positions == "learned":
+            self.positions = PositionTable(torch.zeros(c.max_positions, E, **fk))
+        self.final_norm = nn.ModuleList(self._norm(nn.Parameter(torch.ones(E, **fk)),
+                                                    nn.Parameter(torch.zeros(E, **fk)) if c.norm_bias else None))
+        self.head = None
+        if c.lm_head and not c.tie_embeddings:
+            self.head = nn.Parameter(torch.empty(c.vocab_size, E, **fk))  # (vocab, d_model), as nn.Linear
+        self.check_finite_input = True
+        self.reset_parameters(generator)
+
+    def _norm(self, weight, bias) -> list:
+        c = self.config
+        if c.norm == "layer":
+            return [PointwiseAffine(weight, bias, projection=ProjectionS1(0.0, 1.0, eps=c.norm_eps))]
+        cd = torch.float32 if c.hf_arithmetic else None
+        return [ProjectionSphere(1.0, eps=c.norm_eps, compute_dtype=cd), PointwiseAffine(weight, None)]
+
+    # -- named parts ------------------------------------------------------------------------------
+    @property
+    def attention(self) -> GroupedQueryAttention:
+        return self._parts["attention"]
+
+    @property
+    def ffn(self) -> FeedForward:
+        return self._parts["ffn"]
+
+    @property
+    def norms(self) -> tuple:
+        """The maps of the two pre-norms (lists: [projection, affine] or [fused LayerNorm])."""
+        return self._parts["norms"]
+
+    @property
+    def head_weight(self) -> Tensor | None:
+        """The read-out table ``(vocab, d_model)``: the token table when tied."""
+        if not self.config.lm_head:
+            return None
+        return self.embedding.weight if self.head is None else self.head
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int | None:
+        """The learned position table's size (``None`` with rotary positions: no limit)."""
+        return None if self.positions is None else self.positions.n_positions
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2's initialisation from ``generator``: weights normal with std 0.02, biases 0,
+        norm weights 1."""
+
+        def param(ctl):
+            return getattr(ctl, "raw", getattr(ctl, "value", None))
+
+        ones, zeros = [], []
+        for m in self.modules():
+            if isinstance(m, PointwiseAffine):
+                ones += [param(m.weight)] if m.weight is not None else []
+                zeros += [param(m.bias)] if m.bias is not None else []
+        a, f = self.attention, self.ffn
+        zeros += [param(c) for c in (a.bQ, a.bK, a.bV, a.bO, f.b1, f.b2, getattr(f, "b_up", None)) if c is not None]
+        for p in ones:
+            p.fill_(1.0)
+        for p in zeros:
+            p.zero_()
+        done = {id(p) for p in ones + zeros}
+        for p in self.parameters():
+            if id(p) not in done:
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64).mul_(0.02).to(p))
+
+    # -- inputs ------------------------------------------------------------------------------
+    def _dtype_device(self):
+        p = self.embedding.weight
+        return p.dtype, p.device
+
+    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None):
+        """Validate a call's inputs (before any compute); returns ``(past, mask)`` with the
+        mask as a bool tensor ``(B, past + N)`` (``True`` = keep) or ``None``."""
+        c = self.config
+        if not isinstance(input_ids, Tensor):
+            raise TypeError(f"input_ids: expected a torch.Tensor of token ids, got {type(input_ids).__name__}")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected shape (B, N), got {tuple(input_ids.shape)}")
+        B, N = input_ids.shape
+        if N == 0:
+            raise ValueError(f"input_ids: empty prompt (shape {tuple(input_ids.shape)}): expected at least one token")
+        if B == 0:
+            raise ValueError(f"input_ids: empty batch (shape {tuple(input_ids.shape)})")
+        _, device = self._dtype_device()
+        if input_ids.device != device:
+            raise ValueError(f"input_ids: on device {input_ids.device}, the model is on {device}")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= c.vocab_size:
+            raise ValueError(f"input_ids: token ids must lie in [0, {c.vocab_size - 1}] (vocab_size = "
+                             f"{c.vocab_size}), got range [{lo}, {hi}]")
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache: expected an opsplit KVCache or None, got {type(cache).__name__}")
+        past = 0 if cache is None else cache.length
+        mask = None
+        if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor):
+                raise TypeError(f"attention_mask: expected a torch.Tensor (B, N) of 0/1, got {type(attention_mask).__name__}")
+            want = (B, past + N)
+            if tuple(attention_mask.shape) != want:
+                raise ValueError(
+                    f"attention_mask: expected shape (B, past + N) = {want} (1 = token, 0 = padding"
+                    + (f"; {past} tokens cached" if past else "") + f"), got {tuple(attention_mask.shape)}"
+                )
+            if attention_mask.device != device:
+                raise ValueError(f"attention_mask: on device {attention_mask.device}, the model is on {device}")
+            mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+            if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+                raise ValueError("attention_mask: expected values 0 (padding) and 1 (token)")
+        if position_ids is not None:
+            if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or \
+                    position_ids.shape[0] not in (1, B) or position_ids.shape[1] != N:
+                shape = tuple(position_ids.shape) if isinstance(position_ids, Tensor) else type(position_ids).__name__
+                raise ValueError(f"position_ids: expected shape (B, N) = ({B}, {N}) or (1, {N}), got {shape}")
+            if position_ids.is_floating_point() and not bool(torch.isfinite(position_ids).all()):
+                raise ValueError("position_ids: expected finite positions")
+        if self.positions is not None:
+            pos = position_ids if position_ids is not None else torch.arange(past, past + N, device=device)
+            if pos.numel() and (int(pos.max()) > self.positions.n_positions - 1 or float(pos.min()) < 0):
+                raise ValueError(
+                    f"input_ids: positions up to {int(pos.max())} (sequence of {N} tokens"
+                    + (f" after {past} cached" if past else "") + f") exceed the learned positions of the model: "
+                    f"max_positions = {self.positions.n_positions} (GPT-2's n_positions)"
+                )
+        return past, mask
+
+    # -- the map -------------------------------------------------------------------------------
+    def embed(self, input_ids: Tensor, past: int = 0, position_ids: Tensor | None = None) -> Tensor:
+        """:math:`F_{\\text{in}}`: token table (+ learned positions), ``(B, N, d_model)``."""
+        u = self.embedding(input_ids)
+        if self.positions is not None:
+            N = input_ids.shape[1]
+            pos = position_ids if position_ids is not None else \
+                torch.arange(past, past + N, device=input_ids.device).unsqueeze(0)
+            u = u + self.positions.at(pos)
+        if self.config.embedding_dropout and self.training:
+            u = F.dropout(u, self.config.embedding_dropout, True)
+        return u
+
+    def read_out(self, u: Tensor, grid: Grid) -> tuple[Tensor, Tensor | None]:
+        """:math:`G`: the final norm, then the logits (``None`` without a head)."""
+        t1 = self.decoder.t1
+        for n in self.final_norm:
+            u = n.flow(t1, 1.0, u, grid) if n.has_flow else n.resolvent(t1, 1.0, u, grid)
+        W = self.head_weight
+        return u, (None if W is None else F.linear(u, W))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
+                cache: KVCache | None = None, n_steps: int | None = None) -> DecoderOutput:
+        """Logits of every position (see the module docstring); with ``cache`` the ids are the
+        new tokens, the mask covers cached and new ones, and the cache is extended."""
+        past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache)
+        u = self.embed(input_ids, past, position_ids)
+        kpm = None
+        if mask is not None and not bool(mask.all()):
+            kpm = ~mask
+        ctx = {}
+        if kpm is not None:
+            ctx["key_padding_mask"] = kpm
+        if position_ids is not None and self.positions is None:
+            ctx["positions"] = position_ids
+        if cache is not None:
+            cache.begin()
+            ctx["kv_cache"] = cache
+        grid = ContextGrid.of(self.decoder.grid, **ctx) if ctx else self.decoder.grid
+        g = grid.with_shape(u.shape[1], self.config.d_model)
+        u = self.decoder(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input)
+        h, logits = self.read_out(u, g)
+        return DecoderOutput(logits=logits, last_hidden_state=h, cache=cache)
+
+    def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """:func:`opsplit.models.generate.generate` with this model."""
+        from .generate import generate
+
+        return generate(self, input_ids, max_new_tokens, **kwargs)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"vocab_size={c.vocab_size}, d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, "
+                f"n_kv_heads={c.n_kv_heads}, norm={c.norm!r}, mlp={c.mlp!r}, positions={c.positions!r}")

@@ -1,0 +1,127 @@
+r"""The gated feed-forward term of Llama-family decoders as a product of integral operators
+on a hidden grid :math:`\Omega_z`.
+
+.. math::
+
+    F(u)(x, y) = \int_{\Omega_z} W_{\downarrow}(z, y)\,
+        \sigma\Big(\int_{\Omega_y} W_g(\xi, z)\, u(x, \xi)\, d\xi + b_g(z)\Big)\,
+        \Big(\int_{\Omega_y} W_{\uparrow}(\xi, z)\, u(x, \xi)\, d\xi + b_{\uparrow}(z)\Big)\, dz
+        + b_{\downarrow}(y):
+
+two integral transforms :math:`\Omega_y \to \Omega_z` (gate and up), their pointwise
+product on :math:`\Omega_z` after the activation :math:`\sigma` of the gate (SiLU for
+Llama, Qwen2 and Mistral: "SwiGLU"), and one transform back :math:`\Omega_z \to \Omega_y`.
+An explicit term: with ``L = N`` (unit weights on :math:`\Omega_y`, :math:`\Omega_z`) and
+:math:`\Delta t = 1` its explicit-Euler step is ``x + down_proj(act(gate_proj(x)) *
+up_proj(x))`` (biases: Llama's ``mlp_bias``).  :math:`\sigma` is a pointwise map, not a
+projection (:mod:`opsplit.operators.activation`); the product makes :math:`F` quadratic in
+:math:`u` (for :math:`\sigma` = identity: a bilinear form).
+
+It is :class:`~opsplit.operators.FeedForward` (``W1, b1`` the gate, ``W2, b2`` the down
+transform, same hidden grid, quadrature and dropout on the hidden activation) with the up
+transform as a second factor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._checks import check_positive_int
+from ..controls import PiecewiseConstant, as_control
+from ..grid import Grid
+from .activation import activation_fn
+from .feedforward import FeedForward, _shape
+
+__all__ = ["GatedFeedForward"]
+
+
+class GatedFeedForward(FeedForward):
+    """:math:`W_\\downarrow(\\sigma(W_g u + b_g) \\odot (W_\\uparrow u + b_\\uparrow)) + b_\\downarrow`
+    (module docstring).
+
+    Args:
+        W_gate, W_up: controls (or tensors) of shape ``(N_y, N_z)``.
+        W_down: control (or tensor) of shape ``(N_z, N_y)``.
+        b_gate, b_up: optional biases ``(N_z,)``; b_down: optional ``(N_y,)``.
+        activation: the gate's activation (a name from
+            :data:`~opsplit.operators.activation.ACTIVATIONS`; ``"silu"`` for Llama).
+        hidden: the hidden domain :math:`\\Omega_z` (``None``: ``L_z = N_z``).
+        dropout: dropout probability on the hidden product in training mode.
+    """
+
+    def __init__(self, W_gate, W_up, W_down, *, b_gate=None, b_up=None, b_down=None, activation="silu",
+                 hidden=None, dropout: float = 0.0):
+        super().__init__(W_gate, b_gate, W_down, b_down, activation=activation, hidden=hidden, dropout=dropout)
+        self.W_up = as_control(W_up, "GatedFeedForward.W_up")
+        self.b_up = None if b_up is None else as_control(b_up, "GatedFeedForward.b_up")
+        s1, su = _shape(self.W1), _shape(self.W_up)
+        if su is not None and s1 is not None and su != s1:
+            raise ValueError(f"GatedFeedForward: W_up {su} must have the shape of W_gate {s1} = (N_y, N_z)")
+        sb = None if self.b_up is None else _shape(self.b_up)
+        if sb is not None and s1 is not None and sb != (s1[1],):
+            raise ValueError(f"GatedFeedForward.b_up: expected shape ({s1[1]},), got {sb}")
+
+    @classmethod
+    def create(cls, n_y: int, n_z: int, *, n_pieces: int = 1, t0: float = 0.0, t1: float | None = None,
+               bias: bool = False, generator=None, device=None, dtype=None, **kwargs) -> GatedFeedForward:
+        """Trainable kernels with one set per time piece, initialised like ``nn.Linear``
+        (uniform :math:`\\pm 1/\\sqrt{n_{in}}`, drawn from ``generator``)."""
+        n_y = check_positive_int(n_y, "GatedFeedForward.create: n_y")
+        n_z = check_positive_int(n_z, "GatedFeedForward.create: n_z")
+        n_pieces = check_positive_int(n_pieces, "GatedFeedForward.create: n_pieces")
+        fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+
+        def pc(*shape, fan_in):
+            v = (torch.rand((n_pieces, *shape), generator=generator, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)
+            return PiecewiseConstant(v.to(**fk), t0=t0, t1=t1)
+
+        return cls(pc(n_y, n_z, fan_in=n_y), pc(n_y, n_z, fan_in=n_y), pc(n_z, n_y, fan_in=n_z),
+                   b_gate=pc(n_z, fan_in=n_y) if bias else None, b_up=pc(n_z, fan_in=n_y) if bias else None,
+                   b_down=pc(n_y, fan_in=n_z) if bias else None, **kwargs)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s default initialisation of trainable (piecewise-constant) kernels."""
+        super().reset_parameters()
+        if isinstance(self.W_up, PiecewiseConstant):
+            bound = 1.0 / math.sqrt(self.W_up.shape[0])
+            nn.init.uniform_(self.W_up.raw, -bound, bound)
+            if isinstance(self.b_up, PiecewiseConstant):
+                nn.init.uniform_(self.b_up.raw, -bound, bound)
+
+    def check(self, grid: Grid) -> None:
+        super().check(grid)
+        self.W_up.validate(grid, "GatedFeedForward.W_up")
+        if self.b_up is not None:
+            self.b_up.validate(grid, "GatedFeedForward.b_up")
+
+    def up(self, t, u: Tensor, grid: Grid) -> Tensor:
+        """:math:`\\int_{\\Omega_y} W_\\uparrow(\\xi, z) u(x, \\xi) d\\xi + b_\\uparrow(z)`, shape (B, N_x, N_z)."""
+        W = self.W_up(t, grid)
+        b = None if self.b_up is None else self.b_up(t, grid)
+        wy = grid.y.uniform_weight
+        if wy is None:
+            u = u * grid.y.weights(u.dtype, u.device)
+        elif wy != 1.0:
+            W = W * wy
+        return F.linear(u, W.t(), b)
+
+    def field(self, t, u: Tensor, grid: Grid) -> Tensor:
+        h = activation_fn(self.activation)(self.hidden_preactivation(t, u, grid)) * self.up(t, u, grid)
+        if self.dropout and self.training:
+            h = F.dropout(h, self.dropout, True)
+        W2 = self.W2(t, grid)
+        b2 = None if self.b2 is None else self.b2(t, grid)
+        wz = self._hidden_weight(W2.shape[0], h.dtype, h.device)
+        if isinstance(wz, Tensor):
+            h = h * wz
+        elif wz != 1.0:
+            W2 = W2 * wz
+        return F.linear(h, W2.t(), b2)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", gated=True"

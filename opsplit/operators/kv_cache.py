@@ -1,0 +1,97 @@
+r"""The key/value cache of causal attention terms: generation one token at a time.
+
+A causal attention term evaluated at the new tokens :math:`x_{n+1}, \dots, x_{n+m}` of a
+sequence needs the keys and values of *every* earlier token at the same time step
+:math:`t^k` (the same layer), and nothing else of them: causality makes the state of the
+earlier tokens at every time independent of the new ones.  So a decoder that appends
+tokens re-uses, at each step :math:`t^k` of the scheme, what the attention term computed
+there for the earlier tokens.
+
+:class:`KVCache` holds those tensors, one entry per (attention operator, step start time
+:math:`t^k`).  It travels with a call like the masks do — as a call-time input of the grid
+(:class:`~opsplit.operators.context.ContextGrid`, under the name the operator was told at
+construction, ``cache="kv_cache"``) — so the propagator, the scheme and the solvers stay
+unaware of it: an attention operator that finds a cache in its context reads the entry of
+its own step, appends the new tokens' keys and values, and attends over the whole prefix.
+Operators whose step runs twice in a scheme (a Strang half-step) would append twice; the
+cache refuses a second append at the same (operator, time) within one call (see
+:meth:`KVCache.begin`).
+
+The cache costs :math:`O(n)` memory per layer and head (the keys and values of the
+:math:`n` tokens so far) and makes one decode step of softmax attention :math:`O(n\,d)`
+per head instead of recomputing the whole prefix (:math:`O(n^2 d)` for attention plus
+:math:`O(n)` feed-forward evaluations per layer).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Per-(operator, step) tensors of the tokens already processed.
+
+    An entry is a tuple of tensors whose token dimension is ``dim`` (``2`` for the
+    head-major ``(B, H, N, d)`` keys and values of the softmax operators and the
+    ``(B, H, N)`` scores of the sliced ones).  ``length`` is the number of cached tokens
+    (the same for every entry once a call has finished).
+    """
+
+    def __init__(self):
+        self._entries: dict = {}
+        self._touched: set = set()
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def length(self) -> int:
+        """The number of tokens in the cache (0 when empty)."""
+        for op, tensors, dim in self._entries.values():
+            return int(tensors[0].shape[dim])
+        return 0
+
+    def begin(self) -> None:
+        """Start a call: every (operator, step) may append once until the next ``begin``."""
+        self._touched = set()
+
+    @staticmethod
+    def _key(op, t) -> tuple:
+        return id(op), float(t)
+
+    def past(self, op, t) -> int:
+        """The number of tokens cached for ``op`` at step ``t`` (0 when none)."""
+        e = self._entries.get(self._key(op, t))
+        return 0 if e is None else int(e[1][0].shape[e[2]])
+
+    def update(self, op, t, *tensors: Tensor, dim: int = 2) -> tuple[Tensor, ...]:
+        """Append the new tokens' ``tensors`` for ``op`` at step ``t`` and return the whole
+        prefix (cached, then new) of each."""
+        key = self._key(op, t)
+        if key in self._touched:
+            raise RuntimeError(
+                f"KVCache: {type(op).__name__} at t = {float(t):g} appended twice in one call (a scheme that runs "
+                "this substep twice per step, e.g. Strang, cannot be decoded with a cache)"
+            )
+        self._touched.add(key)
+        e = self._entries.get(key)
+        if e is None:
+            out = tuple(tensors)
+        else:
+            old = e[1]
+            if len(old) != len(tensors):
+                raise ValueError(f"KVCache: {type(op).__name__} cached {len(old)} tensors, got {len(tensors)}")
+            out = tuple(torch.cat((a, b.to(a.dtype)), dim=dim) for a, b in zip(old, tensors))
+        self._entries[key] = (op, out, dim)
+        return out
+
+    def select(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` of every entry (e.g. after dropping sequences)."""
+        for key, (op, tensors, dim) in list(self._entries.items()):
+            self._entries[key] = (op, tuple(x.index_select(0, index.to(x.device)) for x in tensors), dim)
+
+    def __repr__(self) -> str:
+        return f"KVCache(entries={len(self._entries)}, length={self.length})"
