@@ -7,9 +7,10 @@ r"""Character-level text that ships with Python, for language modelling (nothing
     reference in plain text, ≈ 465 000 characters in 79 topics on Python 3.11), one
     *document* per topic.
 ``"stdlib"``
-    the standard library's own ``.py`` sources (top-level modules and packages under
-    ``sysconfig.get_paths()["stdlib"]``, without ``test``/``idlelib``/``site-packages``),
-    one document per file, in sorted path order (several MB; cap with ``max_chars``).
+    the standard library's own ``.py`` sources (under ``sysconfig.get_paths()["stdlib"]``,
+    without the test suites, ``idlelib``, ``lib2to3``, ``turtledemo``, ``ensurepip`` and
+    ``site-packages``), one document per file, in sorted path order (≈ 11 million
+    characters on Python 3.11; cap with ``max_chars``).
 
 Some distributions strip ``pydoc_data`` (or the sources): :func:`load_text` then raises a
 ``RuntimeError`` that says so and names the other corpus.
@@ -39,6 +40,7 @@ inputs and targets (int64).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,11 +216,12 @@ def _stdlib_sources(max_chars: int | None) -> dict:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = []
     if root.is_dir():
-        for p in sorted(root.rglob("*.py")):
-            rel = p.relative_to(root)
-            if _SKIP_DIRS & set(rel.parts[:-1]) or rel.parts[0].startswith(("test", "site-packages")):
-                continue
-            files.append((rel, p))
+        for top, dirs, names in os.walk(root):
+            rel = Path(top).relative_to(root)
+            # prune the tests, the IDE, and installed packages (site-packages holds far more than the stdlib)
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not (rel == Path(".") and d.startswith("test")))
+            files += [(rel / f, Path(top) / f) for f in names if f.endswith(".py")]
+        files.sort()
     docs, n = {}, 0
     for rel, p in files:
         try:
