@@ -15,7 +15,16 @@ from .periodic import (
     rollout,
 )
 from .retrieval import IGNORE, flag_retrieval, retrieval_accuracy, retrieval_loss
-from .text import CORPORA, CharVocab, TextCorpus, bits_per_char, char_corpus, load_text, sample_windows, text_windows
+from .text import (
+    CORPORA,
+    CharVocab,
+    TextCorpus,
+    bits_per_char,
+    char_corpus,
+    load_text,
+    sample_windows,
+    text_windows,
+)
 
 __all__ = ["TensorData", "load_digits", "random_shift", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
            "periodic_task", "rollout", "input_noise", "IGNORE", "flag_retrieval", "retrieval_loss",
