@@ -203,7 +203,7 @@ def train_peer(peer: NanoGPT, train, c: TrainConfig, out: Path | None = None) ->
         opt.step()
         sched.step()
         elapsed += time.perf_counter() - t
-        rows.append({"step": s + 1, "loss": float(loss), "time": elapsed})
+        rows.append({"step": s + 1, "loss": float(loss.detach()), "time": elapsed})
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         with (out / "steps.csv").open("w", newline="") as fh:
