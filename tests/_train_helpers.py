@@ -40,3 +40,13 @@ def tiny_config(**kw):
                 weight_decay=0.01, seed=3, progress=False)
     base.update(kw)
     return TrainConfig(**base)
+
+
+def state_copy(m):
+    """A detached copy of ``m``'s state dict."""
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def same_state(a, b):
+    """Two state dicts with the same keys and bitwise equal tensors."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

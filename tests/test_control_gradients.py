@@ -41,24 +41,51 @@ def test_checkpoint_gradient_equals_backprop(scheme, k, snapshots):
     torch.testing.assert_close(gc, gb, rtol=1e-12, atol=1e-14)
 
 
-def _adjoint_model(n_steps, method):
+def _adjoint_model(method):
+    """One continuous model: Legendre-in-t controls (2 modes) on [0, 1], every substep solved
+    by ODESolve(method).  It is built once and solved at each N_t with ``n_steps=``, so the
+    controls theta(t) -- the continuous problem -- are the same for every N_t."""
     g = torch.Generator().manual_seed(2)
-    # legendre controls: the same continuous problem theta(t) for every N_t
-    return SplitEncoder(4, 1, 4, n_steps=n_steps, T=1.0, scheme="lie", control="legendre", n_modes=2,
+    return SplitEncoder(4, 1, 4, n_steps=4, T=1.0, scheme="lie", control="legendre", n_modes=2,
                         generator=g, dtype=torch.float64, solver=ODESolve(method))
 
 
-@pytest.mark.parametrize("method, order", [("euler", 1), ("midpoint", 2)])
-def test_adjoint_matches_backprop_as_dt_to_zero(method, order):
+def _grads_at(model, x, target, mode, n):
+    model.zero_grad()
+    with gradient_mode(model, mode):
+        loss = (model(x, n_steps=n) - target).square().mean()
+        loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()]), float(loss.detach())
+
+
+def test_rebuilding_per_n_t_would_change_the_continuous_model():
+    """Why the order study builds one model: SplitEncoder draws one layer weight set per step
+    and projects it onto the Legendre controls, so a model *built* at another N_t holds
+    other controls theta(t) (the old study compared N_t different problems)."""
+    a = SplitEncoder(4, 1, 4, n_steps=4, T=1.0, control="legendre", n_modes=2,
+                     generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    b = SplitEncoder(4, 1, 4, n_steps=8, T=1.0, control="legendre", n_modes=2,
+                     generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pa = torch.cat([p.flatten() for p in a.parameters()])
+    pb = torch.cat([p.flatten() for p in b.parameters()])
+    assert float((pa - pb).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("method, order, ns", [("euler", 1, (4, 8, 16, 32)), ("midpoint", 2, (4, 8, 16, 32)),
+                                               ("rk4", 4, (4, 8, 16))])
+def test_adjoint_matches_backprop_as_dt_to_zero(method, order, ns):
+    """The continuous adjoint's gradient approaches the discrete (backprop) gradient at the
+    solver's order as dt -> 0, for one fixed continuous model.  The observed order is
+    checked from both sides: an order well above the solver's is an artefact (the old study
+    rebuilt the model per N_t and reported 2.63 / 3.04 for midpoint)."""
     torch.manual_seed(0)
     x = torch.randn(1, 3, 4, dtype=torch.float64)
     tgt = torch.randn(1, 3, 4, dtype=torch.float64)
+    m = _adjoint_model(method)
     errs = []
-    ns = (4, 8, 16)
     for n in ns:
-        m = _adjoint_model(n, method)
-        gb, lb = _grads(m, x, tgt, "backprop")
-        ga, la = _grads(m, x, tgt, "adjoint")
+        gb, lb = _grads_at(m, x, tgt, "backprop", n)
+        ga, la = _grads_at(m, x, tgt, "adjoint", n)
         assert la == pytest.approx(lb, rel=1e-12)  # same forward solve
         errs.append(float((ga - gb).norm() / gb.norm()))
     orders = [math.log2(a / b) for a, b in zip(errs[:-1], errs[1:])]
@@ -66,8 +93,7 @@ def test_adjoint_matches_backprop_as_dt_to_zero(method, order):
         f"N_t={n}: rel.err {e:.2e}" for n, e in zip(ns, errs)) + "; observed orders "
         + ", ".join(f"{o:.2f}" for o in orders))
     assert all(b < a for a, b in zip(errs[:-1], errs[1:]))
-    assert orders[-1] > 0.8 * order
-    assert errs[-1] < 0.5 ** (order - 1) * 0.3
+    assert abs(orders[-1] - order) < 0.15, orders
 
 
 def test_unsplit_adjoint_agrees_with_backprop():

@@ -23,17 +23,12 @@ from opsplit.controls import PiecewiseConstant
 from opsplit.data import TensorData
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _train_helpers import TinyClassifier, tiny_config, tiny_data  # noqa: E402
+from _train_helpers import TinyClassifier, same_state, state_copy, tiny_config, tiny_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _params(m):
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}
-
-
-def _same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+_params, _same = state_copy, same_state
 
 
 def test_trains_and_records_history(tmp_path):

@@ -4,22 +4,27 @@ r"""Training as an optimal-control problem (paper 002, eqs. 10–12 and 36).
 - :class:`Trainer`, :class:`TrainConfig`, :class:`History` — the optimisation loop;
 - gradient modes (:data:`GRADIENT_MODES`): ``"backprop"``, ``"checkpoint"``, ``"adjoint"``;
 - :class:`Unsplit` — the unsplit continuous model (eq. 10) as a trainable module;
-- :func:`save_checkpoint` / :func:`load_checkpoint` — safetensors + versioned JSON.
+- :func:`save_checkpoint` / :func:`load_checkpoint` — safetensors + versioned JSON;
+  :func:`checkpoint_differences` / :func:`config_changes` — the recorded settings of a
+  checkpoint's model / run that differ from a model / config (what loading refuses);
+- :func:`check_out_dir` — whether a run can write its output folder (checked before training).
 """
 
 from .checkpoint import (
     CheckpointError,
+    SettingChange,
+    checkpoint_differences,
     latest_checkpoint,
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
 )
-from .config import OPTIMIZERS, SCHEDULES, TrainConfig
+from .config import OPTIMIZERS, SCHEDULES, TrainConfig, config_changes
 from .costs import energy_cost, leaf_controls, smoothness_cost
 from .gradients import GRADIENT_MODES, Unsplit, gradient_mode, set_gradient_mode
 from .history import History
 from .objective import LOSSES, Objective, ObjectiveValue
-from .trainer import Trainer, peak_memory_mb
+from .trainer import Trainer, check_out_dir, peak_memory_mb
 
 __all__ = [
     "Objective",
@@ -43,4 +48,8 @@ __all__ = [
     "load_checkpoint",
     "read_checkpoint",
     "latest_checkpoint",
+    "checkpoint_differences",
+    "config_changes",
+    "SettingChange",
+    "check_out_dir",
 ]

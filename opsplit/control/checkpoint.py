@@ -51,8 +51,10 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -62,14 +64,19 @@ from ..controls import Control
 from ..controls.projection import TIME_CONTROLS, project_time, time_rows
 from ..grid import Grid, Interval
 from ..propagator import Propagator
+from .paths import check_out_dir, check_path
 from .schema import SCHEMA_NAME, SCHEMA_VERSION, SchemaError, validate
 
 __all__ = [
     "CheckpointError",
     "save_checkpoint",
     "load_checkpoint",
+    "nonfinite_tensors",
     "read_checkpoint",
     "model_metadata",
+    "module_settings",
+    "checkpoint_differences",
+    "SettingChange",
     "latest_checkpoint",
     "TENSORS_FILE",
     "META_FILE",
@@ -154,7 +161,72 @@ def model_metadata(model: nn.Module) -> dict:
         "state": list(model.state_dict().keys()),
         "propagators": props,
         "controls": controls,
+        "settings": module_settings(model),
     }
+
+
+#: attributes that say how a map is computed or trained, not which map it is (gradient
+#: modes, memory, batching, dropout): never compared
+_NOT_SETTINGS = frozenset({"training", "checkpoint_every", "checkpoint_snapshots", "batch", "dropout", "p",
+                           "inplace", "gradient_checkpointing", "n_evals"})
+
+
+def _setting_value(v, depth: int = 0):
+    """A JSON value for a module attribute that fixes the map, or ``_SKIP``."""
+    from ..solvers.base import Solver
+
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if depth > 3:
+        return _SKIP
+    if isinstance(v, (tuple, list)):
+        out = [_setting_value(x, depth + 1) for x in v]
+        return _SKIP if any(x is _SKIP for x in out) else out
+    if isinstance(v, dict):
+        out = {str(k): _setting_value(x, depth + 1) for k, x in v.items()}
+        return _SKIP if any(x is _SKIP for x in out.values()) else out
+    if isinstance(v, Solver):
+        d = {"class": type(v).__name__}
+        for k, x in sorted(vars(v).items()):
+            if k.startswith(("_", "adjoint")) or k in _NOT_SETTINGS:
+                continue  # the adjoint's settings change the gradient, not the map
+            x = _setting_value(x, depth + 1)
+            if x is not _SKIP:
+                d[k] = x
+        return d
+    if isinstance(v, (Tensor, nn.Module, torch.dtype, torch.device, Grid)):
+        return _SKIP  # tensors are state; child modules have their own entry; grids: the propagators'
+    if callable(v):
+        return f"{getattr(v, '__module__', '?')}.{getattr(v, '__qualname__', type(v).__qualname__)}"
+    return _SKIP
+
+
+_SKIP = object()
+
+
+def module_settings(model: nn.Module) -> dict:
+    """``{module name: {"class": ..., attribute: value}}`` for every module of ``model`` that
+    is neither a control (its time interval and kind are in ``controls``) nor a propagator
+    (``propagators``): the public attributes that are numbers, strings, booleans, lists of
+    them or substep solvers — ``causal``, ``activation``, ``scale``, ``eps``, a solver's
+    method and tolerances, a ``Linear``'s sizes — i.e. the settings that, with the tensors,
+    fix the map.  Attributes of how the map is trained or computed (gradient modes,
+    batching, dropout: ``_NOT_SETTINGS``) are left out."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (Control, Propagator)):
+            continue
+        d = {"class": f"{type(m).__module__}.{type(m).__qualname__}"}
+        for k, v in vars(m).items():
+            if k.startswith("_") or k in _NOT_SETTINGS:
+                continue
+            v = _setting_value(v)
+            if v is not _SKIP:
+                d[k] = v
+        out[name] = d
+    return out
 
 
 def _jsonable(v):
@@ -215,8 +287,20 @@ def _rng_parts(generator) -> tuple[dict, dict]:
     return tensors, meta
 
 
+def nonfinite_tensors(model: nn.Module) -> list[str]:
+    """The names of ``model``'s floating parameters and buffers that hold NaN or inf."""
+    named = [(k, v) for k, v in model.state_dict().items()
+             if isinstance(v, Tensor) and (v.is_floating_point() or v.is_complex()) and v.numel()]
+    if not named:
+        return []
+    with torch.no_grad():
+        flags = torch.stack([torch.isfinite(v).all().cpu() for _, v in named])
+    return [k for (k, _), ok in zip(named, flags.tolist()) if not ok]
+
+
 def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, generator=None,
-                    trainer: dict | None = None, config: dict | None = None, rng: bool = True) -> Path:
+                    trainer: dict | None = None, config: dict | None = None, rng: bool = True,
+                    allow_nonfinite: bool = False) -> Path:
     """Write a checkpoint folder at ``path`` (atomically; an existing one is replaced).
 
     Args:
@@ -227,9 +311,21 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             global torch / CUDA / NumPy / Python RNG states when ``rng`` is true.
         trainer: the trainer's counters and history (JSON-serialisable dict).
         config: the run's configuration (JSON-serialisable dict).
+        allow_nonfinite: write the checkpoint even if a parameter or buffer of ``model``
+            holds NaN/inf (default: refused with a ``ValueError`` naming them, nothing
+            written: a diverged model is not a checkpoint to resume from).
     """
     st = _need_safetensors()
-    path = Path(path)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"save_checkpoint.model: expected an nn.Module, got {type(model).__name__}")
+    path = check_out_dir(path, "save_checkpoint.path")
+    if not allow_nonfinite:
+        bad = nonfinite_tensors(model)
+        if bad:
+            raise ValueError(
+                f"save_checkpoint.model: {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''} hold(s) NaN/inf; a "
+                f"checkpoint with non-finite weights is not written ({str(path)!r}; pass allow_nonfinite=True "
+                "to write it anyway)")
     tensors: dict[str, Tensor] = {}
     for k, v in model.state_dict().items():
         tensors[f"model.{k}"] = v
@@ -299,7 +395,7 @@ def _opsplit_version() -> str:
 def latest_checkpoint(folder) -> Path | None:
     """The complete checkpoint folder with the highest step under ``folder`` (``step-*``
     folders holding a ``meta.json``), or ``folder`` itself if it is one; ``None`` if none."""
-    folder = Path(folder)
+    folder = check_path(folder, "latest_checkpoint.folder")
     if (folder / META_FILE).is_file():
         return folder
     for sub in (folder, folder / "checkpoints"):
@@ -324,6 +420,8 @@ class Checkpoint:
 
     def __init__(self, path: Path, meta: dict, tensors: dict):
         self.path, self.meta, self.tensors = path, meta, tensors
+        self.resampled: list[str] = []  # set by load_checkpoint
+        self.changes: list[SettingChange] = []
 
     @property
     def trainer(self) -> dict | None:
@@ -341,7 +439,7 @@ def read_checkpoint(path) -> Checkpoint:
     """Read and verify a checkpoint folder (schema, version, size, SHA-256, tensor index);
     raises :class:`CheckpointError` naming the problem."""
     st = _need_safetensors()
-    path = Path(path)
+    path = check_path(path, "read_checkpoint.path")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r}: not a folder (expected a folder with {META_FILE} "
                               f"and {TENSORS_FILE})")
@@ -520,6 +618,173 @@ def _plan_model_state(ckpt: Checkpoint, model: nn.Module, resample: bool) -> tup
     return new, resampled
 
 
+class SettingChange(NamedTuple):
+    """A recorded setting of a checkpoint that differs from the model (or run) it is loaded
+    into: ``where`` (a module path, ``""`` for the model itself, ``"TrainConfig"`` for the
+    run), ``key`` (the setting: ``t1``, ``scheme``, ``causal``, ``lr`` ...), and the two
+    values."""
+
+    where: str
+    key: str
+    checkpoint: object
+    model: object
+
+    def __str__(self) -> str:
+        at = f"{self.where}: " if self.where else ""
+        other = "now" if self.where == "TrainConfig" else "in the model"
+        return f"{at}{self.key} = {self.checkpoint!r} in the checkpoint, {self.model!r} {other}"
+
+
+def _solver_key(r: str) -> str:
+    return re.sub(r",? ?adjoint=True", "", r)  # a gradient mode, not a setting of the map
+
+
+def _scheme_changes(where: str, a: dict, b: dict) -> list[SettingChange]:
+    def summary(m):
+        return f"{m['class']} ({len(m['substeps'])} substeps: " + ", ".join(
+            "+".join(x["terms"]) for x in m["substeps"]) + ")"
+
+    if a["class"] != b["class"] or [x["terms"] for x in a["substeps"]] != [x["terms"] for x in b["substeps"]]:
+        return [SettingChange(where, "scheme", summary(a), summary(b))]
+    out = []
+    for i, (x, y) in enumerate(zip(a["substeps"], b["substeps"])):
+        if _solver_key(x["solver"]) != _solver_key(y["solver"]):
+            out.append(SettingChange(where, f"substep {i} solver", _solver_key(x["solver"]), _solver_key(y["solver"])))
+    return out
+
+
+def _same_number(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+def _grid_changes(where: str, a: dict, b: dict, resample: bool) -> list[SettingChange]:
+    out = []
+    for axis in ("x", "y", "h"):
+        ia, ib = a.get(axis), b.get(axis)
+        if (ia is None) != (ib is None):
+            out.append(SettingChange(where, f"grid.{axis}", ia, ib))
+            continue
+        if ia is None:
+            continue
+        for k in sorted(set(ia) | set(ib)):
+            if resample and k in ("n", "spacing"):
+                continue  # another resolution of the same domain: resampled
+            if not _same_number(ia.get(k), ib.get(k)):
+                out.append(SettingChange(where, f"grid.{axis}.{k}", ia.get(k), ib.get(k)))
+    return out
+
+
+def _class_change(where: str, what: str, a: dict | None, b: dict | None) -> SettingChange | None:
+    """A module (``what``) present on one side only, or of another class on the two sides."""
+    if a is None or b is None:
+        return SettingChange(where, what, a and a["class"], b and b["class"])
+    if a["class"] != b["class"]:
+        return SettingChange(where, "class", a["class"], b["class"])
+    return None
+
+
+def checkpoint_differences(checkpoint, model: nn.Module, *, resample: bool = False) -> list[SettingChange]:
+    """The recorded settings of ``checkpoint`` (a folder or a :class:`Checkpoint`) that differ
+    from ``model``'s: every propagator's class, :math:`[t_0, T]`, grid, scheme (its class
+    and substeps) and substep solvers, its :math:`N_t` (unless ``resample``: another
+    resolution of the same controls), and every other module's settings
+    (:func:`module_settings`: ``causal``, ``activation``, ``eps``, ...).  Equal tensor shapes
+    do not make two models the same map: a model with :math:`T = 4` and one with
+    :math:`T = 8` hold the same tensors.  An empty list: nothing recorded differs.
+    (Checkpoints written before the settings were recorded are compared on their
+    propagators only.)"""
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"checkpoint_differences.model: expected an nn.Module, got {type(model).__name__}")
+    saved, own = ckpt.meta["model"], model_metadata(model)
+    out: list[SettingChange] = []
+    replaced: list[str] = []
+    sp, op = saved["propagators"], own["propagators"]
+    for name in sorted(set(sp) | set(op), key=lambda n: (n.count("."), n)):
+        a, b = sp.get(name), op.get(name)
+        where = name or "model"
+        first = _class_change(where, "propagator", a, b)
+        if first is not None:
+            out.append(first)
+            if first.key == "propagator":
+                continue
+        for k in ("t0", "t1"):
+            if not _same_number(a[k], b[k]):
+                out.append(SettingChange(where, k + (" (T)" if k == "t1" else ""), a[k], b[k]))
+        if not resample and a["n_steps"] != b["n_steps"]:
+            out.append(SettingChange(where, "n_steps", a["n_steps"], b["n_steps"]))
+        out += _grid_changes(where, a["grid"], b["grid"], resample)
+        sc = _scheme_changes(where, a["scheme"], b["scheme"])
+        if any(c.key == "scheme" for c in sc):
+            replaced.append(f"{name}.scheme" if name else "scheme")  # its modules' settings: noise
+        out += sc
+    ss = saved.get("settings")
+    if ss is not None:
+        os_ = own["settings"]
+        for name in [n for n in ss if n in os_] + [n for n in os_ if n not in ss]:
+            if any(name == r or name.startswith(r + ".") for r in replaced):
+                continue
+            a, b = ss.get(name), os_.get(name)
+            first = _class_change(name or "model", "module", a, b)
+            if first is not None:
+                out.append(first)
+                continue
+            for k in [k for k in a if k in b] + [k for k in b if k not in a] + [k for k in a if k not in b]:
+                if k != "class" and not _same_number(a.get(k), b.get(k)):
+                    out.append(SettingChange(name or "model", k, a.get(k), b.get(k)))
+    return out
+
+
+def _allowed(change: SettingChange, allow) -> bool:
+    if allow is True:
+        return True
+    base = change.key.split(" ")[0]
+    return change.key in allow or any(k in allow or f"{change.where}.{k}" in allow for k in base.split("/"))
+
+
+def check_allow_changes(allow_changes, name: str = "allow_changes"):
+    """``False`` / ``None`` (nothing may differ), ``True`` (anything may), or a collection of
+    setting names (``"t1"``, ``"causal"``, ``"lr"``, or ``"<module path>.<setting>"``)."""
+    if allow_changes is None or allow_changes is False:
+        return frozenset()
+    if allow_changes is True:
+        return True
+    if isinstance(allow_changes, str):
+        return frozenset({allow_changes})
+    try:
+        items = list(allow_changes)
+    except TypeError:
+        raise TypeError(f"{name}: expected True, False or a collection of setting names, got "
+                        f"{allow_changes!r}") from None
+    for k in items:
+        if not isinstance(k, str):
+            raise TypeError(f"{name}: expected setting names (strings), got {k!r}")
+    return frozenset(items)
+
+
+def refuse_changes(changes: list[SettingChange], allow, path, what: str = "model") -> list[SettingChange]:
+    """Raise :class:`CheckpointError` listing the ``changes`` that ``allow`` does not accept;
+    returns the accepted ones."""
+    bad = [c for c in changes if not _allowed(c, allow)]
+    if bad:
+        keys = sorted({c.key.split(" ")[0].split("/")[0] for c in bad})
+        if what == "model":
+            why = "equal tensor shapes do not make it the same map"
+            fix = "To load it anyway (a deliberate transfer of the weights)"
+        else:
+            why = ("resuming would continue neither run: the checkpoint's optimizer and schedule keep their own "
+                   "state while this config reports the new settings")
+            fix = "To resume anyway, the optimizer and schedule following this config from the resumed step on"
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written by a {what} with other settings ({why}): "
+            + "; ".join(map(str, bad)) + f". Nothing was loaded. {fix}, pass allow_changes={keys!r} "
+            "(or allow_changes=True)"
+        )
+    return [c for c in changes if c not in bad]
+
+
 def _plan_optimizer(ckpt: Checkpoint, optimizer) -> dict:
     om = ckpt.meta["optimizer"]
     if om is None:
@@ -603,8 +868,9 @@ def _apply_rng(state: dict, generator) -> None:
 
 
 def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, generator=None,
-                    resample: bool = False, restore_rng: bool = True) -> Checkpoint:
-    """Load a checkpoint folder into ``model`` (and ``optimizer``, ``scheduler``, the RNGs).
+                    resample: bool = False, restore_rng: bool = True, allow_changes=False) -> Checkpoint:
+    """Load a checkpoint folder (or a :class:`Checkpoint` read by :func:`read_checkpoint`)
+    into ``model`` (and ``optimizer``, ``scheduler``, the RNGs).
 
     Everything is read and checked first (module docstring); the state is applied only
     when every check passed, and restored if applying fails.  Returns the
@@ -614,9 +880,19 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
         resample: accept controls stored at another :math:`N_t`, control kind or spatial
             resolution, resampled as functions of :math:`t, x, y` (not with an optimizer).
         restore_rng: restore the torch / CUDA / NumPy / Python RNG states and ``generator``.
+        allow_changes: the recorded settings that may differ between the checkpoint's model
+            and ``model`` (:func:`checkpoint_differences`: ``t1``, ``scheme``, ``causal``,
+            ``activation``, ...): ``False`` (default: any difference is refused, naming
+            it), ``True`` (a deliberate transfer of the weights to another model), or a
+            collection of setting names.  The accepted differences are in the returned
+            checkpoint's ``changes``.
     """
-    ckpt = read_checkpoint(path)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"load_checkpoint.model: expected an nn.Module, got {type(model).__name__}")
+    allow = check_allow_changes(allow_changes, "load_checkpoint.allow_changes")
+    ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     state, resampled = _plan_model_state(ckpt, model, resample)
+    accepted = refuse_changes(checkpoint_differences(ckpt, model, resample=resample), allow, ckpt.path)
     opt_state = None
     if optimizer is not None:
         if resampled:
@@ -666,4 +942,5 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: applying the state failed ({e}); the previous "
                               "state was restored") from e
     ckpt.resampled = resampled
+    ckpt.changes = accepted
     return ckpt

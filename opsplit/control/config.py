@@ -1,5 +1,6 @@
-"""The trainer's configuration: a plain dataclass, validated field by field, readable from
-and writable to a dict (TOML / JSON) with unknown keys and wrong types refused."""
+"""The trainer's configuration: a plain dataclass, validated field by field — at construction
+*and on every assignment* (``config.lr = -1`` raises like ``TrainConfig(lr=-1)``) — readable
+from and writable to a dict (TOML / JSON) with unknown keys and wrong types refused."""
 
 from __future__ import annotations
 
@@ -7,39 +8,112 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ..data.base import check_int
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES"]
+__all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES", "check_int", "check_float", "config_changes"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 
 
-def _int(v, name, lo=None, allow_none=False):
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"TrainConfig.{name}: expected an integer, got {v!r}")
-    if lo is not None and v < lo:
-        raise ValueError(f"TrainConfig.{name}: expected an integer >= {lo}, got {v}")
-    return v
-
-
-def _float(v, name, *, positive=False, nonneg=False, allow_none=False, below=None):
+def check_float(v, name: str, *, positive=False, nonneg=False, allow_none=False, below=None) -> float | None:
+    """A finite real number (``bool`` and strings refused), optionally ``> 0``, ``>= 0`` or
+    ``< below``; ``name`` is the full argument name used in the message."""
     if v is None and allow_none:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"TrainConfig.{name}: expected a number, got {v!r}")
+        raise TypeError(f"{name}: expected a number{' or None' if allow_none else ''}, got {v!r}")
     v = float(v)
     if not math.isfinite(v):
-        raise ValueError(f"TrainConfig.{name}: expected a finite number, got {v}")
+        raise ValueError(f"{name}: expected a finite number, got {v}")
     if positive and v <= 0:
-        raise ValueError(f"TrainConfig.{name}: expected a number > 0, got {v}")
+        raise ValueError(f"{name}: expected a number > 0, got {v}")
     if nonneg and v < 0:
-        raise ValueError(f"TrainConfig.{name}: expected a number >= 0, got {v}")
+        raise ValueError(f"{name}: expected a number >= 0, got {v}")
     if below is not None and v >= below:
-        raise ValueError(f"TrainConfig.{name}: expected a number < {below}, got {v}")
+        raise ValueError(f"{name}: expected a number < {below}, got {v}")
     return v
+
+
+def _choice(options):
+    def check(v, name):
+        if not isinstance(v, str) or v not in options:
+            raise ValueError(f"{name}: expected one of {options}, got {v!r}")
+        return v
+
+    return check
+
+
+def _bool(v, name):
+    if not isinstance(v, bool):
+        raise TypeError(f"{name}: expected true or false, got {v!r}")
+    return v
+
+
+def _betas(b, name):
+    if isinstance(b, (str, bytes)) or not isinstance(b, (tuple, list)) or len(b) != 2:
+        raise TypeError(f"{name}: expected a pair (beta1, beta2), got {b!r}")
+    return tuple(check_float(x, name, nonneg=True, below=1.0) for x in b)
+
+
+def _min_lr_ratio(v, name):
+    v = check_float(v, name, nonneg=True)
+    if v > 1:
+        raise ValueError(f"{name}: expected a number in [0, 1], got {v}")
+    return v
+
+
+def _train_n_steps(v, name):
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or not v:
+        raise TypeError(f"{name}: expected a non-empty list of integers >= 1 (or None), got {v!r}")
+    return tuple(check_int(n, name, 1) for n in v)
+
+
+def _extra(v, name):
+    if not isinstance(v, dict):
+        raise TypeError(f"{name}: expected a dict, got {type(v).__name__}")
+    return v
+
+
+def _i(lo, allow_none=False):
+    return lambda v, name: check_int(v, name, lo, allow_none=allow_none)
+
+
+def _f(**kw):
+    return lambda v, name: check_float(v, name, **kw)
+
+
+#: one check per field: ``check(value, "TrainConfig.<field>") -> normalised value``
+_CHECKS = {
+    "epochs": _i(1),
+    "max_steps": _i(1, allow_none=True),
+    "batch_size": _i(1),
+    "eval_batch_size": _i(1),
+    "optimizer": _choice(OPTIMIZERS),
+    "lr": _f(positive=True),
+    "weight_decay": _f(nonneg=True),
+    "betas": _betas,
+    "momentum": _f(nonneg=True, below=1.0),
+    "schedule": _choice(SCHEDULES),
+    "warmup_steps": _i(0),
+    "min_lr_ratio": _min_lr_ratio,
+    "grad_clip": _f(positive=True, allow_none=True),
+    "gradient": _choice(GRADIENT_MODES),
+    "checkpoint_every": _i(1),
+    "checkpoint_snapshots": _i(1, allow_none=True),
+    "train_n_steps": _train_n_steps,
+    "seed": _i(0),
+    "shuffle": _bool,
+    "drop_last": _bool,
+    "eval_every": _i(1),
+    "save_every": _i(1, allow_none=True),
+    "keep_checkpoints": _i(1),
+    "progress": _bool,
+    "extra": _extra,
+}
 
 
 @dataclass
@@ -84,6 +158,15 @@ class TrainConfig:
             folder; ``None``: only at the end).
         keep_checkpoints: how many step checkpoints to keep (the newest).
         progress: show a tqdm progress bar.
+
+    **A config stays valid.**  Every field is checked when the config is built and again
+    whenever it is assigned (``config.optimizer = "rmsprop"`` raises a ``ValueError`` naming
+    ``TrainConfig.optimizer``; an unknown attribute name raises ``AttributeError``), as a
+    PyTorch user setting ``module.p = ...`` expects.  A :class:`~opsplit.control.Trainer`
+    keeps its own copy, frozen: its optimizer and schedule are built from it, so
+    ``trainer.config.lr = ...`` raises ``dataclasses.FrozenInstanceError`` instead of
+    silently not reaching the optimizer (build a new trainer, ``Trainer(..., lr=...)``).
+    ``config.replace(**changes)`` returns a new, checked, unfrozen config.
     """
 
     epochs: int = 10
@@ -112,46 +195,23 @@ class TrainConfig:
     progress: bool = True
     extra: dict = field(default_factory=dict)
 
-    def __post_init__(self):
-        self.epochs = _int(self.epochs, "epochs", 1)
-        self.max_steps = _int(self.max_steps, "max_steps", 1, allow_none=True)
-        self.batch_size = _int(self.batch_size, "batch_size", 1)
-        self.eval_batch_size = _int(self.eval_batch_size, "eval_batch_size", 1)
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"TrainConfig.optimizer: expected one of {OPTIMIZERS}, got {self.optimizer!r}")
-        self.lr = _float(self.lr, "lr", positive=True)
-        self.weight_decay = _float(self.weight_decay, "weight_decay", nonneg=True)
-        b = self.betas
-        if not isinstance(b, (tuple, list)) or len(b) != 2:
-            raise TypeError(f"TrainConfig.betas: expected a pair (beta1, beta2), got {b!r}")
-        self.betas = tuple(_float(x, "betas", nonneg=True, below=1.0) for x in b)
-        self.momentum = _float(self.momentum, "momentum", nonneg=True, below=1.0)
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"TrainConfig.schedule: expected one of {SCHEDULES}, got {self.schedule!r}")
-        self.warmup_steps = _int(self.warmup_steps, "warmup_steps", 0)
-        self.min_lr_ratio = _float(self.min_lr_ratio, "min_lr_ratio", nonneg=True)
-        if self.min_lr_ratio > 1:
-            raise ValueError(f"TrainConfig.min_lr_ratio: expected a number in [0, 1], got {self.min_lr_ratio}")
-        self.grad_clip = _float(self.grad_clip, "grad_clip", positive=True, allow_none=True)
-        if self.gradient not in GRADIENT_MODES:
-            raise ValueError(f"TrainConfig.gradient: expected one of {GRADIENT_MODES}, got {self.gradient!r}")
-        self.checkpoint_every = _int(self.checkpoint_every, "checkpoint_every", 1)
-        self.checkpoint_snapshots = _int(self.checkpoint_snapshots, "checkpoint_snapshots", 1, allow_none=True)
-        if self.train_n_steps is not None:
-            v = self.train_n_steps
-            if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or not v:
-                raise TypeError(f"TrainConfig.train_n_steps: expected a non-empty list of integers >= 1 "
-                                f"(or None), got {v!r}")
-            self.train_n_steps = tuple(_int(n, "train_n_steps", 1) for n in v)
-        self.seed = _int(self.seed, "seed", 0)
-        for name in ("shuffle", "drop_last", "progress"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"TrainConfig.{name}: expected true or false, got {getattr(self, name)!r}")
-        self.eval_every = _int(self.eval_every, "eval_every", 1)
-        self.save_every = _int(self.save_every, "save_every", 1, allow_none=True)
-        self.keep_checkpoints = _int(self.keep_checkpoints, "keep_checkpoints", 1)
-        if not isinstance(self.extra, dict):
-            raise TypeError(f"TrainConfig.extra: expected a dict, got {type(self.extra).__name__}")
+    def __setattr__(self, name, value):
+        # every assignment is checked, at construction and after it: a config stays valid
+        if name in _CHECKS:
+            owner = self.__dict__.get("_owner")
+            if owner is not None:
+                raise dataclasses.FrozenInstanceError(
+                    f"TrainConfig.{name}: this config belongs to a {owner} (its optimizer and schedule were "
+                    f"built from it) and cannot be changed; pass {name}=... to the {owner} (or use "
+                    f"config.replace({name}=...)) and build a new one")
+            value = _CHECKS[name](value, f"TrainConfig.{name}")
+        elif not name.startswith("_"):
+            raise AttributeError(f"TrainConfig: unknown field {name!r}; expected one of {sorted(_CHECKS)}")
+        object.__setattr__(self, name, value)
+
+    def _freeze(self, owner: str) -> None:
+        """Refuse later assignments (the config of a built :class:`Trainer`)."""
+        object.__setattr__(self, "_owner", owner)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -165,11 +225,62 @@ class TrainConfig:
         """Build from a dict (a TOML table); unknown keys are refused with their names."""
         if not isinstance(d, dict):
             raise TypeError(f"TrainConfig.from_dict: expected a dict, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"TrainConfig: unknown key(s) {unknown}; expected keys from {sorted(names)}")
+        _refuse_unknown(d)
         return cls(**d)
 
     def replace(self, **changes) -> TrainConfig:
+        """A new config with ``changes`` (checked; unknown keys refused with their names)."""
+        _refuse_unknown(changes)
         return dataclasses.replace(self, **changes)
+
+
+def _refuse_unknown(d: dict) -> None:
+    unknown = sorted(set(d) - set(_CHECKS), key=str)
+    if unknown:
+        raise ValueError(f"TrainConfig: unknown key(s) {unknown}; expected keys from {sorted(_CHECKS)}")
+
+
+#: the fields whose change between a checkpoint's run and the resumed run makes the resumed
+#: run neither of the two runs: the optimizer's rates (restored from the checkpoint), the
+#: data order and batches (restored step counter), the gradient clipping and the N_t draws
+_RESUME_FIXED = ("optimizer", "lr", "weight_decay", "betas", "momentum", "schedule", "warmup_steps", "min_lr_ratio",
+                 "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps")
+
+
+def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size: int = 1, world_size: int = 1,
+                   saved_total_steps: int | None = None, total_steps: int | None = None) -> list:
+    """The settings of a checkpoint's run (``saved``: its ``TrainConfig.to_dict()``) that
+    differ from ``config``, as :class:`~opsplit.control.checkpoint.SettingChange` rows
+    (``where = "TrainConfig"``): every field of ``_RESUME_FIXED`` (``momentum`` only for
+    SGD, ``betas`` only for Adam/AdamW), the samples per optimizer step
+    (``batch_size × world_size``), and — when a schedule decays over the run — its length
+    (``epochs`` / ``max_steps`` through the total step count).  Fields that do not change
+    the run (``eval_*``, ``save_every``, ``progress``, the gradient mode, ...) are not
+    compared; nor is anything when ``saved`` is ``None``."""
+    from .checkpoint import SettingChange
+
+    if saved is None:
+        return []
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config_changes.config: expected a TrainConfig, got {type(config).__name__}")
+    now = config.to_dict()
+    out = []
+    for k in _RESUME_FIXED:
+        if k not in saved or (k == "momentum" and config.optimizer != "sgd") or (
+                k == "betas" and config.optimizer == "sgd"):
+            continue
+        a, b = saved[k], now[k]
+        same = a == b
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+            same = math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+        if not same:
+            out.append(SettingChange("TrainConfig", k, a, b))
+    if "batch_size" in saved:
+        a, b = saved["batch_size"] * saved_world_size, config.batch_size * world_size
+        if a != b:
+            out.append(SettingChange("TrainConfig", "batch_size (samples per step: batch_size x world_size)", a, b))
+    decays = config.schedule != "constant" or saved.get("schedule", "constant") != "constant"
+    if decays and saved_total_steps is not None and total_steps is not None and saved_total_steps != total_steps:
+        out.append(SettingChange("TrainConfig", f"epochs/max_steps (the {config.schedule} schedule's total steps)",
+                                 saved_total_steps, total_steps))
+    return out

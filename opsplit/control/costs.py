@@ -51,10 +51,29 @@ from torch import Tensor, nn
 from ..controls import Control, LeftLimit, PiecewiseConstant, PiecewiseLinear, TimeBasis
 from ..controls.projection import time_breakpoints
 
-__all__ = ["leaf_controls", "smoothness_cost", "energy_cost", "control_interval", "breakpoints"]
+__all__ = ["leaf_controls", "smoothness_cost", "energy_cost", "control_interval", "breakpoints", "check_controls"]
 
 # Gauss nodes for controls whose polynomial degree is unknown
 _DEFAULT_POINTS = 8
+
+
+def check_controls(controls, name: str) -> list:
+    """``controls`` as a list of :class:`~opsplit.controls.Control` (or ``(name, control)``
+    pairs, as :func:`leaf_controls` returns); anything else is refused naming ``name``."""
+    if isinstance(controls, (str, bytes, Control)) or not hasattr(controls, "__iter__"):
+        raise TypeError(f"{name}: expected a list of opsplit controls (or (name, control) pairs), got "
+                        f"{type(controls).__name__}")
+    out = list(controls)
+    for item in out:
+        c = item[1] if isinstance(item, tuple) and len(item) == 2 else item
+        if not isinstance(c, Control):
+            raise TypeError(f"{name}: expected opsplit controls (opsplit.controls.Control), got {type(c).__name__}")
+    return out
+
+
+def _check_model(model, name: str) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{name}: expected an nn.Module, got {type(model).__name__}")
 
 
 def leaf_controls(model: nn.Module) -> list[tuple[str, Control]]:
@@ -154,7 +173,9 @@ def _constant_energy(control: Control, interval) -> Tensor:
 
 
 def _sum_over(model, kind: str, controls, default_interval) -> Tensor:
-    items = leaf_controls(model) if controls is None else list(controls)
+    fn = "smoothness_cost" if kind == "smoothness" else "energy_cost"
+    _check_model(model, f"{fn}.model")
+    items = leaf_controls(model) if controls is None else check_controls(controls, f"{fn}.controls")
     total = None
     for item in items:
         c = item[1] if isinstance(item, tuple) else item
@@ -188,6 +209,11 @@ def energy_cost(model: nn.Module, *, controls=None, default_interval=None) -> Te
     given ``controls``).  Time-independent controls count over ``default_interval``
     ``(t0, T)`` (the model's time interval; the trainer passes it)."""
     if default_interval is not None:
+        ok = isinstance(default_interval, (tuple, list)) and len(default_interval) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in default_interval)
+        if not ok:
+            raise TypeError(f"energy_cost.default_interval: expected a pair of numbers (t0, T), got "
+                            f"{default_interval!r}")
         a, b = (float(v) for v in default_interval)
         if not (math.isfinite(a) and math.isfinite(b) and b > a):
             raise ValueError(f"energy_cost.default_interval: expected t0 < T, got {default_interval!r}")

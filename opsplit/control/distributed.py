@@ -50,6 +50,7 @@ __all__ = [
     "init_from_env",
     "wrap",
     "check_data_parallel",
+    "any_rank",
     "assert_in_sync",
     "shutdown",
 ]
@@ -283,6 +284,24 @@ def check_data_parallel(rank: int, world_size: int, model: nn.Module, forward_mo
         if g_rank != rank:
             raise ValueError(f"Trainer.rank: expected this process's rank {g_rank} in the process group, got "
                              f"{rank}; pass rank=torch.distributed.get_rank() (or **env.trainer_kwargs())")
+
+
+def any_rank(flags, device=None) -> list[bool]:
+    """``flags`` (booleans) OR-ed over every rank: ``[True, False]`` on every rank if the
+    first flag is set on any rank.  A collective (every rank must call it, with as many
+    flags): how the ranks agree to stop together — on a non-finite objective or gradient,
+    an unwritable output folder — instead of one rank raising while the others wait in
+    the next all-reduce.  Without a process group (or with one process): ``flags``."""
+    import torch.distributed as dist
+
+    flags = [bool(f) for f in flags]
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flags
+    if device is None or (dist.get_backend() == "nccl" and torch.device(device).type != "cuda"):
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [v > 0 for v in t.tolist()]
 
 
 def _flat_state(model: nn.Module) -> torch.Tensor:

@@ -118,6 +118,8 @@ def set_gradient_mode(model: nn.Module, mode: str, *, checkpoint_every: int = 1,
     for ``"checkpoint"``; no smooth ODE substep (``ODESolve``) and no :class:`Unsplit` for
     ``"adjoint"``.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"set_gradient_mode.model: expected an nn.Module, got {type(model).__name__}")
     k = _check_mode(mode, checkpoint_every)
     snapshots = _check_snapshots(snapshots)
     props = [m for m in model.modules() if isinstance(m, Propagator)]

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .costs import energy_cost, smoothness_cost
+from .costs import check_controls, energy_cost, smoothness_cost
 
 __all__ = ["Objective", "ObjectiveValue", "LOSSES", "model_interval"]
 
@@ -107,14 +107,16 @@ class Objective(nn.Module):
             raise TypeError(f"Objective.loss: expected a name {LOSSES} or a callable, got {type(loss).__name__}")
         self.loss = loss
         for name, v in (("smoothness", smoothness), ("energy", energy)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"Objective.{name}: expected a number (a weight >= 0), got {v!r}")
+            if not math.isfinite(v) or v < 0:
                 raise ValueError(f"Objective.{name}: expected a finite weight >= 0, got {v!r}")
         self.smoothness = float(smoothness)
         self.energy = float(energy)
         if output is not None and not (isinstance(output, str) or callable(output)):
             raise TypeError(f"Objective.output: expected None, an attribute name or a callable, got {output!r}")
         self.output = output
-        self.controls = None if controls is None else list(controls)
+        self.controls = None if controls is None else check_controls(controls, "Objective.controls")
 
     @property
     def is_classification(self) -> bool:

@@ -6,7 +6,7 @@ Public API (five lines)::
     from opsplit.control import Objective, TrainConfig, Trainer
     trainer = Trainer(model, Objective("cross_entropy"), TrainConfig(epochs=20, lr=3e-3, gradient="backprop"))
     history = trainer.fit(train_data, eval_data, out_dir="runs/x")   # TensorData or (inputs, targets)
-    trainer.fit(train_data, eval_data, out_dir="runs/x", resume="runs/x")  # continue a killed run, bit for bit
+    trainer.fit(train_data, eval_data, out_dir="runs/x", resume="runs/x")  # continue a killed run
     metrics = trainer.evaluate(test_data, n_steps=8)                  # {"loss", "accuracy" | "mse", ...}
 
 **What is checked before the first step** (clear ``ValueError``/``TypeError``): the data
@@ -14,8 +14,17 @@ Public API (five lines)::
 configuration (:class:`~opsplit.control.TrainConfig`: ``lr > 0``, ...), the gradient mode
 against the model (:func:`~opsplit.control.set_gradient_mode`), the model's output on two
 training samples against the targets and the loss (:meth:`Objective.check`: shape
-mismatch, class range), and a checkpoint given to ``resume`` against the model
-(:func:`~opsplit.control.load_checkpoint`: another model is refused, nothing is loaded).
+mismatch, class range), the output folder (:func:`~opsplit.control.check_out_dir`), and a
+checkpoint given to ``resume`` against the model and the run
+(:func:`~opsplit.control.load_checkpoint`, :func:`~opsplit.control.config_changes`: another
+model, another map with the same tensors, or other run settings are refused, nothing is
+loaded).  In a data-parallel run a refusal on one rank stops every rank.
+
+**During training** the objective (before the backward pass) and the global gradient norm
+(after it, before clipping) must be finite: otherwise a ``FloatingPointError`` naming the
+parameters with a non-finite gradient stops the run before the optimizer step, the
+parameters unchanged, and no checkpoint is written (:func:`save_checkpoint` refuses
+non-finite weights in any case).
 
 **Determinism.** A fresh run seeds torch's global generator with ``config.seed`` (dropout
 and any other global-RNG use during training); the data order of epoch ``e`` is a
@@ -23,7 +32,8 @@ permutation drawn from a generator seeded with ``(seed, e)``, so it needs no sta
 checkpoint holds the model, optimizer, scheduler, global RNG states and the step counter;
 resuming from it continues the same sequence of batches and random numbers, so on CPU the
 loss curve and the parameters equal those of the uninterrupted run bit for bit
-(``tests/test_control_trainer.py``).
+(``tests/test_control_trainer.py``) — at the same number of threads and torch version (the
+CPU kernels' reductions are split by thread: another thread count rounds differently).
 
 **Peak memory** in the history (``peak_mem_mb``): on CUDA the peak allocated by torch's
 caching allocator during the epoch (``torch.cuda.max_memory_allocated``, reset per
@@ -38,20 +48,28 @@ import math
 import resource
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from ..data.base import TensorData
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import TrainConfig
-from .distributed import check_data_parallel
+from .checkpoint import (
+    check_allow_changes,
+    latest_checkpoint,
+    load_checkpoint,
+    refuse_changes,
+    save_checkpoint,
+)
+from .config import TrainConfig, check_int, config_changes
+from .distributed import any_rank, check_data_parallel
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
 from .objective import Objective
+from .paths import check_out_dir, check_path
 
-__all__ = ["Trainer", "peak_memory_mb", "as_dataset"]
+__all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
 
 
 def peak_memory_mb(device=None) -> float:
@@ -73,6 +91,26 @@ def as_dataset(data, name: str) -> TensorData:
         raise ValueError(f"{name}: expected a dataset, got None")
     raise TypeError(f"{name}: expected an opsplit.data.TensorData or a pair (inputs, targets), "
                     f"got {type(data).__name__}")
+
+
+def _total_norm(grads: list) -> Tensor:
+    """The global 2-norm of ``grads`` exactly as ``clip_grad_norm_`` computes it."""
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        return torch.nn.utils.get_total_norm(grads, 2.0, error_if_nonfinite=False)
+    if not grads:
+        return torch.tensor(0.0)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0)
+
+
+def _clip(params, max_norm: float, total: Tensor) -> None:
+    """Scale the gradients as ``clip_grad_norm_(params, max_norm)`` does, given their norm."""
+    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):  # torch >= 2.6
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for p in params:
+        if p.grad is not None:
+            p.grad.detach().mul_(coef.to(p.grad.device))
 
 
 def _batches(n: int, batch_size: int, drop_last: bool, perm: Tensor | None):
@@ -122,12 +160,24 @@ class Trainer:
             config = TrainConfig.from_dict(config)
         elif not isinstance(config, TrainConfig):
             raise TypeError(f"Trainer.config: expected a TrainConfig or a dict, got {type(config).__name__}")
-        self.config = config.replace(**overrides) if overrides else config
+        # the trainer's own copy, frozen: the optimizer and the schedule are built from it
+        self.config = config.replace(**overrides)
+        self.config._freeze("Trainer")
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("Trainer.model: the model has no trainable parameters")
         self.model, self.objective = model, objective
+        if forward_model is not None and not isinstance(forward_model, nn.Module):
+            raise TypeError(f"Trainer.forward_model: expected an nn.Module (e.g. DistributedDataParallel(model)) or "
+                            f"None, got {type(forward_model).__name__}")
         self.forward_model = forward_model if forward_model is not None else model
+        if metrics is not None and not isinstance(metrics, dict):
+            raise TypeError(f"Trainer.metrics: expected a dict {{name: fn(outputs, targets) -> float}}, got "
+                            f"{type(metrics).__name__}")
+        for k, fn in (metrics or {}).items():
+            if not isinstance(k, str) or not callable(fn):
+                raise TypeError(f"Trainer.metrics[{k!r}]: expected a callable fn(outputs, targets) -> float under a "
+                                f"string name, got {fn!r}")
         self.metrics = dict(metrics or {})
         if augment is not None and not callable(augment):
             raise TypeError(f"Trainer.augment: expected a callable fn(inputs, generator), got {augment!r}")
@@ -140,6 +190,8 @@ class Trainer:
         self.rank, self.world_size = rank, world_size
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.params = params
+        names = {id(p): n for n, p in model.named_parameters()}
+        self._param_names = [names.get(id(p), f"<parameter {i}>") for i, p in enumerate(params)]
         self.optimizer = self._make_optimizer(params)
         self._total_steps = 1
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
@@ -221,28 +273,71 @@ class Trainer:
     # -- checkpoints --------------------------------------------------------------------------
     def state(self) -> dict:
         return {"step": self.step, "elapsed": self.elapsed, "history": self.history.to_dict(),
-                "total_steps": self._total_steps}
+                "total_steps": self._total_steps, "world_size": self.world_size}
 
     def save(self, path) -> Path:
         """Write a checkpoint folder (model, optimizer, scheduler, RNG, counters, history)."""
         return save_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                generator=self.generator, trainer=self.state(), config=self.config.to_dict())
 
-    def load(self, path, *, restore_rng: bool = True):
+    def load(self, path, *, restore_rng: bool = True, allow_changes=False, _total_steps: int | None = None):
         """Load a checkpoint (or the latest ``step-*`` one under a run folder) into the
-        model, optimizer, scheduler, RNG and counters; refused as a whole if anything differs."""
+        model, optimizer, scheduler, RNG and counters; refused as a whole if anything differs.
+
+        Refused (:class:`~opsplit.control.CheckpointError`, nothing loaded): another model
+        (class, state keys, shapes, or a recorded setting of the map:
+        :func:`~opsplit.control.checkpoint_differences`), and a run with other settings
+        (:func:`~opsplit.control.config_changes`: learning rate, schedule, samples per step,
+        seed, ... — the checkpoint's optimizer would keep its own rates while the config
+        reports the new ones).  ``allow_changes`` (``True`` or setting names such as
+        ``["lr", "epochs"]``) accepts them: a warning lists them, and the optimizer and
+        schedule then follow *this* trainer's config from the resumed step on."""
+        check_path(path, "resume")
+        allow = check_allow_changes(allow_changes, "allow_changes")
         p = latest_checkpoint(path)
         if p is None and Path(path).is_dir() and any(Path(path).iterdir()):
             p = Path(path)  # not a complete checkpoint: read_checkpoint says what is wrong
         if p is None:
             raise FileNotFoundError(f"resume: no checkpoint found at {str(path)!r}")
-        ck = load_checkpoint(p, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                             generator=self.generator, restore_rng=restore_rng)
+        from .checkpoint import _plan_model_state, checkpoint_differences, read_checkpoint
+
+        ck = read_checkpoint(p)
         t = ck.trainer or {}
+        # another model first (class, keys, shapes, settings of the map), then another run
+        _plan_model_state(ck, self.model, False)
+        refuse_changes(checkpoint_differences(ck, self.model), allow, ck.path)
+        run_changes = refuse_changes(
+            config_changes(ck.config, self.config, saved_world_size=int(t.get("world_size", 1)),
+                           world_size=self.world_size, saved_total_steps=t.get("total_steps"),
+                           total_steps=_total_steps), allow, ck.path, what="run")
+        ck = load_checkpoint(ck, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                             generator=self.generator, restore_rng=restore_rng, allow_changes=allow)
         self.step = int(t.get("step", 0))
         self.elapsed = float(t.get("elapsed", 0.0))
         self.history = History.from_dict(t.get("history"))
+        ck.changes = list(ck.changes) + run_changes
+        if run_changes:
+            self._follow_config()
+        if ck.changes:
+            warnings.warn(f"resume from {str(ck.path)!r}: accepted changed settings: "
+                          + "; ".join(map(str, ck.changes))
+                          + (" (the optimizer and the schedule follow the new config from here on)"
+                             if run_changes else ""), stacklevel=2)
         return ck
+
+    def _follow_config(self) -> None:
+        """Set the optimizer's rates and the schedule's base rate from ``self.config``
+        (after a resume that accepted a changed config)."""
+        c = self.config
+        factor = self._lr_factor(self.scheduler.last_epoch)
+        self.scheduler.base_lrs = [c.lr for _ in self.optimizer.param_groups]
+        for g in self.optimizer.param_groups:
+            g["initial_lr"], g["lr"], g["weight_decay"] = c.lr, c.lr * factor, c.weight_decay
+            if "betas" in g:
+                g["betas"] = tuple(c.betas)
+            if "momentum" in g:
+                g["momentum"] = c.momentum
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def _save_step(self, out_dir: Path):
         ck = out_dir / "checkpoints"
@@ -260,6 +355,8 @@ class Trainer:
         for MSE, and ``metrics``), with the model in eval mode, optionally at another
         :math:`N_t` (``n_steps``) or grid (passed to the model's forward)."""
         data = as_dataset(data, "eval_data")
+        bs = check_int(batch_size, "Trainer.evaluate.batch_size", 1, allow_none=True)
+        bs = self.config.eval_batch_size if bs is None else bs
         kw = {}
         if n_steps is not None:
             kw["n_steps"] = n_steps
@@ -267,7 +364,6 @@ class Trainer:
             kw["grid"] = grid
         was = self.model.training
         self.model.eval()
-        bs = batch_size or self.config.eval_batch_size
         tot, correct, sq, n = 0.0, 0, 0.0, 0
         outs, tgts = [], []
         try:
@@ -298,37 +394,63 @@ class Trainer:
         return res
 
     # -- training -------------------------------------------------------------------------------
-    def fit(self, train_data, eval_data=None, *, out_dir=None, resume=None, plot: bool = True) -> History:
+    def fit(self, train_data, eval_data=None, *, out_dir=None, resume=None, plot: bool = True,
+            allow_changes=False) -> History:
         """Train; returns the :class:`~opsplit.control.History` (also ``self.history``).
 
         Args:
             train_data, eval_data: :class:`~opsplit.data.TensorData` or ``(inputs, targets)``.
             out_dir: a folder for ``checkpoints/step-*`` (every ``save_every`` steps and at
-                the end), ``steps.csv``, ``epochs.csv`` and (``plot``) ``curves.png``.
+                the end), ``steps.csv``, ``epochs.csv`` and (``plot``) ``curves.png``;
+                checked before the first step (:func:`check_out_dir`).
             resume: a checkpoint folder (or a run folder: its latest checkpoint) to continue.
+            allow_changes: settings that may differ from the resumed checkpoint's
+                (:meth:`load`); default none.
+
+        Raises ``FloatingPointError`` (and stops before the optimizer step, writing nothing)
+        when the objective or the gradient is NaN/inf, naming the parameters whose gradient
+        is not finite; in a data-parallel run every rank stops at the same step.
         """
         c = self.config
         train = as_dataset(train_data, "train_data")
         evald = as_dataset(eval_data, "eval_data") if eval_data is not None else None
+        if not isinstance(plot, bool):
+            raise TypeError(f"Trainer.fit.plot: expected true or false, got {plot!r}")
+        allow = check_allow_changes(allow_changes, "Trainer.fit.allow_changes")
         n = len(train)
         if self.world_size > 1 and not c.drop_last:
             raise ValueError("TrainConfig.drop_last: expected True with world_size > 1 (every process needs a "
                              "non-empty slice of every global batch)")
         check_data_parallel(self.rank, self.world_size, self.model, self.forward_model)
-        spe = self._steps_per_epoch(n)
-        self._total_steps = min(c.max_steps, spe * c.epochs) if c.max_steps else spe * c.epochs
-        self._check_batch(train)
-        if evald is not None:
-            self._check_batch(evald)
-        previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
-                                     snapshots=c.checkpoint_snapshots)
+        # everything that can refuse the run, before the first step; in a data-parallel run
+        # every rank stops if one refuses (instead of waiting in the first all-reduce)
+        err, previous, out = None, None, None
         try:
+            spe = self._steps_per_epoch(n)
+            self._total_steps = min(c.max_steps, spe * c.epochs) if c.max_steps else spe * c.epochs
+            self._check_batch(train)
+            if evald is not None:
+                self._check_batch(evald)
+            if out_dir is not None and self.rank == 0:
+                out = check_out_dir(out_dir, "Trainer.fit.out_dir")
+            previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
+                                         snapshots=c.checkpoint_snapshots)
             if resume is not None:
-                self.load(resume)
+                self.load(resume, allow_changes=allow, _total_steps=self._total_steps)
             else:
                 torch.manual_seed(c.seed)
                 self.generator.manual_seed(c.seed)
-            out = Path(out_dir) if out_dir is not None and self.rank == 0 else None
+        except Exception as e:
+            err = e
+        refused = any_rank([err is not None], self._device())[0] if self.world_size > 1 else err is not None
+        if refused:
+            if previous is not None:
+                restore_gradient_mode(previous)
+            if err is not None:
+                raise err
+            raise ValueError("Trainer.fit: another rank refused to start (its error says why); every rank stops "
+                             "before the first step")
+        try:
             self._loop(train, evald, spe, out)
         finally:
             restore_gradient_mode(previous)
@@ -337,6 +459,9 @@ class Trainer:
             if plot:
                 self.history.plot(out / "curves.png")
         return self.history
+
+    def _device(self):
+        return self.params[0].device
 
     def _loop(self, train: TensorData, evald, spe: int, out: Path | None):
         c = self.config
@@ -400,15 +525,28 @@ class Trainer:
             kw["n_steps"] = c.train_n_steps[pick]
         self.optimizer.zero_grad(set_to_none=True)
         val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
-        if not torch.isfinite(val.total):
+        loss_ok = bool(torch.isfinite(val.total))
+        if not loss_ok and self.world_size == 1:
             raise FloatingPointError(f"step {self.step}: the objective is {float(val.total)}; lower the "
                                      "learning rate or clip the gradients (TrainConfig.grad_clip)")
-        val.total.backward()
+        val.total.backward()  # (data-parallel: every rank joins the gradient all-reduce, then all stop)
+        total = _total_norm([p.grad for p in self.params if p.grad is not None])
+        grad_ok = bool(torch.isfinite(total))
+        if self.world_size > 1:
+            loss_bad, grad_bad = any_rank([not loss_ok, not grad_ok], self._device())
+            if loss_bad:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(
+                    f"step {self.step}: the objective is NaN/inf on "
+                    f"{'this rank' if not loss_ok else 'another rank'} ({float(val.total.detach())} here); every rank "
+                    "stops before the optimizer step. Lower the learning rate or clip the gradients "
+                    "(TrainConfig.grad_clip)")
+            grad_ok = not grad_bad
+        if not grad_ok:
+            self._refuse_gradient(float(val.total.detach()), float(total))
         if c.grad_clip is not None:
-            gn = float(torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip))
-        else:
-            gn = float(torch.linalg.vector_norm(torch.stack(
-                [torch.linalg.vector_norm(p.grad) for p in self.params if p.grad is not None])))
+            _clip(self.params, c.grad_clip, total)
+        gn = float(total)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -417,3 +555,22 @@ class Trainer:
         if kw:
             row["n_steps"] = kw["n_steps"]
         return row
+
+    def _refuse_gradient(self, loss: float, norm: float):
+        """Stop before the optimizer step on a non-finite gradient, naming the parameters."""
+        bad = [n for n, p in zip(self._param_names, self.params)
+               if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        self.optimizer.zero_grad(set_to_none=True)
+        if bad:
+            what = (f"the gradient of {', '.join(bad[:8])}{f' (and {len(bad) - 8} more)' if len(bad) > 8 else ''} "
+                    "holds NaN/inf")
+        else:
+            what = f"the gradients are finite but their global norm overflows ({norm})"
+        hint = ("a finite objective with a non-finite gradient is usually a point where the model is not "
+                "differentiable (sqrt(|p|) or |p|^a with a < 1 at p = 0, the norm of a zero vector, ...): change "
+                "the model there (gradient clipping cannot repair it: it scales every gradient by inf/inf = NaN); "
+                "if instead the parameters have grown until the backward pass overflows, lower the learning rate"
+                ) if bad else "rescale the objective or the parameters (float32 overflows at 3.4e38)"
+        raise FloatingPointError(
+            f"step {self.step}: {what}, at a finite objective {loss:.6g}; the optimizer step was not taken and the "
+            f"parameters are those before this step (nothing is written). {hint[0].upper()}{hint[1:]}")

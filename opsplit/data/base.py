@@ -5,7 +5,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["TensorData"]
+__all__ = ["TensorData", "check_int"]
+
+
+def check_int(v, name: str, lo=None, allow_none: bool = False):
+    """An integer (``bool`` and ``float`` refused: ``TypeError``) ``>= lo`` (``ValueError``);
+    ``name`` is the full argument name used in the message (``"load_digits.seed"``)."""
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an integer{'' if lo is None else f' >= {lo}'}"
+                        f"{' or None' if allow_none else ''}, got {v!r}")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
+    return v
 
 
 class TensorData(torch.utils.data.Dataset):
@@ -24,6 +37,10 @@ class TensorData(torch.utils.data.Dataset):
     """
 
     def __init__(self, inputs: Tensor, targets: Tensor, *, name: str = "data", info: dict | None = None):
+        if not isinstance(name, str):
+            raise TypeError(f"TensorData.name: expected a string, got {type(name).__name__}")
+        if info is not None and not isinstance(info, dict):
+            raise TypeError(f"TensorData.info: expected a dict or None, got {type(info).__name__}")
         for what, t in (("inputs", inputs), ("targets", targets)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name}.{what}: expected a torch.Tensor, got {type(t).__name__}")

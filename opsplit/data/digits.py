@@ -4,9 +4,12 @@ read-out G).  Shipped with scikit-learn: nothing is downloaded."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .base import TensorData
+from .._checks import check_dtype_arg, check_finite_float, check_generator
+from .base import TensorData, check_int
 
 __all__ = ["load_digits", "random_shift"]
 
@@ -44,13 +47,27 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, dtype=torch.float3
     deviation (one scalar each).  ``info`` of both sets records the split (sizes, seed, and
     the indices into scikit-learn's array: ``train_index``, ``test_index``).
     """
-    if not isinstance(test_fraction, float) or not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"load_digits.test_fraction: expected a float in (0, 1), got {test_fraction!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"load_digits.seed: expected an integer, got {seed!r}")
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)):
+        raise TypeError(f"load_digits.test_fraction: expected a number in (0, 1), got {test_fraction!r}")
+    if not (math.isfinite(test_fraction) and 0.0 < test_fraction < 1.0):
+        raise ValueError(f"load_digits.test_fraction: expected a number in (0, 1), got {test_fraction!r}")
+    seed = check_int(seed, "load_digits.seed", 0)
+    dtype = check_dtype_arg(dtype, "load_digits.dtype") or torch.float32
+    if not isinstance(normalize, bool):
+        raise TypeError(f"load_digits.normalize: expected true or false, got {normalize!r}")
     images, target = _bundled_digits()
     x = torch.as_tensor(images, dtype=torch.float64).unsqueeze(1) / 16.0
     y = torch.as_tensor(target, dtype=torch.int64)
+    for c in range(10):  # every class in both sets, checked before the split
+        n_c = int((y == c).sum())
+        k = round(test_fraction * n_c)
+        if k == n_c:
+            raise ValueError(f"load_digits.test_fraction: {test_fraction!r} leaves no training image of class {c} "
+                             f"(round({test_fraction!r} x {n_c}) = {k} of its {n_c} images go to the test set); "
+                             f"expected test_fraction < {(n_c - 0.5) / n_c:.4f}")
+        if k == 0:
+            raise ValueError(f"load_digits.test_fraction: {test_fraction!r} puts no test image of class {c} "
+                             f"(round({test_fraction!r} x {n_c}) = 0); expected test_fraction >= {0.5 / n_c:.4f}")
     g = torch.Generator().manual_seed(seed)
     test_idx, train_idx = [], []
     for c in range(10):
@@ -80,13 +97,23 @@ def random_shift(images: torch.Tensor, generator: torch.Generator | None = None,
     uncovered border with ``fill`` (default: the batch minimum, the background of
     standardised digits).  A training augmentation for :class:`~opsplit.control.Trainer`
     (``augment=random_shift``)."""
-    if not isinstance(images, torch.Tensor) or images.dim() != 4:
-        raise ValueError(f"random_shift.images: expected (B, C, H, W), got {getattr(images, 'shape', images)}")
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"random_shift.images: expected a torch.Tensor (B, C, H, W), got {type(images).__name__}")
+    if images.dim() != 4:
+        raise ValueError(f"random_shift.images: expected (B, C, H, W), got shape {tuple(images.shape)}")
+    if not images.is_floating_point():
+        raise TypeError(f"random_shift.images: expected a floating-point tensor, got dtype {images.dtype}")
     B, _, H, W = images.shape
-    m = int(max_shift)
+    m = check_int(max_shift, "random_shift.max_shift", 0)
+    if m >= min(H, W):
+        raise ValueError(f"random_shift.max_shift: expected an integer < {min(H, W)} (the image is {H} x {W}), "
+                         f"got {m}")
+    if fill is not None:
+        fill = check_finite_float(fill, "random_shift.fill")
+    check_generator(generator, "random_shift.generator")
     if m == 0:
         return images
-    bg = float(images.min()) if fill is None else float(fill)
+    bg = float(images.min()) if fill is None else fill
     pad = torch.nn.functional.pad(images, (m, m, m, m), value=bg)
     off = torch.randint(0, 2 * m + 1, (B, 2), generator=generator)
     rows = (off[:, 0, None] + torch.arange(H)[None, :])  # (B, H)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import TensorData
+from .._checks import check_dtype_arg, check_generator, check_positive_float
+from .base import TensorData, check_int
 
 __all__ = ["FUNCTIONS", "TABLE1_MSE", "periodic_series", "PeriodicTask", "periodic_task", "rollout", "input_noise"]
 
@@ -44,14 +45,17 @@ TABLE1_MSE = {"sin": 0.0050, "sin_exp": 0.0085, "square": 0.0243}
 
 def periodic_series(name: str, n: int, *, dx: float = 0.1, dtype=torch.float64) -> Tensor:
     """``(n,)`` samples of function ``name`` at :math:`x_k = k\\,dx`."""
-    if name not in FUNCTIONS:
-        raise ValueError(f"periodic_series.name: expected one of {sorted(FUNCTIONS)}, got {name!r}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"periodic_series.n: expected an integer >= 1, got {n!r}")
-    if not (isinstance(dx, (int, float)) and math.isfinite(dx) and dx > 0):
-        raise ValueError(f"periodic_series.dx: expected a finite number > 0, got {dx!r}")
+    _check_name(name, "periodic_series.name")
+    n = check_int(n, "periodic_series.n", 1)
+    dx = check_positive_float(dx, "periodic_series.dx")
+    dtype = check_dtype_arg(dtype, "periodic_series.dtype") or torch.float64
     x = torch.arange(n, dtype=torch.float64) * dx
     return FUNCTIONS[name](x).to(dtype)
+
+
+def _check_name(name, what: str) -> None:
+    if not isinstance(name, str) or name not in FUNCTIONS:
+        raise ValueError(f"{what}: expected one of {sorted(FUNCTIONS)}, got {name!r}")
 
 
 @dataclass
@@ -75,10 +79,12 @@ def periodic_task(name: str, *, window: int = 100, horizon: int = 200, n_train: 
                   n_test: int = 8, test_gap: int = 37, dx: float = 0.1, dtype=torch.float32) -> PeriodicTask:
     """The train/test task of the module docstring.  Test contexts start at
     ``n_train + j * test_gap`` (``j < n_test``: phases spread over several periods)."""
+    _check_name(name, "periodic_task.name")
     for v, nm in ((window, "window"), (horizon, "horizon"), (n_train, "n_train"), (n_test, "n_test"),
                   (test_gap, "test_gap")):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"periodic_task.{nm}: expected an integer >= 1, got {v!r}")
+        check_int(v, f"periodic_task.{nm}", 1)
+    dx = check_positive_float(dx, "periodic_task.dx")
+    dtype = check_dtype_arg(dtype, "periodic_task.dtype") or torch.float32
     if n_train < window + 1:
         raise ValueError(f"periodic_task.n_train: expected >= window + 1 = {window + 1}, got {n_train}")
     total = n_train + (n_test - 1) * test_gap + window + horizon
@@ -98,12 +104,22 @@ def rollout(predict, context: Tensor, horizon: int) -> Tensor:
     """Autoregressive prediction: ``predict`` maps windows ``(B, L)`` to next-value
     predictions ``(B, L)`` (position ``k`` predicts sample ``k + 1``); its last value is
     appended and the window slides, ``horizon`` times.  Returns ``(B, horizon)``."""
-    if not isinstance(context, Tensor) or context.dim() != 2:
-        raise ValueError(f"rollout.context: expected (B, L), got {getattr(context, 'shape', type(context))}")
+    if not callable(predict):
+        raise TypeError(f"rollout.predict: expected a callable mapping windows (B, L) to predictions (B, L), got "
+                        f"{type(predict).__name__}")
+    if not isinstance(context, Tensor):
+        raise TypeError(f"rollout.context: expected a torch.Tensor (B, L), got {type(context).__name__}")
+    if context.dim() != 2:
+        raise ValueError(f"rollout.context: expected (B, L), got shape {tuple(context.shape)}")
+    horizon = check_int(horizon, "rollout.horizon", 1)
     w = context
     out = []
-    for _ in range(horizon):
-        nxt = predict(w)[:, -1:]
+    for k in range(horizon):
+        pred = predict(w)
+        if k == 0 and (not isinstance(pred, Tensor) or tuple(pred.shape) != tuple(w.shape)):
+            raise ValueError(f"rollout.predict: expected next-value predictions (B, L) = {tuple(w.shape)}, got "
+                             f"{tuple(pred.shape) if isinstance(pred, Tensor) else type(pred).__name__}")
+        nxt = pred[:, -1:]
         out.append(nxt)
         w = torch.cat([w[:, 1:], nxt], dim=1)
     return torch.cat(out, dim=1)
@@ -122,13 +138,16 @@ def input_noise(std: float):
     ``Trainer(..., augment=input_noise(0.1))``; the noise is drawn from the trainer's
     seeded generator, so runs and resumed runs are reproducible.
     """
-    if isinstance(std, bool) or not isinstance(std, (int, float)) or not math.isfinite(std) or std < 0:
+    if isinstance(std, bool) or not isinstance(std, (int, float)):
+        raise TypeError(f"input_noise.std: expected a number (a standard deviation >= 0), got {std!r}")
+    if not math.isfinite(std) or std < 0:
         raise ValueError(f"input_noise.std: expected a finite number >= 0, got {std!r}")
     std = float(std)
 
     def add_noise(inputs: Tensor, generator: torch.Generator | None = None) -> Tensor:
         if not isinstance(inputs, Tensor) or not inputs.is_floating_point():
             raise TypeError(f"input_noise: expected a floating tensor of inputs, got {type(inputs).__name__}")
+        check_generator(generator, "input_noise.generator")
         if std == 0:
             return inputs
         noise = torch.randn(inputs.shape, generator=generator, dtype=inputs.dtype, device="cpu")

@@ -33,7 +33,8 @@ import math
 import torch
 from torch import Tensor
 
-from .base import TensorData
+from .._checks import skip_value_checks
+from .base import TensorData, check_int
 
 __all__ = ["IGNORE", "flag_retrieval", "retrieval_loss", "retrieval_accuracy"]
 
@@ -42,11 +43,7 @@ IGNORE = -100
 
 
 def _int(v, name: str, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"flag_retrieval.{name}: expected an integer, got {v!r}")
-    if v < low:
-        raise ValueError(f"flag_retrieval.{name}: expected an integer >= {low}, got {v}")
-    return v
+    return check_int(v, f"flag_retrieval.{name}", low)
 
 
 def flag_retrieval(n_samples: int, length: int, *, n_symbols: int = 8, flag_span=(0.0, 0.5), flag_length: int = 1,
@@ -64,6 +61,9 @@ def flag_retrieval(n_samples: int, length: int, *, n_symbols: int = 8, flag_span
     n_symbols = _int(n_symbols, "n_symbols", 2)
     seed = _int(seed, "seed", 0)
     m = _int(flag_length, "flag_length", 1)
+    if m > length - 1:
+        raise ValueError(f"flag_retrieval.flag_length: expected an integer <= length - 1 = {length - 1} (a span must "
+                         f"end before the last token, whatever flag_span), got {m}")
     if not (isinstance(flag_span, (tuple, list)) and len(flag_span) == 2
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in flag_span)):
         raise TypeError(f"flag_retrieval.flag_span: expected a pair of numbers (a, b), got {flag_span!r}")
@@ -95,6 +95,15 @@ def _check(logits: Tensor, targets: Tensor, fn: str) -> None:
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(f"{fn}: expected logits (B, N, C) and targets (B, N), got {tuple(logits.shape)} and "
                          f"{tuple(targets.shape)}")
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise TypeError(f"{fn}: expected integer class targets (or {IGNORE}), got dtype {targets.dtype}")
+    C = logits.shape[-1]
+    if skip_value_checks():  # (a value check: not while torch.compile traces)
+        return
+    bad = (targets != IGNORE) & ((targets < 0) | (targets >= C))
+    if bool(bad.any()):
+        raise ValueError(f"{fn}: expected targets in [0, {C - 1}] or {IGNORE} (no target), got "
+                         f"{int(targets[bad][0])}")
 
 
 def retrieval_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -111,8 +120,7 @@ def retrieval_accuracy(logits: Tensor, targets: Tensor, *, min_distance: int = 1
     those at least ``min_distance`` tokens after their sequence's flag (its last flagged
     token, for a span; ``nan`` if none)."""
     _check(logits, targets, "retrieval_accuracy")
-    if isinstance(min_distance, bool) or not isinstance(min_distance, int) or min_distance < 1:
-        raise ValueError(f"retrieval_accuracy.min_distance: expected an integer >= 1, got {min_distance!r}")
+    check_int(min_distance, "retrieval_accuracy.min_distance", 1)
     has = targets != IGNORE
     flag = (~has).sum(1, keepdim=True) - 1  # positions <= flag have no target
     dist = torch.arange(targets.shape[1], device=targets.device)[None, :] - flag

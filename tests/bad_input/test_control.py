@@ -1,0 +1,388 @@
+"""Bad input to ``opsplit.control``: TrainConfig (construction, ``from_dict``, assignment),
+Trainer (constructor, ``fit``, ``evaluate``), Objective, the running costs, checkpoints,
+the gradient modes and the data-parallel helpers.
+
+Every row must raise exactly the given type with a message naming the argument, from
+opsplit's own checks, before any training step; rows that take an output folder also
+check that nothing was written there."""
+
+import shutil
+import sys
+import tempfile
+from dataclasses import FrozenInstanceError
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from opsplit.control import (
+    CheckpointError,
+    Objective,
+    TrainConfig,
+    Trainer,
+    Unsplit,
+    check_out_dir,
+    checkpoint_differences,
+    energy_cost,
+    gradient_mode,
+    latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    set_gradient_mode,
+    smoothness_cost,
+)
+from opsplit.control import distributed as od
+from opsplit.controls import Constant
+from opsplit.data import TensorData
+from opsplit.models import SplitEncoder
+
+from ._table import cases, run_case
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _train_helpers import TinyClassifier, tiny_config, tiny_data  # noqa: E402
+
+NAN, INF = float("nan"), float("inf")
+
+
+def tr(**kw):
+    return Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(**kw))
+
+
+def assign(obj, name, value):
+    setattr(obj, name, value)
+
+
+def in_empty_dir(fn):
+    """Run ``fn(folder)`` in a fresh folder; re-raise its error after checking that nothing
+    was written there (the traceback keeps the original frames)."""
+    d = Path(tempfile.mkdtemp())
+    try:
+        fn(d)
+    except BaseException:
+        left = sorted(p.name for p in d.rglob("*") if p.name != "a_file")
+        if left:
+            raise AssertionError(f"written before the error: {left}") from None
+        raise
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def with_file(fn):
+    def run(d):
+        (d / "a_file").write_text("x")
+        fn(d)
+
+    return lambda: in_empty_dir(run)
+
+
+def fit_into(data=None, model=None, objective=None, **kw):
+    """``fit`` with an output folder (which must stay empty)."""
+    def run(d):
+        t = Trainer(model or TinyClassifier(), objective or Objective("cross_entropy"), tiny_config(**kw))
+        t.fit(data if data is not None else tiny_data(), out_dir=d / "run")
+
+    return lambda: in_empty_dir(run)
+
+
+class NoSteps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.lin(x.mean(1))
+
+
+class Frozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 3).requires_grad_(False)
+
+    def forward(self, x):
+        return self.lin(x.mean(1))
+
+
+class Pair(NoSteps):
+    def forward(self, x):
+        return self.lin(x.mean(1)), x
+
+
+def nan_model():
+    m = TinyClassifier()
+    with torch.no_grad():
+        m.head.bias[0] = NAN
+    return m
+
+
+def saved(tmp=None, **kw):
+    d = Path(tempfile.mkdtemp())
+    return save_checkpoint(d / "ck", SplitEncoder(8, 2, 16, n_steps=2, T=2.0, **kw))
+
+
+def enc(**kw):
+    return SplitEncoder(8, 2, 16, n_steps=2, T=2.0, **kw)
+
+
+X = torch.randn(6, 5, 8)
+Y = torch.tensor([0, 1, 2, 0, 1, 2])
+
+CONFIG = cases(
+    ("epochs=0", lambda: TrainConfig(epochs=0), ValueError, r"TrainConfig\.epochs: expected an integer >= 1"),
+    ("epochs=2.5", lambda: TrainConfig(epochs=2.5), TypeError, r"TrainConfig\.epochs: expected an integer"),
+    ("epochs-str", lambda: TrainConfig(epochs="10"), TypeError, r"TrainConfig\.epochs"),
+    ("max_steps=0", lambda: TrainConfig(max_steps=0), ValueError, r"TrainConfig\.max_steps.*>= 1"),
+    ("batch_size=0", lambda: TrainConfig(batch_size=0), ValueError, r"TrainConfig\.batch_size.*>= 1"),
+    ("batch_size=True", lambda: TrainConfig(batch_size=True), TypeError, r"TrainConfig\.batch_size"),
+    ("eval_batch_size<0", lambda: TrainConfig(eval_batch_size=-1), ValueError, r"TrainConfig\.eval_batch_size"),
+    ("optimizer", lambda: TrainConfig(optimizer="rmsprop"), ValueError, r"TrainConfig\.optimizer: expected one of"),
+    ("optimizer=None", lambda: TrainConfig(optimizer=None), ValueError, r"TrainConfig\.optimizer"),
+    ("lr=0", lambda: TrainConfig(lr=0.0), ValueError, r"TrainConfig\.lr: expected a number > 0"),
+    ("lr=inf", lambda: TrainConfig(lr=INF), ValueError, r"TrainConfig\.lr: expected a finite number"),
+    ("lr=nan", lambda: TrainConfig(lr=NAN), ValueError, r"TrainConfig\.lr: expected a finite number"),
+    ("lr-str", lambda: TrainConfig(lr="1e-3"), TypeError, r"TrainConfig\.lr: expected a number"),
+    ("weight_decay<0", lambda: TrainConfig(weight_decay=-0.1), ValueError, r"TrainConfig\.weight_decay.*>= 0"),
+    ("betas-one", lambda: TrainConfig(betas=(0.9,)), TypeError, r"TrainConfig\.betas: expected a pair"),
+    ("betas-str", lambda: TrainConfig(betas="ab"), TypeError, r"TrainConfig\.betas: expected a pair"),
+    ("betas=1", lambda: TrainConfig(betas=(0.9, 1.0)), ValueError, r"TrainConfig\.betas: expected a number < 1"),
+    ("momentum=1", lambda: TrainConfig(momentum=1.0), ValueError, r"TrainConfig\.momentum.*< 1"),
+    ("schedule", lambda: TrainConfig(schedule="step"), ValueError, r"TrainConfig\.schedule: expected one of"),
+    ("warmup<0", lambda: TrainConfig(warmup_steps=-1), ValueError, r"TrainConfig\.warmup_steps.*>= 0"),
+    ("min_lr_ratio>1", lambda: TrainConfig(min_lr_ratio=1.5), ValueError, r"TrainConfig\.min_lr_ratio.*\[0, 1\]"),
+    ("grad_clip=0", lambda: TrainConfig(grad_clip=0.0), ValueError, r"TrainConfig\.grad_clip.*> 0"),
+    ("grad_clip=inf", lambda: TrainConfig(grad_clip=INF), ValueError, r"TrainConfig\.grad_clip.*finite"),
+    ("gradient", lambda: TrainConfig(gradient="forward"), ValueError, r"TrainConfig\.gradient: expected one of"),
+    ("checkpoint_every=0", lambda: TrainConfig(checkpoint_every=0), ValueError, r"TrainConfig\.checkpoint_every"),
+    ("snapshots=0", lambda: TrainConfig(checkpoint_snapshots=0), ValueError, r"TrainConfig\.checkpoint_snapshots"),
+    ("train_n_steps=[]", lambda: TrainConfig(train_n_steps=[]), TypeError, r"TrainConfig\.train_n_steps"),
+    ("train_n_steps=[0]", lambda: TrainConfig(train_n_steps=[0]), ValueError, r"TrainConfig\.train_n_steps.*>= 1"),
+    ("seed<0", lambda: TrainConfig(seed=-1), ValueError, r"TrainConfig\.seed.*>= 0"),
+    ("shuffle-str", lambda: TrainConfig(shuffle="yes"), TypeError, r"TrainConfig\.shuffle: expected true or false"),
+    ("eval_every=0", lambda: TrainConfig(eval_every=0), ValueError, r"TrainConfig\.eval_every"),
+    ("save_every=0", lambda: TrainConfig(save_every=0), ValueError, r"TrainConfig\.save_every"),
+    ("keep=0", lambda: TrainConfig(keep_checkpoints=0), ValueError, r"TrainConfig\.keep_checkpoints"),
+    ("progress=1", lambda: TrainConfig(progress=1), TypeError, r"TrainConfig\.progress"),
+    ("extra-list", lambda: TrainConfig(extra=[]), TypeError, r"TrainConfig\.extra: expected a dict"),
+    ("from_dict-unknown", lambda: TrainConfig.from_dict({"learning_rate": 1e-3}), ValueError,
+     r"TrainConfig: unknown key\(s\) \['learning_rate'\]"),
+    ("from_dict-list", lambda: TrainConfig.from_dict([1]), TypeError, r"TrainConfig\.from_dict: expected a dict"),
+    ("replace-unknown", lambda: TrainConfig().replace(learning_rate=1e-3), ValueError,
+     r"TrainConfig: unknown key\(s\) \['learning_rate'\]"),
+    ("assign-optimizer", lambda: assign(TrainConfig(), "optimizer", "rmsprop"), ValueError,
+     r"TrainConfig\.optimizer: expected one of"),
+    ("assign-lr", lambda: assign(TrainConfig(), "lr", -1), ValueError, r"TrainConfig\.lr"),
+    ("assign-unknown", lambda: assign(TrainConfig(), "learning_rate", 1e-3), AttributeError,
+     r"TrainConfig: unknown field 'learning_rate'"),
+    ("assign-trainer-config", lambda: assign(tr().config, "lr", 0.1), FrozenInstanceError,
+     r"TrainConfig\.lr: this config belongs to a Trainer"),
+)
+
+TRAINER = cases(
+    ("model-int", lambda: Trainer(3, Objective()), TypeError, r"Trainer\.model: expected an nn\.Module"),
+    ("objective-str", lambda: Trainer(TinyClassifier(), "mse"), TypeError, r"Trainer\.objective"),
+    ("config-list", lambda: Trainer(TinyClassifier(), Objective(), [1]), TypeError, r"Trainer\.config"),
+    ("config-dict-unknown", lambda: Trainer(TinyClassifier(), Objective(), {"rate": 1}), ValueError,
+     r"TrainConfig: unknown key\(s\) \['rate'\]"),
+    ("override-lr", lambda: Trainer(TinyClassifier(), Objective(), lr=-1.0), ValueError, r"TrainConfig\.lr"),
+    ("override-unknown", lambda: Trainer(TinyClassifier(), Objective(), rate=1.0), ValueError,
+     r"TrainConfig: unknown key\(s\) \['rate'\]"),
+    ("no-trainable", lambda: Trainer(Frozen(), Objective()), ValueError, r"Trainer\.model: .*no trainable"),
+    ("augment", lambda: Trainer(TinyClassifier(), Objective(), augment=3), TypeError, r"Trainer\.augment"),
+    ("metrics-list", lambda: Trainer(TinyClassifier(), Objective(), metrics=[1]), TypeError,
+     r"Trainer\.metrics: expected a dict"),
+    ("metrics-not-callable", lambda: Trainer(TinyClassifier(), Objective(), metrics={"f1": 1}), TypeError,
+     r"Trainer\.metrics\['f1'\]: expected a callable"),
+    ("forward_model-int", lambda: Trainer(TinyClassifier(), Objective(), forward_model=3), TypeError,
+     r"Trainer\.forward_model: expected an nn\.Module"),
+    ("rank>=world", lambda: Trainer(TinyClassifier(), Objective(), rank=2, world_size=2), ValueError,
+     r"0 <= rank < world_size"),
+    ("world_size=0", lambda: Trainer(TinyClassifier(), Objective(), world_size=0), ValueError, r"world_size"),
+    ("rank-float", lambda: Trainer(TinyClassifier(), Objective(), rank=1.0), TypeError, r"Trainer\.rank"),
+)
+
+FIT = cases(
+    ("data-None", lambda: tr().fit(None), ValueError, r"train_data: expected a dataset, got None"),
+    ("data-list", lambda: tr().fit([1, 2, 3]), TypeError, r"train_data: expected an opsplit\.data\.TensorData"),
+    ("data-unequal", lambda: tr().fit((X, Y[:4])), ValueError, r"train_data: inputs have 6 samples, targets 4"),
+    ("data-empty", lambda: tr().fit((X[:0], Y[:0])), ValueError, r"train_data: empty dataset"),
+    ("data-nan", lambda: tr().fit((X.clone().fill_(NAN), Y)), ValueError, r"train_data\.inputs: expected finite"),
+    ("eval-list", lambda: tr().fit(tiny_data(), [1]), TypeError, r"eval_data: expected"),
+    ("mse-shape", fit_into(objective=Objective("mse")), ValueError, r"loss 'mse': model output shape"),
+    ("ce-range", fit_into(TensorData(X, Y + 5)), ValueError, r"class indices in \[0, 2\]"),
+    ("ce-float-targets", fit_into(TensorData(X, Y.double())), TypeError, r"integer class targets"),
+    ("out_dir-file", with_file(lambda d: tr().fit(tiny_data(), out_dir=d / "a_file")), ValueError,
+     r"Trainer\.fit\.out_dir: .* is a file"),
+    ("out_dir-in-file", with_file(lambda d: tr().fit(tiny_data(), out_dir=d / "a_file" / "run")), ValueError,
+     r"Trainer\.fit\.out_dir: .* cannot be created"),
+    ("out_dir-int", lambda: tr().fit(tiny_data(), out_dir=3), TypeError, r"Trainer\.fit\.out_dir: expected a folder"),
+    ("out_dir-empty", lambda: tr().fit(tiny_data(), out_dir=""), ValueError, r"Trainer\.fit\.out_dir: .*empty"),
+    ("resume-missing", lambda: in_empty_dir(lambda d: tr().fit(tiny_data(), out_dir=d / "run", resume=d / "none")),
+     FileNotFoundError, r"resume: no checkpoint found"),
+    ("resume-int", lambda: tr().fit(tiny_data(), resume=3), TypeError, r"resume: expected a folder path"),
+    ("resume-another-map", lambda: tr().fit(tiny_data(), resume=save_checkpoint(
+        Path(tempfile.mkdtemp()) / "ck", TinyClassifier(T=4.0))), CheckpointError, r"t1 \(T\) = 4\.0"),
+    ("plot-str", lambda: tr().fit(tiny_data(), plot="yes"), TypeError, r"Trainer\.fit\.plot"),
+    ("allow_changes-int", lambda: tr().fit(tiny_data(), allow_changes=3), TypeError, r"Trainer\.fit\.allow_changes"),
+    ("drop_last-ddp", lambda: Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=0,
+                                       world_size=2).fit(tiny_data()), ValueError, r"TrainConfig\.drop_last"),
+    ("no-batch", fit_into(batch_size=64, drop_last=True), ValueError, r"train_data: 40 samples give no batch"),
+    ("train_n_steps-model", fit_into(model=NoSteps(), train_n_steps=[2]), TypeError,
+     r"TrainConfig\.train_n_steps: the model's forward must take n_steps"),
+    ("adjoint-no-ode", fit_into(gradient="adjoint"), ValueError, r"gradient='adjoint': the model has no smooth ODE"),
+    ("checkpoint-no-prop", fit_into(model=NoSteps(), gradient="checkpoint"), ValueError,
+     r"gradient='checkpoint': the model holds no opsplit Propagator"),
+    ("nan-parameter", fit_into(model=nan_model()), ValueError, r"parameters must be finite|loss of the untrained"),
+)
+
+EVALUATE = cases(
+    ("batch_size=0", lambda: tr().evaluate(tiny_data(), batch_size=0), ValueError,
+     r"Trainer\.evaluate\.batch_size: expected an integer >= 1"),
+    ("batch_size<0", lambda: tr().evaluate(tiny_data(), batch_size=-1), ValueError, r"Trainer\.evaluate\.batch_size"),
+    ("batch_size=2.5", lambda: tr().evaluate(tiny_data(), batch_size=2.5), TypeError,
+     r"Trainer\.evaluate\.batch_size"),
+    ("batch_size=True", lambda: tr().evaluate(tiny_data(), batch_size=True), TypeError,
+     r"Trainer\.evaluate\.batch_size"),
+    ("data-None", lambda: tr().evaluate(None), ValueError, r"eval_data: expected a dataset"),
+    ("n_steps=0", lambda: tr().evaluate(tiny_data(), n_steps=0), ValueError, r"n_steps.*>= 1"),
+)
+
+OBJECTIVE = cases(
+    ("loss-name", lambda: Objective("l1"), ValueError, r"Objective\.loss: expected one of"),
+    ("loss-int", lambda: Objective(3), TypeError, r"Objective\.loss"),
+    ("smoothness<0", lambda: Objective(smoothness=-1.0), ValueError, r"Objective\.smoothness: expected a finite"),
+    ("energy=nan", lambda: Objective(energy=NAN), ValueError, r"Objective\.energy: expected a finite"),
+    ("energy=inf", lambda: Objective(energy=INF), ValueError, r"Objective\.energy: expected a finite"),
+    ("smoothness-str", lambda: Objective(smoothness="0.1"), TypeError, r"Objective\.smoothness: expected a number"),
+    ("output-int", lambda: Objective(output=3), TypeError, r"Objective\.output"),
+    ("controls-int", lambda: Objective(controls=3), TypeError, r"Objective\.controls: expected"),
+    ("controls-not-control", lambda: Objective(controls=[nn.Linear(2, 2)]), TypeError,
+     r"Objective\.controls: expected opsplit controls"),
+    ("check-targets", lambda: Objective().check(torch.zeros(2, 3), [0, 1]), TypeError, r"targets: expected a torch"),
+    ("tuple-output", lambda: Objective("cross_entropy")(Pair(), X, Y), TypeError,
+     r"model output: the model returned a tuple.*Objective\(output=\.\.\.\)"),
+    ("output-attr", lambda: Objective("cross_entropy", output="logits")(NoSteps(), X, Y), ValueError,
+     r"Objective\.output: the model output has no attribute 'logits'"),
+    ("callable-shape", lambda: Objective(lambda o, t: o)(NoSteps(), X, Y), ValueError,
+     r"Objective\.loss: the callable returned shape \(6, 3\)"),
+    ("callable-float", lambda: Objective(lambda o, t: 1.0)(NoSteps(), X, Y), TypeError,
+     r"Objective\.loss: the callable returned float"),
+)
+
+COSTS = cases(
+    ("interval-reversed", lambda: energy_cost(enc(), default_interval=(1.0, 0.0)), ValueError,
+     r"energy_cost\.default_interval: expected t0 < T"),
+    ("interval-str", lambda: energy_cost(enc(), default_interval="ab"), TypeError,
+     r"energy_cost\.default_interval: expected a pair"),
+    ("interval-nan", lambda: energy_cost(enc(), default_interval=(0.0, NAN)), ValueError,
+     r"energy_cost\.default_interval"),
+    ("constant-no-interval", lambda: energy_cost(enc(), controls=[Constant(nn.Parameter(torch.ones(3)))]), ValueError,
+     r"energy_cost: Constant carries no time interval"),
+    ("smoothness-model-int", lambda: smoothness_cost(3), TypeError, r"smoothness_cost\.model: expected an nn\.Module"),
+    ("energy-model-int", lambda: energy_cost(3), TypeError, r"energy_cost\.model: expected an nn\.Module"),
+    ("smoothness-controls-int", lambda: smoothness_cost(enc(), controls=[3]), TypeError,
+     r"smoothness_cost\.controls: expected opsplit controls"),
+    ("energy-controls-int", lambda: energy_cost(enc(), controls=3), TypeError, r"energy_cost\.controls: expected"),
+)
+
+CHECKPOINTS = cases(
+    ("save-model-int", lambda: in_empty_dir(lambda d: save_checkpoint(d / "ck", 3)), TypeError,
+     r"save_checkpoint\.model: expected an nn\.Module"),
+    ("save-path-int", lambda: save_checkpoint(3, enc()), TypeError, r"save_checkpoint\.path: expected a folder path"),
+    ("save-nonfinite", lambda: in_empty_dir(lambda d: save_checkpoint(d / "ck", nan_model())), ValueError,
+     r"save_checkpoint\.model: head\.bias hold\(s\) NaN/inf"),
+    ("save-in-file", with_file(lambda d: save_checkpoint(d / "a_file" / "ck", enc())), ValueError,
+     r"save_checkpoint\.path: .* cannot be created"),
+    ("load-missing", lambda: load_checkpoint("/nonexistent/ck", enc()), CheckpointError, r"not a folder"),
+    ("load-model-int", lambda: load_checkpoint(saved(), 3), TypeError, r"load_checkpoint\.model: expected an nn"),
+    ("load-allow-int", lambda: load_checkpoint(saved(), enc(), allow_changes=3), TypeError,
+     r"load_checkpoint\.allow_changes"),
+    ("load-allow-ints", lambda: load_checkpoint(saved(), enc(), allow_changes=[1]), TypeError,
+     r"load_checkpoint\.allow_changes: expected setting names"),
+    ("load-another-T", lambda: load_checkpoint(saved(), SplitEncoder(8, 2, 16, n_steps=2, T=4.0)), CheckpointError,
+     r"t1 \(T\) = 2\.0 in the checkpoint, 4\.0 in the model"),
+    ("load-causal", lambda: load_checkpoint(saved(), enc(causal=True)), CheckpointError,
+     r"causal = False in the checkpoint, True in the model"),
+    ("load-scheme", lambda: load_checkpoint(saved(), enc(scheme="strang")), CheckpointError,
+     r"scheme = 'Hybrid .* in the checkpoint, 'Strang"),
+    ("load-shape", lambda: load_checkpoint(saved(), SplitEncoder(8, 2, 32, n_steps=2, T=2.0)), CheckpointError,
+     r"has shape .*, the model's is"),
+    ("read-file", with_file(lambda d: read_checkpoint(d / "a_file")), CheckpointError, r"not a folder"),
+    ("read-int", lambda: read_checkpoint(3), TypeError, r"read_checkpoint\.path: expected a folder path"),
+    ("differences-model-int", lambda: checkpoint_differences(saved(), 3), TypeError,
+     r"checkpoint_differences\.model: expected an nn\.Module"),
+    ("latest-int", lambda: latest_checkpoint(3), TypeError, r"latest_checkpoint\.folder: expected a folder path"),
+    ("check_out_dir-None", lambda: check_out_dir(None), TypeError, r"out_dir: expected a folder path"),
+)
+
+GRADIENTS = cases(
+    ("mode", lambda: set_gradient_mode(enc(), "forward"), ValueError, r"gradient: expected one of"),
+    ("checkpoint_every=0", lambda: set_gradient_mode(enc(), "checkpoint", checkpoint_every=0), ValueError,
+     r"checkpoint_every: expected an integer >= 1"),
+    ("snapshots=0", lambda: set_gradient_mode(enc(), "checkpoint", snapshots=0), ValueError,
+     r"snapshots: expected an integer >= 1"),
+    ("checkpoint-no-prop", lambda: set_gradient_mode(NoSteps(), "checkpoint"), ValueError,
+     r"gradient='checkpoint': the model holds no opsplit Propagator"),
+    ("adjoint-no-ode", lambda: set_gradient_mode(enc(), "adjoint"), ValueError, r"gradient='adjoint'"),
+    ("model-int", lambda: set_gradient_mode(3, "backprop"), TypeError, r"set_gradient_mode\.model: expected an nn"),
+    ("context-mode", lambda: gradient_mode(enc(), "x").__enter__(), ValueError, r"gradient: expected one of"),
+    ("unsplit-int", lambda: Unsplit(3), TypeError, r"Unsplit\.propagator: expected an opsplit Propagator"),
+    ("unsplit-method", lambda: Unsplit(enc(), method="nope"), ValueError, r"method"),
+)
+
+DISTRIBUTED = cases(
+    ("env-rank-only", lambda: od.env_from_environ({"RANK": "0"}), ValueError, r"WORLD_SIZE: not set"),
+    ("env-rank-str", lambda: od.env_from_environ({"RANK": "a", "WORLD_SIZE": "2"}), ValueError,
+     r"RANK: expected an integer"),
+    ("env-rank>=ws", lambda: od.env_from_environ({"RANK": "2", "WORLD_SIZE": "2"}), ValueError,
+     r"RANK: expected 0 <= RANK < WORLD_SIZE"),
+    ("init-timeout", lambda: od.init_from_env(environ={}, timeout=-1), ValueError, r"init_from_env\.timeout"),
+    ("init-device", lambda: od.init_from_env(environ={}, device="tpu"), ValueError, r"init_from_env\.device"),
+    ("wrap-model-int", lambda: od.wrap(3, od.DistEnv()), TypeError, r"wrap\.model"),
+    ("wrap-env-int", lambda: od.wrap(enc(), 3), TypeError, r"wrap\.env"),
+)
+
+
+@pytest.mark.parametrize("case", CONFIG)
+def test_train_config(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", TRAINER)
+def test_trainer(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", FIT)
+def test_fit(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", EVALUATE)
+def test_evaluate(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", OBJECTIVE)
+def test_objective(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", COSTS)
+def test_costs(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", CHECKPOINTS)
+def test_checkpoints(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", GRADIENTS)
+def test_gradient_modes(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", DISTRIBUTED)
+def test_distributed(case):
+    run_case(case)
