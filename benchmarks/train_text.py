@@ -30,11 +30,13 @@ the **anytime** table: the one-N_t and the multi-N_t models evaluated at N_t = `
 (bits/char, generation tokens/s), and the **paired step time** of the peer and
 ``softmax-lie`` (one training step each, same batch, interleaved A B A B, ``--pairs``
 rounds, median of the per-round ratios).  Output: Markdown tables on stdout,
-``<out>/results.json``, ``<out>/<run>/steps.csv``, and the figures ``--figures``
+``<out>/results.json`` (runs of separate invocations with the same setup accumulate there;
+``--report`` reprints every table from it), ``<out>/<run>/steps.csv``, and the figures ``--figures``
 (``text_loss.png``: loss curves; ``text_anytime.png``: bits/char and generation speed
 against N_t).
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --figures docs/figures
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --runs sliced-strang --pairs 0 --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --steps 20 --runs peer softmax-lie  # quick look
 """
 
@@ -60,6 +62,8 @@ from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
 from opsplit.models import DecoderConfig, DecoderLM  # noqa: E402
 
 RUNS = ("peer", "softmax-lie", "softmax-strang", "sliced-lie", "sliced-strang", "softmax-lie-multi")
+#: the default table (sliced-strang, ~5x the peer's step, is run on its own: ``--runs sliced-strang``)
+DEFAULT_RUNS = ("peer", "softmax-lie", "softmax-strang", "sliced-lie", "softmax-lie-multi")
 
 
 # -- the peer: nanoGPT written by the book ------------------------------------------------------
@@ -245,12 +249,18 @@ def sample_peer(peer: NanoGPT, prompt, args):
 
 def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
     """One training step (forward, loss, backward, AdamW) of the peer and of ``softmax-lie``
-    from the same weights on the same batch, interleaved; one warm-up step each."""
+    from the same weights on the same batch, interleaved; one warm-up step each.  A third
+    model, ``softmax-lie`` with its value checks off (``check_finite_input = False``: no
+    finiteness test of the input, the parameters and the output), attributes part of the gap."""
     torch.manual_seed(args.seed)
     peer = NanoGPT(vocab, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
     model = DecoderLM(opsplit_config(vocab, args))
     copy_peer_weights(peer, model)
-    runs = {"peer": (peer, lambda o: o), "opsplit": (model, lambda o: o.logits)}
+    unchecked = DecoderLM(opsplit_config(vocab, args))
+    copy_peer_weights(peer, unchecked)
+    unchecked.check_finite_input = False
+    runs = {"peer": (peer, lambda o: o), "opsplit": (model, lambda o: o.logits),
+            "opsplit_unchecked": (unchecked, lambda o: o.logits)}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in runs.items()}
 
     def one(k):
@@ -268,9 +278,11 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
         for k in runs:
             times[k].append(one(k))
     ratios = [a / b for a, b in zip(times["opsplit"], times["peer"])]
+    ratios_u = [a / b for a, b in zip(times["opsplit_unchecked"], times["peer"])]
     return {"peer_median_s": statistics.median(times["peer"]), "opsplit_median_s": statistics.median(times["opsplit"]),
+            "unchecked_median_s": statistics.median(times["opsplit_unchecked"]),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "pairs": pairs, "batch": list(x.shape)}
+            "ratio_unchecked_median": statistics.median(ratios_u), "pairs": pairs, "batch": list(x.shape)}
 
 
 # -- figures --------------------------------------------------------------------------------------
@@ -325,7 +337,7 @@ def plot_anytime(anytime: dict, path: Path, title: str) -> None:
 # -- main -----------------------------------------------------------------------------------------
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    p.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), choices=RUNS)
     p.add_argument("--corpus", default="pydoc_topics", choices=["pydoc_topics", "stdlib"])
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--d-model", type=int, default=128)
@@ -338,18 +350,26 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--multi", type=int, nargs="+", default=[2, 4, 8], help="train_n_steps of softmax-lie-multi")
-    p.add_argument("--anytime", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--anytime", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-batch", type=int, default=64)
     p.add_argument("--eval-windows", type=int, default=None, help="cap on validation windows (default: all)")
     p.add_argument("--prompt", default="The ")
     p.add_argument("--gen", type=int, default=200, help="characters generated after the prompt")
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--pairs", type=int, default=9, help="interleaved rounds of the paired step timing (0: none)")
+    p.add_argument("--pairs", type=int, default=15, help="interleaved rounds of the paired step timing (0: none)")
     p.add_argument("--out", default="benchmarks/out/train_text")
     p.add_argument("--figures", default=None, help="write text_loss.png and text_anytime.png here")
+    p.add_argument("--report", action="store_true",
+                   help="no training: print the tables and draw the figures from <out>/results.json")
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.report:
+        saved = _load(out)
+        if saved is None:
+            p.error(f"--report: no {out / 'results.json'}")
+        report(saved, args)
+        return saved
     out.mkdir(parents=True, exist_ok=True)
     load0 = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else None
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
@@ -422,6 +442,7 @@ def main(argv=None):
             bpc = bits_per_char(tr.evaluate(val, n_steps=n)["loss"])
             tok_s, _ = sample_opsplit(model, prompt, args, n_steps=n)
             rows.append({"n_t": n, "bpc": bpc, "gen_tok_s": tok_s})
+            print(json.dumps({"anytime": run, **rows[-1]}), flush=True)
         label = f"{run} (trained at N_t = {args.layers})" if run == "softmax-lie" else \
             f"{run} (trained at N_t in {tuple(args.multi)})"
         anytime[label] = rows
@@ -434,50 +455,87 @@ def main(argv=None):
         print(json.dumps({"paired": paired}), flush=True)
 
     load1 = Path("/proc/loadavg").read_text().split()[:3] if load0 else None
-    total_train = sum(r["train_s"] for r in results.values())
-    # -- tables ------------------------------------------------------------------------------------
+    info = {"corpus": str(corpus), "train_chars": corpus.train.numel(), "val_chars": corpus.val.numel(),
+            "vocab": vocab.size, "tokens_per_run": tokens, "loadavg": [load0, load1]}
+    saved = _load(out)
+    if saved and saved.get("setup") != _setup(args):
+        print(f"{out / 'results.json'} holds runs of another setup: replaced", flush=True)
+        saved = {}
+    saved = saved or {"setup": _setup(args), "runs": {}, "anytime": {}, "paired": None, "info": {}}
+    saved["runs"].update(results)
+    saved["anytime"].update(anytime)
+    saved["paired"] = paired or saved.get("paired")
+    saved["info"][" ".join(args.runs)] = info
+    (out / "results.json").write_text(json.dumps(saved, indent=1))
+    report(saved, args)
+    return results
+
+
+def _setup(args) -> dict:
+    """What must agree for runs of separate invocations to share one table."""
+    keys = ("corpus", "context", "d_model", "heads", "layers", "steps", "batch", "lr", "weight_decay", "warmup",
+            "min_lr_ratio", "multi", "seed", "eval_windows", "prompt", "gen", "temperature")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _load(out: Path) -> dict | None:
+    f = out / "results.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def report(saved: dict, args) -> None:
+    """The Markdown tables, the samples and the figures of every run in ``results.json``."""
+    st = saved["setup"]
+    runs = [saved["runs"][r] for r in RUNS if r in saved["runs"]]
     print()
-    print(f"corpus {args.corpus} (seed {args.seed}): {corpus.train.numel()} training / {corpus.val.numel()} "
-          f"validation characters, vocabulary {vocab.size}; context {args.context}, d_model {args.d_model}, "
-          f"{args.heads} heads, {args.layers} layers' controls; {args.steps} steps x {args.batch} windows "
-          f"({tokens} training tokens per run); total training time {total_train:.0f} s; loadavg {load0} -> {load1}")
+    for key, info in saved["info"].items():
+        print(f"[{key}] {info['corpus']}; {info['tokens_per_run']} training tokens per run; loadavg "
+              f"{info['loadavg'][0]} -> {info['loadavg'][1]}")
+    print(f"context {st['context']}, d_model {st['d_model']}, {st['heads']} heads, {st['layers']} layers' controls; "
+          f"{st['steps']} steps x {st['batch']} windows, AdamW lr {st['lr']} (warm-up {st['warmup']}, cosine to "
+          f"{st['min_lr_ratio']} x), seed {st['seed']}; total training time "
+          f"{sum(r['train_s'] for r in runs):.0f} s")
     print()
     print("| run | params | val bits/char | final train bits/char | train tokens/s | gen tokens/s (KV cache) | "
-          "gen tokens/s (recompute) |")
-    print("|---|---|---|---|---|---|---|")
+          "gen tokens/s (recompute) | training s |")
+    print("|---|---|---|---|---|---|---|---|")
 
     def f(v, fmt):
         return "—" if v is None else format(v, fmt)
 
-    for r in results.values():
+    for r in runs:
         print(f"| {r['run']} | {r['params']} | {r['val_bpc']:.3f} | {r['final_train_bpc']:.3f} | "
-              f"{r['train_tok_s']:.0f} | {f(r['gen_tok_s_cache'], '.0f')} | {f(r['gen_tok_s_recompute'], '.0f')} |")
+              f"{r['train_tok_s']:.0f} | {f(r['gen_tok_s_cache'], '.0f')} | {f(r['gen_tok_s_recompute'], '.0f')} | "
+              f"{r['train_s']:.0f} |")
+    anytime = saved["anytime"]
     if anytime:
+        nts = [row["n_t"] for row in next(iter(anytime.values()))]
         print()
-        print("| model | " + " | ".join(f"N_t = {n}" for n in args.anytime) + " |")
-        print("|---|" + "---|" * len(args.anytime))
+        print("| model | " + " | ".join(f"N_t = {n}" for n in nts) + " |")
+        print("|---|" + "---|" * len(nts))
         for label, rows in anytime.items():
             print(f"| {label}: bits/char | " + " | ".join(f"{r['bpc']:.3f}" for r in rows) + " |")
+        for label, rows in anytime.items():
             print(f"| {label}: gen tokens/s | " + " | ".join(f"{r['gen_tok_s']:.0f}" for r in rows) + " |")
+    paired = saved.get("paired")
     if paired:
         print()
-        print(f"paired step time (batch {args.batch} x {args.context}, {paired['pairs']} rounds): peer "
+        print(f"paired step time (batch {paired['batch'][0]} x {paired['batch'][1]}, {paired['pairs']} rounds): peer "
               f"{paired['peer_median_s'] * 1e3:.0f} ms, opsplit softmax-lie {paired['opsplit_median_s'] * 1e3:.0f} ms, "
-              f"median ratio {paired['ratio_median']:.3f} (min {paired['ratio_min']:.3f}, max {paired['ratio_max']:.3f})")
+              f"median ratio {paired['ratio_median']:.3f} (min {paired['ratio_min']:.3f}, max {paired['ratio_max']:.3f}); "
+              f"value checks off: {paired['unchecked_median_s'] * 1e3:.0f} ms, median ratio "
+              f"{paired['ratio_unchecked_median']:.3f}")
     print()
-    for r in results.values():
-        print(f"--- {r['run']} (seed {args.seed}, temperature {args.temperature}) ---")
+    for r in runs:
+        print(f"--- {r['run']} (seed {st['seed']}, temperature {st['temperature']}) ---")
         print(r["sample"])
         print()
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": results, "anytime": anytime,
-                                                  "paired": paired, "loadavg": [load0, load1]}, indent=1))
     if args.figures:
         fig = Path(args.figures)
-        title = (f"pydoc topics, context {args.context}, d_model {args.d_model}, {args.steps} steps x {args.batch}")
-        plot_loss(out, args.runs, fig / "text_loss.png", title)
+        title = f"pydoc topics, context {st['context']}, d_model {st['d_model']}, {st['steps']} steps x {st['batch']}"
+        plot_loss(Path(args.out), [r["run"] for r in runs], fig / "text_loss.png", title)
         if anytime:
             plot_anytime(anytime, fig / "text_anytime.png", title)
-    return results
 
 
 if __name__ == "__main__":
