@@ -295,20 +295,42 @@ def _plt():
     return plt
 
 
+def _losses(out: Path, run: str) -> list[float] | None:
+    f = out / run / "steps.csv"
+    return [float(row["loss"]) / math.log(2) for row in csv.DictReader(f.open())] if f.is_file() else None
+
+
 def plot_loss(out: Path, runs, path: Path, title: str) -> None:
+    """Left: the peer and opsplit's ``softmax-lie`` (same weights, same batches) and their
+    difference; right: every run (10-step running mean)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.4, 3.6))
+    peer, ours = _losses(out, "peer"), _losses(out, "softmax-lie")
+    if peer and ours:
+        steps = range(1, len(peer) + 1)
+        a1.plot(steps, peer, color="black", lw=2.6, alpha=0.4, label="peer (plain torch)")
+        a1.plot(steps, ours, color="C1", lw=1.0, ls="--", label="opsplit softmax-lie (Trainer)")
+        tw = a1.twinx()
+        diff = [max(abs(a - b), 1e-12) for a, b in zip(peer, ours)]
+        tw.semilogy(steps, diff, color="C2", lw=0.8, label="|difference| (0 drawn at 1e-12)")
+        tw.set_ylabel("|difference| (bits / char)", color="C2")
+        a1.set_xlabel("training step")
+        a1.set_ylabel("training loss (bits / char)")
+        a1.set_title("the peer and opsplit, same weights and batches", fontsize=9)
+        h1, l1 = a1.get_legend_handles_labels()
+        h2, l2 = tw.get_legend_handles_labels()
+        a1.legend(h1 + h2, l1 + l2, fontsize=7)
+    k = 10
     for r in runs:
-        f = out / r / "steps.csv"
-        if not f.is_file():
+        loss = _losses(out, r)
+        if loss is None:
             continue
-        loss = [float(row["loss"]) for row in csv.DictReader(f.open())]
-        style = {"peer": dict(color="black", lw=2.4, alpha=0.45), "softmax-lie": dict(color="C1", lw=1.0, ls="--")}
-        ax.plot(range(1, len(loss) + 1), [v / math.log(2) for v in loss], label=r, **style.get(r, dict(lw=1.0)))
-    ax.set_xlabel("training step")
-    ax.set_ylabel("training loss (bits / char)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+        sm = [statistics.mean(loss[max(0, i - k + 1):i + 1]) for i in range(len(loss))]
+        a2.plot(range(1, len(loss) + 1), sm, label=r, **({"color": "black", "lw": 2.2, "alpha": 0.4} if r == "peer" else {}))
+    a2.set_xlabel("training step")
+    a2.set_ylabel("training loss (bits / char, 10-step mean)")
+    a2.set_title(title, fontsize=9)
+    a2.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -322,8 +344,10 @@ def plot_anytime(anytime: dict, path: Path, title: str) -> None:
         nts = [r["n_t"] for r in rows]
         a1.plot(nts, [r["bpc"] for r in rows], "o-", label=name)
         a2.plot(nts, [r["gen_tok_s"] for r in rows], "o-", label=name)
+    nts = [r["n_t"] for r in next(iter(anytime.values()))]
     for ax, lab in ((a1, "validation bits / char"), (a2, "generation tokens / s (KV cache)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(nts, [str(n) for n in nts])
         ax.set_xlabel("N_t at inference")
         ax.set_ylabel(lab)
         ax.legend(fontsize=8)

@@ -347,7 +347,7 @@ def sample_windows(ids: Tensor, context: int, batch_size: int, generator: torch.
 def text_windows(ids: Tensor, context: int, n: int | None = None, *, seed: int = 0, name: str = "text") -> TensorData:
     """A :class:`~opsplit.data.TensorData` of windows of ``ids``: ``n`` drawn by
     :func:`sample_windows` with a generator seeded by ``seed``, or (``n=None``) every
-    non-overlapping window from the start, ``len(ids) - 1) // context`` of them."""
+    non-overlapping window from the start, ``(len(ids) - 1) // context`` of them."""
     ids, context = _check_ids(ids, context, name)
     if n is None:
         k = (ids.numel() - 1) // context
