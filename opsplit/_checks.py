@@ -68,11 +68,11 @@ def check_float_dtype(x: Tensor, name: str) -> None:
 
 
 def check_finite(x: Tensor, name: str, what: str = "") -> None:
-    """Raise if ``x`` holds NaN or inf (one reduction; syncs on CUDA).  Skipped under
-    ``torch.compile`` / ``torch.jit`` tracing (see the module docstring)."""
+    """Raise if ``x`` holds NaN or inf (one reduction, :func:`all_finite`; syncs on CUDA).
+    Skipped under ``torch.compile`` / ``torch.jit`` tracing (see the module docstring)."""
     if skip_value_checks() or x.device.type == "meta":  # a meta tensor has no values
         return
-    if not bool(torch.isfinite(x).all()):
+    if not all_finite(x):
         n_bad = int((~torch.isfinite(x)).sum())
         extra = f" ({what})" if what else ""
         raise ValueError(f"{name}: expected finite values, found {n_bad} NaN/inf entries{extra}")

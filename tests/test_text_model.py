@@ -255,3 +255,24 @@ def test_sliced_decoder_gradcheck():
     x = ids(B=1, N=5)
     u0 = model.embed(x).detach().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda u: model.decoder(u), (u0,))
+
+
+def test_value_checks_by_sums_keep_their_verdicts():
+    """check_finite / check_parameters_finite test one sum per tensor (cheap enough for a
+    training step); a sum that overflows from finite entries must not be taken for a NaN."""
+    from opsplit._checks import check_finite, check_parameters_finite
+
+    big = torch.full((8,), 3e38)  # finite float32 entries whose sum overflows
+    check_finite(big, "big")
+    m = nn.Linear(8, 1)
+    with torch.no_grad():
+        m.weight.fill_(3e38)
+    check_parameters_finite(m, "model")
+    with torch.no_grad():
+        m.bias.fill_(float("nan"))
+    with pytest.raises(ValueError, match=r"model: parameters must be finite, but bias hold"):
+        check_parameters_finite(m, "model")
+    bad = big.clone()
+    bad[3] = float("inf")
+    with pytest.raises(ValueError, match=r"bad: expected finite values, found 1 NaN/inf"):
+        check_finite(bad, "bad")
