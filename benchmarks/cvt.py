@@ -41,14 +41,38 @@ def logits_of(model, x):
     return out.logits
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options every CvT speed script takes (batch, image size, repeats, threads, modes)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--modes", default="eval,train")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def workloads(x, modes: str):
+    """``[(name, fn)]``: the timed calls on input ``x`` — ``eval forward`` (no grad) and
+    ``train forward+backward`` (gradients reset first) — of those named in ``modes``."""
+
+    def eval_fwd(model):
+        model.eval()
+        with torch.no_grad():
+            logits_of(model, x)
+
+    def train_fwd_bwd(model):
+        model.train()
+        for p in model.parameters():
+            p.grad = None
+        logits_of(model, x).square().mean().backward()
+
+    return [(m, fn) for m, fn in (("eval forward", eval_fwd), ("train forward+backward", train_fwd_bwd))
+            if m.split()[0] in modes]
+
+
+def main(argv=None):
+    args = arguments(__doc__.split("\n")[0]).parse_args(argv)
     import transformers
 
     if args.threads:
@@ -62,21 +86,8 @@ def main(argv=None):
     print(f"CvT-13, batch {args.batch} of {args.size}x{args.size}, float32, {torch.get_num_threads()} threads, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; max |logits difference| = {d:.2e}")
 
-    def eval_fwd(model):
-        model.eval()
-        with torch.no_grad():
-            logits_of(model, x)
-
-    def train_fwd_bwd(model):
-        model.train()
-        for p in model.parameters():
-            p.grad = None
-        logits_of(model, x).square().mean().backward()
-
     results = {}
-    for mode, fn in (("eval forward", eval_fwd), ("train forward+backward", train_fwd_bwd)):
-        if mode.split()[0] not in args.modes:
-            continue
+    for mode, fn in workloads(x, args.modes):
         fn(hf)
         fn(ours)  # warm-up
         th, to = [], []

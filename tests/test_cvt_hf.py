@@ -266,6 +266,36 @@ def test_to_hf_is_a_weight_copy():
     torch.testing.assert_close(back(x).logits, hf(x).logits, rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("E, F", [(11, 15), (22, 49), (21, 59), (8, 0), (6, 1)])
+def test_to_hf_hidden_widths(E, F):
+    """A model built from specs whose hidden width F is not int(E * (F / E)) in floating point
+    (int(11 * (15 / 11)) == 14), or 0, goes to transformers with its own width: to_hf picks a
+    mlp_ratio that transformers' int(embed_dim * mlp_ratio) maps back to F."""
+    from opsplit.models import CvtStageSpec
+
+    torch.manual_seed(0)
+    spec = CvtStageSpec(3, E, 1, 1, patch_size=3, patch_stride=2, patch_padding=1, mlp_hidden=F)
+    model = CvT(3, [spec], num_labels=2, dtype=torch.float64).eval()
+    hf = model.to_hf()
+    assert hf.cvt.encoder.stages[0].layers[0].intermediate.dense.out_features == F
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64)
+    torch.testing.assert_close(model(x).logits, _hf_logits(hf, x), rtol=0, atol=1e-12)
+
+
+def _hf_logits(hf, x, base=None):
+    """``CvtForImageClassification``'s logits from its modules, as its forward computes them
+    (transformers 5.x's forward fails with an IndexError when the last stage has no class
+    token: its ``ModelOutput`` drops the ``None`` class token before ``outputs[1]``);
+    ``base``: the output of ``hf.cvt(x)`` if already computed (one forward in training mode)."""
+    base = hf.cvt(x) if base is None else base
+    if base.cls_token_value is not None:
+        seq = hf.layernorm(base.cls_token_value)
+    else:
+        seq = hf.layernorm(base.last_hidden_state.flatten(2).transpose(1, 2))
+    return hf.classifier(seq.mean(dim=1))
+
+
 def test_requires_grad_is_kept():
     cfg, _ = random_config(2)
     hf = hf_model(cfg, "CvtModel", torch.float64, 1)
@@ -314,30 +344,57 @@ def test_avg_projection_refused():
         from_hf(hf)
 
 
-def test_query_stride_refused():
-    hf = transformers.CvtModel(transformers.CvtConfig(**{**SMALL, "stride_q": [2]}))
-    with pytest.raises(ValueError, match="query projection must keep the token grid"):
+def test_query_projection_that_changes_the_grid():
+    """A query projection that keeps no token grid (stride 1 without 'same' padding) is
+    refused at conversion; a strided one keeps the grid of a few sizes only (here the 1x1
+    token grid of 1x1 and 2x2 images, which HF runs): the model takes those, and refuses the
+    others naming pixel_values (HF fails on them, its residual sum mixing two grids)."""
+    hf = transformers.CvtModel(transformers.CvtConfig(**{**SMALL, "padding_q": [0]}))
+    with pytest.raises(ValueError, match="query projection keeps no token grid"):
         from_hf(hf)
+    hf = hf_model({**SMALL, "stride_q": [2]}, "CvtModel", torch.float64, 3)
+    model = from_hf(hf)
+    for n in (1, 2):
+        x = torch.randn(2, 3, n, n, dtype=torch.float64)
+        compare(hf, model, x, 1e-10)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError):
+        hf(x)
+    with pytest.raises(ValueError, match=r"pixel_values: images of 8x8 pixels do not fit stage 1 \(on the 4x4 token "
+                                         r"grid\): ConvAttention.q_proj: the query projection must keep the token grid"):
+        model(x)
 
 
 def test_bad_pixels():
     model = from_hf(transformers.CvtForImageClassification(transformers.CvtConfig(**SMALL, num_labels=2)).eval())
-    with pytest.raises(ValueError, match="not divisible by the stride.*height N_1 = 9"):
-        model(torch.randn(1, 3, 18, 16))  # 18 -> 9 tokens, K/V stride 2
-    with pytest.raises(ValueError, match="image size not divisible by the stride"):
-        model(torch.randn(1, 3, 15, 16))  # the embedding's stride 2
-    with pytest.raises(ValueError, match="channel mismatch: expected 3 channels, got 1"):
+    model(torch.randn(1, 3, 18, 15))  # 18 x 15 -> 9 x 8 tokens, K/V 5 x 4: any size HF runs
+    big = transformers.CvtModel(transformers.CvtConfig(**{**SMALL, "kernel_qkv": [9], "padding_q": [4]})).eval()
+    x = torch.randn(1, 3, 10, 12)  # 5 x 6 tokens: the 9 x 9 K/V stencil does not fit 5 + 2*1 rows
+    with pytest.raises(RuntimeError):
+        big(x)
+    with pytest.raises(ValueError, match=r"pixel_values: images of 10x12 pixels do not fit stage 1 \(on the 5x6 token "
+                                         r"grid\): ConvAttention.k_proj: ConvTransfer: the kernel \(9\) is larger than "
+                                         r"the padded image \(height N_1 = 5, \+ 2\*1 padding = 7\)"):
+        from_hf(big)(x)
+    with pytest.raises(ValueError, match=r"pixel_values: images of 1x16 pixels do not fit stage 1's entry \(from the "
+                                         r"1x16 grid\): ConvTransfer: the kernel \(3\) is larger"):
+        from_hf(transformers.CvtModel(transformers.CvtConfig(**{**SMALL, "patch_padding": [0]})).eval())(
+            torch.randn(1, 3, 1, 16))
+    with pytest.raises(ValueError, match=r"pixel_values: empty images"):
+        model(torch.randn(1, 3, 0, 16))
+    with pytest.raises(ValueError, match="pixel_values: channel mismatch: expected 3 channels, got 1"):
         model(torch.randn(1, 1, 16, 16))
-    with pytest.raises(TypeError, match="floating-point"):
+    with pytest.raises(TypeError, match="pixel_values: expected a floating-point"):
         model(torch.ones(1, 3, 16, 16, dtype=torch.long))
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match="pixel_values: dtype torch.float64 differs from the CvT's torch.float32"):
         model(torch.randn(1, 3, 16, 16, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"expected shape \(B, C, H, W\)"):
+    with pytest.raises(ValueError, match=r"pixel_values: expected shape \(B, C, H, W\)"):
         model(torch.randn(3, 16, 16))
-    x = torch.randn(1, 3, 16, 16)
-    x[0, 0, 0, 0] = float("nan")
-    with pytest.raises(ValueError, match="finite"):
-        model(x)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(1, 3, 16, 16)
+        x[0, 0, 0, 0] = bad
+        with pytest.raises(ValueError, match="pixel_values: expected finite values"):
+            model(x)
 
 
 def test_channel_mismatch_between_stages_refused():

@@ -197,13 +197,56 @@ def test_conv_transfer_is_a_strided_restriction():
     torch.testing.assert_close(out[:, 1:], naive_conv(u, g, w[:3, :1], stride=2, pad=1, groups=3), rtol=0,
                                atol=1e-12)
     mg = ConvTransfer(w, b, stride=2, padding=1, spacing="stride").target_grid(ImageGrid.uniform((8, 4), 3))
-    assert mg.rows.length == pytest.approx(1.0) and mg.rows.n == 4  # the multigrid view: same domain
+    assert mg.rows.length == pytest.approx(1.0) and mg.rows.n == 4  # the multigrid view: same length (shifted)
+
+
+@pytest.mark.parametrize("n1, n2, k, s, p", [(7, 5, 3, 2, 1), (15, 15, 3, 2, 1), (10, 13, 4, 3, 0), (9, 6, 7, 4, 2),
+                                             (5, 11, 2, 2, 2), (6, 6, 1, 3, 0), (2, 3, 3, 2, 1), (1, 1, 3, 2, 1)])
+def test_conv_transfer_on_any_size(n1, n2, k, s, p):
+    """Sizes the stride does not divide: N' = the number of stencil positions that fit in the
+    padded grid, the values are the explicit stencil sums, and the coarse nodes are the
+    stencil centres x_0 + (ms - p + (k - 1)/2) h (a box average of affine data returns the
+    data at ``node_positions`` wherever the stencil lies inside the image)."""
+    torch.manual_seed(3)
+    g = ImageGrid.paper((n1, n2), 2, n_prefix=1)
+    w, b = torch.randn(3, 2, k, k, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    op = ConvTransfer(w, b, stride=s, padding=p)
+    fits = [len([m for m in range(n + 2 * p) if m * s + k <= n + 2 * p]) for n in (n1, n2)]
+    assert op.target_grid(g).size == tuple(fits)
+    u = torch.randn(2, g.nx, 2, dtype=torch.float64)
+    torch.testing.assert_close(op(u, grid=g), naive_conv(u, g, w, b, stride=s, pad=p), rtol=0, atol=1e-12)
+    # node positions, on a grid of spacing h = (1.3 / n1, 0.7 / n2)
+    gu = ImageGrid.uniform((n1, n2), 1, length=(1.3, 0.7))
+    h1, h2 = gu.rows.spacing, gu.cols.spacing
+    box = ConvTransfer(torch.full((1, 1, k, k), 1.0 / (k * k * h1 * h2), dtype=torch.float64), stride=s, padding=p)
+    x1, x2 = gu.nodes_2d(torch.float64)
+    data = (2.0 + 3.0 * x1 - 5.0 * x2).reshape(1, -1, 1)
+    out = box(data, grid=gu)
+    m1, m2 = fits
+    out = out.reshape(m1, m2)
+    r, c = box.node_positions(gu, torch.float64)
+    assert r.shape == (m1,) and c.shape == (m2,)
+    inside1 = [m for m in range(m1) if m * s - p >= 0 and m * s - p + k <= n1]
+    inside2 = [m for m in range(m2) if m * s - p >= 0 and m * s - p + k <= n2]
+    want = 2.0 + 3.0 * r[:, None] - 5.0 * c[None, :]
+    torch.testing.assert_close(out[inside1][:, inside2], want[inside1][:, inside2], rtol=0, atol=1e-12)
+    # the multigrid view: spacing s h, the coarse Interval a translation of the stencil centres by
+    # a = ((k - s)/2 - p) h (cell-centred nodes)
+    st = ConvTransfer(box.weight.value, stride=s, padding=p, spacing="stride")
+    tg = st.target_grid(gu)
+    assert tg.rows.spacing == pytest.approx(s * h1) and tg.cols.spacing == pytest.approx(s * h2)
+    torch.testing.assert_close(r - tg.rows.nodes(torch.float64), torch.full((m1,), ((k - s) / 2 - p) * h1,
+                                                                            dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(c - tg.cols.nodes(torch.float64), torch.full((m2,), ((k - s) / 2 - p) * h2,
+                                                                            dtype=torch.float64), rtol=0, atol=1e-12)
 
 
 def test_transfer_errors():
     g = ImageGrid.paper((6, 4), 3)
-    with pytest.raises(ValueError, match="height N_1 = 6 is not a multiple of stride 4"):
-        ConvTransfer(torch.zeros(5, 3, 3, 3), stride=4).check(g)
+    with pytest.raises(ValueError, match=r"the kernel \(9\) is larger than the padded image \(height N_1 = 6"):
+        ConvTransfer(torch.zeros(5, 3, 9, 3), stride=4, padding=1).check(g)
+    with pytest.raises(ValueError, match=r"kernel \(6\) is larger than the padded image \(width N_2 = 4"):
+        ConvTransfer(torch.zeros(5, 3, 3, 6), stride=4).check(g)
     with pytest.raises(ValueError, match="channel mismatch.*the state has N_y = 3"):
         ConvTransfer(torch.zeros(5, 2, 3, 3)).check(g)
     with pytest.raises(ValueError, match="continuous kernel needs stride 1"):

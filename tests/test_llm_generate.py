@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _llm_configs import build, left_padded  # noqa: E402
 
 from opsplit.models import from_hf  # noqa: E402

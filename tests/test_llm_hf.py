@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _llm_configs import build, left_padded, transformers  # noqa: E402
 
 from opsplit.models import DecoderLM, from_hf, hf_state_dict, to_hf  # noqa: E402
@@ -74,7 +73,7 @@ def test_to_hf_is_a_weight_copy(family, seed):
     a, b = hf.state_dict(), back.state_dict()
     assert set(a) == set(b)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    tied_hf = getattr(hf, "lm_head").weight is hf.get_input_embeddings().weight
+    tied_hf = hf.lm_head.weight is hf.get_input_embeddings().weight
     assert (back.lm_head.weight is back.get_input_embeddings().weight) == tied_hf
 
 
@@ -85,7 +84,7 @@ def test_requires_grad_and_training_mode_are_kept():
     ours = from_hf(hf)
     assert ours.training
     assert not ours.embedding.weight.requires_grad
-    assert ours.attention.WQ.raw.requires_grad
+    assert ours.attention.WQ.pieces[0].requires_grad
 
 
 def test_tied_read_out_is_one_parameter():

@@ -48,6 +48,10 @@ class LayerwiseConstant(Control):
         if not self.t1 > self.t0:
             raise ValueError(f"LayerwiseConstant: expected t0 < t1, got t0={t0}, t1={t1}")
         self.check_grid(self.shape, None)
+        # the exact start times t0 + (t1 - t0) k / n of the pieces (what a propagator with one
+        # step per piece evaluates at), looked up without the general rule of `piece`
+        n = len(self.pieces)
+        self._starts = {self.t0 + (self.t1 - self.t0) * k / n: str(k) for k in range(n)}
 
     @property
     def n_pieces(self) -> int:
@@ -66,6 +70,10 @@ class LayerwiseConstant(Control):
         return torch.stack(list(self.pieces))
 
     def forward(self, t, grid=None) -> Tensor:
+        if type(t) is float:  # a plain float (not a LeftLimit, not a tensor) at a piece's start
+            k = self._starts.get(t)
+            if k is not None and len(self._starts) == len(self.pieces):
+                return self.pieces._parameters[k]
         return self.pieces[self.piece(t)]
 
     def validate(self, grid, name: str = "control") -> None:

@@ -56,7 +56,8 @@ class PositionTable(Control):
         """Raise a ``ValueError`` naming ``name`` if a position lies outside the table."""
         if skip_value_checks() or positions.numel() == 0:
             return
-        lo, hi = float(positions.min()), float(positions.max())
+        p = positions.detach()
+        lo, hi = float(p.min()), float(p.max())
         if lo < 0 or hi > self.n_positions - 1:
             raise ValueError(
                 f"{name}: positions in [{lo:g}, {hi:g}] lie outside the learned position table [0, "
@@ -64,11 +65,12 @@ class PositionTable(Control):
                 f"positions cannot be evaluated"
             )
 
-    def at(self, positions: Tensor) -> Tensor:
+    def at(self, positions: Tensor, *, check: bool = True) -> Tensor:
         """:math:`P(\\xi)` at coordinates ``positions`` (any shape; integer or real), shape
         ``positions.shape + (N_y,)``: a row lookup at integer coordinates, linear interpolation
-        between rows otherwise."""
-        self.check_positions(positions)
+        between rows otherwise.  ``check=False`` skips the range check (the caller made it)."""
+        if check:
+            self.check_positions(positions)
         if not positions.is_floating_point():
             return F.embedding(positions, self.weight)
         lo = positions.floor()

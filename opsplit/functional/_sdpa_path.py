@@ -23,8 +23,13 @@ __all__ = ["sdpa"]
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
-    """``F.scaled_dot_product_attention`` with the path choice of the module docstring."""
+         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+         enable_gqa: bool = False) -> Tensor:
+    """``F.scaled_dot_product_attention`` with the path choice of the module docstring
+    (``enable_gqa``: fewer key/value heads than query heads, torch >= 2.5, 4-D inputs)."""
+    if enable_gqa:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale, enable_gqa=True)
     if q.dim() == 3:
         return torch.ops.aten._scaled_dot_product_attention_math(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,

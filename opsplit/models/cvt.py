@@ -42,7 +42,13 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int
+from .._checks import (
+    check_finite,
+    check_float_dtype,
+    check_like_module,
+    check_parameters_finite,
+    check_positive_int,
+)
 from ..controls import Constant, LayerwiseConstant
 from ..grid import ImageGrid
 from ..operators import (
@@ -74,6 +80,16 @@ def _pair(v, name: str) -> tuple[int, int]:
     if len(vals) != 2:
         raise ValueError(f"{name}: expected an int or a pair (height, width), got {v!r}")
     return tuple(check_positive_int(x, name) for x in vals)
+
+
+def _grid_keeping_sizes(k: int, s: int, p: int):
+    """The sizes N that a convolution (kernel k, stride s, padding p) maps to N nodes:
+    ``None`` for every N (stride 1, padding (k - 1)/2), else the tuple of them (finite for
+    s >= 2: N' <= (N + 2p - k)/s + 1 < N once N > (2p - k + s)/(s - 1))."""
+    if s == 1:
+        return None if 2 * p == k - 1 else ()
+    top = max(0, (2 * p - k + s) // (s - 1))
+    return tuple(n for n in range(1, top + 1) if n + 2 * p >= k and (n + 2 * p - k) // s + 1 == n)
 
 
 def _rate(p, name: str) -> float:
@@ -128,13 +144,19 @@ class CvtStageSpec:
             raise ValueError(
                 f"CvtStageSpec: embed_dim = {self.embed_dim} is not divisible by num_heads = {self.num_heads}"
             )
-        self.mlp_hidden = 4 * self.embed_dim if self.mlp_hidden is None else check_positive_int(
-            self.mlp_hidden, "CvtStageSpec.mlp_hidden")
-        if self.stride_q != 1 or 2 * self.padding_q != self.kernel_qkv - 1:
+        if self.mlp_hidden is None:
+            self.mlp_hidden = 4 * self.embed_dim
+        elif isinstance(self.mlp_hidden, bool) or not isinstance(self.mlp_hidden, int) or self.mlp_hidden < 0:
             raise ValueError(
-                f"CvtStageSpec: the query projection must keep the token grid (stride_q = 1 and padding_q = "
-                f"(kernel_qkv - 1)/2), got stride_q = {self.stride_q}, padding_q = {self.padding_q}, kernel_qkv = "
-                f"{self.kernel_qkv}: the attention output is added to the state on its grid"
+                f"CvtStageSpec.mlp_hidden: expected an integer >= 0 (transformers builds int(embed_dim * mlp_ratio) "
+                f"hidden units, 0 for a small ratio), got {self.mlp_hidden!r}"
+            )
+        if _grid_keeping_sizes(self.kernel_qkv, self.stride_q, self.padding_q) == ():
+            raise ValueError(
+                f"CvtStageSpec: the query projection keeps no token grid (kernel_qkv = {self.kernel_qkv}, stride_q = "
+                f"{self.stride_q}, padding_q = {self.padding_q}: floor((N + 2 padding_q - kernel_qkv)/stride_q) + 1 "
+                "!= N for every N; stride_q = 1 needs padding_q = (kernel_qkv - 1)/2): the attention output is "
+                "added to the state on its grid"
             )
         for name in ("drop_rate", "attention_drop_rate", "drop_path_rate"):
             setattr(self, name, _rate(getattr(self, name), f"CvtStageSpec.{name}"))
@@ -288,10 +310,15 @@ class CvT(nn.Module):
             zeros and ones (for a converter that overwrites them).
         device, dtype: factory kwargs.
 
-    ``forward(pixel_values)`` takes ``(B, C, H, W)`` floating-point images of any size the
-    strides divide (the input grid ``ImageGrid.paper((H, W), C)`` and the stages' grids are
-    read from the input) and returns a :class:`CvTOutput`.  Errors (image size not divisible as the strides require, channel
-    mismatches, wrong dtype/device, non-finite values) are raised before any compute.
+    ``forward(pixel_values)`` takes ``(B, C, H, W)`` floating-point images of any size
+    Hugging Face's ``CvtModel`` takes (the input grid ``ImageGrid.paper((H, W), C)`` and the
+    stages' grids are read from the input: a stride-:math:`s` convolution maps :math:`N`
+    nodes to :math:`\lfloor (N + 2p - k)/s \rfloor + 1`, see
+    :mod:`opsplit.operators.transfer`) and returns a :class:`CvTOutput`.  Errors name
+    ``pixel_values`` and are raised before any compute: a size some stencil does not fit
+    (or whose query grid is not the state's grid), channel mismatches, a dtype or device
+    other than the model's, non-finite values, and in training mode a batch norm that would
+    see one value per channel.
     """
 
     def __init__(self, num_channels: int, stages, *, num_labels: int | None = None,
@@ -396,11 +423,13 @@ class CvT(nn.Module):
             self.readout.reset_parameters()
 
     # -- forward ------------------------------------------------------------------------------------
-    def _check_pixels(self, pixel_values) -> None:
+    def _check_pixels(self, pixel_values) -> ImageGrid:
+        """Every check of the input, before any compute (type, layout, channels, dtype and
+        device, the image size against every stage, batch norm's needs in training mode,
+        finiteness); returns the input grid."""
         if not isinstance(pixel_values, Tensor):
             raise TypeError(f"pixel_values: expected a torch.Tensor (B, C, H, W), got {type(pixel_values).__name__}")
-        if not pixel_values.is_floating_point():
-            raise TypeError(f"pixel_values: expected a floating-point tensor, got dtype {pixel_values.dtype}")
+        check_float_dtype(pixel_values, "pixel_values")
         if pixel_values.dim() != 4:
             raise ValueError(f"pixel_values: expected shape (B, C, H, W), got {tuple(pixel_values.shape)}")
         B, C, H, W = pixel_values.shape
@@ -408,12 +437,47 @@ class CvT(nn.Module):
             raise ValueError(f"pixel_values: channel mismatch: expected {self.num_channels} channels, got {C}")
         if B < 1:
             raise ValueError("pixel_values: empty batch")
+        if H < 1 or W < 1:
+            raise ValueError(f"pixel_values: empty images (H, W) = ({H}, {W})")
+        check_like_module(pixel_values, self, "pixel_values", "the CvT")
+        grid = self.input_grid((H, W))
+        self._check_image_size(grid, B)
+        check_finite(pixel_values, "pixel_values")
+        return grid
+
+    def _check_image_size(self, grid: ImageGrid, batch: int) -> None:
+        """Every stage's transfers and projections on the grids that images on ``grid`` give,
+        as one error naming ``pixel_values`` and the stage; in training mode, batch norm's
+        need of more than one value per channel (``nn.BatchNorm2d`` refuses one)."""
+        H, W = grid.size
+        g = grid
+        for k, st in enumerate(self.scheme.stages):
+            where = f"stage {k + 1}'s entry (from the {g.size[0]}x{g.size[1]} grid)"
+            try:
+                st.entry.check(g)
+                g = st.entry.output_grid(g)
+                where = f"stage {k + 1} (on the {g.size[0]}x{g.size[1]} token grid)"
+                st.body.check(g)
+            except ValueError as e:
+                raise ValueError(f"pixel_values: images of {H}x{W} pixels do not fit {where}: {e}") from None
+            if self.training:
+                for name, gg in self.stage_operators(k)["attention"].projection_grids(g).items():
+                    if batch * gg.n_spatial == 1:
+                        raise ValueError(
+                            f"pixel_values: stage {k + 1}'s {name} projection has a 1x1 token grid for {H}x{W} images, "
+                            "and batch norm in training mode needs more than one value per channel (one image gives "
+                            "one; nn.BatchNorm2d refuses it too): use a batch of 2 or more images, or eval mode"
+                        )
+            g = st.body.output_grid(g)
 
     def forward(self, pixel_values: Tensor) -> CvTOutput:
-        self._check_pixels(pixel_values)
-        grid = self.input_grid(pixel_values.shape[-2:])
+        grid = self._check_pixels(pixel_values)
+        check_parameters_finite(self, "CvT")
         f = ImageGrid.from_image(pixel_values)  # the image is the initial state on the input grid
-        u = self.propagator(f, grid=grid)  # checks dtype/device/finiteness and every stride, then solves
+        # the pixels and the parameters are checked above, naming them (one pass over the pixels)
+        u = self.propagator(f, grid=grid, check_finite_input=False)
+        check_finite(u, "CvT output", f"produced from finite pixels and finite parameters: an intermediate value "
+                                      f"left the range of {u.dtype}; scale the input down or use float64")
         g = self.scheme.output_grid(grid)
         prefix, spatial = g.split(u)
         B = u.shape[0]
@@ -746,19 +810,31 @@ def cvt_from_hf(model) -> CvT:
     device and per-parameter ``requires_grad`` (the batch-norm parameters of a stage are one
     stacked parameter: layers that differ in their ``requires_grad`` are refused).  Registered with :func:`~opsplit.models.hf.from_hf`.
 
-    The model takes images of any size the strides divide (the stages' grids are built from
-    the input, as Hugging Face's model does).  Checked before any compute: the class of every
-    sub-module and every option that changes the math — ``qkv_projection_method`` other than ``"dw_bn"``
-    (transformers' ``"avg"`` builds no convolution and fails at its first forward), a query
-    projection that changes the token grid, key and value projections that differ,
-    LayerNorms / batch norms / dropout rates that differ within a stage, channel mismatches
-    between stages, and image sizes the strides do not divide.
+    The model takes images of every size Hugging Face's model takes (the stages' grids are
+    built from the input, as Hugging Face's model does).  Checked before any compute: the
+    class of every sub-module and every option that changes the math —
+    ``qkv_projection_method`` other than ``"dw_bn"`` (transformers' ``"avg"`` builds no
+    convolution and fails at its first forward), a query projection that keeps no token
+    grid, key and value projections that differ, LayerNorms / batch norms / dropout rates
+    that differ within a stage, channel mismatches between stages; at the forward, image
+    sizes that some stencil does not fit.
     """
     if type(model).__name__ not in ("CvtModel", "CvtForImageClassification") or not _is_hf(
             model, "CvtModel", "CvtForImageClassification"):
         raise TypeError(f"cvt_from_hf: expected transformers' CvtModel or CvtForImageClassification, got "
                         f"{type(model).__name__}")
     return _cvt_from_hf(model)
+
+
+def _mlp_ratio(hidden: int, embed_dim: int) -> float:
+    """A ratio r with ``int(embed_dim * r) == hidden`` (transformers' hidden width): ``hidden /
+    embed_dim`` can round below (``int(11 * (15 / 11)) == 14``); step it by ulps until it fits."""
+    r = hidden / embed_dim
+    while int(embed_dim * r) < hidden:
+        r = math.nextafter(r, math.inf)
+    while int(embed_dim * r) > hidden:
+        r = math.nextafter(r, -math.inf)
+    return r
 
 
 @torch.no_grad()
@@ -774,7 +850,7 @@ def _to_hf(model: CvT):
             num_channels=model.num_channels, patch_sizes=[x.patch_size for x in s],
             patch_stride=[x.patch_stride for x in s], patch_padding=[x.patch_padding for x in s],
             embed_dim=[x.embed_dim for x in s], num_heads=[x.num_heads for x in s], depth=[x.depth for x in s],
-            mlp_ratio=[x.mlp_hidden / x.embed_dim for x in s], attention_drop_rate=[x.attention_drop_rate for x in s],
+            mlp_ratio=[_mlp_ratio(x.mlp_hidden, x.embed_dim) for x in s], attention_drop_rate=[x.attention_drop_rate for x in s],
             drop_rate=[x.drop_rate for x in s], drop_path_rate=[x.drop_path_rate for x in s],
             qkv_bias=[x.qkv_bias for x in s], cls_token=[x.cls_token for x in s],
             qkv_projection_method=["dw_bn"] * len(s), kernel_qkv=[x.kernel_qkv for x in s],

@@ -10,7 +10,8 @@ with :math:`A` a causal attention term and :math:`F` a feed-forward term, each r
 state through a normalisation map (:class:`~opsplit.operators.PreNorm`).  The Lie scheme
 (Appendix C, eq. 58) with explicit-Euler substeps and :math:`\Delta t = 1` is one layer
 ``h = h + attn(norm1(h)); h = h + mlp(norm2(h))``; the controls are piecewise constant in
-time (one weight set per layer, :class:`~opsplit.controls.PiecewiseConstant`), so
+time (one weight set per layer, :class:`~opsplit.controls.LayerwiseConstant`: one parameter
+per layer, so the backward pass sends each layer's gradient to its own tensor), so
 :math:`N_t` = number of layers, and another :math:`N_t` solves the same continuous model.
 
 ===================  ====================================  ==========================================
@@ -61,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_float, check_positive_int, check_probability
-from ..controls import PiecewiseConstant, PositionTable
+from ..controls import LayerwiseConstant, PositionTable
 from ..grid import Grid
 from ..operators import (
     FeedForward,
@@ -224,8 +225,8 @@ class DecoderLM(nn.Module):
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         L, E, H, Hkv, d, Fz = c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
 
-        def pc(*shape, fill=0.0):
-            return PiecewiseConstant(torch.full((L, *shape), fill, **fk), t0=0.0, t1=float(L))
+        def pc(*shape, fill=0.0):  # one parameter per layer (LayerwiseConstant: no O(L^2) gradient traffic)
+            return LayerwiseConstant(torch.full((L, *shape), fill, **fk), t0=0.0, t1=float(L))
 
         rotary = None
         if c.positions == "rope":
@@ -320,18 +321,18 @@ class DecoderLM(nn.Module):
         norm weights 1; a sliced attention term then draws its own
         (:meth:`SlicedReLUAttention.reset_parameters`, as ``nn.Linear``)."""
 
-        def param(ctl):
-            return getattr(ctl, "raw", getattr(ctl, "value", None))
+        def params(ctl):
+            return [] if ctl is None else list(ctl.parameters())
 
         ones, zeros = [], []
         for m in self.modules():
             if isinstance(m, PointwiseAffine):
-                ones += [param(m.weight)] if m.weight is not None else []
-                zeros += [param(m.bias)] if m.bias is not None else []
+                ones += params(m.weight)
+                zeros += params(m.bias)
         a, f = self.attention, self.ffn
         sliced = isinstance(a, SlicedReLUAttention)
-        biases = (f.b1, f.b2, getattr(f, "b_up", None)) + (() if sliced else (a.bQ, a.bK, a.bV, a.bO))
-        zeros += [param(c) for c in biases if c is not None]
+        for c in (f.b1, f.b2, getattr(f, "b_up", None)) + (() if sliced else (a.bQ, a.bK, a.bV, a.bO)):
+            zeros += params(c)
         for p in ones:
             p.fill_(1.0)
         for p in zeros:
@@ -348,9 +349,10 @@ class DecoderLM(nn.Module):
         p = self.embedding.weight
         return p.dtype, p.device
 
-    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None):
+    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None, *, values: bool = True):
         """Validate a call's inputs (before any compute); returns ``(past, mask)`` with the
-        mask as a bool tensor ``(B, past + N)`` (``True`` = keep) or ``None``."""
+        mask as a bool tensor ``(B, past + N)`` (``True`` = keep) or ``None``.  ``values=False``
+        checks types and shapes only (generation's later steps feed the model's own tokens)."""
         c = self.config
         if not isinstance(input_ids, Tensor):
             raise TypeError(f"input_ids: expected a torch.Tensor of token ids, got {type(input_ids).__name__}")
@@ -366,7 +368,7 @@ class DecoderLM(nn.Module):
         _, device = self._dtype_device()
         if input_ids.device != device:
             raise ValueError(f"input_ids: on device {input_ids.device}, the model is on {device}")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
+        lo, hi = (int(input_ids.min()), int(input_ids.max())) if values else (0, 0)
         if lo < 0 or hi >= c.vocab_size:
             raise ValueError(f"input_ids: token ids must lie in [0, {c.vocab_size - 1}] (vocab_size = "
                              f"{c.vocab_size}), got range [{lo}, {hi}]")
@@ -389,7 +391,8 @@ class DecoderLM(nn.Module):
             if attention_mask.device != device:
                 raise ValueError(f"attention_mask: on device {attention_mask.device}, the model is on {device}")
             mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
-            if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            if values and attention_mask.dtype != torch.bool and \
+                    not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
                 raise ValueError("attention_mask: expected values 0 (padding) and 1 (token)")
             if c.attention == "sliced_relu" and not bool(mask.all()):
                 raise ValueError("attention_mask: sliced ReLU attention takes no padding (its causal prefix sums "
@@ -401,7 +404,7 @@ class DecoderLM(nn.Module):
                 raise ValueError(f"position_ids: expected shape (B, N) = ({B}, {N}) or (1, {N}), got {shape}")
             if position_ids.is_floating_point() and not bool(torch.isfinite(position_ids).all()):
                 raise ValueError("position_ids: expected finite positions")
-        if self.positions is not None:
+        if self.positions is not None and values:
             pos = position_ids if position_ids is not None else torch.arange(past, past + N, device=device)
             if pos.numel() and (int(pos.max()) > self.positions.n_positions - 1 or float(pos.min()) < 0):
                 raise ValueError(
@@ -412,48 +415,63 @@ class DecoderLM(nn.Module):
         return past, mask
 
     # -- the map -------------------------------------------------------------------------------
-    def embed(self, input_ids: Tensor, past: int = 0, position_ids: Tensor | None = None) -> Tensor:
-        """:math:`F_{\\text{in}}`: token table (+ learned positions), ``(B, N, d_model)``."""
+    def embed(self, input_ids: Tensor, past: int = 0, position_ids: Tensor | None = None, *,
+              check: bool = True) -> Tensor:
+        """:math:`F_{\\text{in}}`: token table (+ learned positions), ``(B, N, d_model)``
+        (``check=False``: the positions were checked against the table already)."""
         u = self.embedding(input_ids)
         if self.positions is not None:
             N = input_ids.shape[1]
             pos = position_ids if position_ids is not None else \
                 torch.arange(past, past + N, device=input_ids.device).unsqueeze(0)
-            u = u + self.positions.at(pos)
+            u = u + self.positions.at(pos, check=check)
         if self.config.embedding_dropout and self.training:
             u = F.dropout(u, self.config.embedding_dropout, True)
         return u
 
-    def read_out(self, u: Tensor, grid: Grid) -> tuple[Tensor, Tensor | None]:
-        """:math:`G`: the final norm, then the logits (``None`` without a head)."""
-        t1 = self.decoder.t1
-        for n in self.final_norm:
-            u = n.flow(t1, 1.0, u, grid) if n.has_flow else n.resolvent(t1, 1.0, u, grid)
-        W = self.head_weight
-        return u, (None if W is None else F.linear(u, W))
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
-                cache: KVCache | None = None, n_steps: int | None = None) -> DecoderOutput:
-        """Logits of every position (see the module docstring); with ``cache`` the ids are the
-        new tokens, the mask covers cached and new ones, and the cache is extended."""
-        past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache)
-        u = self.embed(input_ids, past, position_ids)
-        kpm = None
-        if mask is not None and not bool(mask.all()):
-            kpm = ~mask
+    def hidden(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+               position_ids: Tensor | None = None, cache: KVCache | None = None,
+               n_steps: int | None = None, check_values: bool = True) -> Tensor:
+        """:math:`G` without the read-out: the normalised final state ``(B, N, d_model)``.
+        ``check_values=False`` skips the propagator's finiteness checks of the parameters,
+        the input and the output (generation: checked at the prompt, unchanged after)."""
+        past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache, values=check_values)
+        u = self.embed(input_ids, past, position_ids, check=False)  # check_inputs (or generate) checked them
         ctx = {}
-        if kpm is not None:
-            ctx["key_padding_mask"] = kpm
+        if mask is not None and not bool(mask.all()):
+            ctx["key_padding_mask"] = ~mask
         if position_ids is not None and self.positions is None:
             ctx["positions"] = position_ids
         if cache is not None:
             cache.begin()
             ctx["kv_cache"] = cache
-        grid = ContextGrid.of(self.decoder.grid, **ctx) if ctx else self.decoder.grid
-        g = grid.with_shape(u.shape[1], self.config.d_model)
-        u = self.decoder(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input)
-        h, logits = self.read_out(u, g)
-        return DecoderOutput(logits=logits, last_hidden_state=h, cache=cache)
+        # always a ContextGrid: its per-call cache shares the rotary angles and the masks across layers
+        g = ContextGrid.of(self.decoder.grid, **ctx).with_shape(u.shape[1], self.config.d_model)
+        u = self.decoder(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input and check_values)
+        t1 = self.decoder.t1
+        for n in self.final_norm:
+            u = n.flow(t1, 1.0, u, g) if n.has_flow else n.resolvent(t1, 1.0, u, g)
+        return u
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
+                cache: KVCache | None = None, n_steps: int | None = None) -> DecoderOutput:
+        """Logits of every position (see the module docstring); with ``cache`` the ids are the
+        new tokens, the mask covers cached and new ones, and the cache is extended."""
+        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps)
+        W = self.head_weight
+        return DecoderOutput(logits=None if W is None else F.linear(h, W), last_hidden_state=h, cache=cache)
+
+    def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+                          position_ids: Tensor | None = None, cache: KVCache | None = None,
+                          n_steps: int | None = None, check_values: bool = True) -> Tensor:
+        """The logits of the last position only, ``(B, vocab)`` (what generation reads; the
+        read-out is applied to one token), solved with ``n_steps`` (default: the model's N_t)."""
+        W = self.head_weight
+        if W is None:
+            raise ValueError("DecoderLM.next_token_logits: the model has no read-out (lm_head=False)")
+        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps,
+                        check_values=check_values)
+        return F.linear(h[:, -1], W)
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """:func:`opsplit.models.generate.generate` with this model."""

@@ -29,11 +29,11 @@ the cache append is a copy of the layer's :math:`O(n\,d)` keys and values (as Hu
 Face's ``DynamicCache``).  Without the cache a step is a full forward pass,
 :math:`O(n^2 d)` attention and :math:`n` feed-forward evaluations per layer.
 
-A model is generated from when it provides ``check_inputs(input_ids, attention_mask,
-position_ids, cache)`` (validation before any compute, returning ``(past, mask)``) and
-``forward(input_ids, attention_mask, position_ids=..., cache=...)`` returning an object with
-``logits`` ``(B, N, vocab)`` (:class:`~opsplit.models.DecoderLM`, and
-:class:`~opsplit.models.TokenClassifier` over a causal decoder).
+A model is generated from when it provides ``vocab_size``, ``check_inputs(input_ids,
+attention_mask)`` (validation before any compute, returning ``(past, mask)``) and
+``next_token_logits(input_ids, attention_mask, position_ids=..., cache=...)`` returning the
+last position's logits ``(B, vocab)`` (:class:`~opsplit.models.DecoderLM`, and
+:class:`~opsplit.models.TokenClassifier` over a causal :class:`~opsplit.models.AttentionDecoder`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
         raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     if n_steps is not None:
         n_steps = check_positive_int(n_steps, "n_steps (N_t)")
-    if not hasattr(model, "check_inputs"):
+    if not (hasattr(model, "check_inputs") and hasattr(model, "next_token_logits")):
         raise TypeError(f"generate: model: expected an opsplit causal decoder (DecoderLM, TokenClassifier), "
                         f"got {type(model).__name__}")
     _, mask = model.check_inputs(input_ids, attention_mask)
@@ -152,8 +152,10 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             ids, pos = seq[:, -1:], position_ids[:, -1:]
         else:
             ids, pos = seq, position_ids
+        # the parameters and the prompt are checked for finite values at the first step; the
+        # later steps feed tokens the model produced, with the same parameters
         kw = {} if n_steps is None else {"n_steps": n_steps}
-        logits = model(ids, mask, position_ids=pos, cache=cache, **kw).logits[:, -1]
+        logits = model.next_token_logits(ids, mask, position_ids=pos, cache=cache, check_values=step == 0, **kw)
         nxt = select_next_token(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
         if eos_token_id is not None:

@@ -40,7 +40,7 @@ from torch import nn
 
 from .decoder_lm import DecoderConfig, DecoderLM
 from .hf import register_hf_converter
-from .vit import _check_linear, _dropout_p, _hf_act, _is_hf, _need_hf
+from .vit import _check_linear, _dropout_p, _hf_act, _is_hf, _need_hf, _one_dtype_device
 
 __all__ = ["decoder_from_hf", "to_hf", "hf_state_dict", "HF_DECODER_CLASSES"]
 
@@ -54,17 +54,6 @@ HF_DECODER_CLASSES = GPT2_CLASSES + tuple(LLAMA_FAMILY)
 
 
 # -- checks (before any compute) ------------------------------------------------------------------
-def _dtype_device(model, cls: str):
-    kinds = {(t.dtype, t.device) for t in list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]}
-    if len(kinds) != 1:
-        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
-                         "move the model with .to(dtype, device) first")
-    dtype, device = kinds.pop()
-    if not dtype.is_floating_point:
-        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
-    return dtype, device
-
-
 def _check_conv1d(m, where: str, n_in: int, n_out: int) -> None:
     if not _is_hf(m, "Conv1D"):
         raise TypeError(f"from_hf: {where}: expected transformers' Conv1D, got {type(m).__name__}")
@@ -277,22 +266,22 @@ def _entries(model: DecoderLM, kind: str, prefix: str) -> list:
     if kind == "gpt2":
         for n in range(L):
             h = f"{prefix}h.{n}."
-            same(h + "ln_1.weight", n1.weight.raw, n)
-            same(h + "ln_1.bias", n1.bias.raw, n)
-            same(h + "ln_2.weight", n2.weight.raw, n)
-            same(h + "ln_2.bias", n2.bias.raw, n)
-            add(h + "attn.c_attn.weight", [(a.WQ.raw, n), (a.WK.raw, n), (a.WV.raw, n)],
+            same(h + "ln_1.weight", n1.weight.pieces[n], None)
+            same(h + "ln_1.bias", n1.bias.pieces[n], None)
+            same(h + "ln_2.weight", n2.weight.pieces[n], None)
+            same(h + "ln_2.bias", n2.bias.pieces[n], None)
+            add(h + "attn.c_attn.weight", [(a.WQ.pieces[n], None), (a.WK.pieces[n], None), (a.WV.pieces[n], None)],
                 lambda x: [w.reshape(E, H, d) for w in x.split(E, 1)],
                 lambda xs: torch.cat([w.reshape(E, E) for w in xs], 1))
-            add(h + "attn.c_attn.bias", [(a.bQ.raw, n), (a.bK.raw, n), (a.bV.raw, n)],
+            add(h + "attn.c_attn.bias", [(a.bQ.pieces[n], None), (a.bK.pieces[n], None), (a.bV.pieces[n], None)],
                 lambda x: [b.reshape(H, d) for b in x.split(E)], lambda xs: torch.cat([b.reshape(E) for b in xs]))
-            add(h + "attn.c_proj.weight", [(a.WO.raw, n)], lambda x: [x.reshape(H, d, E)],
+            add(h + "attn.c_proj.weight", [(a.WO.pieces[n], None)], lambda x: [x.reshape(H, d, E)],
                 lambda xs: xs[0].reshape(E, E))
-            same(h + "attn.c_proj.bias", a.bO.raw, n)
-            same(h + "mlp.c_fc.weight", f.W1.raw, n)
-            same(h + "mlp.c_fc.bias", f.b1.raw, n)
-            same(h + "mlp.c_proj.weight", f.W2.raw, n)
-            same(h + "mlp.c_proj.bias", f.b2.raw, n)
+            same(h + "attn.c_proj.bias", a.bO.pieces[n], None)
+            same(h + "mlp.c_fc.weight", f.W1.pieces[n], None)
+            same(h + "mlp.c_fc.bias", f.b1.pieces[n], None)
+            same(h + "mlp.c_proj.weight", f.W2.pieces[n], None)
+            same(h + "mlp.c_proj.bias", f.b2.pieces[n], None)
         same(prefix + "wte.weight", model.embedding.weight)
         same(prefix + "wpe.weight", model.positions.weight)
         same(prefix + "ln_f.weight", model.final_norm[0].weight.value)
@@ -301,25 +290,25 @@ def _entries(model: DecoderLM, kind: str, prefix: str) -> list:
         for n in range(L):
             h = f"{prefix}layers.{n}."
             for nm, W, heads in (("q", a.WQ, H), ("k", a.WK, Hkv), ("v", a.WV, Hkv)):
-                add(h + f"self_attn.{nm}_proj.weight", [(W.raw, n)],
+                add(h + f"self_attn.{nm}_proj.weight", [(W.pieces[n], None)],
                     lambda x, k=heads: [x.t().reshape(E, k, d)], lambda xs, k=heads: xs[0].reshape(E, k * d).t())
-            add(h + "self_attn.o_proj.weight", [(a.WO.raw, n)], lambda x: [x.t().reshape(H, d, E)],
+            add(h + "self_attn.o_proj.weight", [(a.WO.pieces[n], None)], lambda x: [x.t().reshape(H, d, E)],
                 lambda xs: xs[0].reshape(H * d, E).t())
             if c.qkv_bias:
                 for nm, b, heads in (("q", a.bQ, H), ("k", a.bK, Hkv), ("v", a.bV, Hkv)):
-                    add(h + f"self_attn.{nm}_proj.bias", [(b.raw, n)], lambda x, k=heads: [x.reshape(k, d)],
+                    add(h + f"self_attn.{nm}_proj.bias", [(b.pieces[n], None)], lambda x, k=heads: [x.reshape(k, d)],
                         lambda xs: xs[0].reshape(-1))
             if c.out_bias:
-                same(h + "self_attn.o_proj.bias", a.bO.raw, n)
-            tr(h + "mlp.gate_proj.weight", f.W1.raw, n)
-            tr(h + "mlp.up_proj.weight", f.W_up.raw, n)
-            tr(h + "mlp.down_proj.weight", f.W2.raw, n)
+                same(h + "self_attn.o_proj.bias", a.bO.pieces[n], None)
+            tr(h + "mlp.gate_proj.weight", f.W1.pieces[n], None)
+            tr(h + "mlp.up_proj.weight", f.W_up.pieces[n], None)
+            tr(h + "mlp.down_proj.weight", f.W2.pieces[n], None)
             if c.mlp_bias:
-                same(h + "mlp.gate_proj.bias", f.b1.raw, n)
-                same(h + "mlp.up_proj.bias", f.b_up.raw, n)
-                same(h + "mlp.down_proj.bias", f.b2.raw, n)
-            same(h + "input_layernorm.weight", n1.weight.raw, n)
-            same(h + "post_attention_layernorm.weight", n2.weight.raw, n)
+                same(h + "mlp.gate_proj.bias", f.b1.pieces[n], None)
+                same(h + "mlp.up_proj.bias", f.b_up.pieces[n], None)
+                same(h + "mlp.down_proj.bias", f.b2.pieces[n], None)
+            same(h + "input_layernorm.weight", n1.weight.pieces[n], None)
+            same(h + "post_attention_layernorm.weight", n2.weight.pieces[n], None)
         same(prefix + "embed_tokens.weight", model.embedding.weight)
         same(prefix + "norm.weight", model.final_norm[-1].weight.value)
     if model.head is not None:
@@ -355,7 +344,7 @@ def decoder_from_hf(model) -> DecoderLM:
     module docstring; registered with :func:`~opsplit.models.hf.from_hf`)."""
     cls = type(model).__name__
     parts = _gpt2_parts(model) if cls in GPT2_CLASSES else _llama_parts(model)
-    dtype, device = _dtype_device(model, cls)
+    dtype, device = _one_dtype_device(model, cls)
     config = parts["config"]
     out = DecoderLM(config, device=device, dtype=dtype)
     hf_params = dict(model.named_parameters(remove_duplicate=False))
@@ -368,9 +357,8 @@ def decoder_from_hf(model) -> DecoderLM:
             dst.copy_(val)
             flags.setdefault(id(p), (p, set()))[1].add(src.requires_grad)
     for p, fl in flags.values():
-        if len(fl) != 1:
-            raise ValueError(f"from_hf: {cls}: requires_grad differs between layers of one weight; opsplit holds "
-                             "a weight of all layers in one parameter (piecewise constant in t)")
+        if len(fl) != 1:  # an HF tensor split into several of ours never gets two flags; this guards the map
+            raise ValueError(f"from_hf: {cls}: one parameter mapped from HF tensors with different requires_grad")
         p.requires_grad_(fl.pop())
     out._hf = {"class": cls, "config": copy.deepcopy(model.config), "kind": parts["kind"], "prefix": parts["prefix"]}
     out.train(model.training)

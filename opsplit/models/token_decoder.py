@@ -48,6 +48,7 @@ from ..operators import (
     SlicedReLUAttention,
     SlicedReLUBumpAttention,
 )
+from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie
 from ..solvers import ExplicitEuler, Substep
@@ -108,13 +109,15 @@ class AttentionDecoder(Propagator):
 
         ffn = FeedForward.create(d_model, d_ff, n_pieces=n_steps, t0=0.0, t1=T, activation=activation, **fk)
         span = dict(n_steps=n_steps, t0=0.0, t1=T, **fk)
+        cache = "kv_cache" if causal else None  # generation reads a KVCache from the grid's context
         if attention == "softmax":
-            attn = MultiHeadAttention.create(d_model, n_heads, n_pieces=n_steps, t0=0.0, t1=T, causal=causal, **fk)
+            attn = MultiHeadAttention.create(d_model, n_heads, n_pieces=n_steps, t0=0.0, t1=T, causal=causal,
+                                             cache=cache, **fk)
         elif attention == "sliced_relu":
-            attn = SlicedReLUAttention.build(d_model, n_heads, projection="mlp", causal=causal, **span)
+            attn = SlicedReLUAttention.build(d_model, n_heads, projection="mlp", causal=causal, cache=cache, **span)
         elif attention == "sliced_bump":
             attn = SlicedReLUBumpAttention.build(d_model, n_heads, bandwidth=bandwidth, projection="linear",
-                                                 causal=causal, **span)
+                                                 causal=causal, cache=cache, **span)
         else:
             attn = None
         ln1, ln2 = layer_norm(), layer_norm()
@@ -208,17 +211,67 @@ class TokenClassifier(nn.Module):
         _uniform_(self.readout.bias, bound, g)
         self.norm.reset_parameters()
 
-    def forward(self, tokens: Tensor, *, n_steps: int | None = None) -> Tensor:
+    def _check_tokens(self, tokens, name: str = "TokenClassifier.tokens") -> None:
         if not isinstance(tokens, Tensor):
-            raise TypeError(f"TokenClassifier.tokens: expected a torch.Tensor, got {type(tokens).__name__}")
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(tokens).__name__}")
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"TokenClassifier.tokens: expected integer ids of shape (B, N), got shape "
+            raise ValueError(f"{name}: expected integer ids of shape (B, N), got shape "
                              f"{tuple(tokens.shape)} and dtype {tokens.dtype}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"TokenClassifier.tokens: expected ids in [0, {self.vocab_size - 1}], got range "
+            raise ValueError(f"{name}: expected ids in [0, {self.vocab_size - 1}], got range "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
+
+    def forward(self, tokens: Tensor, *, n_steps: int | None = None) -> Tensor:
+        self._check_tokens(tokens)
         u = self.encoder(self.embedding(tokens), n_steps=n_steps)
         return self.readout(self.norm(u))
+
+    # -- generation (opsplit.models.generate) ----------------------------------------------------
+    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None):
+        """Validation for :func:`~opsplit.models.generate.generate` (before any compute): a
+        causal encoder, ``n_classes == vocab_size`` (a language model), integer ids with at
+        least one token, no padding (the decoder has no key-padding mask: prompts of equal
+        length).  Returns ``(past, None)``."""
+        if self.n_classes != self.vocab_size:
+            raise ValueError(f"TokenClassifier: generation feeds the predicted classes back as tokens: needs "
+                             f"n_classes == vocab_size, got {self.n_classes} and {self.vocab_size}")
+        if not getattr(self.encoder, "causal", False):
+            raise ValueError("TokenClassifier: generation needs a causal encoder (AttentionDecoder(causal=True))")
+        self._check_tokens(input_ids, "input_ids")
+        if input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids: empty prompt (shape {tuple(input_ids.shape)}): expected at least one token")
+        if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor):
+                raise TypeError(f"attention_mask: expected a torch.Tensor or None, got {type(attention_mask).__name__}")
+            past = 0 if cache is None else cache.length
+            want = (input_ids.shape[0], past + input_ids.shape[1])
+            if tuple(attention_mask.shape) != want:
+                raise ValueError(f"attention_mask: expected shape (B, past + N) = {want}, got "
+                                 f"{tuple(attention_mask.shape)}")
+            if not bool((attention_mask != 0).all()):
+                raise ValueError("attention_mask: a TokenClassifier has no key-padding mask: give prompts of equal "
+                                 "length (a mask of ones, or None)")
+        return (0 if cache is None else cache.length), None
+
+    def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids=None,
+                          cache=None, n_steps: int | None = None, check_values: bool = True) -> Tensor:
+        """The last position's logits ``(B, n_classes)``; with a
+        :class:`~opsplit.operators.KVCache` only the new tokens are run (the causal attention
+        terms read the earlier tokens' keys and values from it).  ``position_ids`` are not
+        used: the model has no positions (causal attention sees the order)."""
+        self.check_inputs(input_ids, attention_mask, cache=cache)
+        grid = None
+        if cache is not None:
+            cache.begin()
+            grid = ContextGrid.of(self.encoder.grid, kv_cache=cache)
+        u = self.encoder(self.embedding(input_ids), n_steps=n_steps, grid=grid, check_finite_input=check_values)
+        return self.readout(self.norm(u[:, -1]))
+
+    def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """:func:`opsplit.models.generate.generate` with this model."""
+        from .generate import generate
+
+        return generate(self, input_ids, max_new_tokens, **kwargs)
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, n_classes={self.n_classes}"

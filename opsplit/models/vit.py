@@ -321,6 +321,20 @@ def _dropout_p(m, where: str) -> float:
     return float(m.p)
 
 
+def _one_dtype_device(model, cls: str):
+    """The one (floating) dtype and device of a model's parameters and floating buffers; a
+    ``ValueError`` / ``TypeError`` naming the model otherwise."""
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+    kinds = {(t.dtype, t.device) for t in tensors}
+    if len(kinds) != 1:
+        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
+                         "move the model with .to(dtype, device) first")
+    dtype, device = kinds.pop()
+    if not dtype.is_floating_point:
+        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
+    return dtype, device
+
+
 def _hf_layer(layer, where: str, E: int, config) -> dict:
     """One ViT layer's modules and options (transformers 5.x layout; 4.x read, untested)."""
     _need_hf(layer, where, "ViTLayer")
@@ -439,15 +453,7 @@ def _hf_vit_parts(model) -> dict:
         pool_act = _hf_act(pooler.activation, where + ".pooler.activation", "pooler_act", vit.config)
     if isinstance(head, nn.Linear):
         _check_linear(head, f"{cls}.classifier", E, bias=None)
-    # one dtype and device, floating point
-    tensors = list(model.parameters()) + list(model.buffers())
-    kinds = {(t.dtype, t.device) for t in tensors}
-    if len(kinds) != 1:
-        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
-                         "move the model with .to(dtype, device) first")
-    dtype, device = kinds.pop()
-    if not dtype.is_floating_point:
-        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
+    dtype, device = _one_dtype_device(model, cls)
     return dict(vit=vit, head=head, layers=[p["modules"] for p in parsed], opts=opts, eps=eps.pop(), E=E,
                 emb=emb, conv=conv, image=image, patch=ps, p_emb=p_emb, pooler=pooler, pool_act=pool_act,
                 fk={"dtype": dtype, "device": device}, where=where)

@@ -70,12 +70,15 @@ def attention_log_weights(
     causal: bool = False,
     log_wx: Tensor | None = None,
     names: tuple[str, str] = ("attn_mask", "key_padding_mask"),
+    causal_offset: int = 0,
 ) -> Tensor | None:
     """The additive log-weight of the key measure, broadcastable to ``(B, H, N_q, N_k)``, or
     ``None`` when the measure is the plain (uniform) one.
 
-    ``causal`` restricts query ``i`` to keys ``j <= i`` (seed 000, eq. 9); ``log_wx`` holds
-    the logs of non-uniform Omega_x quadrature weights of the keys.
+    ``causal`` restricts query ``i`` to keys ``j <= i + causal_offset`` (seed 000, eq. 9;
+    ``causal_offset`` = the number of cached keys before the queries' own, a decoder's key/value
+    cache: the alignment is then bottom-right); ``log_wx`` holds the logs of non-uniform
+    Omega_x quadrature weights of the keys.
     """
     bias = None
     if attn_mask is not None:
@@ -91,7 +94,7 @@ def attention_log_weights(
         k = canonical_mask(key_padding_mask, names[1], dtype).to(device).view(B, 1, 1, Nk)
         bias = k if bias is None else bias + k
     if causal:
-        c = torch.full((Nq, Nk), float("-inf"), dtype=dtype, device=device).triu_(1).view(1, 1, Nq, Nk)
+        c = torch.full((Nq, Nk), float("-inf"), dtype=dtype, device=device).triu_(1 + causal_offset).view(1, 1, Nq, Nk)
         bias = c if bias is None else bias + c
     if log_wx is not None:
         w = log_wx.to(dtype=dtype, device=device).view(1, 1, 1, Nk)

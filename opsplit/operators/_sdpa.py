@@ -46,16 +46,17 @@ def score_bound(q: Tensor, k: Tensor, scale: float) -> float:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
               attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-              is_causal: bool = False) -> Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)``
-    with the overflow guard of the module docstring; ``name`` names the caller in errors."""
+              is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa)`` with the overflow guard of the module docstring; ``name`` names the caller
+    in errors."""
     if not _unchecked(q, k):
         bound = score_bound(q, k, scale)
         if not bound < torch.finfo(q.dtype).max / 4:
             if q.dtype == torch.float32 and bound < torch.finfo(torch.float64).max / 4:
                 mask = attn_mask.double() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
                 out = _sdpa(q.double(), k.double(), v.double(), mask, dropout_p, is_causal,
-                            scale)
+                            scale, enable_gqa)
                 return out.to(v.dtype)
             raise ValueError(
                 f"{name}: the attention scores s*<q, k> may reach "
@@ -64,7 +65,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
                 f"scale the input (or the weights) down"
                 + (", or use float64" if q.dtype != torch.float64 else "")
             )
-    return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def check_scores(a: Tensor, name: str) -> Tensor:

@@ -106,10 +106,13 @@ class ConvAttention(MultiHeadAttention):
                     "the pointwise kernels act on N_y channels"
                 )
             out[name] = gg
-        if out["q_proj"].nx != g.nx:
+        if out["q_proj"].size != g.size:
+            n1, n2 = g.size
+            m1, m2 = out["q_proj"].size
             raise ValueError(
-                f"ConvAttention.q_proj: the query projection must keep the token grid ({g} -> {out['q_proj']}): "
-                "the term is a field on the state's grid (stride 1, 'same' padding)"
+                f"ConvAttention.q_proj: the query projection must keep the token grid, got {n1}x{n2} -> {m1}x{m2}: "
+                "the term is a field on the state's grid (stride 1 with 'same' padding keeps every grid; a "
+                "strided one keeps only the sizes N with floor((N + 2p - k)/s) + 1 = N)"
             )
         if out["k_proj"].nx != out["v_proj"].nx:
             raise ValueError(

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from .._checks import check_dtype_arg, check_positive_int, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid, Interval
+from ._linear import linear_y
 from .activation import Activation, activation_fn
 from .base import Operator
 
@@ -168,19 +169,17 @@ class FeedForward(Operator):
 
     def hidden_preactivation(self, t, u: Tensor, grid: Grid) -> Tensor:
         """:math:`\\int_{\\Omega_y} W_1(\\xi, z) u(x, \\xi) d\\xi + b_1(z)`, shape (B, N_x, N_z)."""
-        W1 = self.W1(t, grid)
-        b1 = None if self.b1 is None else self.b1(t, grid)
-        wy = grid.y.uniform_weight
-        if wy is None:
-            u = u * grid.y.weights(u.dtype, u.device)
-        elif wy != 1.0:
-            W1 = W1 * wy
-        return F.linear(u, W1.t(), b1)
+        return linear_y(u, self.W1(t, grid), None if self.b1 is None else self.b1(t, grid), grid)
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         h = self.hidden_preactivation(t, u, grid)
         # ReLU in place on the fresh GEMM output (autograd-safe: the GEMM does not save it)
         h = h.relu_() if self.activation == "relu" else activation_fn(self.activation)(h)
+        return self.output(t, h, grid)
+
+    def output(self, t, h: Tensor, grid: Grid) -> Tensor:
+        """:math:`\\int_{\\Omega_z} W_2(z, y)\\, h(x, z)\\, dz + b_2(y)` of the hidden activation
+        ``h`` (B, N_x, N_z), after dropout in training mode."""
         if self.dropout and self.training:
             h = F.dropout(h, self.dropout, True)
         W2 = self.W2(t, grid)

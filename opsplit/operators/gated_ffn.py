@@ -19,7 +19,8 @@ projection (:mod:`opsplit.operators.activation`); the product makes :math:`F` qu
 
 It is :class:`~opsplit.operators.FeedForward` (``W1, b1`` the gate, ``W2, b2`` the down
 transform, same hidden grid, quadrature and dropout on the hidden activation) with the up
-transform as a second factor.
+transform as a second factor.  When autograd does not record, the gate and up kernels are
+applied as one GEMM (a cached copy side by side, :mod:`opsplit.operators._linear`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
+from ._linear import linear_y, side_by_side
 from .activation import activation_fn
 from .feedforward import FeedForward, _shape
 
@@ -64,6 +65,7 @@ class GatedFeedForward(FeedForward):
         sb = None if self.b_up is None else _shape(self.b_up)
         if sb is not None and s1 is not None and sb != (s1[1],):
             raise ValueError(f"GatedFeedForward.b_up: expected shape ({s1[1]},), got {sb}")
+        self._fused: dict = {}  # t -> (versions, [W_gate, W_up], [b_gate, b_up]) for inference
 
     @classmethod
     def create(cls, n_y: int, n_z: int, *, n_pieces: int = 1, t0: float = 0.0, t1: float | None = None,
@@ -101,27 +103,20 @@ class GatedFeedForward(FeedForward):
 
     def up(self, t, u: Tensor, grid: Grid) -> Tensor:
         """:math:`\\int_{\\Omega_y} W_\\uparrow(\\xi, z) u(x, \\xi) d\\xi + b_\\uparrow(z)`, shape (B, N_x, N_z)."""
-        W = self.W_up(t, grid)
-        b = None if self.b_up is None else self.b_up(t, grid)
-        wy = grid.y.uniform_weight
-        if wy is None:
-            u = u * grid.y.weights(u.dtype, u.device)
-        elif wy != 1.0:
-            W = W * wy
-        return F.linear(u, W.t(), b)
+        return linear_y(u, self.W_up(t, grid), None if self.b_up is None else self.b_up(t, grid), grid)
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
-        h = activation_fn(self.activation)(self.hidden_preactivation(t, u, grid)) * self.up(t, u, grid)
-        if self.dropout and self.training:
-            h = F.dropout(h, self.dropout, True)
-        W2 = self.W2(t, grid)
-        b2 = None if self.b2 is None else self.b2(t, grid)
-        wz = self._hidden_weight(W2.shape[0], h.dtype, h.device)
-        if isinstance(wz, Tensor):
-            h = h * wz
-        elif wz != 1.0:
-            W2 = W2 * wz
-        return F.linear(h, W2.t(), b2)
+        act = activation_fn(self.activation)
+        if torch.is_grad_enabled():
+            h = act(self.hidden_preactivation(t, u, grid)) * self.up(t, u, grid)
+        else:  # one GEMM for the gate and the up transform (a cached copy of the two kernels)
+            Wg, Wu = self.W1(t, grid), self.W_up(t, grid)
+            bg = None if self.b1 is None else self.b1(t, grid)
+            bu = None if self.b_up is None else self.b_up(t, grid)
+            W, b = side_by_side(self._fused, t, (Wg, Wu), (bg, bu))
+            g, up = linear_y(u, W, b, grid).split(Wg.shape[1], dim=-1)
+            h = act(g) * up
+        return self.output(t, h, grid)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", gated=True"

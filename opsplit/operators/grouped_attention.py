@@ -40,9 +40,12 @@ keys (not with a cache).
 
 **Layouts** (head-major): ``WQ`` ``(N_y, H, d)``, ``WK, WV`` ``(N_y, H_kv, d)``, ``WO``
 ``(H, d, N_y)``, ``bQ`` ``(H, d)``, ``bK, bV`` ``(H_kv, d)``, ``bO`` ``(N_y,)``.
-Computation: three GEMMs, the rotation, ``F.scaled_dot_product_attention`` (through the
-overflow guard of :mod:`opsplit.operators._sdpa`) on the key/value heads repeated over
-their groups, one GEMM for :math:`W^O`.
+Computation: three GEMMs (one, on the three kernels side by side, when autograd does not
+record: a copy of them is kept per time piece and parameter version), the rotation, ``F.scaled_dot_product_attention`` (through the
+overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
+needed (torch >= 2.5), with the :math:`g` query heads of a group as :math:`g` queries of their
+key/value head for a single query (a decode step: no copy of the cache), else on the
+key/value heads repeated over their groups — and one GEMM for :math:`W^O`.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from torch import Tensor
 from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
+from ._linear import linear_y, side_by_side
 from ._masks import attention_log_weights
 from ._sdpa import attention
 from .base import Operator
@@ -64,20 +68,12 @@ from .rope import RotaryEmbedding
 
 __all__ = ["GroupedQueryAttention"]
 
+#: torch's SDPA takes fewer key/value heads than query heads itself (``enable_gqa``) from 2.5 on
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
 
 def _shape(control) -> tuple | None:
     return tuple(control.shape) if hasattr(control, "shape") and not callable(control.shape) else None
-
-
-def _linear_y(x: Tensor, W: Tensor, b: Tensor | None, grid: Grid) -> Tensor:
-    """:math:`\\int_{\\Omega_y} W(\\xi, \\cdot)\\, x(\\cdot, \\xi)\\, d\\xi + b` for a kernel
-    ``W`` of shape ``(N_y, M)`` (one GEMM; y-weights folded in)."""
-    wy = grid.y.uniform_weight
-    if wy is None:
-        x = x * grid.y.weights(x.dtype, x.device)
-    elif wy != 1.0:
-        W = W * wy
-    return F.linear(x, W.t(), b)
 
 
 class GroupedQueryAttention(Operator):
@@ -128,6 +124,7 @@ class GroupedQueryAttention(Operator):
                 raise TypeError(f"{n}.{name}: expected the name (str) of a grid context input, got {type(key).__name__}")
         self.key_padding_mask, self.positions, self.cache = key_padding_mask, positions, cache
         self._check_static_shapes()
+        self._fused: dict = {}  # t -> (versions, W, b): the three kernels side by side, without autograd
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -236,17 +233,38 @@ class GroupedQueryAttention(Operator):
         WQ, WK, WV = self.WQ(t, grid), self.WK(t, grid), self.WV(t, grid)
         H, Hkv, d = WQ.shape[1], WK.shape[1], WQ.shape[2]
         bias = [None if c is None else c(t, grid).reshape(-1) for c in (self.bQ, self.bK, self.bV)]
-        q = _linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d).transpose(1, 2)
-        k = _linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d).transpose(1, 2)
-        v = _linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d).transpose(1, 2)
-        if self.rotary is not None:
-            pos = self._positions(grid, B, N, past, u.device)
-            key = ("rope", id(self.rotary), N, past, u.dtype, str(u.device), id(pos))
-            cos, sin = cached(grid, key, lambda: self.rotary.cos_sin(pos, u.dtype))
-            if cos.dim() == 3:  # (B, N, d) -> (B, 1, N, d)
-                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
-        return q, k, v
+        if torch.is_grad_enabled():
+            q = linear_y(u, WQ.reshape(ny, H * d), bias[0], grid).view(B, N, H, d)
+            k = linear_y(u, WK.reshape(ny, Hkv * d), bias[1], grid).view(B, N, Hkv, d)
+            v = linear_y(u, WV.reshape(ny, Hkv * d), bias[2], grid).view(B, N, Hkv, d)
+            if self.rotary is not None:
+                cos, sin = self._cos_sin(grid, B, N, past, u)
+                q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+        else:
+            # one GEMM for the three, and one rotation for the query and key heads together
+            # (elementwise: the same numbers as two)
+            W, b = side_by_side(self._fused, t, (WQ, WK, WV), bias)
+            qkv = linear_y(u, W, b, grid).view(B, N, H + 2 * Hkv, d)
+            qk, v = qkv[:, :, : H + Hkv], qkv[:, :, H + Hkv:]
+            if self.rotary is not None:
+                cos, sin = self._cos_sin(grid, B, N, past, u)
+                qk = self.rotary.rotate(qk, cos, sin)
+            q, k = qk[:, :, :H], qk[:, :, H:]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _cos_sin(self, grid: Grid, B: int, N: int, past: int, u: Tensor):
+        """cos, sin of the rotary angles of the new tokens, shaped ``(B or 1, N, 1, d)`` (one per
+        call, shared by the layers through the grid's per-call cache)."""
+        pos = self._positions(grid, B, N, past, u.device)
+        key = ("rope", id(self.rotary), N, past, u.dtype, str(u.device), id(pos))
+
+        def build():
+            cos, sin = self.rotary.cos_sin(pos, u.dtype)
+            if cos.dim() == 1 + pos.dim() and pos.dim() == 1:  # grid positions (N,) -> (1, N, 1, d)
+                return cos[None, :, None], sin[None, :, None]
+            return cos.unsqueeze(-2), sin.unsqueeze(-2)  # (B, N, d) -> (B, N, 1, d)
+
+        return cached(grid, key, build)
 
     def _log_weights(self, grid: Grid, B: int, Nq: int, Nk: int, dtype, device):
         """(bias, is_causal) for SDPA: causal (bottom-right aligned after a cache), key padding
@@ -266,12 +284,10 @@ class GroupedQueryAttention(Operator):
                 return None, True
 
         def build():
-            am = None
-            if self.causal and Nq > 1:
-                am = torch.ones(Nq, Nk, dtype=torch.bool, device=device).triu_(1 + past)
             return attention_log_weights(
-                B=B, H=1, Nq=Nq, Nk=Nk, dtype=dtype, device=device, attn_mask=am, key_padding_mask=kpm,
-                log_wx=logw, names=("causal mask", self.key_padding_mask or "key_padding_mask"),
+                B=B, H=1, Nq=Nq, Nk=Nk, dtype=dtype, device=device, key_padding_mask=kpm, log_wx=logw,
+                causal=self.causal and Nq > 1, causal_offset=past,
+                names=("attn_mask", self.key_padding_mask or "key_padding_mask"),
             )
 
         return cached(grid, ("gqa-mask", id(self), B, Nq, Nk, dtype, str(device)), build), False
@@ -282,14 +298,27 @@ class GroupedQueryAttention(Operator):
         ``(B, H_kv, N_k, d)``."""
         B, H, Nq, d = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
-        if Hkv != H:  # the group map pi: query head h reads key/value head h // g
-            g = H // Hkv
-            k = k[:, :, None].expand(B, Hkv, g, Nk, d).reshape(B, H, Nk, d)
-            v = v[:, :, None].expand(B, Hkv, g, Nk, v.shape[-1]).reshape(B, H, Nk, v.shape[-1])
         bias, is_causal = self._log_weights(grid, B, Nq, Nk, q.dtype, q.device)
         p = self.dropout if self.training else 0.0
-        return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal,
-                         scale=self.score_scale(grid), name="GroupedQueryAttention")
+        s = self.score_scale(grid)
+        if Hkv == H:
+            return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal, scale=s,
+                             name="GroupedQueryAttention")
+        # the group map pi: query head h reads key/value head h // g
+        g = H // Hkv
+        if Nq == 1:
+            # one query (a decode step): the g query heads of a group become g queries of their
+            # key/value head, (B, H, 1, d) -> (B, H_kv, g, d); every one sees every key
+            o = attention(q.reshape(B, Hkv, g, d), k, v, attn_mask=bias, dropout_p=p, is_causal=False, scale=s,
+                          name="GroupedQueryAttention")
+            return o.reshape(B, H, 1, v.shape[-1])
+        if bias is None and _SDPA_GQA and q.dim() == 4:
+            return attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=is_causal, scale=s,
+                             name="GroupedQueryAttention", enable_gqa=True)
+        k = k[:, :, None].expand(B, Hkv, g, Nk, d).reshape(B, H, Nk, d)
+        v = v[:, :, None].expand(B, Hkv, g, Nk, v.shape[-1]).reshape(B, H, Nk, v.shape[-1])
+        return attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=is_causal, scale=s,
+                         name="GroupedQueryAttention")
 
     def combine_heads(self, t, o: Tensor, grid: Grid) -> Tensor:
         r""":math:`\int_{\Omega_h}[\cdot] W^O(h, \cdot, y)\,dh + b^O(y)`: ``(B, H, N, d)`` ->

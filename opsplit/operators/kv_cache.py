@@ -20,7 +20,8 @@ cache refuses a second append at the same (operator, time) within one call (see
 The cache costs :math:`O(n)` memory per layer and head (the keys and values of the
 :math:`n` tokens so far) and makes one decode step of softmax attention :math:`O(n\,d)`
 per head instead of recomputing the whole prefix (:math:`O(n^2 d)` for attention plus
-:math:`O(n)` feed-forward evaluations per layer).
+:math:`O(n)` feed-forward evaluations per layer); appending is amortised :math:`O(1)` per
+token under ``torch.no_grad()`` (buffers of geometric capacity).
 """
 
 from __future__ import annotations
@@ -38,10 +39,16 @@ class KVCache:
     head-major ``(B, H, N, d)`` keys and values of the softmax operators and the
     ``(B, H, N)`` scores of the sliced ones).  ``length`` is the number of cached tokens
     (the same for every entry once a call has finished).
+
+    **Storage.**  Under ``torch.no_grad()`` (generation) an entry lives in buffers of
+    geometric capacity and an append writes the new tokens in place: amortised :math:`O(1)`
+    work per new token, and the attention term reads a view of the first ``length``
+    tokens.  When autograd records (the new tensors require grad), an append is a
+    ``torch.cat`` (:math:`O(n)` copy), so that gradients flow into every cached token.
     """
 
     def __init__(self):
-        self._entries: dict = {}
+        self._entries: dict = {}  # key -> [op, t, buffers, dim, length]
         self._touched: set = set()
 
     def __len__(self) -> int:
@@ -50,8 +57,8 @@ class KVCache:
     @property
     def length(self) -> int:
         """The number of tokens in the cache (0 when empty)."""
-        for op, tensors, dim in self._entries.values():
-            return int(tensors[0].shape[dim])
+        for e in self._entries.values():
+            return e[4]
         return 0
 
     def begin(self) -> None:
@@ -65,7 +72,11 @@ class KVCache:
     def past(self, op, t) -> int:
         """The number of tokens cached for ``op`` at step ``t`` (0 when none)."""
         e = self._entries.get(self._key(op, t))
-        return 0 if e is None else int(e[1][0].shape[e[2]])
+        return 0 if e is None else e[4]
+
+    def entries(self) -> list:
+        """``(operator, t, tensors, dim)`` of every entry (``tensors``: the cached tokens)."""
+        return [(op, t, tuple(b.narrow(dim, 0, n) for b in bufs), dim) for op, t, bufs, dim, n in self._entries.values()]
 
     def update(self, op, t, *tensors: Tensor, dim: int = 2) -> tuple[Tensor, ...]:
         """Append the new tokens' ``tensors`` for ``op`` at step ``t`` and return the whole
@@ -77,21 +88,39 @@ class KVCache:
                 "this substep twice per step, e.g. Strang, cannot be decoded with a cache)"
             )
         self._touched.add(key)
+        m = int(tensors[0].shape[dim])
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
         e = self._entries.get(key)
         if e is None:
-            out = tuple(tensors)
+            bufs = tuple(x if grad else self._grow(x, dim, 2 * m) for x in tensors)
+            self._entries[key] = [op, float(t), bufs, dim, m]
+            return tuple(b.narrow(dim, 0, m) for b in bufs)
+        _, _, bufs, _, n = e
+        if len(bufs) != len(tensors):
+            raise ValueError(f"KVCache: {type(op).__name__} cached {len(bufs)} tensors, got {len(tensors)}")
+        if grad:
+            bufs = tuple(torch.cat((b.narrow(dim, 0, n), x.to(b.dtype)), dim=dim) for b, x in zip(bufs, tensors))
         else:
-            old = e[1]
-            if len(old) != len(tensors):
-                raise ValueError(f"KVCache: {type(op).__name__} cached {len(old)} tensors, got {len(tensors)}")
-            out = tuple(torch.cat((a, b.to(a.dtype)), dim=dim) for a, b in zip(old, tensors))
-        self._entries[key] = (op, out, dim)
-        return out
+            if n + m > bufs[0].shape[dim]:
+                bufs = tuple(self._grow(b.narrow(dim, 0, n), dim, 2 * (n + m)) for b in bufs)
+            for b, x in zip(bufs, tensors):
+                b.narrow(dim, n, m).copy_(x)
+        e[2], e[4] = bufs, n + m
+        return tuple(b.narrow(dim, 0, n + m) for b in bufs)
+
+    @staticmethod
+    def _grow(x: Tensor, dim: int, capacity: int) -> Tensor:
+        """A buffer of ``capacity`` tokens along ``dim`` starting with ``x``."""
+        shape = list(x.shape)
+        shape[dim] = capacity
+        buf = x.new_empty(shape)
+        buf.narrow(dim, 0, x.shape[dim]).copy_(x)
+        return buf
 
     def select(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` of every entry (e.g. after dropping sequences)."""
-        for key, (op, tensors, dim) in list(self._entries.items()):
-            self._entries[key] = (op, tuple(x.index_select(0, index.to(x.device)) for x in tensors), dim)
+        for e in self._entries.values():
+            e[2] = tuple(x.index_select(0, index.to(x.device)) for x in e[2])
 
     def __repr__(self) -> str:
         return f"KVCache(entries={len(self._entries)}, length={self.length})"

@@ -140,21 +140,29 @@ def token_mean_std(v: Tensor, grid: Grid | None = None) -> tuple[Tensor, Tensor,
     return s * mu, std, const
 
 
+def _scaled_rsqrt(r: Tensor, beta: Tensor, M: Tensor, eps: float) -> Tensor:
+    r""":math:`(M r)/\sqrt{M^2 \beta + \varepsilon}` without forming :math:`M^2` where it would
+    overflow or underflow: ``r`` a token rescaled to max-abs 1, ``beta`` its mean square,
+    ``M`` the rescaling (a constant for autograd; may be inf near the float range, where
+    :math:`\varepsilon/M^2 = 0`).  ``eps = 0`` is :math:`r/\sqrt\beta`."""
+    if eps == 0:
+        return r * torch.rsqrt(beta)
+    with torch.no_grad():
+        big = M >= 1
+        Mb = torch.where(big, M, torch.ones_like(M))
+        Ms = torch.where(big, torch.ones_like(M), M)
+    z_big = r * torch.rsqrt(beta + (eps / Mb) / Mb)
+    z_small = (r * Ms) * torch.rsqrt((Ms * Ms) * beta + eps)
+    return torch.where(big, z_big, z_small)
+
+
 def _project_s1(v: Tensor, sigma1, sigma2, grid: Grid | None, eps: float) -> Tensor:
     """The projection without argument checks (the kernel; see the module docstring)."""
     const, s, _, m, r, beta = _normalise(v, grid)
-    if eps == 0:
-        z = r * torch.rsqrt(beta)
-    else:
-        # sigma_2 (v - alpha)/sqrt(beta_v + eps) with v - alpha = M r, M = s m (centred max-abs)
-        with torch.no_grad():
-            M = s * m  # may be inf for tokens near the float range: then eps/M^2 = 0
-            big = M >= 1
-            Mb = torch.where(big, M, torch.ones_like(M))
-            Ms = torch.where(big, torch.ones_like(M), M)
-        z_big = r * torch.rsqrt(beta + (eps / Mb) / Mb)
-        z_small = (r * Ms) * torch.rsqrt((Ms * Ms) * beta + eps)
-        z = torch.where(big, z_big, z_small)
+    # sigma_2 (v - alpha)/sqrt(beta_v + eps) with v - alpha = M r, M = s m (centred max-abs)
+    with torch.no_grad():
+        M = s * m
+    z = _scaled_rsqrt(r, beta, M, eps)
     z = torch.where(const, torch.zeros_like(z), z)
     return z * sigma2 + sigma1
 
@@ -187,6 +195,27 @@ def _check_sigma(x, name: str, positive: bool):
     return check_finite_float(x, name)
 
 
+def _check_tokens(v, grid):
+    """The argument checks of the closed-form projections: ``v`` a finite floating tensor
+    ``(..., N_y)``, ``grid`` ``None`` or a Grid whose y-interval fits ``N_y`` (completed from
+    ``v`` when open).  Returns ``(v, grid)``."""
+    v = check_tensor(v, "v")
+    check_float_dtype(v, "v")
+    if v.dim() < 1 or v.shape[-1] < 1:
+        raise ValueError(f"v: expected a tensor (..., N_y) with N_y >= 1, got shape {tuple(v.shape)}")
+    grid = check_grid(grid, "grid")
+    if grid is not None:
+        n = v.shape[-1]
+        if grid.y.n is not None and grid.y.n != n:
+            raise ValueError(
+                f"v: grid/tensor mismatch: the grid has N_y = {grid.y.n} features, v has {n}"
+            )
+        if grid.y.n is None:
+            grid = replace(grid, y=_axis_with_n(grid.y, n, "N_y", "features", "v"))
+    check_finite(v, "v")
+    return v, grid
+
+
 def project_s1(
     v: Tensor,
     sigma1: Tensor | float = 0.0,
@@ -207,20 +236,7 @@ def project_s1(
         grid: ``None`` or a :class:`~opsplit.grid.Grid` whose y-interval fits ``N_y``.
         eps: variance regulariser ``>= 0`` (``> 0``: torch's ``layer_norm`` formula).
     """
-    v = check_tensor(v, "v")
-    check_float_dtype(v, "v")
-    if v.dim() < 1 or v.shape[-1] < 1:
-        raise ValueError(f"v: expected a tensor (..., N_y) with N_y >= 1, got shape {tuple(v.shape)}")
-    grid = check_grid(grid, "grid")
-    if grid is not None:
-        n = v.shape[-1]
-        if grid.y.n is not None and grid.y.n != n:
-            raise ValueError(
-                f"v: grid/tensor mismatch: the grid has N_y = {grid.y.n} features, v has {n}"
-            )
-        if grid.y.n is None:
-            grid = replace(grid, y=_axis_with_n(grid.y, n, "N_y", "features", "v"))
-    check_finite(v, "v")
+    v, grid = _check_tokens(v, grid)
     sigma1 = _check_sigma(sigma1, "sigma1", positive=False)
     sigma2 = _check_sigma(sigma2, "sigma2", positive=True)
     eps = check_positive_float(eps, "eps", allow_zero=True)

@@ -97,6 +97,10 @@ class MultiHeadAttention(Operator):
         source: the memory's token domain :math:`\Omega_s` (an :class:`~opsplit.grid.Interval`
             with ``n`` open or equal to ``N_s``); ``None`` is an interval of the kind of
             :math:`\Omega_x` with ``N_s`` nodes.
+        cache: context key of a :class:`~opsplit.operators.KVCache` (self-attention): the new
+            tokens' keys and values are appended to those cached for this operator at this
+            time step and the causal mask is aligned at the bottom right (generation,
+            :mod:`opsplit.operators.kv_cache`).
     """
 
     has_field = True
@@ -121,6 +125,7 @@ class MultiHeadAttention(Operator):
         attn_mask: str | None = None,
         key_padding_mask: str | None = None,
         source: Interval | None = None,
+        cache: str | None = None,
     ):
         super().__init__()
         self.WQ = as_control(WQ, "MultiHeadAttention.WQ")
@@ -142,13 +147,17 @@ class MultiHeadAttention(Operator):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"MultiHeadAttention.dropout: expected 0 <= p < 1, got {dropout}")
         self.dropout = dropout
-        for name, key in (("memory", memory), ("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+        for name, key in (("memory", memory), ("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask),
+                          ("cache", cache)):
             if key is not None and not isinstance(key, str):
                 raise TypeError(
                     f"MultiHeadAttention.{name}: expected the name (str) of a grid context input, "
                     f"got {type(key).__name__}"
                 )
         self.memory, self.attn_mask, self.key_padding_mask = memory, attn_mask, key_padding_mask
+        if cache is not None and memory is not None:
+            raise ValueError("MultiHeadAttention.cache: a key/value cache is for self-attention (memory=None)")
+        self.cache = cache
         if source is not None and not isinstance(source, Interval):
             raise TypeError(f"MultiHeadAttention.source: expected an Interval, got {type(source).__name__}")
         self.source = source
@@ -341,11 +350,14 @@ class MultiHeadAttention(Operator):
         on a :class:`~opsplit.operators.context.ContextGrid`."""
         am = context_value(grid, self.attn_mask)
         kpm = context_value(grid, self.key_padding_mask)
+        past = Nk - Nq if self.memory is None else 0  # keys cached before the queries' own
         logw = self._key_log_weights(grid, Nk, dtype, device) if quadrature else None
+        if logw is not None and past:
+            raise ValueError("MultiHeadAttention: a key/value cache needs equal token weights (uniform Omega_x)")
         if am is None and kpm is None and logw is None:
             if self.causal and Nq == Nk:
                 return None, True
-            if not self.causal:
+            if not self.causal or Nq == 1 and past:
                 return None, False
 
         def build():
@@ -353,6 +365,7 @@ class MultiHeadAttention(Operator):
                 B=B, H=H, Nq=Nq, Nk=Nk, dtype=dtype, device=device, attn_mask=am,
                 key_padding_mask=kpm, causal=self.causal, log_wx=logw,
                 names=(self.attn_mask or "attn_mask", self.key_padding_mask or "key_padding_mask"),
+                causal_offset=past,
             )
 
         key = ("mha", id(self), quadrature, B, H, Nq, Nk, dtype, str(device))
@@ -448,6 +461,9 @@ class MultiHeadAttention(Operator):
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         q, k, v = self.heads(t, u, grid)
+        cache = context_value(grid, self.cache)
+        if cache is not None:
+            k, v = cache.update(self, t, k, v)
         return self.combine_heads(t, self.attend(q, k, v, grid), grid)
 
     # -- analysis --------------------------------------------------------------------------
@@ -491,4 +507,6 @@ class MultiHeadAttention(Operator):
             parts.append(f"attn_mask={self.attn_mask!r}")
         if self.key_padding_mask is not None:
             parts.append(f"key_padding_mask={self.key_padding_mask!r}")
+        if self.cache is not None:
+            parts.append(f"cache={self.cache!r}")
         return ", ".join(parts)

@@ -55,16 +55,18 @@ scale is :class:`~opsplit.operators.PointwiseAffine` after the projection.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor
 
-from .._checks import check_finite, check_float_dtype, check_positive_float, check_tensor, skip_value_checks
+from .._checks import (
+    check_float_dtype,
+    check_positive_float,
+    skip_value_checks,
+)
 from ..controls import Constant, Control, as_control
-from ..grid import Grid, _axis_with_n, check_grid
+from ..grid import Grid
 from .base import Operator
-from .layernorm import _check_sigma, _mean_fn, _static_shape
+from .layernorm import _check_sigma, _check_tokens, _mean_fn, _scaled_rsqrt, _static_shape
 
 __all__ = ["ProjectionSphere", "project_sphere"]
 
@@ -92,16 +94,7 @@ def _project_sphere(v: Tensor, sigma2, grid: Grid | None, eps: float, compute_dt
         s = torch.where(zero, torch.ones_like(a), a)  # max-abs, a constant for autograd
     r = v / s
     beta = torch.where(zero, torch.ones_like(s), mean(r * r))  # in [w_min/|Omega_y|, 1]
-    if eps == 0:
-        z = r * torch.rsqrt(beta)
-    else:
-        with torch.no_grad():
-            big = s >= 1
-            sb = torch.where(big, s, torch.ones_like(s))
-            ss = torch.where(big, torch.ones_like(s), s)
-        z_big = r * torch.rsqrt(beta + (eps / sb) / sb)
-        z_small = (r * ss) * torch.rsqrt((ss * ss) * beta + eps)
-        z = torch.where(big, z_big, z_small)
+    z = _scaled_rsqrt(r, beta, s, eps)  # v / sqrt(mean(v^2) + eps) with v = s r
     z = torch.where(zero, torch.zeros_like(z), z)
     return z if isinstance(sigma2, (int, float)) and sigma2 == 1.0 else z * sigma2
 
@@ -128,14 +121,7 @@ def project_sphere(
         compute_dtype: ``None`` (robust, in ``v``'s dtype) or the dtype of HF's literal
             evaluation (``torch.float32`` for Llama-family models).
     """
-    v = check_tensor(v, "v")
-    check_float_dtype(v, "v")
-    if v.dim() < 1 or v.shape[-1] < 1:
-        raise ValueError(f"v: expected a tensor (..., N_y) with N_y >= 1, got shape {tuple(v.shape)}")
-    grid = check_grid(grid, "grid")
-    if grid is not None:
-        grid = replace(grid, y=_axis_with_n(grid.y, v.shape[-1], "N_y", "features", "v"))
-    check_finite(v, "v")
+    v, grid = _check_tokens(v, grid)
     sigma2 = _check_sigma(sigma2, "sigma2", positive=True)
     eps = check_positive_float(eps, "eps", allow_zero=True)
     compute_dtype = _check_compute_dtype(compute_dtype, "compute_dtype")
@@ -176,6 +162,9 @@ class ProjectionSphere(Operator):
                 raise ValueError(f"ProjectionSphere.sigma2: expected sigma_2 > 0, got {float(sigma2):g}")
             sigma2 = Constant(sigma2, positive=True)
         self.sigma2 = as_control(sigma2, "ProjectionSphere.sigma2")
+        # a sigma_2 given as a number stays that number (a 0-d buffer that nothing trains)
+        self._number = float(self.sigma2.value) if isinstance(self.sigma2, Constant) and \
+            self.sigma2.value.dim() == 0 and not isinstance(self.sigma2.value, torch.nn.Parameter) else None
         self.eps = check_positive_float(eps, "ProjectionSphere.eps", allow_zero=True)
         self.compute_dtype = _check_compute_dtype(compute_dtype, "ProjectionSphere.compute_dtype")
 
@@ -190,11 +179,9 @@ class ProjectionSphere(Operator):
             )
 
     def _sigma(self, t, grid: Grid, dtype):
-        c = self.sigma2
-        if isinstance(c, Constant) and c.value.dim() == 0 and not c.value.requires_grad:
-            v = float(c.value)  # a fixed number: 1.0 is skipped (HF multiplies by nothing)
-            return v
-        s = c(t, grid)
+        if self._number is not None:  # a fixed number: 1.0 is skipped (HF multiplies by nothing)
+            return self._number
+        s = self.sigma2(t, grid)
         if s.dim() != 0:
             raise ValueError(f"ProjectionSphere: sigma_2 must be a scalar, the control gave shape {tuple(s.shape)}")
         return s.to(dtype)

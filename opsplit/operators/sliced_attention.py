@@ -69,8 +69,13 @@ from ..functional import (
     sliced_relu_attention,
     sliced_relu_bump_attention,
 )
+from ..functional.sliced_decode import (
+    decode_sliced_relu_attention,
+    decode_sliced_relu_bump_attention,
+)
 from ..grid import Grid
 from .base import Operator
+from .context import context_value
 
 __all__ = ["SlicedReLUAttention", "SlicedReLUBumpAttention"]
 
@@ -95,9 +100,12 @@ class _SlicedBase(Operator):
     batchable = False
     _name = "SlicedAttention"
 
-    def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None):
+    def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, cache: str | None = None):
         super().__init__()
         n = self._name
+        if cache is not None and not isinstance(cache, str):
+            raise TypeError(f"{n}.cache: expected the name (str) of a grid context input, got {type(cache).__name__}")
+        self.cache = cache
         self.WQ = as_control(WQ, f"{n}.WQ", axes=("y", "y"))
         self.WK = as_control(WK, f"{n}.WK", axes=("y", "y"))
         self.WV = as_control(WV, f"{n}.WV", axes=("y", "y"))
@@ -173,6 +181,18 @@ class _SlicedBase(Operator):
         if grid.x.uniform_weight is not None:
             return None
         return grid.x.weights(dtype, device)
+
+    def with_cache(self, t, zk: Tensor, V: Tensor, grid: Grid, wx):
+        """With a :class:`~opsplit.operators.KVCache` in the context (causal operators only):
+        the cached scores and values of the earlier tokens followed by the new ones."""
+        cache = context_value(grid, self.cache)
+        if cache is None:
+            return zk, V
+        if not self.causal:
+            raise ValueError(f"{self._name}: a key/value cache needs causal=True (generation)")
+        if wx is not None:
+            raise ValueError(f"{self._name}: a key/value cache needs equal token weights (uniform Omega_x)")
+        return cache.update(self, t, zk, V)
 
     def head_sum(self, out: Tensor, grid: Grid) -> Tensor:
         """:math:`\\int_{\\Omega_h} \\cdot\\, dh` of ``(B, H, N_x, N_y)`` -> ``(B, N_x, N_y)``."""
@@ -292,8 +312,8 @@ class SlicedReLUAttention(_SlicedBase):
     _name = "SlicedReLUAttention"
 
     def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, centered: bool = True,
-                 causal: bool = False):
-        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1)
+                 causal: bool = False, cache: str | None = None):
+        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1, cache=cache)
         self.centered = bool(centered)
         self.causal = _flag(causal, f"{self._name}.causal")
 
@@ -301,19 +321,22 @@ class SlicedReLUAttention(_SlicedBase):
     def build(cls, n_y: int, n_heads: int, *, projection: str = "mlp", centered: bool = True,
               causal: bool = False, n_steps: int | None = None, t0: float = 0.0,
               t1: float | None = None, dy: float = 1.0, generator=None, device=None,
-              dtype=None) -> SlicedReLUAttention:
+              dtype=None, cache: str | None = None) -> SlicedReLUAttention:
         """A randomly initialised operator: constant controls (``n_steps=None``) or one value
         per time step (:class:`~opsplit.controls.PiecewiseConstant` on ``[t0, t1]``).
         ``projection="mlp"`` is paper 004's choice for sliced ReLU attention (§2.2)."""
         ctl = cls._controls(n_y, n_heads, projection, n_steps, t0, t1, device, dtype)
         op = cls(ctl["WQ"], ctl["WK"], ctl["WV"], ctl["P"], P1=ctl.get("P1"), c1=ctl.get("c1"),
-                 centered=centered, causal=causal)
+                 centered=centered, causal=causal, cache=cache)
         op.reset_parameters(generator, dy)
         return op
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         zq, zk, V = self.scores_and_values(t, u, grid)
         wx = self.key_weights(grid, u.dtype, u.device)
+        zk, V = self.with_cache(t, zk, V, grid, wx)
+        if zk.shape[-1] > zq.shape[-1]:  # decode steps after a cache: O(N_q N_k D) direct sums
+            return self.head_sum(decode_sliced_relu_attention(zq, zk, V, centered=self.centered), grid)
         attn = causal_sliced_relu_attention if self.causal else sliced_relu_attention
         out = attn(zq, zk, V, centered=self.centered, key_weights=wx)
         return self.head_sum(out, grid)
@@ -348,8 +371,9 @@ class SlicedReLUBumpAttention(_SlicedBase):
 
     _name = "SlicedReLUBumpAttention"
 
-    def __init__(self, WQ, WK, WV, P, *, bandwidth=1.0, P1=None, c1=None, causal: bool = False):
-        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1)
+    def __init__(self, WQ, WK, WV, P, *, bandwidth=1.0, P1=None, c1=None, causal: bool = False,
+                 cache: str | None = None):
+        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1, cache=cache)
         self.causal = _flag(causal, f"{self._name}.causal")
         self.bandwidth = _control(bandwidth, f"{self._name}.bandwidth", (), positive=True)
 
@@ -357,7 +381,7 @@ class SlicedReLUBumpAttention(_SlicedBase):
     def build(cls, n_y: int, n_heads: int, *, bandwidth: float = 1.0, projection: str = "linear",
               causal: bool = False, n_steps: int | None = None, t0: float = 0.0,
               t1: float | None = None, dy: float = 1.0, generator=None, device=None,
-              dtype=None) -> SlicedReLUBumpAttention:
+              dtype=None, cache: str | None = None) -> SlicedReLUBumpAttention:
         """A randomly initialised operator with a trainable bandwidth per head (log-
         parametrised, so it stays positive)."""
         ctl = cls._controls(n_y, n_heads, projection, n_steps, t0, t1, device, dtype)
@@ -369,7 +393,7 @@ class SlicedReLUBumpAttention(_SlicedBase):
             b = PiecewiseConstant(torch.full((n_steps, n_heads), float(bandwidth), **fk), t0=t0,
                                   t1=t1, positive=True)
         op = cls(ctl["WQ"], ctl["WK"], ctl["WV"], ctl["P"], bandwidth=b, P1=ctl.get("P1"),
-                 c1=ctl.get("c1"), causal=causal)
+                 c1=ctl.get("c1"), causal=causal, cache=cache)
         op.reset_parameters(generator, dy)
         return op
 
@@ -389,6 +413,9 @@ class SlicedReLUBumpAttention(_SlicedBase):
                 f"got shape {tuple(b.shape)}"
             )
         wx = self.key_weights(grid, u.dtype, u.device)
+        zk, V = self.with_cache(t, zk, V, grid, wx)
+        if zk.shape[-1] > zq.shape[-1]:  # decode steps after a cache: O(N_q N_k D) direct sums
+            return self.head_sum(decode_sliced_relu_bump_attention(zq, zk, V, b.to(u.dtype)), grid)
         attn = causal_sliced_relu_bump_attention if self.causal else sliced_relu_bump_attention
         out = attn(zq, zk, V, b.to(u.dtype), key_weights=wx)
         return self.head_sum(out, grid)

@@ -22,17 +22,43 @@ Schemes that thread the grid through their substeps
 * :class:`PrependTokens` — the class token of ViT's pre-processing (§4.2,
   :math:`[\mathbf v_0;\ \cdot\,]`): :math:`N_x \to N_x + 1` tokens.
 
-**Sizes.** A restriction by the stride :math:`s` maps cells of :math:`s \times s` fine
-cells onto one coarse cell, so the image size must be divisible by the stride (an error
-names the sizes otherwise: Hugging Face's CvT would silently drop the remainder).  The
-coarse size is torch's :math:`\lfloor (N + 2p - k)/s \rfloor + 1` (equal to :math:`N/s`
-for CvT's kernels and paddings).
+**Sizes and node positions (any image size).**  Along one axis let the fine grid have
+:math:`N` nodes :math:`x_i = x_0 + i h`.  The convolution with kernel :math:`k`, stride
+:math:`s` and zero padding :math:`p` computes at output :math:`m` the sum
+:math:`\sum_{j<k} w_j\, u_{ms - p + j}` (:math:`u = 0` on the :math:`p` padding nodes on
+either side): a stencil of :math:`k` consecutive nodes of the padded grid
+:math:`x_{-p}, \dots, x_{N-1+p}`.  Exactly
 
-**Spacing.** ``spacing="keep"`` (default) gives the coarse grid the fine grid's spacing:
+.. math::  N' = \lfloor (N + 2p - k)/s \rfloor + 1
+
+stencils fit in the padded grid (:math:`N' \ge 1` iff :math:`N + 2p \ge k`; otherwise no
+stencil fits and the size is refused, as torch refuses it).  Output :math:`m` is the
+quadrature of :math:`\int W(\xi)\, u(x'_m + \xi)\, d\xi` around its stencil's centre
+
+.. math::  x'_m = x_0 + \big(ms - p + \tfrac{k-1}{2}\big) h, \qquad m = 0, \dots, N' - 1,
+
+so the coarse grid is the lattice of stencil centres: spacing :math:`s h`, first node
+:math:`x_0 + ((k-1)/2 - p) h` (:meth:`ConvTransfer.node_positions`).  Nothing here needs
+:math:`s` to divide :math:`N`: otherwise the coarse grid simply has :math:`N'` nodes, and
+the last :math:`(N + 2p - k) \bmod s` nodes of the padded grid are read by no stencil
+(image nodes only when that remainder exceeds :math:`p`) — what torch's and Hugging
+Face's convolutions compute, exactly.
+
+**Spacing.**  ``spacing="keep"`` (default) gives the coarse grid the fine grid's spacing:
 with unit spacing this is the paper's convention :math:`L = N` on every stage (the tokens
-of every stage indexed by integers, the plain sums of eqs. 25–26), which is what CvT
-computes.  ``spacing="stride"`` multiplies the spacing by the stride: the multigrid view,
-the coarse grid covering the same domain when :math:`N = s N'`.
+of every stage indexed by integers, :math:`\Omega = [0, N']`, the plain sums of
+eqs. 25–26), which is what CvT computes; the tokens' positions in the fine grid's
+coordinates are still the :math:`x'_m` above (an affine relabelling with scale :math:`s`).
+``spacing="stride"`` multiplies the spacing by the stride: the multigrid view, the coarse
+cells :math:`[x'_m - sh/2,\ x'_m + sh/2]` tile :math:`[a,\ a + N' s h]` with
+:math:`a = x'_0 - sh/2` (:math:`= ((k - s)/2 - p)\,h` for cell-centred fine nodes).  That
+is the fine domain :math:`[0, N h]` only when :math:`k - s = 2p` and :math:`s \mid N`.
+CvT's stencils (:math:`k, s, p = 7, 4, 2` and :math:`3, 2, 1`) give :math:`a = -h/2`: the
+coarse domain is the fine one shifted by half a fine cell, and for sizes the stride does
+not divide it is shorter or longer by less than one coarse cell.  The coarse
+:class:`~opsplit.grid.Interval` (always :math:`[0, L]`) is that domain in the coordinate
+:math:`x - a`: every quadrature and kernel of opsplit is translation invariant (equal
+weights, kernels of the offset), so the translation changes no computed value.
 """
 
 from __future__ import annotations
@@ -145,22 +171,32 @@ class ConvTransfer(GridTransfer):
         return check_weight(s, c_in, groups, "ConvTransfer")
 
     def out_size(self, size: tuple[int, int], kernel_size: tuple[int, int], who: str = "ConvTransfer"):
-        """torch's output size, after checking that the stride divides the image size."""
+        r"""torch's output size :math:`N' = \lfloor (N + 2p - k)/s \rfloor + 1` per axis, for
+        any :math:`N` with :math:`N + 2p \ge k` (a clear error otherwise: no stencil fits)."""
         out = []
         for axis, n, k, s, p in zip(("height N_1", "width N_2"), size, kernel_size, self.stride, self.padding):
-            if n % s:
+            if n + 2 * p < k:
                 raise ValueError(
-                    f"{who}: image size not divisible by the stride: {axis} = {n} is not a multiple of "
-                    f"stride {s} (a restriction maps {s}x{s} fine cells onto one coarse cell; use a size "
-                    f"divisible by {s})"
+                    f"{who}: the kernel ({k}) is larger than the padded image ({axis} = {n}, + 2*{p} padding = "
+                    f"{n + 2 * p}): no stencil fits, the coarse grid would have no node"
                 )
-            m = (n + 2 * p - k) // s + 1
-            if m < 1:
-                raise ValueError(
-                    f"{who}: the kernel ({k}) is larger than the padded image ({axis} = {n} + 2*{p})"
-                )
-            out.append(m)
+            out.append((n + 2 * p - k) // s + 1)
         return tuple(out)
+
+    def node_positions(self, grid: Grid, dtype=None, device=None) -> tuple[Tensor, Tensor]:
+        r"""The coarse nodes in the fine grid's coordinates, per axis: the stencil centres
+        :math:`x'_m = x_0 + (ms - p + (k - 1)/2)\,h`, :math:`m < N'` (module docstring),
+        ``(rows, cols)`` of shapes ``(N'_1,)`` and ``(N'_2,)``."""
+        g = image_grid_of(grid, "ConvTransfer")
+        ks = self._kernel_size(g)
+        sizes = self.out_size(g.size, ks)
+        out = []
+        for itv, n_out, k, s, p in zip((g.rows, g.cols), sizes, ks, self.stride, self.padding):
+            m = torch.arange(n_out, dtype=torch.float64)
+            x0 = float(itv.nodes(torch.float64)[0])
+            out.append((x0 + (m * s - p + (k - 1) / 2) * itv.spacing).to(dtype=dtype or torch.get_default_dtype(),
+                                                                          device=device))
+        return out[0], out[1]
 
     def target_grid(self, grid: Grid) -> ImageGrid:
         g = image_grid_of(grid, "ConvTransfer")

@@ -1,6 +1,6 @@
 """Bad input to the converters: from_torch, to_torch, torch_state_dict,
-load_torch_state_dict, from_hf, and the ViT pieces (ViT, PatchEmbedding,
-ClassTokenReadout)."""
+load_torch_state_dict, from_hf, the ViT pieces (ViT, PatchEmbedding,
+ClassTokenReadout) and CvT (its pixels, CvtStageSpec)."""
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ from torch import nn
 
 from opsplit.models import (
     ClassTokenReadout,
+    CvtStageSpec,
     PaperTransformer,
     PatchEmbedding,
     TorchEncoder,
@@ -130,6 +131,64 @@ VIT = cases(
     ("readout-u-f64", lambda: ClassTokenReadout(12, 3)(torch.randn(2, 5, 12, dtype=torch.float64)), TypeError, r"ClassTokenReadout: u: dtype torch.float64 differs"),
 )
 
+CVT_CFG = dict(depth=[1], num_heads=[2], embed_dim=[8], patch_sizes=[3], patch_stride=[2], patch_padding=[1],
+               kernel_qkv=[3], padding_q=[1], padding_kv=[1], stride_kv=[2], stride_q=[1], qkv_bias=[True],
+               mlp_ratio=[2.0], cls_token=[True], qkv_projection_method=["dw_bn"], drop_rate=[0.0],
+               attention_drop_rate=[0.0], drop_path_rate=[0.0])
+
+
+def cvt(**changes):
+    return from_hf(transformers.CvtModel(transformers.CvtConfig(**{**CVT_CFG, **changes})).eval())
+
+
+def cvt_px(shape=(1, 3, 8, 8), fill=None, **kw):
+    x = torch.randn(*shape, **kw)
+    if fill is not None:
+        x.view(-1)[0] = fill
+    return x
+
+
+def nan_cvt():
+    m = cvt()
+    with torch.no_grad():
+        m.stage_operators(0)["embed"].weight.value[0, 0, 0, 0] = NAN
+    return m
+
+
+def spec(**kw):
+    args = dict(in_channels=3, embed_dim=8, depth=1, num_heads=2)
+    args.update(kw)
+    return CvtStageSpec(**args)
+
+
+CVT = cases(
+    ("cvt-list", lambda: cvt()([[0.0]]), TypeError, r"pixel_values: expected a torch.Tensor"),
+    ("cvt-int", lambda: cvt()(torch.zeros(1, 3, 8, 8, dtype=torch.uint8)), TypeError, r"pixel_values: expected a floating-point"),
+    ("cvt-f64", lambda: cvt()(cvt_px(dtype=torch.float64)), TypeError, r"pixel_values: dtype torch.float64 differs from the CvT's torch.float32"),
+    ("cvt-f16", lambda: cvt()(cvt_px(dtype=torch.float16)), TypeError, r"pixel_values: dtype torch.float16 differs"),
+    ("cvt-meta", lambda: cvt()(torch.empty(1, 3, 8, 8, device="meta")), ValueError, r"pixel_values: device meta differs"),
+    ("cvt-nan", lambda: cvt()(cvt_px(fill=NAN)), ValueError, r"pixel_values: expected finite values, found 1 NaN/inf"),
+    ("cvt-inf", lambda: cvt()(cvt_px(fill=float("inf"))), ValueError, r"pixel_values: expected finite values, found 1 NaN/inf"),
+    ("cvt--inf", lambda: cvt()(cvt_px(fill=-float("inf"))), ValueError, r"pixel_values: expected finite values"),
+    ("cvt-channels", lambda: cvt()(cvt_px((1, 1, 8, 8))), ValueError, r"pixel_values: channel mismatch: expected 3 channels, got 1"),
+    ("cvt-rank3", lambda: cvt()(cvt_px((3, 8, 8))), ValueError, r"pixel_values: expected shape \(B, C, H, W\)"),
+    ("cvt-rank5", lambda: cvt()(cvt_px((1, 1, 3, 8, 8))), ValueError, r"pixel_values: expected shape \(B, C, H, W\)"),
+    ("cvt-empty-batch", lambda: cvt()(cvt_px((0, 3, 8, 8))), ValueError, r"pixel_values: empty batch"),
+    ("cvt-empty-image", lambda: cvt()(cvt_px((1, 3, 8, 0))), ValueError, r"pixel_values: empty images \(H, W\) = \(8, 0\)"),
+    ("cvt-stencil-too-big", lambda: cvt(patch_padding=[0])(cvt_px((1, 3, 2, 8))), ValueError, r"pixel_values: images of 2x8 pixels do not fit stage 1's entry.*kernel \(3\) is larger than the padded image \(height N_1 = 2"),
+    ("cvt-kv-too-big", lambda: cvt(padding_kv=[0])(cvt_px((1, 3, 2, 2))), ValueError, r"pixel_values: images of 2x2 pixels do not fit stage 1 \(on the 1x1 token grid\): ConvAttention.k_proj"),
+    ("cvt-query-grid", lambda: cvt(stride_q=[2])(cvt_px()), ValueError, r"pixel_values: images of 8x8 pixels do not fit stage 1.*the query projection must keep the token grid, got 4x4 -> 2x2"),
+    ("cvt-train-batchnorm-1x1", lambda: cvt().train()(cvt_px((1, 3, 2, 2))), ValueError, r"pixel_values: stage 1's [QKV] projection has a 1x1 token grid for 2x2 images"),
+    ("cvt-nan-parameter", lambda: nan_cvt()(cvt_px()), ValueError, r"CvT: parameters must be finite, but propagator\.scheme\.stages\.0\.entry.*weight.*hold\(s\) NaN/inf"),
+    ("cvt-query-keeps-no-grid", lambda: cvt(padding_q=[0]), ValueError, r"CvtStageSpec: the query projection keeps no token grid"),
+    ("cvt-spec-mlp_hidden<0", lambda: spec(mlp_hidden=-1), ValueError, r"CvtStageSpec.mlp_hidden: expected an integer >= 0"),
+    ("cvt-spec-mlp_hidden-float", lambda: spec(mlp_hidden=2.5), ValueError, r"CvtStageSpec.mlp_hidden: expected an integer >= 0"),
+    ("cvt-spec-even-query", lambda: spec(kernel_qkv=2, padding_q=0), ValueError, r"CvtStageSpec: the query projection keeps no token grid"),
+    ("cvt-spec-heads", lambda: spec(num_heads=3), ValueError, r"CvtStageSpec: embed_dim = 8 is not divisible by num_heads = 3"),
+    ("cvt-spec-padding<0", lambda: spec(padding_kv=-1), ValueError, r"CvtStageSpec.padding_kv: expected an integer >= 0"),
+    ("cvt-spec-stride=0", lambda: spec(stride_kv=0), ValueError, r"CvtStageSpec.stride_kv: expected a positive integer"),
+)
+
 
 @pytest.mark.parametrize("case", CONVERT)
 def test_converters(case):
@@ -138,4 +197,9 @@ def test_converters(case):
 
 @pytest.mark.parametrize("case", VIT)
 def test_vit(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", CVT)
+def test_cvt(case):
     run_case(case)

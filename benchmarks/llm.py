@@ -1,0 +1,237 @@
+"""Speed of the converted decoder-only LLMs against Hugging Face on the same model.
+
+A Llama-family model (``LlamaForCausalLM``: hidden 256, 4 layers, 8 query / 4 key-value
+heads, intermediate 688, vocab 2048) and a GPT-2 model (``GPT2LMHeadModel``: n_embd 256,
+4 layers, 4 heads, vocab 2048, dropout 0) are built from configs with seeded random weights
+(no download) and converted with ``opsplit.models.from_hf``; then, in one process,
+interleaved A B A B and paired (the ratio of each opsplit run to the Hugging Face run next
+to it), over ``--repeats`` pairs after ``--warmup`` pairs:
+
+* ``forward``: eval mode, ``torch.no_grad()``, batch ``--B`` x ``--N`` tokens (8 x 256),
+  logits of every position;
+* ``forward+backward``: train mode (dropout 0), the mean square of the logits, backward to
+  every parameter (gradients reset between runs);
+* ``generate``: greedy, ``--gen-B`` prompts of ``--prompt`` tokens, ``--new`` new tokens with
+  the key/value cache (no eos), reported as generated tokens per second.
+
+The targets (forward and forward+backward <= 1.05x HF's time, generation >= 0.95x HF's
+tokens/s) are judged on the median of the paired ratios.
+
+``--decode-cost`` measures instead the time of one decode step (one new token, key/value
+cache of ``n`` tokens) against the context length ``n`` for opsplit's own causal decoders
+(``AttentionDecoder`` + ``TokenClassifier``: d_model 64, 4 heads, 2 layers, with softmax,
+causal sliced ReLU and causal sliced ReLU-bump attention) and the converted Llama model, and
+fits the exponent of time against ``n``.  Before timing, the script checks
+that both sides compute the same thing (logits within 1e-4 relative, the same generated
+tokens).
+
+Usage::
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py [--repeats 9] [--threads 2] [--models llama gpt2]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --threads 1 --cpu-time --skip forward backward
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --decode-cost [--sizes 1024 4096 16384 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import transformers  # noqa: E402
+
+from opsplit.models import from_hf  # noqa: E402
+
+
+def build(kind: str, vocab: int, seed: int = 0):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                       num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
+                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        hf = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=256, n_layer=4, n_head=4, n_positions=1024,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2)
+        hf = transformers.GPT2LMHeadModel(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return hf.eval()
+
+
+CLOCK = time.perf_counter
+
+
+def paired(fa, fb, repeats: int, warmup: int):
+    """Interleaved runs A B A B ...; returns (times A, times B, ratios A/B per pair)."""
+    ta, tb = [], []
+    for k in range(warmup + repeats):
+        t0 = CLOCK()
+        fa()
+        t1 = CLOCK()
+        fb()
+        t2 = CLOCK()
+        if k >= warmup:
+            ta.append(t1 - t0)
+            tb.append(t2 - t1)
+    return ta, tb, [a / b for a, b in zip(ta, tb)]
+
+
+def decode_cost(sizes, repeats: int, vocab: int):
+    """Median time of one decode step against the cached context length."""
+    import math
+
+    from opsplit.models import AttentionDecoder, TokenClassifier
+    from opsplit.operators import KVCache
+
+    models = {}
+    for att in ("softmax", "sliced_relu", "sliced_bump"):
+        gen = torch.Generator().manual_seed(0)
+        enc = AttentionDecoder(64, 4, 128, attention=att, n_steps=2, causal=True, generator=gen)
+        models[f"AttentionDecoder {att}"] = TokenClassifier(256, 256, enc, generator=gen).eval()
+    models["converted Llama (benchmark model)"] = from_hf(build("llama", vocab))
+    print("\n| model | " + " | ".join(f"n = {n}" for n in sizes) + " | exponent (fit) | exponent (last two) |")
+    print("|---|" + "---|" * (len(sizes) + 2))
+    for name, m in models.items():
+        V = 256 if "Attention" in name else vocab
+        ms = []
+        for n in sizes:
+            ids = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(n))
+            small = KVCache()
+            with torch.no_grad():
+                m.next_token_logits(ids, cache=small)
+                # a cache of n tokens: every entry of the 8-token prompt repeated (the step's cost does
+                # not depend on the cached values; an n-token prompt through softmax attention costs n^2)
+                cache = KVCache()
+                cache.begin()
+                for op, t, tensors, dim in small.entries():
+                    cache.update(op, t, *(x.repeat(*[n // 8 if i == dim else 1 for i in range(x.dim())])
+                                          for x in tensors), dim=dim)
+                tok = ids[:, -1:]
+                times = []
+                for k in range(repeats + 1):
+                    pos = torch.tensor([[n + k]])
+                    t0 = time.perf_counter()
+                    m.next_token_logits(tok, position_ids=pos, cache=cache, check_values=False)
+                    times.append(time.perf_counter() - t0)
+            ms.append(statistics.median(times[1:]) * 1e3)
+        xs, ys = [math.log(n) for n in sizes], [math.log(t) for t in ms]
+        xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+        last = math.log(ms[-1] / ms[-2]) / math.log(sizes[-1] / sizes[-2])
+        print(f"| {name} | " + " | ".join(f"{t:.2f} ms" for t in ms) + f" | {slope:.2f} | {last:.2f} |")
+
+
+def measure(kind: str, args) -> list:
+    """The paired timings of one model (rows of the table)."""
+    rows = []
+    hf = build(kind, args.vocab)
+    ours = from_hf(hf)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, args.vocab, (args.B, args.N), generator=g)
+    with torch.no_grad():
+        r, o = hf(input_ids=ids).logits, ours(ids).logits
+    err = float((r - o).abs().max() / r.abs().max())
+    assert err < 1e-4, f"{kind}: the two models differ by {err}"
+
+    if "forward" not in args.skip:
+        def fwd_hf():
+            with torch.no_grad():
+                hf(input_ids=ids)
+
+        def fwd_ours():
+            with torch.no_grad():
+                ours(ids)
+
+        ta, tb, rat = paired(fwd_ours, fwd_hf, args.repeats, args.warmup)
+        rows.append((kind, f"forward {args.B}x{args.N}", ta, tb, rat, "time", 1.05))
+
+    if "backward" not in args.skip:
+        hf.train()
+        ours.train()
+
+        def fb(model, call):
+            def run():
+                model.zero_grad(set_to_none=True)
+                call().square().mean().backward()
+            return run
+
+        ta, tb, rat = paired(fb(ours, lambda: ours(ids).logits), fb(hf, lambda: hf(input_ids=ids).logits),
+                             args.repeats, args.warmup)
+        rows.append((kind, f"forward+backward {args.B}x{args.N}", ta, tb, rat, "time", 1.05))
+        hf.eval()
+        ours.eval()
+
+    if "generate" not in args.skip:
+        prompt = torch.randint(3, args.vocab, (args.gen_B, args.prompt), generator=g)
+        a = ours.generate(prompt, args.new)
+        b = hf.generate(prompt, max_new_tokens=args.new, do_sample=False, eos_token_id=None, pad_token_id=0)
+        same = torch.equal(a, b)
+        n_tok = args.gen_B * args.new
+        ta, tb, rat = paired(lambda: ours.generate(prompt, args.new),
+                             lambda: hf.generate(prompt, max_new_tokens=args.new, do_sample=False,
+                                                 eos_token_id=None, pad_token_id=0),
+                             args.repeats, args.warmup)
+        rows.append((kind, f"generate B={args.gen_B}, {args.prompt}+{args.new} tokens"
+                     + ("" if same else " (tokens differ!)"), [n_tok / t for t in ta], [n_tok / t for t in tb],
+                     [b_ / a_ for a_, b_ in zip(ta, tb)], "tokens/s", 0.95))
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--models", nargs="+", default=["llama", "gpt2"], choices=["llama", "gpt2"])
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--N", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--gen-B", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["forward", "backward", "generate"])
+    ap.add_argument("--decode-cost", action="store_true")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with the process's CPU time (time.process_time) instead of the wall clock: on a loaded "
+                         "machine, the work each side does, without the time spent waiting for a core")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    global CLOCK
+    if args.cpu_time:
+        CLOCK = time.process_time
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, repeats {args.repeats}, "
+          f"{'CPU time' if args.cpu_time else 'wall clock'}")
+    if args.decode_cost:
+        decode_cost(args.sizes, args.repeats, args.vocab)
+        return
+    rows = []
+    for kind in args.models:
+        rows += measure(kind, args)
+    print()
+    print("| model | measurement | opsplit (median) | HF (median) | paired ratio opsplit/HF (median) | target | met |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, what, ta, tb, rat, unit, target in rows:
+        ma, mb, mr = statistics.median(ta), statistics.median(tb), statistics.median(rat)
+        if unit == "time":
+            fa, fb_, tgt, ok = f"{ma * 1e3:.1f} ms", f"{mb * 1e3:.1f} ms", f"<= {target}", mr <= target
+        else:
+            fa, fb_, tgt, ok = f"{ma:.0f} tok/s", f"{mb:.0f} tok/s", f">= {target}", mr >= target
+        print(f"| {kind} | {what} | {fa} | {fb_} | {mr:.3f} | {tgt} | {'yes' if ok else 'MISSED'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Bad input to the decoder-only LLMs: unsupported Hugging Face config fields (refused by
+from_hf, naming the field), token ids out of range, sequences longer than GPT-2's positions,
+empty prompts, masks and positions of the wrong shape, generation arguments, and the new
+operators' and configs' arguments — each a clear error raised by opsplit before any
+compute."""
+
+import functools
+
+import pytest
+import torch
+import transformers
+
+from opsplit import Grid
+from opsplit.controls import PositionTable
+from opsplit.models import DecoderConfig, DecoderLM, from_hf, to_hf
+from opsplit.operators import (
+    GatedFeedForward,
+    GroupedQueryAttention,
+    KVCache,
+    ProjectionSphere,
+    RotaryEmbedding,
+    project_sphere,
+)
+
+from ._table import cases, run_case
+
+LLAMA = dict(vocab_size=30, hidden_size=8, intermediate_size=12, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1, bos_token_id=1, eos_token_id=2)
+GPT2 = dict(vocab_size=30, n_embd=8, n_layer=1, n_head=2, n_positions=6, bos_token_id=1, eos_token_id=2)
+
+
+def llama(**kw):
+    return from_hf(transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **kw})).eval())
+
+
+def llama_raw(**kw):
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **kw}))
+
+
+@functools.cache
+def lm():
+    return llama()
+
+
+@functools.cache
+def gpt2():
+    return from_hf(transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2)).eval())
+
+
+def gpt2_raw(**kw):
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**GPT2, **kw}))
+
+
+class LlamaSub(transformers.LlamaForCausalLM):
+    pass
+
+
+IDS = torch.tensor([[3, 4, 5], [6, 7, 8]])
+MASK = torch.tensor([[0, 1, 1], [1, 1, 1]])
+
+
+def gqa(**kw):
+    args = dict(WQ=torch.zeros(8, 4, 2), WK=torch.zeros(8, 2, 2), WV=torch.zeros(8, 2, 2), WO=torch.zeros(4, 2, 8))
+    args.update(kw)
+    return GroupedQueryAttention(args.pop("WQ"), args.pop("WK"), args.pop("WV"), args.pop("WO"), **args)
+
+
+def twice():
+    c, op = KVCache(), object()
+    c.begin()
+    c.update(op, 0.0, torch.zeros(1, 1, 2, 2))
+    c.update(op, 0.0, torch.zeros(1, 1, 1, 2))
+
+
+CONVERT = cases(
+    ("rope-linear", lambda: from_hf(llama_raw(rope_scaling={"rope_type": "linear", "factor": 2.0})), ValueError,
+     r"config.rope_parameters\['rope_type'\] = 'linear' \(rope scaling\) is not converted"),
+    ("rope-dynamic", lambda: from_hf(llama_raw(rope_scaling={"rope_type": "dynamic", "factor": 2.0})), ValueError,
+     r"rope_type'\] = 'dynamic'"),
+    ("mistral-sliding", lambda: from_hf(transformers.MistralForCausalLM(transformers.MistralConfig(**LLAMA))),
+     ValueError, r"config.sliding_window = 4096 \(sliding-window attention\) is not converted"),
+    ("qwen2-sliding", lambda: from_hf(transformers.Qwen2Model(transformers.Qwen2Config(
+        **LLAMA, use_sliding_window=True, sliding_window=4, max_window_layers=0))), ValueError,
+     r"config.use_sliding_window"),
+    ("gpt2-cross", lambda: from_hf(gpt2_raw(add_cross_attention=True)), ValueError, r"config.add_cross_attention=True"),
+    ("gpt2-inverse-layer", lambda: from_hf(gpt2_raw(scale_attn_by_inverse_layer_idx=True)), ValueError,
+     r"config.scale_attn_by_inverse_layer_idx=True"),
+    ("gpt2-upcast", lambda: from_hf(gpt2_raw(reorder_and_upcast_attn=True)), ValueError,
+     r"config.reorder_and_upcast_attn=True"),
+    ("gpt2-activation", lambda: from_hf(gpt2_raw(activation_function="relu6")), ValueError,
+     r"unsupported activation_function='relu6'"),
+    ("llama-activation", lambda: from_hf(llama_raw(hidden_act="mish")), ValueError, r"unsupported hidden_act='mish'"),
+    ("llama-subclass", lambda: from_hf(LlamaSub(transformers.LlamaConfig(**LLAMA))), TypeError,
+     r"unsupported model class LlamaSub"),
+    ("mixed-dtype", lambda: from_hf(llama_raw().eval().apply(lambda m: m.double() if isinstance(m, torch.nn.Linear)
+                                                             else None)), ValueError, r"several dtypes/devices"),
+    ("to_hf-own", lambda: to_hf(DecoderLM(DecoderConfig(10, 8, 1, 2, 8))), TypeError,
+     r"to_hf: expected a DecoderLM made by from_hf"),
+)
+
+CALLS = cases(
+    ("ids-high", lambda: lm()(torch.tensor([[3, 30]])), ValueError, r"input_ids: token ids must lie in \[0, 29\]"),
+    ("ids-negative", lambda: lm()(torch.tensor([[-1, 3]])), ValueError, r"input_ids: token ids must lie in"),
+    ("ids-float", lambda: lm()(torch.tensor([[1.0, 2.0]])), TypeError, r"input_ids: expected integer token ids"),
+    ("ids-1d", lambda: lm()(torch.tensor([1, 2])), ValueError, r"input_ids: expected shape \(B, N\)"),
+    ("ids-list", lambda: lm()([[1, 2]]), TypeError, r"input_ids: expected a torch.Tensor"),
+    ("empty-prompt", lambda: lm()(torch.zeros(2, 0, dtype=torch.long)), ValueError, r"input_ids: empty prompt"),
+    ("gpt2-too-long", lambda: gpt2()(torch.ones(1, 7, dtype=torch.long)), ValueError,
+     r"exceed the learned positions of the model: max_positions = 6 \(GPT-2's n_positions\)"),
+    ("gpt2-positions-too-far", lambda: gpt2()(IDS, position_ids=torch.tensor([[4, 5, 6]])), ValueError,
+     r"max_positions = 6"),
+    ("mask-shape", lambda: lm()(IDS, torch.ones(2, 4, dtype=torch.long)), ValueError,
+     r"attention_mask: expected shape \(B, past \+ N\) = \(2, 3\)"),
+    ("mask-values", lambda: lm()(IDS, MASK * 2), ValueError, r"attention_mask: expected values 0 \(padding\) and 1"),
+    ("mask-list", lambda: lm()(IDS, [[1, 1, 1]]), TypeError, r"attention_mask: expected a torch.Tensor"),
+    ("mask-with-cache", lambda: (lambda c: (lm()(IDS, MASK, cache=c), lm()(IDS[:, :1], MASK, cache=c)))(KVCache()),
+     ValueError, r"attention_mask: expected shape \(B, past \+ N\) = \(2, 4\).*3 tokens cached"),
+    ("positions-shape", lambda: lm()(IDS, position_ids=torch.arange(4)[None]), ValueError,
+     r"position_ids: expected shape \(B, N\) = \(2, 3\)"),
+    ("cache-type", lambda: lm()(IDS, cache={}), TypeError, r"cache: expected an opsplit KVCache"),
+    ("gen-empty", lambda: lm().generate(torch.zeros(1, 0, dtype=torch.long), 3), ValueError, r"input_ids: empty prompt"),
+    ("gen-mask-shape", lambda: lm().generate(IDS, 3, attention_mask=torch.ones(2, 2)), ValueError,
+     r"attention_mask: expected shape"),
+    ("gen-ids-high", lambda: lm().generate(IDS + 27, 3), ValueError, r"input_ids: token ids must lie in"),
+    ("gen-too-long", lambda: gpt2().generate(IDS, 5), ValueError,
+     r"max_new_tokens: a prompt of 3 positions plus 5 new tokens exceeds the model's learned positions"),
+    ("gen-max-new", lambda: lm().generate(IDS, -1), ValueError, r"max_new_tokens: expected an integer >= 0"),
+    ("gen-temperature", lambda: lm().generate(IDS, 2, do_sample=True, temperature=0.0), ValueError, r"temperature"),
+    ("gen-top_p", lambda: lm().generate(IDS, 2, do_sample=True, top_p=1.5), ValueError, r"top_p: expected 0 < top_p"),
+    ("gen-top_k", lambda: lm().generate(IDS, 2, do_sample=True, top_k=-2), ValueError, r"top_k: expected an integer"),
+    ("gen-generator", lambda: lm().generate(IDS, 2, generator=3), TypeError, r"generator: expected a torch.Generator"),
+    ("gen-eos", lambda: lm().generate(IDS, 2, eos_token_id=99), ValueError, r"eos_token_id: expected None or a token id"),
+    ("gen-sample-flag", lambda: lm().generate(IDS, 2, do_sample=1), TypeError, r"do_sample: expected a bool"),
+    ("gen-model", lambda: __import__("opsplit.models.generate", fromlist=["generate"]).generate(torch.nn.Linear(2, 2), IDS, 2),
+     TypeError, r"generate: model: expected an opsplit causal decoder"),
+)
+
+PARTS = cases(
+    ("cfg-kv-heads", lambda: DecoderConfig(10, 8, 1, 4, 8, n_kv_heads=3), ValueError,
+     r"DecoderConfig.n_kv_heads: 3 key/value heads must divide n_heads = 4"),
+    ("cfg-odd-rope", lambda: DecoderConfig(10, 9, 1, 3, 8), ValueError, r"rotary positions need an even head size"),
+    ("cfg-learned", lambda: DecoderConfig(10, 8, 1, 2, 8, positions="learned"), ValueError,
+     r"DecoderConfig.max_positions: learned positions need the table size"),
+    ("cfg-norm", lambda: DecoderConfig(10, 8, 1, 2, 8, norm="batch"), ValueError, r"DecoderConfig.norm: expected one of"),
+    ("cfg-norm-bias", lambda: DecoderConfig(10, 8, 1, 2, 8, norm_bias=True), ValueError, r"only a LayerNorm has a bias"),
+    ("cfg-padding", lambda: DecoderConfig(10, 8, 1, 2, 8, padding_idx=10), ValueError, r"DecoderConfig.padding_idx"),
+    ("lm-config", lambda: DecoderLM({"vocab_size": 3}), TypeError, r"DecoderLM.config: expected a DecoderConfig"),
+    ("gqa-groups", lambda: gqa(WK=torch.zeros(8, 3, 2), WV=torch.zeros(8, 3, 2)), ValueError,
+     r"the 3 key/value heads must divide the 4 query heads"),
+    ("gqa-wo", lambda: gqa(WO=torch.zeros(4, 2, 7)), ValueError, r"GroupedQueryAttention.WO: expected shape"),
+    ("gqa-rotary-dim", lambda: gqa(rotary=RotaryEmbedding(4)), ValueError, r"rotary: head_dim 4 != the heads' d = 2"),
+    ("gqa-rotary-type", lambda: gqa(rotary=3), TypeError, r"GroupedQueryAttention.rotary: expected a RotaryEmbedding"),
+    ("gqa-grid", lambda: gqa()(torch.zeros(1, 3, 6)), ValueError, r"the kernels act on N_y = 8 features"),
+    ("gqa-positions", lambda: gqa(positions="p", rotary=RotaryEmbedding(2))(
+        torch.zeros(1, 3, 8), grid=__import__("opsplit.operators.context", fromlist=["x"]).ContextGrid.of(
+            Grid.paper(None, 8), p=torch.zeros(1, 4))), ValueError, r"positions 'p': expected shape \(B, N_x\)"),
+    ("rope-odd", lambda: RotaryEmbedding(5), ValueError, r"RotaryEmbedding.head_dim: expected an even head size"),
+    ("rope-theta", lambda: RotaryEmbedding(4, -1.0), ValueError, r"RotaryEmbedding.theta"),
+    ("rope-dtype", lambda: RotaryEmbedding(4, compute_dtype=torch.float16), ValueError, r"compute_dtype"),
+    ("sphere-sigma", lambda: ProjectionSphere(0.0), ValueError, r"ProjectionSphere.sigma2"),
+    ("sphere-vector-sigma", lambda: ProjectionSphere(torch.ones(3)), ValueError, r"expected a scalar control"),
+    ("sphere-eps", lambda: project_sphere(torch.ones(3), eps=-1.0), ValueError, r"eps"),
+    ("sphere-nan", lambda: project_sphere(torch.tensor([1.0, float("nan")])), ValueError, r"v: expected finite values"),
+    ("sphere-int", lambda: project_sphere(torch.ones(3, dtype=torch.long)), TypeError, r"v: expected a floating-point"),
+    ("sphere-dtype", lambda: project_sphere(torch.ones(3), compute_dtype=torch.int32), ValueError, r"compute_dtype"),
+    ("gated-up-shape", lambda: GatedFeedForward(torch.zeros(4, 6), torch.zeros(4, 5), torch.zeros(6, 4)), ValueError,
+     r"GatedFeedForward: W_up \(4, 5\) must have the shape of W_gate"),
+    ("table-shape", lambda: PositionTable(torch.zeros(5)), ValueError, r"PositionTable.values: expected shape"),
+    ("table-far", lambda: PositionTable(torch.zeros(4, 2)).at(torch.tensor([5])), ValueError,
+     r"positions in \[5, 5\] lie outside the learned position table \[0, 3\]"),
+    ("cache-twice", twice, RuntimeError, r"KVCache: object at t = 0 appended twice in one call"),
+)
+
+
+@pytest.mark.parametrize("case", CONVERT)
+def test_converters(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", CALLS)
+def test_calls(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", PARTS)
+def test_parts(case):
+    run_case(case)
