@@ -37,6 +37,7 @@ against N_t).
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --runs sliced-strang --pairs 0 --figures docs/figures
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --paired-only --pairs 31   # re-time only
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --steps 20 --runs peer softmax-lie  # quick look
 """
 
@@ -136,6 +137,12 @@ def opsplit_config(vocab_size: int, args, attention: str = "softmax", scheme: st
                          out_bias=softmax, mlp_bias=True, tie_embeddings=True, attention=attention, scheme=scheme)
 
 
+def piece(control, i: int):
+    """The stored weights of control piece ``i``: a parameter of a ``LayerwiseConstant``, a row
+    of a ``PiecewiseConstant``'s stacked tensor."""
+    return control.pieces[i] if hasattr(control, "pieces") else control.raw[i]
+
+
 @torch.no_grad()
 def copy_peer_weights(peer: NanoGPT, model: DecoderLM) -> None:
     """The peer's parameters into ``model``: layer ``l`` of the peer is the control piece
@@ -148,20 +155,15 @@ def copy_peer_weights(peer: NanoGPT, model: DecoderLM) -> None:
     a, f = model.attention, model.ffn
     softmax = model.config.attention == "softmax"
     for i, b in enumerate(peer.blocks):
-        for norm, ln in ((n1, b.ln1), (n2, b.ln2)):
-            norm.weight.raw[i] = ln.weight
-            norm.bias.raw[i] = ln.bias
-        f.W1.raw[i] = b.fc.weight.t()
-        f.b1.raw[i] = b.fc.bias
-        f.W2.raw[i] = b.out.weight.t()
-        f.b2.raw[i] = b.out.bias
+        pairs = [(n1.weight, b.ln1.weight), (n1.bias, b.ln1.bias), (n2.weight, b.ln2.weight), (n2.bias, b.ln2.bias),
+                 (f.W1, b.fc.weight.t()), (f.b1, b.fc.bias), (f.W2, b.out.weight.t()), (f.b2, b.out.bias)]
         if softmax:
             for W, bias, cW, cb in zip(b.qkv.weight.split(E), b.qkv.bias.split(E), (a.WQ, a.WK, a.WV),
                                        (a.bQ, a.bK, a.bV)):
-                cW.raw[i] = W.t().reshape(E, H, E // H)
-                cb.raw[i] = bias.view(H, E // H)
-            a.WO.raw[i] = b.proj.weight.t().reshape(H, E // H, E)
-            a.bO.raw[i] = b.proj.bias
+                pairs += [(cW, W.t().reshape(E, H, E // H)), (cb, bias.view(H, E // H))]
+            pairs += [(a.WO, b.proj.weight.t().reshape(H, E // H, E)), (a.bO, b.proj.bias)]
+        for control, value in pairs:
+            piece(control, i).copy_(value)
     fn = model.final_norm[0]
     fn.weight.value.copy_(peer.ln_f.weight)
     fn.bias.value.copy_(peer.ln_f.bias)
@@ -301,25 +303,26 @@ def _losses(out: Path, run: str) -> list[float] | None:
 
 
 def plot_loss(out: Path, runs, path: Path, title: str) -> None:
-    """Left: the peer and opsplit's ``softmax-lie`` (same weights, same batches) and their
-    difference; right: every run (10-step running mean)."""
+    """Left: the peer and opsplit's ``softmax-lie`` (same weights, same batches), and below
+    their difference; right: every run (10-step running mean)."""
     plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.4, 3.6))
+    fig = plt.figure(figsize=(10.4, 4.2))
+    gs = fig.add_gridspec(3, 2)
+    a1, a0, a2 = fig.add_subplot(gs[:2, 0]), fig.add_subplot(gs[2, 0]), fig.add_subplot(gs[:, 1])
     peer, ours = _losses(out, "peer"), _losses(out, "softmax-lie")
     if peer and ours:
         steps = range(1, len(peer) + 1)
-        a1.plot(steps, peer, color="black", lw=2.6, alpha=0.4, label="peer (plain torch)")
+        a1.plot(steps, peer, color="black", lw=2.6, alpha=0.4, label="peer (plain torch loop)")
         a1.plot(steps, ours, color="C1", lw=1.0, ls="--", label="opsplit softmax-lie (Trainer)")
-        tw = a1.twinx()
-        diff = [max(abs(a - b), 1e-12) for a, b in zip(peer, ours)]
-        tw.semilogy(steps, diff, color="C2", lw=0.8, label="|difference| (0 drawn at 1e-12)")
-        tw.set_ylabel("|difference| (bits / char)", color="C2")
-        a1.set_xlabel("training step")
         a1.set_ylabel("training loss (bits / char)")
-        a1.set_title("the peer and opsplit, same weights and batches", fontsize=9)
-        h1, l1 = a1.get_legend_handles_labels()
-        h2, l2 = tw.get_legend_handles_labels()
-        a1.legend(h1 + h2, l1 + l2, fontsize=7)
+        a1.set_title("the peer and opsplit from the same weights on the same batches", fontsize=9)
+        a1.legend(fontsize=7)
+        a1.tick_params(labelbottom=False)
+        diff = [abs(a - b) for a, b in zip(peer, ours)]
+        a0.semilogy([s for s, d in zip(steps, diff) if d > 0], [d for d in diff if d > 0], ".", ms=3, color="C2")
+        a0.set_ylabel("|difference|", fontsize=8)
+        a0.set_xlabel(f"training step ({sum(d == 0 for d in diff)} of {len(diff)} steps: difference 0)")
+        a0.set_xlim(a1.get_xlim())
     k = 10
     for r in runs:
         loss = _losses(out, r)
@@ -381,9 +384,12 @@ def main(argv=None):
     p.add_argument("--prompt", default="The ")
     p.add_argument("--gen", type=int, default=200, help="characters generated after the prompt")
     p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--gen-reps", type=int, default=3, help="timed generations per model and N_t (median)")
     p.add_argument("--pairs", type=int, default=15, help="interleaved rounds of the paired step timing (0: none)")
     p.add_argument("--out", default="benchmarks/out/train_text")
     p.add_argument("--figures", default=None, help="write text_loss.png and text_anytime.png here")
+    p.add_argument("--paired-only", action="store_true",
+                   help="no training: the paired step timing only (stored in <out>/results.json)")
     p.add_argument("--report", action="store_true",
                    help="no training: print the tables and draw the figures from <out>/results.json")
     args = p.parse_args(argv)
@@ -405,6 +411,17 @@ def main(argv=None):
     val = text_windows(corpus.val, args.context, name="val")
     if args.eval_windows is not None:
         val = type(val)(val.inputs[: args.eval_windows], val.targets[: args.eval_windows], name="val")
+    if args.paired_only:
+        x, y = train[torch.arange(args.batch)]
+        paired = paired_step_times(args, vocab.size, x, y, args.pairs)
+        paired["loadavg"] = [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]
+        print(json.dumps({"paired": paired}), flush=True)
+        saved = _load(out)
+        if saved is not None and saved.get("setup") == _setup(args):
+            saved["paired"] = paired
+            (out / "results.json").write_text(json.dumps(saved, indent=1))
+            report(saved, args)
+        return paired
     prompt = vocab.encode(args.prompt, name="--prompt")[None]
     if prompt.shape[1] + args.gen > args.context:
         p.error(f"--gen: the prompt ({prompt.shape[1]}) and --gen ({args.gen}) exceed --context {args.context}")
@@ -457,25 +474,27 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in results[run].items() if k != "sample"}), flush=True)
 
     anytime = {}
-    for run in ("softmax-lie", "softmax-lie-multi"):
-        if run not in models:
-            continue
-        model, tr = models[run]
-        rows = []
-        for n in args.anytime:
-            bpc = bits_per_char(tr.evaluate(val, n_steps=n)["loss"])
-            tok_s, _ = sample_opsplit(model, prompt, args, n_steps=n)
-            rows.append({"n_t": n, "bpc": bpc, "gen_tok_s": tok_s})
-            print(json.dumps({"anytime": run, **rows[-1]}), flush=True)
+    pair = [r for r in ("softmax-lie", "softmax-lie-multi") if r in models]
+    for run in pair:
         label = f"{run} (trained at N_t = {args.layers})" if run == "softmax-lie" else \
             f"{run} (trained at N_t in {tuple(args.multi)})"
-        anytime[label] = rows
-        print(json.dumps({"anytime": label, "rows": rows}), flush=True)
+        anytime[run] = {"label": label, "rows": []}
+    for n in args.anytime:
+        speeds = {run: [] for run in pair}
+        for _ in range(args.gen_reps):  # the models' generations interleaved, median of the repeats
+            for run in pair:
+                speeds[run].append(sample_opsplit(models[run][0], prompt, args, n_steps=n)[0])
+        for run in pair:
+            bpc = bits_per_char(models[run][1].evaluate(val, n_steps=n)["loss"])
+            anytime[run]["rows"].append({"n_t": n, "bpc": bpc, "gen_tok_s": statistics.median(speeds[run])})
+            print(json.dumps({"anytime": run, **anytime[run]["rows"][-1]}), flush=True)
+    anytime = {a["label"]: a["rows"] for a in anytime.values()}
 
     paired = None
     if args.pairs:
         x, y = train[torch.arange(args.batch)]
         paired = paired_step_times(args, vocab.size, x, y, args.pairs)
+        paired["loadavg"] = [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]
         print(json.dumps({"paired": paired}), flush=True)
 
     load1 = Path("/proc/loadavg").read_text().split()[:3] if load0 else None
@@ -548,7 +567,7 @@ def report(saved: dict, args) -> None:
               f"{paired['peer_median_s'] * 1e3:.0f} ms, opsplit softmax-lie {paired['opsplit_median_s'] * 1e3:.0f} ms, "
               f"median ratio {paired['ratio_median']:.3f} (min {paired['ratio_min']:.3f}, max {paired['ratio_max']:.3f}); "
               f"value checks off: {paired['unchecked_median_s'] * 1e3:.0f} ms, median ratio "
-              f"{paired['ratio_unchecked_median']:.3f}")
+              f"{paired['ratio_unchecked_median']:.3f}; loadavg {paired.get('loadavg')}")
     print()
     for r in runs:
         print(f"--- {r['run']} (seed {st['seed']}, temperature {st['temperature']}) ---")

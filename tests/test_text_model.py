@@ -80,6 +80,11 @@ def config(attention="softmax", scheme="lie") -> DecoderConfig:
                          scheme=scheme)
 
 
+def piece(control, i):
+    """Stored weights of control piece i (LayerwiseConstant: a parameter; PiecewiseConstant: a row)."""
+    return control.pieces[i] if hasattr(control, "pieces") else control.raw[i]
+
+
 @torch.no_grad()
 def load_peer(peer: Peer, model: DecoderLM) -> None:
     """Layer l of the peer -> control piece l (a pure weight copy)."""
@@ -88,16 +93,17 @@ def load_peer(peer: Peer, model: DecoderLM) -> None:
     (n1,), (n2,) = model.norms
     a, f = model.attention, model.ffn
     for i, b in enumerate(peer.blocks):
-        n1.weight.raw[i], n1.bias.raw[i] = b.ln1.weight, b.ln1.bias
-        n2.weight.raw[i], n2.bias.raw[i] = b.ln2.weight, b.ln2.bias
-        f.W1.raw[i], f.b1.raw[i] = b.fc.weight.T, b.fc.bias
-        f.W2.raw[i], f.b2.raw[i] = b.out.weight.T, b.out.bias
+        copies = [(n1.weight, b.ln1.weight), (n1.bias, b.ln1.bias), (n2.weight, b.ln2.weight),
+                  (n2.bias, b.ln2.bias), (f.W1, b.fc.weight.T), (f.b1, b.fc.bias), (f.W2, b.out.weight.T),
+                  (f.b2, b.out.bias)]
         if model.config.attention == "softmax":
             Wq, Wk, Wv = b.qkv.weight.split(E)
             bq, bk, bv = b.qkv.bias.split(E)
-            a.WQ.raw[i], a.WK.raw[i], a.WV.raw[i] = (W.T.reshape(E, H, E // H) for W in (Wq, Wk, Wv))
-            a.bQ.raw[i], a.bK.raw[i], a.bV.raw[i] = (c.reshape(H, E // H) for c in (bq, bk, bv))
-            a.WO.raw[i], a.bO.raw[i] = b.proj.weight.T.reshape(H, E // H, E), b.proj.bias
+            copies += [(c, W.T.reshape(E, H, E // H)) for c, W in zip((a.WQ, a.WK, a.WV), (Wq, Wk, Wv))]
+            copies += [(c, v.reshape(H, E // H)) for c, v in zip((a.bQ, a.bK, a.bV), (bq, bk, bv))]
+            copies += [(a.WO, b.proj.weight.T.reshape(H, E // H, E)), (a.bO, b.proj.bias)]
+        for control, value in copies:
+            piece(control, i).copy_(value)
     model.final_norm[0].weight.value.copy_(peer.ln_f.weight)
     model.final_norm[0].bias.value.copy_(peer.ln_f.bias)
 
@@ -198,7 +204,7 @@ def test_another_n_t_refines_each_layer(scheme):
 def _naive_causal_sliced(a, layer, h):
     """Causal sliced ReLU attention of the normalised state h (B, N, E) from the operator's
     controls of piece ``layer``, written out: MLP projection, per-query prefix, centred values."""
-    WQ, WK, WV, P, P1, c1 = (getattr(a, n).raw[layer] for n in ("WQ", "WK", "WV", "P", "P1", "c1"))
+    WQ, WK, WV, P, P1, c1 = (piece(getattr(a, n), layer) for n in ("WQ", "WK", "WV", "P", "P1", "c1"))
 
     def proj(Q):
         return (torch.relu(Q @ P1 + c1) @ P.T).transpose(1, 2)  # (B, H, N)
@@ -218,7 +224,7 @@ def test_sliced_decoder_is_the_naive_causal_formula():
     u = peer.embed(x)
     (n1,), _ = model.norms
     for i, b in enumerate(peer.blocks):
-        h = F.layer_norm(u, (E,), n1.weight.raw[i], n1.bias.raw[i], 1e-5)
+        h = F.layer_norm(u, (E,), piece(n1.weight, i), piece(n1.bias, i), 1e-5)
         u = u + _naive_causal_sliced(a, i, h)
         u = u + b.mlp(u)
     torch.testing.assert_close(model(x).logits, peer.head(u), atol=1e-10, rtol=1e-10)
