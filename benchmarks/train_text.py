@@ -378,7 +378,8 @@ def main(argv=None):
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--multi", type=int, nargs="+", default=[2, 4, 8], help="train_n_steps of softmax-lie-multi")
     p.add_argument("--anytime", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="initial weights, training windows, trainer, sampling")
+    p.add_argument("--split-seed", type=int, default=0, help="the train/validation split by document")
     p.add_argument("--eval-batch", type=int, default=64)
     p.add_argument("--eval-windows", type=int, default=None, help="cap on validation windows (default: all)")
     p.add_argument("--prompt", default="The ")
@@ -405,7 +406,7 @@ def main(argv=None):
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY')}, loadavg {load0}", flush=True)
 
-    corpus = load_text(args.corpus, seed=args.seed)
+    corpus = load_text(args.corpus, seed=args.split_seed)
     vocab = corpus.vocab
     train = text_windows(corpus.train, args.context, args.steps * args.batch, seed=args.seed, name="train")
     val = text_windows(corpus.val, args.context, name="val")
@@ -517,7 +518,7 @@ def main(argv=None):
 def _setup(args) -> dict:
     """What must agree for runs of separate invocations to share one table."""
     keys = ("corpus", "context", "d_model", "heads", "layers", "steps", "batch", "lr", "weight_decay", "warmup",
-            "min_lr_ratio", "multi", "seed", "eval_windows", "prompt", "gen", "temperature")
+            "min_lr_ratio", "multi", "seed", "split_seed", "eval_windows", "prompt", "gen", "temperature")
     return {k: getattr(args, k) for k in keys}
 
 
