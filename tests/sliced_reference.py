@@ -45,3 +45,15 @@ def naive_sliced_bump(zq, zk, v, bandwidth, key_padding_mask=None, key_weights=N
     W = w.sum(-1, keepdim=True).unsqueeze(-1)
     out = (K @ v)
     return torch.where(W > 0, out / torch.where(W > 0, W, torch.ones_like(W)), torch.zeros_like(out))
+
+
+def causal(naive, zq, zk, v, **kw):
+    """A causal kernel's reference from a full one: query i is ``naive`` over the keys
+    l <= i + N_k - N_q (0 if there is none), one query at a time."""
+    Nq, Nk = zq.shape[-1], zk.shape[-1]
+    out = torch.zeros(*zq.shape, v.shape[-1], dtype=v.dtype, device=v.device)
+    for i in range(Nq):
+        t = i + Nk - Nq
+        if t >= 0:
+            out[..., i : i + 1, :] = naive(zq[..., i : i + 1], zk[..., : t + 1], v[..., : t + 1, :], **kw)
+    return out

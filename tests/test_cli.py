@@ -185,8 +185,8 @@ def test_report_of_a_folder_without_manifest(tmp_path):
         (["solve", "--n-t", "0", "4"], None, "solve.n_t: expected values >= 1"),
         (["solve"], "[solve]\nnt = [4]\n", "solve.nt: unknown key"),
         (["solve"], "[solver]\nn_t = [4]\n", "unknown section [solver]"),
-        (["solve"], '[solve]\nn_t = [4, "8"]\n', "solve.n_t: expected a non-empty list of integers"),
-        (["solve"], "[model]\nT = \"one\"\n", "model.T: expected a number"),
+        (["solve"], '[solve]\nn_t = [4, "8"]\n', "solve.n_t: expected a non-empty list of integers (64-bit)"),
+        (["solve"], "[model]\nT = \"one\"\n", "model.T: expected a finite number"),
         (["solve"], '[solve]\nschemes = ["lie", "yoshida"]\n', "solve.schemes: expected each of one of"),
         (["solve"], '[model]\nspace = "grid"\n', "model.space = 'grid' stores the controls"),
         (["solve"], "[model]\nrelu = true\n", "solve.reference: 'unsplit' needs a model without ReLU"),
@@ -351,3 +351,329 @@ def test_train_bad_configs(tmp_path, capsys):
 def test_grid_bad_arguments_stop_before_any_work(capsys, argv, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+# -- issue 17, finding 7: torch's threads ---------------------------------------------------------
+def _clean_env(**extra):
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "OPSPLIT_THREADS")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def test_importing_the_command_does_not_load_torch():
+    """The thread settings must be in place before torch loads: neither ``import opsplit``
+    nor the command's entry modules may import it."""
+    code = ("import sys, opsplit, opsplit.cli, opsplit.__main__; "
+            "from opsplit.cli import main; print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=_clean_env(), check=True)
+    assert r.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("flags, env, want", [
+    ([], {}, "1 torch thread (OMP_WAIT_POLICY=PASSIVE)"),
+    (["--threads", "2"], {"OMP_NUM_THREADS": "3"}, "2 torch threads (OMP_WAIT_POLICY=PASSIVE)"),
+    ([], {"OPSPLIT_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE"}, "2 torch threads (OMP_WAIT_POLICY=ACTIVE)"),
+])
+def test_command_sets_torch_threads_before_torch_loads(flags, env, want):
+    """The console command runs torch on one thread with OpenMP's passive wait by default
+    (4-15x faster on a loaded machine, issue 17); --threads, then OPSPLIT_THREADS, override
+    the count, and a wait policy of the caller's environment is kept."""
+    r = subprocess.run([sys.executable, "-m", "opsplit", *flags, "grid", "--levels", "1", "--steps", "1"],
+                       capture_output=True, text=True, cwd=ROOT, env=_clean_env(**env), check=True)
+    assert f"torch: {want}" in r.stdout, r.stdout
+
+
+def test_threads_in_process_are_restored(capsys):
+    """Called from a session that already imported torch, --threads applies for the call only."""
+    before = torch.get_num_threads()
+    assert main(["--threads", "3", "grid", "--levels", "1", "--steps", "1"]) == 0
+    assert "torch: 3 torch threads" in capsys.readouterr().out
+    assert torch.get_num_threads() == before
+
+
+# -- issue 17, finding 8: checked before anything is written, interrupts resumable ------------------
+def test_print_config_runs_the_cross_key_checks(tmp_path, capsys):
+    """--print-config prints only a config that would run: the checks between keys and the
+    size guard run first."""
+    assert main(["train", "--print-config", "--config", _toml(tmp_path, "[model]\nheads = 3\n")]) == 2
+    assert "model.heads: expected a divisor of model.d_model" in capsys.readouterr().err
+    assert main(["solve", "--print-config", "--n-x", "100000", "--n-y", "100000"]) == 2
+    assert "solve.n_x = [100000], solve.n_y = [100000]: the job needs an estimated" in capsys.readouterr().err
+    assert main(["train", "--print-config", "--config", _toml(tmp_path, "[model]\nheads = 2\n")]) == 0
+
+
+def test_force_runs_a_job_over_the_guard(tmp_path, monkeypatch, capsys):
+    from opsplit.cli import budget
+
+    monkeypatch.setattr(budget, "MAX_SECONDS", 1e-9)
+    argv = ["solve", "--n-t", "2", "4", "--n-x", "4", "--n-y", "4", "--schemes", "lie", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 2
+    assert "or --force to run it anyway" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert main([*argv, "--out", str(tmp_path / "b"), "--force"]) == 0
+    assert (tmp_path / "b" / "runs.csv").is_file()
+
+
+def test_interrupt_saves_a_checkpoint_and_prints_how_to_resume(tmp_path, monkeypatch, capsys):
+    """A real SIGINT during step 6 (checkpoints every 4 steps): the run finishes step 6,
+    saves a checkpoint there, exits 130 naming the resume command; resumed, it writes the
+    losses of an uninterrupted run."""
+    import os
+    import signal
+
+    from opsplit.cli import train as train_cmd
+    from opsplit.control.checkpoint import latest_checkpoint
+
+    cfg = _toml(tmp_path, TRAIN.replace("save_every = 2", "save_every = 4"))
+    full = tmp_path / "full"
+    assert main(["train", "--config", cfg, "--out", str(full), "--no-progress"]) == 0
+    real = train_cmd._augment
+
+    def interrupting(shift):
+        aug, calls = real(shift), {"n": 0}
+
+        def f(x, g):
+            calls["n"] += 1
+            if calls["n"] == 6:  # Ctrl-C while step 6 runs
+                os.kill(os.getpid(), signal.SIGINT)
+            return aug(x, g)
+
+        return f
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(train_cmd, "_augment", interrupting)
+    assert main(["train", "--config", cfg, "--out", str(cut), "--no-progress"]) == 130
+    err = " ".join(capsys.readouterr().err.split())
+    assert "interrupted at step 6; saved a checkpoint at step 6" in err
+    assert f"continue with: opsplit train --resume {cut}" in err
+    assert latest_checkpoint(cut / "train").name == "step-00000006"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    monkeypatch.setattr(train_cmd, "_augment", real)
+    assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
+    a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
+    b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
+    assert len(a) == 8 and a == b
+
+
+def test_train_adjoint_with_rk4_substeps(tmp_path):
+    """train.gradient = 'adjoint' runs with model.solver = 'rk4' (ODE substeps), whose
+    gradient is the continuous adjoint's (finding 8: refused with Euler substeps)."""
+    toml = TRAIN.replace("[train]", '[train]\ngradient = "adjoint"').replace(
+        "[model]", '[model]\nsolver = "rk4"').replace("epochs = 2", "epochs = 1").replace(
+        "shift = 1", "shift = 0")
+    out = tmp_path / "adj"
+    assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
+    steps = _rows(out / "train" / "steps.csv")
+    assert len(steps) == 4 and all(float(r["grad_norm"]) > 0 for r in steps)
+
+
+# -- the size and cost estimate against independent counts ----------------------------------------
+def _solve_cfg(**model):
+    from opsplit.cli.config import load
+    from opsplit.cli.solve import SCHEMA
+
+    return load(SCHEMA, data={"model": model})["model"]
+
+
+@pytest.mark.parametrize("space", ["polynomial", "grid"])
+@pytest.mark.parametrize("nx, ny, batch, J", [(8, 8, 2, 2), (12, 4, 1, 1), (4, 12, 3, 3)])
+def test_field_flops_match_flop_counter(space, nx, ny, batch, J):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from opsplit.analysis import smooth_transformer
+    from opsplit.cli import study
+
+    m = _solve_cfg(batch=batch, J=J, space=space)
+    p = smooth_transformer(n_x=nx, n_y=ny, batch=batch, J=J, seed=0, space=space, constraint=True)
+    counted = []
+    for op in (p.attention, p.ffn[0]):
+        with FlopCounterMode(display=False) as fc, torch.no_grad():
+            op.field(0.3, p.f, p.grid)
+        counted.append(fc.get_total_flops())
+    attention, ffn = study.field_flops(m, nx, ny)
+    assert 0.8 < attention / counted[0] < 1.25 and 0.7 < ffn / counted[1] < 1.3, (attention, ffn, counted)
+
+
+@pytest.mark.parametrize("scheme", ["lie", "strang", "parallel", "hybrid"])
+@pytest.mark.parametrize("solver", ["euler", "heun", "odeint"])
+def test_run_estimate_counts_the_field_evaluations(scheme, solver, monkeypatch):
+    """Attention and FFN evaluations of one solve, counted, against the estimate (exact for
+    the fixed-stage solvers; dopri5's within a factor 2)."""
+    from opsplit.analysis import smooth_transformer
+    from opsplit.cli import study
+    from opsplit.operators import FFNIntegral, SoftmaxAttention
+
+    calls = {"a": 0, "f": 0}
+    for cls, k in ((SoftmaxAttention, "a"), (FFNIntegral, "f")):
+        real = cls.field
+
+        def counting(self, *a, _real=real, _k=k, **kw):
+            calls[_k] += 1
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(cls, "field", counting)
+    m = _solve_cfg(batch=1, J=2)
+    p = smooth_transformer(n_x=4, n_y=4, batch=1, J=2, seed=0, space="polynomial", constraint=True)
+    with torch.no_grad():
+        p.propagator(4, scheme, solver)(p.f)
+    attention, ffn = study.field_flops(m, 4, 4)
+    est = study.run_estimate(m, 4, 4, 4, scheme, solver)
+    # FFN calls of the parallel schemes are batched (one call for the J terms): count flops
+    counted = calls["a"] * attention + calls["f"] * ffn * (2 if scheme in ("parallel", "hybrid") else 1)
+    lo, hi = (0.99, 1.01) if solver != "odeint" else (0.5, 2.0)
+    assert lo < est.flops / counted < hi, (est.flops, counted, calls)
+
+
+def test_reference_estimate_counts_dopri5_evaluations(monkeypatch):
+    from opsplit.analysis import smooth_transformer
+    from opsplit.cli import study
+    from opsplit.operators import SoftmaxAttention
+
+    calls = {"n": 0}
+    real = SoftmaxAttention.field
+
+    def counting(self, *a, **kw):
+        calls["n"] += 1
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(SoftmaxAttention, "field", counting)
+    for T in (1.0, 8.0):
+        calls["n"] = 0
+        p = smooth_transformer(n_x=6, n_y=6, batch=1, J=1, T=T, seed=0, space="polynomial", constraint=True)
+        with torch.no_grad():
+            p.reference()
+        assert 0.5 < study.dopri5_evaluations(T, coupled=True) / calls["n"] < 2.0, (T, calls["n"])
+
+
+def test_memory_estimate_against_the_peak_resident_memory():
+    """A solve dominated by its score matrices (N_x = 1500: 36 MB each in float64) and one
+    dominated by its kernels (N_y = 1500), measured in a fresh process (the growth of the
+    resident set's high-water mark, reset before the solve): the estimate is within a
+    factor 3."""
+    import os
+
+    from opsplit.cli import study
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident memory")
+    code = (
+        "import re, sys, torch\n"
+        "from opsplit.analysis import smooth_transformer\n"
+        "def kb(k):\n"
+        "    return int(re.search(k + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+        "nx, ny = int(sys.argv[1]), int(sys.argv[2])\n"
+        "p = smooth_transformer(n_x=nx, n_y=ny, batch=2, J=2, seed=0, space='polynomial', constraint=True)\n"
+        "prop = p.propagator(2, 'lie', 'heun')\n"
+        "open('/proc/self/clear_refs', 'w').write('5')\n"
+        "base = kb('VmRSS')\n"
+        "with torch.no_grad():\n"
+        "    prop(p.f)\n"
+        "print((kb('VmHWM') - base) * 1024)\n"
+    )
+    for nx, ny in ((1500, 4), (4, 1500)):
+        r = subprocess.run([sys.executable, "-c", code, str(nx), str(ny)], capture_output=True,
+                           text=True, cwd=ROOT, env=_clean_env(OMP_NUM_THREADS="1"), check=True)
+        measured = float(r.stdout.strip())
+        est = study.memory_bytes(_solve_cfg(batch=2, J=2), nx, ny)
+        assert measured / 3 < est < measured * 3, (nx, ny, est, measured)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_train_estimate_flops_match_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from opsplit.cli import train as train_cmd
+    from opsplit.cli.config import load
+
+    for model in ({}, {"scheme": "strang", "patch": 4, "d_model": 16, "heads": 2}, {"solver": "rk4", "n_steps": 2}):
+        m = load(train_cmd.SCHEMA, data={"model": model})["model"]
+        net = train_cmd.build_model(m)
+        x = torch.randn(3, 1, 8, 8)
+        with FlopCounterMode(display=False) as fc:
+            net(x)
+        est = 3 * train_cmd.forward_flops(m, m["n_steps"])[0]
+        assert 0.7 < est / fc.get_total_flops() < 1.4, (model, est, fc.get_total_flops())
+
+
+def test_convert_estimate_flops_match_flop_counter():
+    pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from opsplit.cli import convert
+    from opsplit.cli.config import load
+
+    cfg = load(convert.SCHEMA, data={})
+    t, v = cfg["torch"], cfg["vit"]
+    ref = convert._torch_reference(t, 0)
+    with FlopCounterMode(display=False) as fc:
+        ref(torch.randn(2, t["seq_len"], t["d_model"]))
+    est = convert._encoder_cost(2, t["seq_len"], t["d_model"], t["dim_feedforward"], t["num_layers"], t["nhead"])[0]
+    assert 0.7 < est / fc.get_total_flops() < 1.4
+    vit = convert._vit_reference(v, 0)
+    with FlopCounterMode(display=False) as fc:
+        vit(torch.randn(2, v["num_channels"], v["image_size"], v["image_size"]))
+    L = (v["image_size"] // v["patch_size"]) ** 2 + 1
+    est = convert._encoder_cost(2, L, v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"],
+                                v["num_attention_heads"])[0]
+    est += 2.0 * 2 * (L - 1) * v["num_channels"] * v["patch_size"] ** 2 * v["hidden_size"]
+    assert 0.7 < est / fc.get_total_flops() < 1.4
+
+
+# -- issue 17, finding 10: what the command says ------------------------------------------------
+def test_convert_help_names_the_three_models(capsys):
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    out = capsys.readouterr().out
+    assert "both models" not in out and "two models" not in out
+    assert "CvT" in out and '"cvt"' in out
+
+
+def test_readme_command_table_lists_every_command():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    listed = set(re.findall(r"^\| `opsplit (\w+)", text, flags=re.M))
+    assert listed >= set(COMMANDS), set(COMMANDS) - listed
+
+
+def test_compare_report_explains_parallel_with_the_constraint(tmp_path):
+    """Local orders recomputed from the runs' errors; the report says why parallel splitting
+    with the S1 constraint is below its theoretical order at coarse N_t."""
+    import math
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--schemes", "parallel", "hybrid", "--solvers", "heun", "--n-t", "2", "4", "8",
+            "--n-x", "4", "--n-y", "4", "--repeats", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    runs = _rows(out / "compare_runs.csv")
+    for r in _rows(out / "comparison.csv"):
+        e = [float(x["rel_error"]) for x in runs if x["scheme"] == r["scheme"]]
+        want = [math.log2(e[i] / e[i + 1]) for i in range(len(e) - 1)]
+        got = [float(x) for x in r["local orders"].split(", ")]
+        assert got == pytest.approx(want, abs=0.006)
+    md = (out / "report.md").read_text()
+    assert "each step pulls the state only 1/K of the way back to S1" in md
+    assert "K = 4" in md  # S1, attention and J = 2 FFN terms
+
+
+def test_a_folder_holding_a_training_run_is_continued_only_by_the_same_config(tmp_path):
+    from opsplit.cli import default
+    from opsplit.cli import train as train_cmd
+    from opsplit.cli.config import ConfigError, dump_toml
+
+    run = tmp_path / "run"
+    (run / "train" / "checkpoints" / "step-00000004").mkdir(parents=True)
+    (run / "train" / "checkpoints" / "step-00000004" / "meta.json").write_text("{}")
+    cfg = default.configs(quick=True)["train"]
+    with pytest.raises(ConfigError, match="already holds a training run"):
+        train_cmd.check_new_folder(run)  # opsplit train --out run
+    (run / "train.toml").write_text(dump_toml(default.configs(quick=False)["train"]))
+    with pytest.raises(ConfigError, match="already holds a training run"):
+        train_cmd.check_new_folder(run, run / "train.toml", cfg)  # the full job's training
+    (run / "train.toml").write_text(dump_toml(cfg))
+    train_cmd.check_new_folder(run, run / "train.toml", cfg)  # opsplit --quick --out run again

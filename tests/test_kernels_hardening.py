@@ -1,7 +1,9 @@
 """Issue 8, attention kernels: second derivatives (finding 1), Parallel's default batching
 (finding 2), softmax scores that overflow (finding 4), sizes and values of the kernels
 (finding 5), torch.compile / torch.jit.trace (finding 8), gradcheck and gradgradcheck of
-every public kernel.
+every public kernel.  Issue 17: float32 kernels at extreme magnitudes and small bandwidths
+(finding 1) and the smaller kernel edges of finding 9 (weights with grad, ``centered``, the
+``(B, N_k)`` mask on 4-D scores, ``torch.func`` transforms).
 
 Second derivatives are compared with autograd's second derivatives of the naive O(N^2)
 formulas (tests/sliced_reference.py), which follow the same conventions at ties
@@ -9,11 +11,13 @@ formulas (tests/sliced_reference.py), which follow the same conventions at ties
 
 import pytest
 import torch
-from sliced_reference import naive_sliced_bump, naive_sliced_relu
+from sliced_reference import causal, naive_sliced_bump, naive_sliced_relu
 from torch.autograd import gradcheck, gradgradcheck
 
 from opsplit import Grid, Propagator
 from opsplit.functional import (
+    causal_sliced_relu_attention,
+    causal_sliced_relu_bump_attention,
     nadaraya_watson_attention,
     sliced_relu_attention,
     sliced_relu_bump_attention,
@@ -353,3 +357,248 @@ def test_kernel_attention_under_vmap(kernel):
     q, k, v = (torch.randn(3, 2, n, d, generator=gen, dtype=F64) for n, d in ((4, 3), (5, 3), (5, 2)))
     out = torch.func.vmap(lambda a, b, x: nadaraya_watson_attention(a, b, x, kernel=kernel))(q, k, v)
     torch.testing.assert_close(out, nadaraya_watson_attention(q, k, v, kernel=kernel))
+
+
+# -- issue 17, finding 1: float32 at extreme magnitudes, small bandwidths ---------------------
+F32 = torch.float32
+ISSUE17 = {  # the kernels of the finding, with their naive references
+    "full": (sliced_relu_attention, naive_sliced_relu),
+    "causal": (causal_sliced_relu_attention, lambda *a: causal(naive_sliced_relu, *a)),
+    "full_bump": (lambda a, b, x: sliced_relu_bump_attention(a, b, x, 0.8 * float(a.abs().max())),
+                  lambda a, b, x: naive_sliced_bump(a, b, x, 0.8 * float(a.abs().max()))),
+    "causal_bump": (lambda a, b, x: causal_sliced_relu_bump_attention(a, b, x, 0.8 * float(a.abs().max())),
+                    lambda a, b, x: causal(naive_sliced_bump, a, b, x, bandwidth=0.8 * float(a.abs().max()))),
+}
+
+
+@pytest.mark.parametrize("kind", list(ISSUE17))
+@pytest.mark.parametrize("scale", [1e19, 1e-30, 1e36, 1e-36], ids=["1e19", "1e-30", "1e36", "1e-36"])
+@pytest.mark.parametrize("N", [12, 100])
+def test_issue17_float32_kernels_at_extreme_magnitudes(kind, scale, N):
+    """Scores and values both scaled by 1e19 gave NaN/inf in float32 (products of scores and
+    values overflow the prefix tables), by 1e-30 relative errors of 0.91 (full) and 4.73
+    (causal) (they underflow): now the result equals the naive formula to float32's
+    precision (N = 100 also runs the causal kernel's sorted levels)."""
+    zq, zk, v = scores(1, 2, N, N, 3, ties=False, seed=17)
+    zq, zk, v = (x * scale for x in (zq, zk, v))
+    zq, zk, v = zq.float(), zk.float(), v.float()
+    kernel, naive = ISSUE17[kind]
+    out = kernel(zq, zk, v)
+    assert bool(torch.isfinite(out).all())
+    ref = naive(zq.double(), zk.double(), v.double())
+    assert float((out.double() - ref).abs().max()) <= 1e-5 * float(v.double().abs().max())
+
+
+@pytest.mark.parametrize("bump", ["full", "causal"])
+@pytest.mark.parametrize("zscale, b", [(1.0, 1e-38), (1e30, 1e-9), (1.0, 1e-4), (1e-30, 1e-36)],
+                         ids=["b1e-38", "z1e30-b1e-9", "b1e-4", "z1e-30-b1e-36"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+def test_issue17_bump_with_bandwidths_far_below_the_spread(bump, zscale, b, dtype):
+    """b far below the spread of the scores: the prefix tables of eq. 7 cancel by spread / b
+    (b = 1e-38 gave errors of 1e29 |v| in both dtypes, the causal kernel inf in float32).
+    Now the result is the naive formula's, with ties in the scores so that windows are not
+    empty (float32: by the pair-by-pair sum over the windows; float64 b = 1e-4: the float64
+    prefix tables, within their documented 0.3 eps spread / b)."""
+    g = torch.Generator().manual_seed(18)
+    N = 150
+    zq = (torch.randint(-3, 4, (1, 2, N), generator=g).double() + torch.rand(1, 2, N, generator=g, dtype=F64) * (torch.rand(1, 2, N, generator=g) < 0.5)) * zscale
+    zk = torch.cat([zq[..., : N // 2], torch.randn(1, 2, N - N // 2, generator=g, dtype=F64) * zscale], -1)
+    v = torch.randn(1, 2, N, 3, generator=g, dtype=F64) + 0.5
+    zq, zk, v = zq.to(dtype), zk.to(dtype), v.to(dtype)
+    if bump == "full":
+        out = sliced_relu_bump_attention(zq, zk, v, b)
+        ref = naive_sliced_bump(zq.double(), zk.double(), v.double(), torch.tensor(b, dtype=dtype).double())
+    else:
+        out = causal_sliced_relu_bump_attention(zq, zk, v, b)
+        ref = causal(naive_sliced_bump, zq.double(), zk.double(), v.double(),
+                     bandwidth=torch.tensor(b, dtype=dtype).double())
+    assert float(ref.abs().max()) > 1e-2  # the windows hold keys
+    tol = 1e-6 if dtype == F32 else 1e-10
+    assert bool(torch.isfinite(out).all())
+    assert float((out.double() - ref).abs().max()) <= tol * float(v.double().abs().max())
+
+
+@pytest.mark.parametrize("kind", ["full", "causal", "full_bump", "causal_bump"])
+def test_issue17_float32_gradients_at_1e_30(kind):
+    """Gradients of 0.5 |out|^2 at magnitude 1e-30 in float32: the incoming gradient (~1e-30)
+    times the values (~1e-30) underflowed float32 (zero gradients); the backward passes now
+    normalise it per row.  Compared with autograd of the naive formula in float64."""
+    zq, zk, v = scores(1, 2, 80, 80, 3, ties=False, seed=19)
+    zq, zk, v = (x * 1e-30 for x in (zq, zk, v))
+    kernel, naive = ISSUE17[kind]
+    ours = [x.float().requires_grad_() for x in (zq, zk, v)]
+    o = kernel(*ours)
+    (0.5 * (o.double() ** 2).sum()).backward()
+    ref = [x.float().double().requires_grad_() for x in (zq, zk, v)]
+    (0.5 * (naive(*ref) ** 2).sum()).backward()
+    for a, r in zip(ours, ref, strict=True):
+        m = float(r.grad.abs().max())
+        assert m > 0
+        assert float((a.grad.double() - r.grad).abs().max()) <= 1e-4 * m
+
+
+# -- issue 17, finding 9: smaller kernel edges ----------------------------------------------
+@pytest.mark.parametrize("fn", [causal_sliced_relu_attention,
+                                lambda a, b, x, **kw: causal_sliced_relu_bump_attention(a, b, x, 0.6, **kw)],
+                         ids=["causal", "causal_bump"])
+def test_issue17_causal_key_weights_with_grad_are_refused(fn):
+    """The full kernels refused weights that require grad; the causal ones detached them
+    silently (the weights' gradient stayed None)."""
+    zq, zk, v = scores(1, 2, 6, 6, 2, ties=False, seed=20)
+    w = torch.rand(6, dtype=F64, requires_grad=True)
+    with pytest.raises(ValueError, match="key_weights: gradients with respect to the key weights"):
+        fn(zq, zk, v, key_weights=w)
+    out = fn(zq, zk, v, key_weights=w.detach())  # what the message asks for
+    assert out.shape == (1, 2, 6, 2)
+
+
+def test_issue17_centered_must_be_a_bool():
+    """``centered="False"`` was eq. 3 (any truthy object was accepted)."""
+    zq, zk, v = scores(1, 1, 4, 4, 2, ties=False, seed=21)
+    for fn in (sliced_relu_attention, causal_sliced_relu_attention):
+        with pytest.raises(TypeError, match="centered: expected a bool, got 'False'"):
+            fn(zq, zk, v, centered="False")
+    with pytest.raises(TypeError, match="SlicedReLUAttention.centered: expected a bool"):
+        SlicedReLUAttention.build(4, 2, centered="False")
+    assert SlicedReLUAttention.build(4, 2, centered=False).centered is False
+
+
+@pytest.mark.parametrize("kind", ["full", "causal", "bump", "causal_bump", "kernel"])
+def test_issue17_batch_mask_on_4d_scores_is_applied_along_the_batch(kind):
+    """A ``(B, N_k)`` key-padding mask on scores ``(B, H, G, N)`` with B = G was broadcast
+    along G (the last leading dim); it is the batch's: compared with the mask expanded by
+    hand to ``(B, 1, 1, N_k)``."""
+    g = torch.Generator().manual_seed(22)
+    B, H, G, N = 3, 2, 3, 7
+    zq, zk = torch.randn(B, H, G, N, generator=g, dtype=F64), torch.randn(B, H, G, N, generator=g, dtype=F64)
+    v = torch.randn(B, H, G, N, 2, generator=g, dtype=F64)
+    m = torch.rand(B, N, generator=g) < 0.4
+    m[:, -1] = False  # every row keeps a key
+    full = m.view(B, 1, 1, N).expand(B, H, G, N)
+    if kind == "kernel":
+        q, k = zq.unsqueeze(-1), zk.unsqueeze(-1)
+        out = nadaraya_watson_attention(q, k, v, key_padding_mask=m)
+        ref = nadaraya_watson_attention(q, k, v, key_padding_mask=full)
+        wrong = nadaraya_watson_attention(q, k, v, key_padding_mask=m.view(1, 1, B, N).expand(B, H, G, N))
+    else:
+        fn = {"full": sliced_relu_attention, "causal": causal_sliced_relu_attention,
+              "bump": lambda *a, **kw: sliced_relu_bump_attention(*a, 0.7, **kw),
+              "causal_bump": lambda *a, **kw: causal_sliced_relu_bump_attention(*a, 0.7, **kw)}[kind]
+        out = fn(zq, zk, v, key_padding_mask=m)
+        ref = fn(zq, zk, v, key_padding_mask=full)
+        wrong = fn(zq, zk, v, key_padding_mask=m.view(1, 1, B, N).expand(B, H, G, N))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert float((ref - wrong).abs().max()) > 1e-3  # the test tells the two apart
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_issue17_torch_func_transforms_of_the_full_kernels(kind):
+    """grad, jacrev, jvp, hessian and vmap of the full kernels (their composed path) equal
+    autograd / forward-mode derivatives of the naive formulas; they raised torch's
+    "must override the setup_context staticmethod" before."""
+    from torch.func import grad, hessian, jacrev, jvp, vmap
+
+    kernel, naive = KINDS[kind]
+    zq, zk, v = scores(2, 1, 5, 6, 2, ties=False, seed=23)
+    t = torch.randn_like(zq)
+
+    def close(a, b, rtol=1e-10, atol=1e-12):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+    close(grad(lambda a: kernel(a, zk, v).square().sum())(zq),
+          grad(lambda a: naive(a, zk, v).square().sum())(zq))
+    close(jacrev(lambda a: kernel(a, zk, v))(zq), jacrev(lambda a: naive(a, zk, v))(zq))
+    close(jvp(lambda a: kernel(a, zk, v), (zq,), (t,))[1],
+          jvp(lambda a: naive(a, zk, v), (zq,), (t,))[1])
+    close(hessian(lambda a: kernel(a, zk[:1], v[:1]).square().sum())(zq[:1]),
+          hessian(lambda a: naive(a, zk[:1], v[:1]).square().sum())(zq[:1]), 1e-9, 1e-11)
+    close(vmap(kernel)(zq, zk, v), naive(zq, zk, v))
+
+
+@pytest.mark.parametrize("fn", [causal_sliced_relu_attention,
+                                lambda a, b, x: causal_sliced_relu_bump_attention(a, b, x, 0.6)],
+                         ids=["causal", "causal_bump"])
+def test_issue17_torch_func_transforms_of_the_causal_kernels_are_refused_clearly(fn):
+    """The causal kernels (hand-written first-order backward, data-dependent divide and
+    conquer) refuse torch.func transforms and forward-mode AD with a message naming them;
+    before, torch's internal errors (setup_context / data-dependent control flow)."""
+    from torch.autograd import forward_ad
+    from torch.func import grad, hessian, jacrev, jvp, vmap
+
+    zq, zk, v = scores(2, 1, 5, 5, 2, ties=False, seed=24)
+    diff = "torch.func transforms that differentiate .* are not supported"
+    cases = [
+        (lambda: grad(lambda a: fn(a, zk, v).sum())(zq), diff),
+        (lambda: jacrev(lambda a: fn(a, zk, v))(zq), diff),
+        (lambda: jvp(lambda a: fn(a, zk, v), (zq,), (zq,)), diff),
+        (lambda: hessian(lambda a: fn(a, zk, v).sum())(zq), diff),
+        (lambda: vmap(fn)(zq, zk, v), "torch.func.vmap is not supported"),
+    ]
+    for call, msg in cases:
+        with pytest.raises(RuntimeError, match=msg):
+            call()
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(zq, torch.ones_like(zq))
+        with pytest.raises(RuntimeError, match="forward-mode AD .* is not supported"):
+            fn(dual, zk, v)
+    # and the advice of the vmap message holds: the leading dims batch the calls
+    out = fn(zq, zk, v)
+    for i in range(2):
+        torch.testing.assert_close(out[i], fn(zq[i], zk[i], v[i]))
+
+
+@pytest.mark.parametrize("bump", ["full", "causal"])
+@pytest.mark.parametrize("dtype, b, how", [(F32, 1e-3, "float64"), (F64, 1e-7, "windows")],
+                         ids=["f32-float64-tables", "f64-windows"])
+def test_issue17_small_bandwidth_gradients_match_naive(bump, dtype, b, how):
+    """Gradients (scores, values and the bandwidth) where the bump is evaluated by float64
+    tables (float32, spread / b ~ 5e3) or pair by pair (float64, spread / b ~ 5e7), against
+    autograd of the naive formula; and the evaluation the route picks is the documented
+    one (with autograd: no cheap pair-by-pair sum)."""
+    from opsplit.functional._windows import route
+
+    g = torch.Generator().manual_seed(25)
+    N = 90
+    zq = torch.randn(1, 2, N, generator=g, dtype=F64)
+    zk = torch.cat([zq[..., :30] + 1e-3 * b * torch.rand(1, 2, 30, generator=g, dtype=F64),
+                    torch.randn(1, 2, N - 30, generator=g, dtype=F64)], -1)
+    v = torch.randn(1, 2, N, 3, generator=g, dtype=F64) + 0.5
+    zq, zk, v = zq.to(dtype), zk.to(dtype), v.to(dtype)
+    bt = torch.tensor(b, dtype=dtype)
+    assert route(zq.view(2, N), zk.view(2, N), None, bt.expand(2, 1), graph=True)[0] == how
+    kern = sliced_relu_bump_attention if bump == "full" else causal_sliced_relu_bump_attention
+    ref_fn = (naive_sliced_bump if bump == "full"
+              else lambda a, c, x, bb: causal(naive_sliced_bump, a, c, x, bandwidth=bb))
+    gout = torch.randn(1, 2, N, 3, generator=g, dtype=F64)
+    ours = [x.clone().requires_grad_() for x in (zq, zk, v, bt)]
+    (kern(*ours) * gout.to(dtype)).sum().backward()
+    ref = [x.double().requires_grad_() for x in (zq, zk, v, bt)]
+    out_ref = ref_fn(*ref)
+    assert float(out_ref.abs().max()) > 1e-2  # the windows hold keys
+    (out_ref * gout).sum().backward()
+    tol = 1e-5 if dtype == F32 else 1e-10
+    for name, a, r in zip(("zq", "zk", "v", "b"), ours, ref, strict=True):
+        m = float(r.grad.abs().max())
+        assert float((a.grad.double() - r.grad).abs().max()) <= tol * max(m, 1e-300), name
+
+
+def test_issue17_bandwidth_routes():
+    """Which evaluation the bump gets (opsplit/functional/_windows.py): the float32 tables up
+    to spread / b = 2^7, the pair-by-pair sum where windows hold few keys (not under
+    autograd), float64 tables for float32 inputs up to 2^32, and a clear refusal where
+    neither is accurate nor affordable."""
+    from opsplit.functional._windows import route
+
+    g = torch.Generator().manual_seed(26)
+    z = torch.randn(2, 400, generator=g)
+    b = lambda x: torch.full((2, 1), x)  # noqa: E731
+    assert route(z, z, None, b(0.5))[0] == "fast"
+    assert route(z, z + 1e-3, None, b(1e-3))[0] == "windows"
+    assert route(z, z + 1e-3, None, b(1e-3), graph=True)[0] == "float64"
+    assert route(z.double(), z.double(), None, b(1e-3).double())[0] == "fast"
+    assert route(z.double(), z.double(), None, b(1e-7).double(), graph=True)[0] == "windows"
+    tied = torch.zeros(2, 400, dtype=F64)
+    tied[:, 0] = 1.0  # all keys inside every window but one, spread / b = 1e12
+    assert route(tied, tied, None, b(1e-12).double())[0] == "refuse"
+    with pytest.raises(ValueError, match="bandwidth: b = 1e-12 is too small against the spread"):
+        sliced_relu_bump_attention(tied, tied, tied.unsqueeze(-1), 1e-12)

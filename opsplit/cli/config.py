@@ -10,6 +10,7 @@ an unknown section or key, a value of the wrong type, or a value outside its ran
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,33 +21,42 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["ConfigError", "Field", "load", "dump_toml", "check_choice"]
+__all__ = ["ConfigError", "Field", "load", "dump_toml", "check_choice", "seed_field", "MAX_SEED"]
 
 
 class ConfigError(ValueError):
     """A config value that cannot be used; the message names the key and what was expected."""
 
 
+#: TOML integers are 64-bit (Python's parser reads larger ones; torch cannot hold them)
+_INT_LIMIT = 2**63
+#: seeds are 32-bit (torch.Generator takes 64 bits, but the trainer derives per-epoch seeds
+#: from them by multiplication)
+MAX_SEED = 2**32 - 1
+
+
 # kind -> (description, test)
 def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -_INT_LIMIT <= v < _INT_LIMIT
 
 
 def _is_num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return math.isfinite(v) if isinstance(v, float) else -_INT_LIMIT <= v < _INT_LIMIT
 
 
 _KINDS: dict[str, tuple[str, Callable]] = {
-    "int": ("an integer", _is_int),
-    "float": ("a number", _is_num),
+    "int": ("an integer (64-bit)", _is_int),
+    "float": ("a finite number", _is_num),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "str": ("a string", lambda v: isinstance(v, str)),
     "int_list": (
-        "a non-empty list of integers",
+        "a non-empty list of integers (64-bit)",
         lambda v: isinstance(v, list) and len(v) > 0 and all(_is_int(x) for x in v),
     ),
     "float_list": (
-        "a non-empty list of numbers",
+        "a non-empty list of finite numbers",
         lambda v: isinstance(v, list) and len(v) > 0 and all(_is_num(x) for x in v),
     ),
     "str_list": (
@@ -83,7 +93,7 @@ class Field:
         if self.kind == "float_list" and isinstance(value, list):
             value = [float(x) if _is_int(x) else x for x in value]
         if not test(value):
-            raise ConfigError(f"{name}: expected {desc}, got {value!r} ({type(value).__name__})")
+            raise ConfigError(f"{name}: expected {desc}, got {_short(value)} ({type(value).__name__})")
         if self.choices is not None:
             items = value if isinstance(value, list) else [value]
             bad = [x for x in items if x not in self.choices]
@@ -97,6 +107,26 @@ class Field:
             if msg:
                 raise ConfigError(f"{name}: expected {msg}, got {value!r}")
         return value
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:40] + " ... " + r[-12:]
+
+
+def between(lo, hi, what: str = "a value"):
+    """A check: a number (or every list element) in ``[lo, hi]``."""
+
+    def check(v):
+        items = v if isinstance(v, list) else [v]
+        return None if all(lo <= x <= hi for x in items) else f"{what} from {lo} to {hi}"
+
+    return check
+
+
+def seed_field(help: str) -> Field:
+    """A seed key: an integer from 0 to :data:`MAX_SEED`."""
+    return Field("int", 0, help, between(0, MAX_SEED, "a seed"))
 
 
 def at_least(lo):
@@ -124,11 +154,21 @@ def check_choice(value, choices, name):
 
 def read_toml(path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config: expected a TOML file, {str(path)!r} is a folder")
     if not path.is_file():
         raise ConfigError(f"config: no such file {str(path)!r}")
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {str(path)!r}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: {str(path)!r} is not a TOML file (not UTF-8 text: byte "
+                          f"{raw[e.start]:#04x} at offset {e.start})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config: {path} is not valid TOML: {e}") from None
 
@@ -139,6 +179,11 @@ def load(schema: dict, path=None, overrides: dict | None = None, *, data: dict |
     cfg = {s: {k: copy.deepcopy(f.default) for k, f in keys.items()} for s, keys in schema.items()}
     raw = read_toml(path) if path is not None else (data or {})
     for section, values in raw.items():
+        if section not in schema and not isinstance(values, dict):
+            raise ConfigError(
+                f"config: key {section!r} is outside any section; expected it under one of "
+                f"{', '.join('[' + s + ']' for s in schema)}"
+            )
         if section not in schema:
             raise ConfigError(
                 f"config: unknown section [{section}]; expected one of "

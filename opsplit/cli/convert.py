@@ -1,25 +1,27 @@
-"""``opsplit convert``: a torch ``nn.TransformerEncoder`` and a Hugging Face ViT built from
-a config (seeded, no download) converted to opsplit (:func:`opsplit.models.from_torch`,
-:func:`opsplit.models.from_hf`); the table of the largest output and input-gradient
-differences, in float32 and float64."""
+"""``opsplit convert``: a torch ``nn.TransformerEncoder``, a Hugging Face ViT and a Hugging
+Face CvT built from a config (seeded, no download) converted to opsplit
+(:func:`opsplit.models.from_torch`, :func:`opsplit.models.from_hf`); the table of the
+largest output and input-gradient differences, in float32 and float64."""
 
 from __future__ import annotations
 
 import torch
 
-from .config import ConfigError, Field, at_least, positive
+from .budget import Estimate
+from .config import ConfigError, Field, at_least, positive, seed_field
 
 NAME = "convert"
-SUMMARY = "convert torch / Hugging Face transformers built from a config to opsplit; error table"
+SUMMARY = ("convert a torch encoder, a Hugging Face ViT and a CvT built from a config to opsplit; "
+           "error table")
 EXAMPLE = """\
 examples:
-  opsplit convert                                  # both models, float32 and float64
+  opsplit convert                                  # the three models, float32 and float64
   opsplit convert --models torch --layers 4 --d-model 32 --nhead 8
   opsplit convert --config convert.toml
 
 convert.toml:
   [convert]
-  models = ["torch", "vit"]
+  models = ["torch", "vit", "cvt"]
   dtypes = ["float32", "float64"]
   [torch]                 # nn.TransformerEncoder(nn.TransformerEncoderLayer(...), num_layers)
   d_model = 32
@@ -28,6 +30,9 @@ convert.toml:
   [vit]                   # transformers.ViTModel(ViTConfig(...)), random weights
   image_size = 32
   patch_size = 8
+  [cvt]                   # transformers.CvtModel(CvtConfig(...)): one entry per stage
+  depth = [1, 2]
+  embed_dim = [8, 16]
 """
 
 MODELS = ("torch", "vit", "cvt")
@@ -38,7 +43,7 @@ SCHEMA = {
         "models": Field("str_list", list(MODELS), "which models to convert", choices=MODELS),
         "dtypes": Field("str_list", ["float32", "float64"], "floating types",
                         choices=("float32", "float64")),
-        "seed": Field("int", 0, "seed of the weights and inputs", at_least(0)),
+        "seed": seed_field("seed of the weights and inputs"),
         "batch": Field("int", 2, "inputs per batch", at_least(1)),
     },
     "torch": {
@@ -78,7 +83,7 @@ SCHEMA = {
 
 
 def add_arguments(p):
-    p.add_argument("--models", nargs="+", metavar="M", help="torch vit")
+    p.add_argument("--models", nargs="+", metavar="M", help="torch vit cvt")
     p.add_argument("--dtypes", nargs="+", metavar="D", help="float32 float64")
     p.add_argument("--layers", type=int, help="torch.num_layers")
     p.add_argument("--d-model", type=int, help="torch.d_model")
@@ -91,7 +96,8 @@ def overrides(a) -> dict:
             "torch.d_model": a.d_model, "torch.nhead": a.nhead, "convert.seed": a.seed}
 
 
-def prepare(cfg) -> dict:
+def check(cfg) -> None:
+    """The cross-key checks of the requested models (no model built)."""
     t, v = cfg["torch"], cfg["vit"]
     models = cfg["convert"]["models"]
     if "torch" in models and t["d_model"] % t["nhead"]:
@@ -124,7 +130,137 @@ def prepare(cfg) -> dict:
             if d % h:
                 raise ConfigError(f"cvt.embed_dim: expected multiples of cvt.num_heads = "
                                   f"{c['num_heads']}, got {c['embed_dim']}")
+        sides = cvt_sides(c)
+        if min(sides) < 1:
+            raise ConfigError(f"cvt.image_size: the stages' convolutional embeddings (kernels "
+                              f"{c['patch_sizes']}, strides {c['patch_stride']}) leave token grids of "
+                              f"side {sides}; expected an image_size that leaves every stage >= 1 token "
+                              f"per side, got {c['image_size']}")
+
+
+def cvt_sides(c: dict) -> list[int]:
+    """The token grid's side after each stage's convolutional embedding (padding (k-1)//2)."""
+    n, out = c["image_size"], []
+    for k, s in zip(c["patch_sizes"], c["patch_stride"]):
+        n = (n + 2 * ((k - 1) // 2) - k) // s + 1
+        out.append(n)
+    return out
+
+
+def _encoder_cost(B, L, d, ff, layers, heads) -> tuple[float, float, float]:
+    """``(flops, parameters, activation elements)`` of a pre/post-norm encoder's forward."""
+    params = layers * (4.0 * d * d + 2.0 * d * ff + 9.0 * d + ff)
+    flops = layers * (2.0 * B * L * (4.0 * d * d + 2.0 * d * ff) + 4.0 * B * L * L * d)
+    act = layers * (B * L * (10.0 * d + 2.0 * ff) + 3.0 * B * heads * L * L)
+    return flops, params, act
+
+
+def estimate(cfg) -> Estimate:
+    """Per model and dtype: the reference and the converted model, each forward and backward
+    (3 forward passes' flops; the torch round trip adds two forwards), both models' parameters
+    and one autograd graph each at the peak."""
+    c = cfg["convert"]
+    B, total = c["batch"], Estimate()
+    for name in c["models"]:
+        if name == "torch":
+            t = cfg["torch"]
+            f, p, a = _encoder_cost(B, t["seq_len"], t["d_model"], t["dim_feedforward"],
+                                    t["num_layers"], t["nhead"])
+            passes, copies, calls = 8, 3, 8 * t["num_layers"] * 8
+        elif name == "vit":
+            v = cfg["vit"]
+            L = (v["image_size"] // v["patch_size"]) ** 2 + 1
+            f, p, a = _encoder_cost(B, L, v["hidden_size"], v["intermediate_size"],
+                                    v["num_hidden_layers"], v["num_attention_heads"])
+            emb = v["num_channels"] * v["patch_size"] ** 2 * v["hidden_size"]
+            f += 2.0 * B * (L - 1) * emb
+            p += emb + L * v["hidden_size"]
+            a += B * v["num_channels"] * v["image_size"] ** 2
+            passes, copies, calls = 6, 2, 6 * v["num_hidden_layers"] * 8
+        else:
+            cv = cfg["cvt"]
+            f = p = a = 0.0
+            calls, prev = 0, cv["num_channels"]
+            a += B * prev * float(cv["image_size"]) ** 2
+            for side, d, h, depth, k in zip(cvt_sides(cv), cv["embed_dim"], cv["num_heads"],
+                                            cv["depth"], cv["patch_sizes"]):
+                L = max(side, 0) ** 2 + 1
+                f += 2.0 * B * L * prev * k * k * d
+                p += prev * k * k * d
+                ff, pp, aa = _encoder_cost(B, L, d, 2 * d, depth, h)
+                f += ff + depth * 2.0 * B * L * 27.0 * d
+                p += pp + depth * 27.0 * d
+                a += aa
+                calls += depth * 12
+                prev = d
+            passes, copies, calls = 6, 2, 6 * calls
+        el = 8.0 if "float64" in c["dtypes"] else 4.0
+        one = Estimate(passes * f, float(calls), el * (copies * 2.0 * p + 2.0 * a))
+        total += one.times(len(c["dtypes"]))
+    return total
+
+
+def prepare(cfg) -> dict:
+    """The converters' own checks: each requested model is built from its section and
+    converted once (small: the guard ran first)."""
+    c = cfg["convert"]
+    for name in c["models"]:
+        try:
+            BUILDERS[name](cfg[name], c["seed"])
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise ConfigError(f"{name}: {' '.join(str(e).split())}") from None
     return {}
+
+
+def _torch_reference(t: dict, seed: int):
+    from torch import nn
+
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(
+        t["d_model"], t["nhead"], t["dim_feedforward"], dropout=0.0, activation=t["activation"],
+        layer_norm_eps=t["layer_norm_eps"], batch_first=True, norm_first=t["norm_first"],
+    )
+    norm = nn.LayerNorm(t["d_model"], eps=t["layer_norm_eps"]) if t["final_norm"] else None
+    return nn.TransformerEncoder(layer, t["num_layers"], norm=norm, enable_nested_tensor=False)
+
+
+def _vit_reference(v: dict, seed: int):
+    import transformers
+
+    torch.manual_seed(seed)
+    return transformers.ViTModel(transformers.ViTConfig(**v))
+
+
+def _cvt_reference(c: dict, seed: int):
+    import transformers
+
+    torch.manual_seed(seed)
+    return transformers.CvtModel(transformers.CvtConfig(**cvt_config(c)))
+
+
+def _build_torch(t: dict, seed: int):
+    from ..models import from_torch
+
+    return from_torch(_torch_reference(t, seed))
+
+
+def _build_vit(v: dict, seed: int):
+    from ..models import from_hf
+
+    return from_hf(_vit_reference(v, seed))
+
+
+def _build_cvt(c: dict, seed: int):
+    from ..models import from_hf
+
+    model = from_hf(_cvt_reference(c, seed))
+    x = torch.zeros(1, c["num_channels"], c["image_size"], c["image_size"])
+    with torch.no_grad():
+        model(x)  # the image size against the stages' grids (opsplit.models.CvT's checks)
+    return model
+
+
+BUILDERS = {"torch": _build_torch, "vit": _build_vit, "cvt": _build_cvt}
 
 
 def _perturb(module, gen):
@@ -144,17 +280,9 @@ def _diff(a, b) -> tuple[float, float]:
 def convert_torch(t: dict, batch: int, seed: int, dtype) -> dict:
     """Build the torch encoder, convert it, compare outputs, input gradients and the
     round trip ``to_torch(from_torch(m))``."""
-    from torch import nn
-
     from ..models import from_torch, to_torch
 
-    torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(
-        t["d_model"], t["nhead"], t["dim_feedforward"], dropout=0.0, activation=t["activation"],
-        layer_norm_eps=t["layer_norm_eps"], batch_first=True, norm_first=t["norm_first"],
-    )
-    norm = nn.LayerNorm(t["d_model"], eps=t["layer_norm_eps"]) if t["final_norm"] else None
-    ref = nn.TransformerEncoder(layer, t["num_layers"], norm=norm, enable_nested_tensor=False)
+    ref = _torch_reference(t, seed)
     gen = torch.Generator().manual_seed(seed)
     ref = _perturb(ref.to(dtype), gen).eval()
     model = from_torch(ref).eval()
@@ -178,13 +306,9 @@ def convert_torch(t: dict, batch: int, seed: int, dtype) -> dict:
 
 
 def convert_vit(v: dict, batch: int, seed: int, dtype) -> dict:
-    import transformers
-
     from ..models import from_hf
 
-    torch.manual_seed(seed)
-    cfg = transformers.ViTConfig(**v)
-    ref = transformers.ViTModel(cfg)
+    ref = _vit_reference(v, seed)
     gen = torch.Generator().manual_seed(seed)
     ref = _perturb(ref.to(dtype), gen).eval()
     model = from_hf(ref).eval()
@@ -223,12 +347,9 @@ def cvt_config(c: dict) -> dict:
 
 
 def convert_cvt(c: dict, batch: int, seed: int, dtype) -> dict:
-    import transformers
-
     from ..models import from_hf
 
-    torch.manual_seed(seed)
-    ref = transformers.CvtModel(transformers.CvtConfig(**cvt_config(c)))
+    ref = _cvt_reference(c, seed)
     gen = torch.Generator().manual_seed(seed)
     ref = _perturb(ref.to(dtype), gen).eval()
     model = from_hf(ref).eval()

@@ -6,10 +6,11 @@ comparison table and the training curve."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from . import compare, solve, train
+from . import budget, compare, solve, threads, train
 from .config import dump_toml, load
-from .output import Output, new_folder, relpath
+from .output import Output, check_out, new_folder, relpath
 
 EXAMPLE = """\
 examples:
@@ -45,10 +46,18 @@ def configs(quick: bool) -> dict:
     }
 
 
+PARTS = {"compare": compare, "solve": solve, "train": train}
+
+
 def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     cfgs = configs(quick)
-    plans = {"compare": compare.prepare(cfgs["compare"]), "solve": solve.prepare(cfgs["solve"]),
-             "train": train.prepare(cfgs["train"])}
+    check_out(out)
+    for name, mod in PARTS.items():
+        mod.check(cfgs[name])
+        budget.guard(f"opsplit (default job, {name})", mod.SCHEMA, cfgs[name], mod.estimate)
+    plans = {name: mod.prepare(cfgs[name]) for name, mod in PARTS.items()}
+    # the same job again into its folder continues its training; anything else is refused
+    train.check_new_folder(out, None if out is None else Path(out) / "train.toml", cfgs["train"])
     folder = new_folder("default", out)
     for k, c in cfgs.items():
         (folder / f"{k}.toml").write_text(dump_toml(c))
@@ -58,17 +67,25 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
            "of a model's controls on the bundled digits. The configs of each part are in "
            "compare.toml, solve.toml and train.toml; rerun a part with `opsplit <part> --config <part>.toml`.")
     t0 = time.perf_counter()
-    print("opsplit: default job" + (" (quick)" if quick else "") + f" -> {relpath(folder)}/")
+    print("opsplit: default job" + (" (quick)" if quick else "") + f" -> {relpath(folder)}/ "
+          f"({threads.describe()})")
     print("  1/3 schemes compared (error vs cost) ...", flush=True)
     _, table = compare.run(cfgs["compare"], plans["compare"], o, progress)
     for r in table:
+        note = ""
+        if r["scheme"] == "parallel" and cfgs["compare"]["model"]["constraint"]:
+            note = "  (pre-asymptotic with the S1 constraint: see the report)"
         print(f"      {r['scheme']:>8} / {r['solver']:<5} order {r['order']:.2f} "
-              f"(theory {r['theory']})")
+              f"(theory {r['theory']}; local orders {r['local orders']}){note}")
     print("  2/3 convergence in time and space ...", flush=True)
     solve.run(cfgs["solve"], plans["solve"], o, progress, heading="Convergence in time and space",
               prefix="solve_")
     print("  3/3 training on the digits ...", flush=True)
-    _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+    try:
+        _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+    except train.Interrupted as e:
+        e.command = f"opsplit{' --quick' if quick else ''} --out {relpath(folder)}"
+        raise
     for r in evals:
         print(f"      test accuracy at N_t = {r['n_t']:>2}: {r['test_accuracy']:.3f}"
               + ("  (trained at this N_t)" if r["trained_at"] else ""))

@@ -11,6 +11,8 @@ import time
 import torch
 
 from ..models import ContinuousTransformer
+from .budget import Estimate
+from .config import MAX_SEED, Field, seed_field
 
 NAME = "grid"
 SUMMARY = "nested-grid convergence of the paper's scheme with smooth kernels (printed table)"
@@ -59,22 +61,48 @@ def grid_study(resolutions=(9, 27, 81, 243), reference=729, n_steps=4, seed=0, b
 
 
 def add_arguments(p):
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=f"seed of the kernels and inputs (0 to {MAX_SEED})")
     p.add_argument("--steps", type=int, default=4, help="time steps N_t (T = 1)")
     p.add_argument("--levels", type=int, default=4, help="grids N = 9, 27, ... (3^(k+1))")
 
 
+#: the flags as a schema, for the size and cost guard's messages
+ARGS = {"-": {"steps": Field("int", 4), "levels": Field("int", 4)}}
+J, BATCH = 2, 4
+
+
+def estimate(cfg) -> Estimate:
+    """Every grid and the reference: per step, the attention term (10 B N^3 flops of matrix
+    products) and J FFN terms (2 B N^3 each) on N x N nodes (FlopCounterMode: 56 N^3 with
+    B = 4, J = 2); memory: the reference's scores, kernels and states."""
+    a = cfg["-"]
+    res = [3 ** (k + 2) for k in range(a["levels"])]
+    ns = [*res, 3 * res[-1]]
+    flops = a["steps"] * sum(BATCH * (10.0 + 2.0 * J) * float(n) ** 3 for n in ns)
+    calls = a["steps"] * len(ns) * (J + 3.0)
+    big = float(ns[-1])
+    return Estimate(flops, calls, 8.0 * (3.0 * BATCH * big * big + (3 + J) * big * big + 12.0 * BATCH * big * big))
+
+
 def run_grid(args):
+    from .budget import guard
     from .config import ConfigError
 
+    seed_field("--seed").validate(args.seed, "--seed")
+    Field("int", 4).validate(args.steps, "--steps")
     if args.steps < 1:
         raise ConfigError(f"--steps: expected N_t >= 1, got {args.steps}")
     if not 1 <= args.levels <= 5:
         raise ConfigError(f"--levels: expected 1 to 5 levels (N up to 3^6 = 729), got {args.levels}")
+    guard("opsplit grid", ARGS, {"-": {"steps": args.steps, "levels": args.levels}}, estimate,
+          args.force)
     res = tuple(3 ** (k + 2) for k in range(args.levels))
     reference = 3 * res[-1]
     model, rows, t_ref = grid_study(res, reference, args.steps, args.seed)
+    from .threads import describe
+
     print("opsplit: a seeded continuous transformer (paper 002, eq. 7; Lie scheme (13)-(17))")
+    print(f"  torch: {describe()}")
     print(f"  Omega = [0, 1] x [0, 1], smooth cosine-series kernels, J = {model.J}, "
           f"N_t = {model.n_steps}, dt = {model.dt():g}, float64, midpoint quadrature")
     print(f"  reference: N_x = N_y = {reference} ({t_ref:.2f} s)")

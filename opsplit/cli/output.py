@@ -15,9 +15,12 @@ import html
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
-__all__ = ["Output", "new_folder", "write_report", "markdown_table", "read_csv", "fmt"]
+from .config import ConfigError
+
+__all__ = ["Output", "new_folder", "check_out", "write_report", "markdown_table", "read_csv", "fmt"]
 
 MANIFEST = "manifest.json"
 
@@ -57,10 +60,47 @@ def markdown_table(columns, rows) -> str:
 
 
 def read_csv(path) -> tuple[list[str], list[dict]]:
-    with open(path, newline="") as fh:
-        rd = csv.DictReader(fh)
-        rows = list(rd)
-        return list(rd.fieldnames or []), rows
+    """The columns and rows of a CSV table; :class:`ConfigError` naming the file when it is
+    not UTF-8 text or not CSV."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rd = csv.DictReader(fh)
+            rows = list(rd)
+            return list(rd.fieldnames or []), rows
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: expected a CSV table (UTF-8 text), found byte {e.object[e.start]:#04x} "
+                          f"at offset {e.start}") from None
+    except csv.Error as e:
+        raise ConfigError(f"{path}: expected a CSV table, {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def check_writable_folder(path, name: str) -> None:
+    """:class:`ConfigError` naming ``name`` unless ``path`` is a folder, or can be created as
+    one, in which files can be written.  Writes nothing that stays: the test is a temporary
+    folder created and removed in ``path`` (or its nearest existing parent)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{name}: expected a folder, {str(p)!r} is an existing file")
+    a = p
+    while not a.exists() and a != a.parent:
+        a = a.parent
+    if not a.is_dir():
+        raise ConfigError(f"{name}: cannot create {str(p)!r}: {str(a)!r} is a file, not a folder")
+    try:
+        probe = tempfile.mkdtemp(prefix=".opsplit-write-test-", dir=a)
+        os.rmdir(probe)
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot write in {str(a)!r} ({e.strerror or e}); expected a "
+                          f"writable folder") from None
+
+
+def check_out(out, name: str = "--out") -> None:
+    """The output folder ``out`` (``None``: ``opsplit-runs/`` under the current folder) can
+    be written; see :func:`check_writable_folder`."""
+    check_writable_folder(Path("opsplit-runs") if out is None else out,
+                          name if out is not None else "output folder opsplit-runs/ (no --out)")
 
 
 def new_folder(kind: str, out: str | None = None) -> Path:
@@ -87,7 +127,8 @@ class Output:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / MANIFEST
         if append and path.is_file():
-            self.manifest = json.loads(path.read_text())
+            title, blocks = read_manifest(path)
+            self.manifest = {"title": title, "blocks": blocks}
         else:
             self.manifest = {"title": title, "blocks": []}
         self._save()
@@ -140,11 +181,52 @@ class Output:
         return write_report(self.folder)
 
 
+#: block type -> its required string keys
+_BLOCK_KEYS = {"heading": ("text",), "text": ("text",), "code": ("text",), "table": ("file",),
+               "figure": ("file",)}
+
+
+def read_manifest(path: Path) -> tuple[str, list[dict]]:
+    """The title and blocks of a manifest, checked: :class:`ConfigError` naming the file and
+    the entry that is not what :class:`Output` writes."""
+    try:
+        m = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: expected a manifest (UTF-8 JSON), found byte {e.object[e.start]:#04x} "
+                          f"at offset {e.start}; remove the file to report the folder's CSV/PNG files") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: expected a manifest (JSON), {e}; remove the file to report the "
+                          f"folder's CSV/PNG files") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not isinstance(m, dict):
+        raise ConfigError(f"{path}: expected a JSON object with 'title' and 'blocks', got {type(m).__name__}")
+    title, blocks = m.get("title", "opsplit report"), m.get("blocks", [])
+    if not isinstance(title, str):
+        raise ConfigError(f"{path}: title: expected a string, got {title!r}")
+    if not isinstance(blocks, list):
+        raise ConfigError(f"{path}: blocks: expected a list, got {type(blocks).__name__}")
+    for i, b in enumerate(blocks):
+        where = f"{path}: blocks[{i}]"
+        if not isinstance(b, dict) or b.get("type") not in _BLOCK_KEYS:
+            raise ConfigError(f"{where}: expected an object whose type is one of "
+                              f"{', '.join(map(repr, _BLOCK_KEYS))}, got {b!r}"[:300])
+        for k in _BLOCK_KEYS[b["type"]]:
+            if not isinstance(b.get(k), str):
+                raise ConfigError(f"{where}.{k}: expected a string, got {b.get(k)!r}")
+        for k in ("title", "caption"):
+            if k in b and not isinstance(b[k], str):
+                raise ConfigError(f"{where}.{k}: expected a string, got {b[k]!r}")
+        f = b.get("file")
+        if f is not None and (Path(f).is_absolute() or ".." in Path(f).parts):
+            raise ConfigError(f"{where}.file: expected a path inside the folder, got {f!r}")
+    return title, list(blocks)
+
+
 def _blocks(folder: Path) -> tuple[str, list[dict]]:
     path = folder / MANIFEST
     if path.is_file():
-        m = json.loads(path.read_text())
-        title, blocks = m.get("title", "opsplit report"), list(m.get("blocks", []))
+        title, blocks = read_manifest(path)
     else:
         title, blocks = f"opsplit report: {folder.name}", []
     listed = {b.get("file") for b in blocks}

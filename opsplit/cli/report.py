@@ -21,7 +21,7 @@ def run_report(a):
     from pathlib import Path
 
     from .config import ConfigError
-    from .output import write_report
+    from .output import check_writable_folder, write_report
 
     folder = Path(a.folder)
     if not folder.is_dir():
@@ -30,4 +30,5 @@ def run_report(a):
             and not (folder / "manifest.json").is_file():
         raise ConfigError(f"folder: expected a folder with CSV tables or PNG plots, "
                           f"{str(folder)!r} has none")
-    return write_report(folder)
+    check_writable_folder(folder, "folder")  # report.md and report.html go there
+    return write_report(folder)  # reads (and checks) every table before it writes

@@ -54,6 +54,18 @@ def overrides(a) -> dict:
             "solve.n_x": a.n_x, "solve.n_y": a.n_y, "model.seed": a.seed}
 
 
+def check(cfg) -> None:
+    c = cfg["solve"]
+    gs = study.grids(c["n_x"], c["n_y"], "solve")
+    study.check(cfg["model"], gs, sorted(set(c["n_t"])), c["reference"], "solve")
+
+
+def estimate(cfg):
+    c = cfg["solve"]
+    gs = study.grids(c["n_x"], c["n_y"], "solve")
+    return study.estimate(cfg["model"], gs, c["n_t"], c["schemes"], [c["solver"]], c["reference"])
+
+
 def prepare(cfg) -> dict:
     c = cfg["solve"]
     gs = study.grids(c["n_x"], c["n_y"], "solve")

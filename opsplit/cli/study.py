@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 
 import numpy as np
 import torch
 
 from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
 from ..analysis.problems import SCHEMES, SOLVERS
-from .config import ConfigError, Field, at_least, positive
+from .budget import Estimate
+from .config import ConfigError, Field, at_least, positive, seed_field
 
-__all__ = ["MODEL_SCHEMA", "THEORY", "build", "preflight", "solve_all", "expected_order"]
+__all__ = ["MODEL_SCHEMA", "THEORY", "build", "preflight", "solve_all", "expected_order", "estimate"]
 
 # the order each scheme has when its substeps are solved to at least its order (Appendix C
 # of paper 002; docs/schemes.md); explicit-Euler substeps make every scheme first order
@@ -25,7 +27,7 @@ THEORY = {"lie": 1, "strang": 2, "parallel": 1, "hybrid": 1}
 TIME_BASES = ("legendre", "chebyshev", "cosine", "piecewise_linear")
 
 MODEL_SCHEMA = {
-    "seed": Field("int", 0, "seed of every random draw", at_least(0)),
+    "seed": seed_field("seed of every random draw"),
     "J": Field("int", 2, "FFN integral terms", at_least(1)),
     "n_modes": Field("int", 4, "modes per axis of the kernels (space = 'polynomial')", at_least(1)),
     "constraint": Field("bool", True, "S1(sigma1(t), sigma2(t)) as a constraint (LayerNorm)"),
@@ -69,10 +71,9 @@ def grids(nx: list[int], ny: list[int], section: str) -> list[tuple[int, int]]:
     return list(zip(nx, ny))
 
 
-def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, solver,
-              reference: str, section: str) -> None:
-    """Everything that can be known before the long work: the model can be evaluated on
-    each grid (the library's own checks), the reference exists, resampling has nodes."""
+def check(model: dict, gs: list[tuple[int, int]], n_t: list[int], reference: str,
+          section: str) -> None:
+    """The cross-key checks that need no model: grids, the reference, resampling."""
     if model["space"] == "grid" and len(set(gs)) > 1:
         raise ConfigError(
             f"{section}.n_x / {section}.n_y: model.space = 'grid' stores the controls at the nodes "
@@ -89,6 +90,12 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
             f"{section}.reference: 'finest' compares each run with the finest one; expected at "
             f"least two values of n_t or two grids, got n_t = {n_t} and grids {gs}"
         )
+    if model["constraint"] and min(g[1] for g in gs) < 2:
+        raise ConfigError(
+            f"{section}.n_y: with model.constraint = true every token (the N_y values at one x) is "
+            f"projected onto S1 (mean sigma1, deviation sigma2), which needs at least two values; "
+            f"expected n_y >= 2, got {sorted({g[1] for g in gs})}"
+        )
     fx, fy = max(g[0] for g in gs), max(g[1] for g in gs)
     for axis, fine, vals in (("x", fx, {g[0] for g in gs}), ("y", fy, {g[1] for g in gs})):
         if len(vals) > 1 and fine < 4:
@@ -96,8 +103,23 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
                 f"{section}.n_{axis}: the finest grid is resampled to the coarser ones by cubic "
                 f"splines, which need >= 4 nodes; expected a finest n_{axis} >= 4, got {fine}"
             )
+
+
+def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, solver,
+              reference: str, section: str) -> None:
+    """The library's own checks, before the long work: the model can be evaluated on each
+    grid with each scheme, and its initial state can be projected onto S1."""
+    from ..operators.layernorm import constant_tokens
+
+    check(model, gs, n_t, reference, section)
     for nx, ny in gs:
         p = build(model, nx, ny)
+        if model["constraint"] and bool(constant_tokens(p.f).any()):
+            raise ConfigError(
+                f"{section}.n_y: the initial state on the {nx} x {ny} grid has a constant token "
+                f"(all N_y = {ny} values equal), whose projection onto S1 (model.constraint = "
+                f"true) is not defined; expected more nodes n_y"
+            )
         for kind in schemes:
             try:
                 prop = p.propagator(max(n_t), kind, solver)
@@ -108,6 +130,109 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
                     f"{section}.n_x / {section}.n_y = ({nx}, {ny}): the model cannot be evaluated "
                     f"on this grid with scheme {kind!r}: {e}"
                 ) from None
+
+
+# -- the size and cost estimate (opsplit.cli.budget) -----------------------------------------
+#: field evaluations per substep of the fixed-stage solvers
+STAGES = {"euler": 1, "heun": 2, "rk4": 4}
+
+
+def dopri5_evaluations(x: float, coupled: bool = False) -> float:
+    """Field evaluations of ``torchdiffeq``'s dopri5 at rtol 1e-10 over an interval of length
+    ``x`` (in units of 1 / model.scale), for one term (a substep) or all terms together
+    (``coupled``: the unsplit reference).  Fitted to counts on the seeded model: one term,
+    16 at x = 1/32, 30 at 1/4, 43 at 1; all terms, 135 at x = 1, 189 at 4, 507 at 16,
+    1263 at 64 (tests/test_cli.py checks a factor 2)."""
+    start = 120.0 if coupled else 40.0
+    return 14.0 + start * min(x, 1.0) + 20.0 * max(x - 1.0, 0.0)
+
+
+def field_flops(model: dict, nx: int, ny: int) -> tuple[float, float]:
+    """Matrix-product flops of one evaluation of the attention term and of one FFN term on
+    the ``nx x ny`` grid, the kernels' evaluation at the time included (the counts of
+    ``FlopCounterMode``, checked in tests/test_cli.py)."""
+    B, m, q = model["batch"], model["n_modes"], model["n_time"]
+    if model["space"] == "polynomial":
+        kernel = 2.0 * ny * m * m + 2.0 * ny * ny * m + 2.0 * q * m * m
+    else:
+        kernel = 2.0 * q * ny * ny
+    attention = 6.0 * B * nx * ny * ny + 4.0 * B * nx * nx * ny + 3 * kernel
+    ffn = 2.0 * B * nx * ny * ny + kernel
+    return attention, ffn
+
+
+def memory_bytes(model: dict, nx: int, ny: int, kept_states: int = 0, kernels: float = 2.0) -> float:
+    """Peak bytes of a solve on the ``nx x ny`` grid: the score matrices (B N_x^2, two to
+    three alive), ``kernels`` kernel matrices (N_y^2 each: a split solve evaluates one term
+    at a time, the unsplit reference all 3 + J), the solver's states, the controls stored
+    at the nodes (model.space = 'grid') and ``kept_states`` float64 solutions."""
+    el = 8 if model["dtype"] == "float64" else 4
+    B, J, q, m = model["batch"], model["J"], model["n_time"], model["n_modes"]
+    state = float(B) * nx * ny
+    b = el * (3.0 * B * nx * nx + kernels * float(ny) * ny + 12.0 * state)
+    if model["space"] == "grid":
+        b += 16.0 * (3 + J) * q * float(ny) * ny
+    else:
+        b += 16.0 * (3 + J) * q * m * m
+    return b + 8.0 * kept_states * state
+
+
+def run_estimate(model: dict, nx: int, ny: int, n: int, scheme: str, solver: str) -> Estimate:
+    """One solve at N_t = ``n`` (flops and operator calls; memory: :func:`memory_bytes`)."""
+    attention, ffn = field_flops(model, nx, ny)
+    J, dt = model["J"], model["T"] / n * model["scale"]
+    projections = int(model["constraint"]) + int(model["relu"])
+    K = 1 + J + projections
+    # (evaluations of the attention term, of each FFN term) per step
+    if solver != "odeint":
+        per = STAGES[solver]
+        a, f = (2 * per, (2 * (J - 1) + 1) * per / J) if scheme == "strang" else (per, per)
+    elif scheme == "strang":  # half steps, the last FFN term over the whole step
+        a = 2 * dopri5_evaluations(dt / 2)
+        f = (2 * (J - 1) * dopri5_evaluations(dt / 2) + dopri5_evaluations(dt)) / J
+    elif scheme == "parallel":  # K A_k over the whole step
+        a = f = dopri5_evaluations(K * dt)
+    elif scheme == "hybrid":  # attention alone, the J FFN terms one group (J A_k)
+        a, f = dopri5_evaluations(dt), dopri5_evaluations(J * dt)
+    else:
+        a = f = dopri5_evaluations(dt)
+    n = float(n)
+    return Estimate(flops=n * (a * attention + J * f * ffn),
+                    calls=n * (a + J * f + projections * (2 if scheme == "strang" else 1)),
+                    bytes=memory_bytes(model, nx, ny))
+
+
+def reference_estimate(model: dict, nx: int, ny: int) -> Estimate:
+    """The unsplit reference by dopri5 over [0, T]: every term per evaluation."""
+    attention, ffn = field_flops(model, nx, ny)
+    evals = dopri5_evaluations(model["T"] * model["scale"], coupled=True)
+    return Estimate(flops=evals * (attention + model["J"] * ffn),
+                    calls=evals * (1 + model["J"] + int(model["constraint"])),
+                    bytes=memory_bytes(model, nx, ny, kernels=3 + model["J"]) * 1.5)
+
+
+def estimate(model: dict, gs, n_t, schemes, solvers, reference: str, repeats: int = 1) -> Estimate:
+    """What :func:`solve_all` costs: the reference, every run (``repeats`` times), and the
+    solutions it keeps (one per run, float64) at the peak."""
+    gs = sorted(set(gs))
+    n_t = sorted(set(n_t))
+    fine = (max(g[0] for g in gs), max(g[1] for g in gs))
+    total = Estimate()
+    if reference == "unsplit":
+        total += reference_estimate(model, *fine)
+    else:
+        for s in schemes:
+            for v in solvers:
+                total += run_estimate(model, *fine, max(n_t), s, v)
+    for s in schemes:
+        for v in solvers:
+            for g in gs:
+                for n in n_t:
+                    total += run_estimate(model, *g, n, s, v).times(repeats)
+    kept = len(schemes) * len(solvers) * len(n_t)
+    peak = max(memory_bytes(model, *g, kept_states=0) for g in gs)
+    kept_bytes = 8.0 * kept * sum(float(model["batch"]) * g[0] * g[1] for g in gs)
+    return Estimate(total.flops, total.calls, max(total.bytes, peak) + kept_bytes)
 
 
 def _calls_per_step(scheme: str, k: int) -> int:
@@ -159,7 +284,9 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
     for s, v, n, g in tqdm(jobs, desc=desc, disable=not progress, leave=False):
         p = problems[g]
         prop = p.propagator(n, s, v)
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch's vmap fallback for SDPA (parallel/hybrid terms batched): a speed note only
+            warnings.filterwarnings("ignore", message="There is a performance drop")
             u, sec = _timed(lambda prop=prop, p=p: prop(p.f), repeats)
         u = u.to(torch.float64).cpu()
         sols[s, v, n, g] = u
@@ -235,4 +362,5 @@ def order_rows(sts, what: str):
     return rows
 
 
-__all__ += ["grids", "studies", "order_rows", "SCHEMES", "SOLVERS"]
+__all__ += ["grids", "check", "studies", "order_rows", "SCHEMES", "SOLVERS", "run_estimate",
+            "reference_estimate", "field_flops", "memory_bytes", "dopri5_evaluations"]

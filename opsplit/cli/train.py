@@ -2,14 +2,19 @@
 through :mod:`opsplit.control`: a ViT-style model (patch embedding F, split encoder
 N_theta, class-token read-out G; eq. 36) on scikit-learn's bundled digits, then evaluated
 at other N_t than it was trained at.  Resumable: ``opsplit train --resume FOLDER``
-continues from the folder's config and latest checkpoint."""
+continues from the folder's config and latest checkpoint; an interrupt (Ctrl-C) stops
+at the end of the current optimizer step, saves a checkpoint there and prints the command
+that continues the run."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import warnings
 from pathlib import Path
 
-from .config import ConfigError, Field, at_least, positive
+from .budget import Estimate
+from .config import ConfigError, Field, at_least, between, positive, seed_field
 
 NAME = "train"
 SUMMARY = "train a model's controls (optimal control) on the bundled digits; resumable"
@@ -25,15 +30,19 @@ train.toml:
   n_steps = 4             # N_t of training
   scheme = "hybrid"       # lie, strang, parallel, hybrid
   control = "piecewise_constant"
+  solver = "euler"        # the substeps: euler (a transformer layer per step) or rk4
   [train]
   epochs = 10
-  gradient = "backprop"   # backprop, checkpoint, adjoint
+  gradient = "backprop"   # backprop, checkpoint, adjoint (adjoint: model.solver = "rk4")
   eval_n_steps = [2, 4, 8, 16]   # N_t at which the trained model is evaluated
 """
 
 SCHEMES = ("lie", "strang", "parallel", "hybrid")
 CONTROLS = ("piecewise_constant", "piecewise_linear", "legendre", "chebyshev", "cosine")
 GRADIENTS = ("backprop", "checkpoint", "adjoint")
+SOLVERS = ("euler", "rk4")
+#: the digits are 8 x 8 images
+SIDE = 8
 
 SCHEMA = {
     "model": {
@@ -46,7 +55,10 @@ SCHEMA = {
         "scheme": Field("str", "hybrid", "splitting scheme of the encoder", choices=SCHEMES),
         "control": Field("str", "piecewise_constant", "time dependence of the controls",
                          choices=CONTROLS),
-        "seed": Field("int", 0, "seed of the initial weights", at_least(0)),
+        "solver": Field("str", "euler", "substep solver: explicit Euler (the transformer's "
+                        "layer) or one classical RK4 step (torchdiffeq; needed by the adjoint)",
+                        choices=SOLVERS),
+        "seed": seed_field("seed of the initial weights"),
     },
     "train": {
         "epochs": Field("int", 10, "passes over the training set", at_least(1)),
@@ -58,17 +70,18 @@ SCHEMA = {
         "warmup_steps": Field("int", 10, "linear warm-up steps", at_least(0)),
         "gradient": Field("str", "backprop", "how the gradient of J is computed",
                           choices=GRADIENTS),
-        "shift": Field("int", 0, "random-shift augmentation in pixels (0: none)", at_least(0)),
+        "shift": Field("int", 0, "random-shift augmentation in pixels (0: none)",
+                       between(0, SIDE - 1, "a shift in pixels")),
         "save_every": Field("int", 20, "checkpoint every this many steps (for --resume)",
                             at_least(1)),
-        "seed": Field("int", 0, "seed of the data order, augmentation and dropout", at_least(0)),
+        "seed": seed_field("seed of the data order, augmentation and dropout"),
         "eval_n_steps": Field("int_list", [2, 4, 8, 16], "N_t at which the trained model is "
                               "evaluated on the test set", at_least(1)),
     },
     "data": {
         "test_fraction": Field("float", 0.2, "held-out fraction (stratified)",
                                lambda v: None if 0 < v < 1 else "a number in (0, 1)"),
-        "split_seed": Field("int", 0, "seed of the train/test split", at_least(0)),
+        "split_seed": seed_field("seed of the train/test split"),
         "limit": Field("int", 0, "use only this many training images (0: all)", at_least(0)),
     },
 }
@@ -88,6 +101,56 @@ def overrides(a) -> dict:
             "train.gradient": a.gradient}
 
 
+_FLAGS = {"train.epochs": "--epochs", "model.n_steps": "--n-steps", "model.scheme": "--scheme",
+          "train.gradient": "--gradient"}
+
+
+def folder_kind(folder: Path) -> str | None:
+    """The job that wrote ``folder`` (``"train"``, ``"solve"``, ..., ``"default"``), from its
+    manifest's title or its configs; ``None`` when nothing says."""
+    import json
+
+    m = folder / "manifest.json"
+    if m.is_file():
+        try:
+            title = json.loads(m.read_bytes().decode("utf-8")).get("title", "")
+        except (ValueError, AttributeError):
+            title = ""
+        if isinstance(title, str) and title.startswith("opsplit: the default job"):
+            return "default"
+        if isinstance(title, str) and title.startswith("opsplit "):
+            return title.split()[1]
+    if (folder / "train.toml").is_file() and (folder / "solve.toml").is_file():
+        return "default"
+    return None
+
+
+def check_resume(a) -> Path:
+    """``--resume DIR``: no flag that contradicts the folder, a train folder; returns the
+    path of its config.toml (the config the run continues with)."""
+    folder = Path(a.resume)
+    if a.config is not None:
+        raise ConfigError(f"--config: cannot be combined with --resume (a resumed run continues with "
+                          f"{str(folder / 'config.toml')!r}; start a new run with --out to use another config)")
+    if a.out is not None and Path(a.out).resolve() != folder.resolve():
+        raise ConfigError(f"--out: cannot be combined with --resume {str(folder)!r} (a resumed run "
+                          f"writes to its own folder), got --out {a.out!r}")
+    for key, value in overrides(a).items():
+        if value is not None:
+            raise ConfigError(f"{_FLAGS[key]}: cannot be combined with --resume (a resumed run continues "
+                              f"with the settings of {str(folder / 'config.toml')!r}, {key} included; "
+                              f"start a new run with --out to change them)")
+    if not folder.is_dir():
+        raise ConfigError(f"--resume: expected an opsplit train output folder (its config.toml and "
+                          f"checkpoints), {str(folder)!r} is not a folder")
+    kind = folder_kind(folder)
+    if kind not in (None, NAME):
+        what = "the default job" if kind == "default" else f"opsplit {kind}"
+        raise ConfigError(f"--resume: expected an opsplit train output folder, {str(folder)!r} holds the "
+                          f"output of {what}")
+    return resume_config(folder)
+
+
 def resume_config(folder):
     p = Path(folder) / "config.toml"
     if not p.is_file():
@@ -96,19 +159,161 @@ def resume_config(folder):
     return p
 
 
-def prepare(cfg) -> dict:
-    m = cfg["model"]
+def check_new_folder(out, same_config: Path | None = None, cfg: dict | None = None) -> None:
+    """A new run does not write into a folder that holds a training run (it would silently
+    continue that run with another config), unless ``same_config`` (that run's config file)
+    holds ``cfg`` (the default job continues its own training)."""
+    from ..control.checkpoint import latest_checkpoint
+    from .config import dump_toml
+
+    if out is not None and latest_checkpoint(Path(out) / "train") is not None:
+        if same_config is not None and same_config.is_file() and cfg is not None \
+                and same_config.read_text() == dump_toml(cfg):
+            return
+        raise ConfigError(f"--out: {str(out)!r} already holds a training run (checkpoints in "
+                          f"{str(Path(out) / 'train' / 'checkpoints')!r}); continue it with "
+                          f"opsplit train --resume {out}, or choose another folder")
+
+
+def _digits_split(d: dict):
+    from ..data import load_digits
+
+    return load_digits(test_fraction=d["test_fraction"], seed=d["split_seed"])
+
+
+def check(cfg) -> None:
+    """The cross-key checks (no model built)."""
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
     if m["d_model"] % m["heads"]:
         raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']}, "
                           f"got {m['heads']}")
-    if 8 % m["patch"]:
-        raise ConfigError(f"model.patch: expected a divisor of 8 (the digits are 8 x 8 images), "
-                          f"got {m['patch']}")
+    if SIDE % m["patch"]:
+        raise ConfigError(f"model.patch: expected a divisor of {SIDE} (the digits are {SIDE} x {SIDE} "
+                          f"images), got {m['patch']}")
+    if t["gradient"] == "adjoint" and m["solver"] == "euler":
+        raise ConfigError("train.gradient: 'adjoint' solves the substeps' ODEs backwards by "
+                          "torchdiffeq, and model.solver = 'euler' has none (each substep is one "
+                          "explicit Euler step); expected model.solver = 'rk4' with 'adjoint', or "
+                          "train.gradient = 'backprop' or 'checkpoint'")
     try:
         import sklearn  # noqa: F401
     except ImportError:
         raise ConfigError("train: the bundled digits need scikit-learn (pip install scikit-learn)") from None
+    import numpy as np
+    from sklearn.datasets import load_digits as sk_digits
+
+    f = d["test_fraction"]
+    counts = np.bincount(sk_digits(return_X_y=True)[1], minlength=10)
+    # load_digits puts round(f n_c) images of digit c in the test set: each side keeps every
+    # digit for f in (0.5 / n_min, 1 - 0.5 / n_min)
+    lo, hi = 0.5 / counts.min(), 1 - 0.5 / counts.min()
+    try:
+        with warnings.catch_warnings():  # an empty side: torch's std() warns before the error
+            warnings.simplefilter("ignore")
+            train, test = _digits_split(d)
+        n_tr, n_te = np.bincount(train.targets.numpy(), minlength=10), np.bincount(test.targets.numpy(), minlength=10)
+    except ValueError:  # an empty side
+        n_te = np.array([round(f * n) for n in counts])
+        n_tr = counts - n_te
+    for c in range(10):
+        if n_tr[c] == 0 or n_te[c] == 0:
+            raise ConfigError(
+                f"data.test_fraction: the stratified split puts {int(n_te[c])} of the {counts[c]} "
+                f"images of digit {c} in the test set, leaving "
+                f"{'no training image' if n_tr[c] == 0 else 'no test image'}; expected a fraction "
+                f"that keeps every digit on both sides (between {lo:.4f} and {hi:.4f}), got {f}")
+    dt = m["T"] / m["n_steps"]
+    if dt > 1e30:
+        raise ConfigError(f"model.T: the model runs in float32, and its steps T / n_steps = {dt:.3g} "
+                          f"leave no room for the states (float32 ends at 3.4e38); expected a smaller "
+                          f"model.T, got {m['T']:g}")
+
+
+def tokens(m: dict) -> int:
+    """Tokens of the model: the patches and the class token."""
+    return (SIDE // m["patch"]) ** 2 + 1
+
+
+def forward_flops(m: dict, n_steps: int) -> tuple[float, float]:
+    """``(flops, calls)`` of one image's forward pass at N_t = ``n_steps``: per step and
+    solver stage, the heads (Q, K, V and output projections, scores and the weighted sum)
+    and the feed-forward term; the patch embedding and the read-out once."""
+    L, d, f, h = tokens(m), m["d_model"], m["d_ff"], m["heads"]
+    heads, ffn = 8.0 * L * d * d + 4.0 * L * L * d, 4.0 * L * d * f
+    stages = 1 if m["solver"] == "euler" else 4
+    if m["scheme"] == "strang":
+        per_step, calls = 2 * heads + ffn, 2 * h + 1
+    else:
+        per_step, calls = heads + ffn, h + 1
+    edge = 2.0 * (L - 1) * m["patch"] ** 2 * d + 2.0 * d * 10
+    return n_steps * stages * per_step + edge, float(n_steps * stages * calls)
+
+
+def estimate(cfg) -> Estimate:
+    """The training (forward, backward: 3 forward passes' flops; 4 with recomputation) and
+    the evaluations; memory: parameters with their gradients and AdamW state, and the
+    activations autograd keeps for a batch."""
+    import math
+
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
+    n_test = max(1, round(d["test_fraction"] * 1797))
+    n_train = 1797 - n_test
+    if d["limit"]:
+        n_train = min(n_train, d["limit"])
+    steps = t["epochs"] * math.ceil(n_train / t["batch_size"])
+    if t["max_steps"]:
+        steps = min(steps, t["max_steps"])
+    fwd, calls = forward_flops(m, m["n_steps"])
+    passes = 3 if t["gradient"] == "backprop" else 4
+    batch = min(t["batch_size"], n_train)
+    work = Estimate(steps * batch * passes * fwd, steps * passes * calls)
+    evals = min(t["epochs"], math.ceil(steps * batch / max(n_train, 1)) + 1)
+    work += Estimate(evals * n_test * fwd, evals * math.ceil(n_test / 512) * calls)
+    for n in t["eval_n_steps"]:
+        f_n, c_n = forward_flops(m, n)
+        work += Estimate(n_test * f_n, math.ceil(n_test / 512) * c_n)
+    L, dm, f, h = tokens(m), m["d_model"], m["d_ff"], m["heads"]
+    pieces = m["n_steps"] if m["control"] in ("piecewise_constant", "piecewise_linear") else 3
+    params = pieces * (4.0 * dm * dm + 2.0 * dm * f + 10.0 * dm + f) + m["patch"] ** 2 * dm + 11.0 * dm
+    stages = 1 if m["solver"] == "euler" else 4
+    per_image = m["n_steps"] * stages * (3.0 * h * L * L + 12.0 * L * dm + 3.0 * L * f)
+    eval_n = max([m["n_steps"], *t["eval_n_steps"]])
+    eval_image = stages * (3.0 * h * L * L + 4.0 * L * dm + 2.0 * L * f)
+    act = max(batch * per_image, min(512, n_test) * eval_image * min(eval_n, 2))
+    return Estimate(work.flops, work.calls, 4.0 * (5.0 * params + act))
+
+
+def prepare(cfg) -> dict:
+    """The library's own checks: the model is built, its gradient mode can apply, the
+    trainer accepts the settings, and the untrained model gives finite outputs."""
+    import torch
+
+    from ..control.gradients import restore_gradient_mode, set_gradient_mode
+
+    m = cfg["model"]
     model = build_model(m)  # the library's own checks, before any training
+    try:
+        restore_gradient_mode(set_gradient_mode(model, cfg["train"]["gradient"]))
+    except ValueError as e:
+        raise ConfigError(f"train.gradient: {e}") from None
+    try:
+        train_config(cfg, progress=False)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"train: {e}") from None
+    train, _ = _digits_split(cfg["data"])
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            out = model.eval()(train.inputs[:2])
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"model: the untrained model fails on two digits: {e}") from None
+    finally:
+        model.train()
+    if not bool(torch.isfinite(out).all()):
+        raise ConfigError(
+            f"model.T: the untrained model's output on two digits is not finite (T = {m['T']:g}, "
+            f"N_t = {m['n_steps']}: steps of {m['T'] / m['n_steps']:g}); expected a smaller model.T"
+        )
     return {"model": model}
 
 
@@ -116,18 +321,94 @@ def build_model(m: dict):
     import torch
 
     from ..models import ImageClassifier, SplitEncoder
+    from ..solvers import ExplicitEuler, ODESolve
 
     g = torch.Generator().manual_seed(m["seed"])
+    solver = ExplicitEuler() if m.get("solver", "euler") == "euler" else ODESolve("rk4")
     try:
         # F and G initialise from torch's global generator (as torch.nn modules do): seed it
         # with model.seed for the construction only, leaving the caller's RNG state as it was
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(m["seed"])
             enc = SplitEncoder(m["d_model"], m["heads"], m["d_ff"], n_steps=m["n_steps"], T=m["T"],
-                               scheme=m["scheme"], control=m["control"], generator=g)
-            return ImageClassifier(8, m["patch"], 1, 10, enc)
+                               scheme=m["scheme"], control=m["control"], solver=solver, generator=g)
+            return ImageClassifier(SIDE, m["patch"], 1, 10, enc)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
+
+
+def train_config(cfg, progress: bool = True):
+    from ..control import TrainConfig
+
+    t = cfg["train"]
+    return TrainConfig(epochs=t["epochs"], max_steps=t["max_steps"] or None,
+                       batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
+                       schedule="cosine", warmup_steps=t["warmup_steps"], grad_clip=1.0,
+                       gradient=t["gradient"], seed=t["seed"], save_every=t["save_every"],
+                       progress=progress)
+
+
+class Interrupted(KeyboardInterrupt):
+    """An interrupt of ``opsplit train``; the message says where the run stopped, which
+    checkpoint holds it and how to continue (``run`` adds the folder)."""
+
+    def __init__(self, step: int, checkpoint, at_once: bool = False, folder=None):
+        super().__init__(step, checkpoint)
+        self.step, self.checkpoint, self.at_once, self.folder = step, checkpoint, at_once, folder
+        self.command = None  # the command that continues the run (default: train --resume)
+
+    def __str__(self):
+        from .output import relpath
+
+        if self.checkpoint is None:
+            return (f"interrupted at step {self.step}, before the first checkpoint; "
+                    f"nothing to resume (train.save_every sets how often checkpoints are written)")
+        where = (f"the latest checkpoint is {relpath(self.checkpoint)}" if self.at_once else
+                 f"saved a checkpoint at step {self.step}: {relpath(self.checkpoint)}")
+        command = self.command or f"opsplit train --resume {relpath(self.folder) if self.folder else '<folder>'}"
+        return f"interrupted at step {self.step}; {where}; continue with: {command}"
+
+
+class _StopHere(Exception):
+    """Raised at the start of an optimizer step after an interrupt (the state is whole)."""
+
+
+class _InterruptAtStepEnd:
+    """While active (in the main thread): the first SIGINT only sets a flag, checked at the
+    start of the next optimizer step; the second one interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        import sys
+
+        print("\nopsplit train: interrupt: stopping after this step to save a checkpoint "
+              "(interrupt again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+    def wrap(self, augment):
+        """The trainer's per-batch hook (called first in every step): stop here if asked."""
+
+        def hook(x, g):
+            if self.requested:
+                raise _StopHere
+            return augment(x, g) if augment is not None else x
+
+        return hook
 
 
 def _augment(shift: int):
@@ -140,28 +421,36 @@ def _augment(shift: int):
 
 def fit(cfg, model, folder: Path, progress: bool = True):
     """Train ``model`` with the config's trainer settings; checkpoints and the trainer's
-    history go to ``folder``, which is resumed from when it holds a checkpoint."""
-    from ..control import Objective, TrainConfig, Trainer
+    history go to ``folder``, which is resumed from when it holds a checkpoint.  An interrupt
+    stops at the end of the current step and saves a checkpoint there (:class:`Interrupted`)."""
+    from ..control import Objective, Trainer
     from ..control.checkpoint import latest_checkpoint
-    from ..data import TensorData, load_digits
+    from ..data import TensorData
 
-    t, d = cfg["train"], cfg["data"]
-    train, test = load_digits(test_fraction=d["test_fraction"], seed=d["split_seed"])
+    d = cfg["data"]
+    train, test = _digits_split(d)
     if d["limit"]:
         train = TensorData(train.inputs[: d["limit"]], train.targets[: d["limit"]],
                            name="digits_train", info=train.info)
-    tc = TrainConfig(epochs=t["epochs"], max_steps=t["max_steps"] or None,
-                     batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
-                     schedule="cosine", warmup_steps=t["warmup_steps"], grad_clip=1.0,
-                     gradient=t["gradient"], seed=t["seed"], save_every=t["save_every"],
-                     progress=progress)
-    trainer = Trainer(model, Objective("cross_entropy"), tc, augment=_augment(t["shift"]))
+    stop = _InterruptAtStepEnd()
+    trainer = Trainer(model, Objective("cross_entropy"), train_config(cfg, progress),
+                      augment=stop.wrap(_augment(cfg["train"]["shift"])))
     folder.mkdir(parents=True, exist_ok=True)
     resume = folder if latest_checkpoint(folder) is not None else None
-    with warnings.catch_warnings():
-        # torch's vmap fallback for SDPA (parallel/hybrid heads batched): a speed note only
-        warnings.filterwarnings("ignore", message="There is a performance drop")
-        history = trainer.fit(train, test, out_dir=folder, resume=resume)
+    try:
+        with stop, warnings.catch_warnings():
+            # torch's vmap fallback for SDPA (parallel/hybrid heads batched): a speed note only
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            history = trainer.fit(train, test, out_dir=folder, resume=resume)
+    except _StopHere:
+        # between two optimizer steps: model, optimizer, scheduler, generator and counters
+        # are those after step trainer.step, as in a periodic checkpoint
+        path = trainer.save(folder / "checkpoints" / f"step-{trainer.step:08d}")
+        raise Interrupted(trainer.step, path) from None
+    except KeyboardInterrupt:
+        raise Interrupted(trainer.step, latest_checkpoint(folder), at_once=True) from None
+    if stop.requested:  # interrupted during the last evaluation: the final checkpoint is saved
+        raise Interrupted(trainer.step, latest_checkpoint(folder))
     return trainer, history, train, test, resume is not None
 
 
@@ -171,7 +460,11 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
     m, t = cfg["model"], cfg["train"]
     model = plan["model"]
     sub = out.folder / f"{prefix}train"
-    trainer, history, train, test, resumed = fit(cfg, model, sub, progress)
+    try:
+        trainer, history, train, test, resumed = fit(cfg, model, sub, progress)
+    except Interrupted as e:
+        e.folder = out.folder
+        raise
     evals = []
     for n in t["eval_n_steps"]:
         r = trainer.evaluate(test, n_steps=n)

@@ -82,6 +82,15 @@ def _i(lo, allow_none=False):
     return lambda v, name: check_int(v, name, lo, allow_none=allow_none)
 
 
+def _seed(v, name):
+    # the trainer seeds epoch e's shuffle with seed * 1_000_003 + e, which torch's generator
+    # must hold (< 2**64)
+    v = check_int(v, name, 0)
+    if v >= 2**32:
+        raise ValueError(f"{name}: expected an integer in [0, 2**32), got {v}")
+    return v
+
+
 def _f(**kw):
     return lambda v, name: check_float(v, name, **kw)
 
@@ -105,7 +114,7 @@ _CHECKS = {
     "checkpoint_every": _i(1),
     "checkpoint_snapshots": _i(1, allow_none=True),
     "train_n_steps": _train_n_steps,
-    "seed": _i(0),
+    "seed": _seed,
     "shuffle": _bool,
     "drop_last": _bool,
     "eval_every": _i(1),

@@ -27,7 +27,8 @@ backward pass is itself differentiated (``create_graph=True``: Hessian-vector pr
 gradient penalties) it recomputes the attention as a composition of these primitives
 (:func:`relu_attention_composed`, :func:`bump_attention_composed`) and differentiates that;
 and under ``torch.compile``, ``torch.jit.trace`` and ``vmap`` the composition is the whole
-kernel.  Prefix sums are accumulated in float64.
+kernel.  Prefix sums, and everything after them, are computed in float64; the result is
+rounded to the inputs' dtype once, at the end.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _eval(q: Tensor, k: Tensor, gamma: Tensor, relu: bool) -> Tensor:
     A = torch.nn.functional.pad(torch.cumsum(gs, 1), (0, 0, 1, 0))
     Ap = A.gather(1, idx)
     if not relu:
-        return Ap.to(gamma.dtype)
+        return Ap
     # shift the scores by the median key (the sum is shift-invariant): prefix sums of the
     # size of the result
     mid = (N - 1) // 2
@@ -57,12 +58,14 @@ def _eval(q: Tensor, k: Tensor, gamma: Tensor, relu: bool) -> Tensor:
     kc = (ks.double() - c).unsqueeze(-1)
     B = torch.nn.functional.pad(torch.cumsum(kc * gs, 1), (0, 0, 1, 0))
     qc = (q.double() - c).unsqueeze(-1)
-    return (qc * Ap - B.gather(1, idx)).to(gamma.dtype)
+    return qc * Ap - B.gather(1, idx)
 
 
 def relu_sum(q: Tensor, k: Tensor, gamma: Tensor) -> Tensor:
     r""":math:`\sum_j \mathrm{ReLU}(q_i - k_j)\gamma_j`; ``q (R, M)``, ``k (R, N)`` (``N >= 1``),
-    ``gamma (R, N, D)`` -> ``(R, M, D)``; differentiable to any order by autograd."""
+    ``gamma (R, N, D)`` -> ``(R, M, D)`` in float64 (products of scores and values of
+    float32 inputs overflow or underflow float32 at magnitudes the inputs represent);
+    differentiable to any order by autograd."""
     return _eval(q, k, gamma, relu=True)
 
 
@@ -81,8 +84,9 @@ def _weights(k: Tensor, w: Tensor | None) -> Tensor:
 
 
 def _mean(v: Tensor, w: Tensor) -> Tensor:
-    W = w.sum(1, keepdim=True)  # (R, 1)
-    return _safe_div((w.unsqueeze(-1) * v).sum(1), W)  # (R, D)
+    W = w.sum(1, keepdim=True, dtype=torch.float64)  # (R, 1)
+    s = (w.unsqueeze(-1) * v).sum(1, dtype=torch.float64)
+    return _safe_div(s, W).to(v.dtype)  # (R, D)
 
 
 def relu_attention_composed(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None,
@@ -98,7 +102,7 @@ def relu_attention_composed(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None,
     num = relu_sum(q, k, wk.unsqueeze(-1) * vc)
     ws = wk.unsqueeze(-1)
     den = relu_sum(q, k, ws) + relu_sum(-q, -k, ws)  # (R, M, 1)
-    return _safe_div(num, den)
+    return _safe_div(num, den).to(v.dtype)
 
 
 def bump_attention_composed(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None,
@@ -112,12 +116,14 @@ def bump_attention_composed(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None,
     and :math:`|t| = b` follow the conventions of ``torch.relu``/``torch.abs`` applied to
     :math:`\mathrm{ReLU}(1 - |t|/b)`, i.e. 0 there).  ``b (R, 1)``."""
     wk = _weights(k, w)
-    W = wk.sum(1, keepdim=True)  # (R, 1)
+    W = wk.sum(1, keepdim=True, dtype=torch.float64)  # (R, 1)
     m = _mean(v, wk)  # centre the values: smaller prefix sums, m enters with the kernel mass
     gam = torch.cat([wk.unsqueeze(-1) * (v - m.unsqueeze(1)), wk.unsqueeze(-1)], dim=-1)
+    b64 = b.double()
     s = (relu_sum(q + b, k, gam) + relu_sum(b - q, -k, gam)
          - relu_sum(q, k, gam) - relu_sum(-q, -k, gam)
-         - b.unsqueeze(-1) * gam.sum(1, keepdim=True))  # b * sum_j hat(q_i - k_j) gamma_j
+         - b64.unsqueeze(-1) * gam.sum(1, keepdim=True, dtype=torch.float64))
+    # s = b * sum_j hat(q_i - k_j) gamma_j
     D = v.shape[-1]
-    out = s[..., :D] + s[..., D:] * m.unsqueeze(1)
-    return _safe_div(out, (b * W).unsqueeze(-1))
+    out = s[..., :D] + s[..., D:] * m.double().unsqueeze(1)
+    return _safe_div(out, (b64 * W).unsqueeze(-1)).to(v.dtype)

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from .._checks import skip_value_checks
+from ._inputs import key_weights as combine_key_weights
 from ._sdpa_path import sdpa
 
 __all__ = ["KERNELS", "kernel_profile", "nadaraya_watson_attention"]
@@ -133,44 +134,9 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
                 f"{float(h.amin()):.3g}); rescale q and k, increase the bandwidth or use float64"
             )
     logw = None
-    if key_weights is not None or key_padding_mask is not None:
-        w = torch.ones(*lead, Nk, dtype=k.dtype, device=k.device)
-        if key_weights is not None:
-            if not isinstance(key_weights, Tensor):
-                try:
-                    key_weights = torch.as_tensor(key_weights, dtype=k.dtype)
-                except (TypeError, ValueError, RuntimeError):
-                    raise TypeError(
-                        f"{fn}: key_weights: expected a tensor, got {type(key_weights).__name__}"
-                    ) from None
-            if not key_weights.is_floating_point():
-                raise TypeError(
-                    f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
-            kw = key_weights.to(dtype=k.dtype, device=k.device)
-            if values and (not bool(torch.isfinite(kw).all()) or bool((kw < 0).any())):
-                raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
-            try:
-                w = (w * kw).expand(*lead, Nk)
-            except RuntimeError:
-                raise ValueError(
-                    f"{fn}: key_weights: expected a shape broadcastable to {(*lead, Nk)}, got "
-                    f"{tuple(kw.shape)}"
-                ) from None
-        if key_padding_mask is not None:
-            m = key_padding_mask
-            if not isinstance(m, Tensor) or m.dtype != torch.bool:
-                got = m.dtype if isinstance(m, Tensor) else type(m).__name__
-                raise TypeError(
-                    f"{fn}: key_padding_mask: expected a bool tensor (True = ignore), got {got}")
-            if m.dim() == 2 and len(lead) == 2 and m.shape == (lead[0], Nk):
-                m = m.unsqueeze(1)
-            try:
-                w = (w * (~m.to(k.device)).to(k.dtype)).expand(*lead, Nk)
-            except RuntimeError:
-                raise ValueError(
-                    f"{fn}: key_padding_mask: expected shape (B, N_k) or one broadcastable to "
-                    f"{(*lead, Nk)}, got {tuple(key_padding_mask.shape)}"
-                ) from None
+    w = combine_key_weights(fn, key_padding_mask, key_weights, (*lead, Nk), k.dtype, k.device,
+                            check_values=values, differentiable=True)
+    if w is not None:
         logw = torch.where(w > 0, w.clamp_min(1e-300).log(), torch.full_like(w, -math.inf))
     return bandwidth_tensor(bandwidth, q), logw
 

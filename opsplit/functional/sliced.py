@@ -34,8 +34,9 @@ backward pass must itself be differentiable (``create_graph=True``: Hessian-vect
 products, gradient penalties, ``gradgradcheck``) it recomputes the output with the
 composition of differentiable sliced sums of :mod:`~opsplit.functional._sums` and
 differentiates that (derivatives of every order, same conventions at ties).  Under
-``torch.compile``, ``torch.jit.trace`` and ``torch.func.vmap`` that composition is the
-whole kernel (no data-dependent Python control flow; value checks skipped there, see
+``torch.compile``, ``torch.jit.trace``, the ``torch.func`` transforms (``vmap``, ``grad``,
+``jacrev``, ``jvp``, ``hessian``, ...) and forward-mode AD that composition is the whole
+kernel (no data-dependent Python control flow; value checks skipped there, see
 :func:`opsplit._checks.skip_value_checks`).
 
 **Workspace.**  On the CPU the prefix table of a call and its work buffers are kept for
@@ -60,6 +61,18 @@ centred (for eq. 7 the mean is added back as a rank-one term; for eq. 3 the rema
 the mean after rounding is), so the prefix sums stay of the size of the result.  Scalar
 prefix sums (denominators, kernel masses) are accumulated in float64.
 
+**Magnitudes** (:mod:`~opsplit.functional._scale`).  The prefix tables multiply scores by
+values; every row whose largest score, value or weight lies outside :math:`2^{\pm 32}`
+(float32; :math:`2^{\pm 256}` in float64) is rescaled by powers of two first (exact: the
+kernels are homogeneous), and the output scaled back; the backward pass does the same with
+the incoming gradient.  So the kernels are right at every magnitude the dtype represents,
+wherever the result is representable (in float32 scores and values of 1e19 overflowed,
+1e-30 underflowed).  **Small
+bandwidths** (:mod:`~opsplit.functional._windows`): eq. 7's tables lose about
+:math:`\varepsilon\cdot\mathrm{spread}/b` of :math:`\max|v|`; beyond a limit per dtype the
+bump is summed pair by pair over the windows in float64, or (float32) read off float64
+tables, or refused with a ``ValueError`` naming the bandwidth.
+
 **Weights and masks.**  ``key_weights`` :math:`w_j \ge 0` turn every sum over keys into a
 quadrature :math:`\sum_j w_j (\cdot)` (the :math:`\Omega_x` integral of paper 004's eq. 8
 on a grid; uniform weights cancel).  ``key_padding_mask`` (``True`` = ignore the key, as in
@@ -76,7 +89,11 @@ import threading
 import torch
 from torch import Tensor
 
-from .._checks import all_finite, skip_value_checks
+from .._checks import skip_value_checks
+from . import _windows
+from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
+from ._inputs import key_weights as combine_key_weights
+from ._scale import gradient_in
 from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
 from ._sums import bump_attention_composed, relu_attention_composed
 
@@ -92,96 +109,22 @@ _STEP = 1 << 13
 # validation
 # --------------------------------------------------------------------------------------
 def _check_inputs(fn: str, zq, zk, v, key_padding_mask, key_weights, check_values=True):
-    for name, x in (("zq", zq), ("zk", zk), ("v", v)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in (torch.float32, torch.float64):
-            raise TypeError(
-                f"{fn}: {name}: expected a float32 or float64 tensor, got dtype {x.dtype}"
-            )
-    if not (zq.dtype == zk.dtype == v.dtype):
-        raise TypeError(
-            f"{fn}: zq, zk and v must share one dtype, got {zq.dtype}, {zk.dtype}, {v.dtype}"
-        )
-    if not (zq.device == zk.device == v.device):
-        raise ValueError(
-            f"{fn}: zq, zk and v must be on one device, got {zq.device}, {zk.device}, {v.device}"
-        )
-    if zq.dim() < 1 or zk.dim() != zq.dim() or v.dim() != zq.dim() + 1:
-        raise ValueError(
-            f"{fn}: expected zq of shape (..., N_q), zk of shape (..., N_k) and v of shape "
-            f"(..., N_k, D) with the same leading dims (e.g. (B, H, N)); got zq "
-            f"{tuple(zq.shape)}, zk {tuple(zk.shape)}, v {tuple(v.shape)}"
-        )
-    lead = zq.shape[:-1]
-    if zk.shape[:-1] != lead or v.shape[:-2] != lead or v.shape[-2] != zk.shape[-1]:
-        raise ValueError(
-            f"{fn}: shape mismatch: expected zq (..., N_q), zk (..., N_k), v (..., N_k, D) with "
-            f"equal leading dims; got zq {tuple(zq.shape)}, zk {tuple(zk.shape)}, "
-            f"v {tuple(v.shape)}"
-        )
-    if zk.shape[-1] == 0:
-        raise ValueError(f"{fn}: expected at least one key (N_k >= 1), got zk {tuple(zk.shape)}")
-    for name, x in (("zq", zq), ("zk", zk), ("v", v)) if check_values else ():
-        if not all_finite(x):
-            n_bad = int((~torch.isfinite(x)).sum())
-            what = "values" if name == "v" else "scores"
-            raise ValueError(
-                f"{fn}: {name}: expected finite {what}, found {n_bad} NaN/inf entries"
-            )
-    w = None
-    if key_weights is not None:
-        if not isinstance(key_weights, Tensor):
-            key_weights = torch.as_tensor(key_weights, dtype=zk.dtype, device=zk.device)
-        if not key_weights.is_floating_point():
-            raise TypeError(f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
-        if key_weights.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                f"{fn}: key_weights: gradients with respect to the key weights are not "
-                f"supported; pass weights that do not require grad (e.g. key_weights.detach())"
-            )
-        try:
-            w = key_weights.to(dtype=zk.dtype, device=zk.device).expand(zk.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"{fn}: key_weights: expected a shape broadcastable to zk {tuple(zk.shape)}, "
-                f"got {tuple(key_weights.shape)}"
-            ) from None
-        if check_values and (not all_finite(w) or bool((w < 0).any())):
-            raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
-    if key_padding_mask is not None:
-        m = key_padding_mask
-        if not isinstance(m, Tensor) or m.dtype != torch.bool:
-            raise TypeError(
-                f"{fn}: key_padding_mask: expected a bool tensor (True = ignore the key), got "
-                f"{type(m).__name__ if not isinstance(m, Tensor) else m.dtype}"
-            )
-        if m.dim() == 2 and zk.dim() == 3 and m.shape == (zk.shape[0], zk.shape[2]):
-            m = m.unsqueeze(1)  # (B, N_k): the same mask for every head
-        try:
-            m = m.to(zk.device).expand(zk.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"{fn}: key_padding_mask: expected shape (B, N_k) or one broadcastable to zk "
-                f"{tuple(zk.shape)}, got {tuple(key_padding_mask.shape)}"
-            ) from None
-        keep = (~m).to(zk.dtype)
-        w = keep if w is None else w * keep
-    return w
-
-
-def _is_batched(x) -> bool:
-    f = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
-    return bool(f is not None and isinstance(x, Tensor) and f(x))
+    """Metadata checks of ``zq, zk, v`` and the combined key weights (or ``None``); the
+    finiteness of the scores and values is checked with their magnitudes
+    (:func:`~opsplit.functional._inputs.scales`)."""
+    check_scores_values(fn, zq, zk, v)
+    return combine_key_weights(fn, key_padding_mask, key_weights, zk.shape, zk.dtype,
+                               zk.device, check_values=check_values)
 
 
 def _graph_mode(*tensors) -> bool:
-    """True under ``torch.compile``, ``torch.jit`` tracing and ``torch.func.vmap``: there
+    """True under ``torch.compile``, ``torch.jit`` tracing, ``torch.func`` transforms
+    (``vmap``, ``grad``, ``jacrev``, ``jvp``, ``hessian``, ...) and forward-mode AD: there
     the kernels are evaluated by their composition of differentiable sliced sums
     (:mod:`~opsplit.functional._sums`), which has no data-dependent Python control flow and
     no custom autograd function (the fast kernels chunk their work by sizes read at run
-    time, which a graph would freeze)."""
-    return skip_value_checks() or any(_is_batched(x) for x in tensors)
+    time, which a graph would freeze, and have a hand-written first-order backward)."""
+    return skip_value_checks() or transform(*tensors) is not None
 
 
 def _rows(x: Tensor, n: int) -> Tensor:
@@ -381,7 +324,11 @@ def _safe_inv(x64: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 class _SlicedReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, zq, zk, v, w, centered):
+    def forward(ctx, zq, zk, v, w, centered, sc):
+        # sc: per-row power-of-two scales (opsplit.functional._scale); the tables are built
+        # for the rescaled scores, values and weights, the output is scaled back
+        originals = (zq, zk, v, w)
+        zq, zk, v, w = sc.scores(zq), sc.scores(zk), sc.values(v), sc.weights(w)
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         need_grad = any(ctx.needs_input_grad[:3])
@@ -429,26 +376,27 @@ class _SlicedReLU(torch.autograd.Function):
                 m = m64[:, :D].to(v.dtype)
                 m_lo = (m64[:, D:] - m64[:, :D]).to(v.dtype)
             le_k, lt_k = keys.tcounts  # queries <= and < each key
-            ctx.save_for_backward(zq, zk, v, w, out, den, m, m_lo, keepA.flat, p,
+            ctx.save_for_backward(*originals, zq, zk, v, w, out, den, m, m_lo, keepA.flat, p,
                                   keys.counts[1], keys.c, Wlt, Klt, keys.W, keys.Wc,
                                   keys.porder, lt_k, le_k)
             ctx.Np = keepA.Np
             ctx.centered = centered
-        return out
+            ctx.sc = sc
+        return sc.output(out)
 
     @staticmethod
     def backward(ctx, g):
-        (zq, zk, v, w, out, den, m, m_lo, Aflat, p, p_le, c, Wlt, Klt, W, Wc, order_q, lt_k,
-         le_k) = ctx.saved_tensors
+        (zq0, zk0, v0, w0, zq, zk, v, w, out, den, m, m_lo, Aflat, p, p_le, c, Wlt, Klt, W, Wc,
+         order_q, lt_k, le_k) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward pass
             centered = ctx.centered
             return _backward_by_recompute(
-                ctx, g, lambda a, b, c_, d, e: relu_attention_composed(a, b, c_, d, centered),
-                (zq, zk, v, w, None))
+                ctx, g, lambda a, b, c_, d, e, f: relu_attention_composed(a, b, c_, d, centered),
+                (zq0, zk0, v0, w0, None, None))
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
-        g = g.contiguous()
+        g, eg = gradient_in(g.contiguous(), R)  # normalised per row where extreme
         gflat = g.view(R * Nq, D)
         inv = _safe_inv(den)  # (R, Nq) float64
         go = _dot_rows(gflat, out.reshape(R * Nq, D)).view(R, Nq).double()
@@ -469,7 +417,7 @@ class _SlicedReLU(torch.autograd.Function):
             Wle = _gather0(Wc, p_le)
             dzq = (inv * gA + s * (Wlt + Wle - W)).to(dt)
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
-            return dzq, None, None, None, None
+            return (*ctx.sc.grads(eg, dzq)[:1], None, None, None, None, None)
         # keys and values: sums over the queries above each key, from prefix tables over the
         # queries sorted by decreasing score (the transposed eq. 6)
         rows = torch.arange(R, device=zq.device).unsqueeze(1)
@@ -531,7 +479,8 @@ class _SlicedReLU(torch.autograd.Function):
                 Mc = torch.cumsum(mg.gather(1, order_q), 1)
                 vG = vG - (Mc[:, -1:] - _gather0(Mc, le_k))
             dzk = (-wk.double() * (vG + S_gt - S_lt)).to(dt)
-        return dzq, dzk, dv, None, None
+        dzq, dzk, dv, _ = ctx.sc.grads(eg, dzq, dzk, dv)
+        return dzq, dzk, dv, None, None, None
 
 
 def sliced_relu_attention(
@@ -569,23 +518,22 @@ def sliced_relu_attention(
     Float32 and float64, any device; differentiable in ``zq``, ``zk`` and ``v`` by a custom
     backward pass that is again sorted prefix sums (no ``N_q x N_k`` tensor).
     """
-    graph = _graph_mode(zq, zk, v)
-    w = _check_inputs("sliced_relu_attention", zq, zk, v, key_padding_mask, key_weights,
-                      check_values=not graph)
+    fn = "sliced_relu_attention"
+    graph = _graph_mode(zq, zk, v, key_weights)
+    w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights, check_values=not graph)
+    centered = check_centered(fn, centered)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
     R = math.prod(lead)
     if R == 0 or Nq == 0 or D == 0:
         return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum())
     wr = None if w is None else _rows(w, Nk).contiguous()
+    zq, zk, v = _rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D)
     if graph:
-        out = relu_attention_composed(_rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D), wr,
-                                      bool(centered))
+        out = relu_attention_composed(zq, zk, v, wr, centered)
         return out.view(*lead, Nq, D)
-    out = _SlicedReLU.apply(
-        _rows(zq, Nq).contiguous(), _rows(zk, Nk).contiguous(),
-        v.reshape(R, Nk, D).contiguous(), wr, bool(centered),
-    )
+    zq, zk, v = zq.contiguous(), zk.contiguous(), v.contiguous()
+    out = _SlicedReLU.apply(zq, zk, v, wr, centered, scales(fn, zq, zk, v, wr))
     return out.view(*lead, Nq, D)
 
 
@@ -601,8 +549,11 @@ def _bump_coeffs(q, inv_b):
 
 class _SlicedBump(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, zq, zk, v, w, b):
-        # b: (R, 1) bandwidths > 0
+    def forward(ctx, zq, zk, v, w, b, sc):
+        # b: (R, 1) bandwidths > 0; sc: per-row power-of-two scales (the bandwidth scales
+        # with the scores)
+        originals = (zq, zk, v, w, b)
+        zq, zk, v, w, b = sc.scores(zq), sc.scores(zk), sc.values(v), sc.weights(w), sc.scores(b)
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         need_grad = any(ctx.needs_input_grad[:3]) or ctx.needs_input_grad[4]
@@ -681,24 +632,25 @@ class _SlicedBump(torch.autograd.Function):
         if need_grad:
             # per key: t3 = #{q <= z}, t0 = #{q - b < z}, t1 = #{q < z}, t2 = #{q + b <= z}
             t3, t0, t1, t2 = keys.tcounts
-            ctx.save_for_backward(zq, zk, v, w, b, out, m.to(v.dtype), keepA.flat, a0, a1, a2,
-                                  keys.counts[0], keys.Wc, keys.W, keys.c, keys.porder,
-                                  t0, t1, t2, t3)
+            ctx.save_for_backward(*originals, zq, zk, v, w, b, out, m.to(v.dtype), keepA.flat,
+                                  a0, a1, a2, keys.counts[0], keys.Wc, keys.W, keys.c,
+                                  keys.porder, t0, t1, t2, t3)
             ctx.Np = keepA.Np
-        return out
+            ctx.sc = sc
+        return sc.output(out)
 
     @staticmethod
     def backward(ctx, g):
-        (zq, zk, v, w, b, out, m, Aflat, a0, a1, a2, alt, Wc, W, c, order_q,
-         t0, t1, t2, t3) = ctx.saved_tensors
+        (zq0, zk0, v0, w0, b0, zq, zk, v, w, b, out, m, Aflat, a0, a1, a2, alt, Wc, W, c,
+         order_q, t0, t1, t2, t3) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward pass
             return _backward_by_recompute(
-                ctx, g, lambda a, b_, c_, d, e: bump_attention_composed(a, b_, c_, d, e),
-                (zq, zk, v, w, b))
+                ctx, g, lambda a, b_, c_, d, e, f: bump_attention_composed(a, b_, c_, d, e),
+                (zq0, zk0, v0, w0, b0, None))
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         dt = v.dtype
-        g = g.contiguous()
+        g, eg = gradient_in(g.contiguous(), R)  # normalised per row where extreme
         gflat = g.view(R * Nq, D)
         invW = _safe_inv(W)  # (R, 1) float64
         inv_b64 = 1.0 / b.double()
@@ -800,7 +752,8 @@ class _SlicedBump(torch.autograd.Function):
                 cnt = (_gather0(Cc, b2) - _gather0(Cc, b1k)) - (_gather0(Cc, blt) - _gather0(Cc, b0))
                 vg = torch.bmm(v, gbar.unsqueeze(2)).squeeze(2).double()
                 dzk = (wW * inv_b64 * (vY + vg * cnt)).to(dt)
-        return dzq, dzk, dv, None, db
+        dzq, dzk, dv, db = ctx.sc.grads(eg, dzq, dzk, dv, db)
+        return dzq, dzk, dv, None, db, None
 
 
 def sliced_relu_bump_attention(
@@ -832,40 +785,22 @@ def sliced_relu_bump_attention(
         ``(..., N_q, D)``; a row with no unmasked key gives 0.
     """
     fn = "sliced_relu_bump_attention"
-    graph = _graph_mode(zq, zk, v, bandwidth)
+    graph = _graph_mode(zq, zk, v, bandwidth, key_weights)
     w = _check_inputs(fn, zq, zk, v, key_padding_mask, key_weights, check_values=not graph)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
-    if isinstance(bandwidth, (bool, str, bytes)):
-        raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
-    if isinstance(bandwidth, Tensor):
-        if not bandwidth.is_floating_point():
-            raise TypeError(f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}")
-        bt = bandwidth.to(device=zq.device, dtype=zq.dtype)
-    else:
-        try:
-            bt = torch.tensor(float(bandwidth), dtype=zq.dtype, device=zq.device)
-        except (TypeError, ValueError):
-            raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}") from None
-    if not graph and (not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any())):
-        raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
-    try:
-        b_full = bt.expand(lead) if bt.dim() <= len(lead) else None
-    except RuntimeError:
-        b_full = None
-    if b_full is None:
-        raise ValueError(
-            f"{fn}: bandwidth: expected a number or a shape broadcastable to the leading dims "
-            f"{tuple(lead)} of zq, got {tuple(bt.shape)}"
-        )
+    b_full = bandwidth_rows(fn, bandwidth, lead, zq.dtype, zq.device, check_values=not graph)
     R = math.prod(lead)
     if R == 0 or Nq == 0 or D == 0:
-        return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + bt.sum())
+        return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + b_full.sum())
     wr = None if w is None else _rows(w, Nk).contiguous()
+    zq, zk, v, b = _rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D), b_full.reshape(R, 1)
     if graph:
-        out = bump_attention_composed(_rows(zq, Nq), _rows(zk, Nk), v.reshape(R, Nk, D), wr,
-                                      b_full.reshape(R, 1))
-        return out.view(*lead, Nq, D)
+        out = bump_attention_composed(zq, zk, v, wr, b)
+    else:
+        out = _windows.evaluate(fn, zq.contiguous(), zk.contiguous(), v.contiguous(), wr, b,
+                                _SlicedBump.apply, causal=False)
+    return out.view(*lead, Nq, D)
     out = _SlicedBump.apply(
         _rows(zq, Nq).contiguous(), _rows(zk, Nk).contiguous(),
         v.reshape(R, Nk, D).contiguous(), wr, b_full.reshape(R, 1),

@@ -71,6 +71,18 @@ ranks are decided on the exact float values, gradients use the convention of
 normalisation.  For eq. 7 a pair is inside the window when ``q - b < z < q + b`` evaluated
 in floating point, identically in the forward and backward passes.
 
+**Magnitudes and small bandwidths** as in :mod:`opsplit.functional.sliced`: rows are
+rescaled by powers of two where their scores, values or weights lie far from 1 (the dense
+blocks and the sorted levels multiply scores by values), the incoming gradient likewise in
+the backward pass; the bump with a bandwidth far below the spread of the scores is summed
+pair by pair over the windows (causal pairs only), read off float64 tables, or refused
+(:mod:`~opsplit.functional._windows`).
+
+**torch.func** transforms (``vmap``, ``grad``, ``vjp``, ``jacrev``, ``jvp``, ``jacfwd``,
+``hessian``) and forward-mode AD are refused with a ``RuntimeError`` naming them (the
+divide and conquer depends on the data and the backward pass is hand-written for
+``torch.autograd``); the kernels take any leading dims, which batch independent calls.
+
 **Double backward** is refused: the backward pass is hand-written and not itself
 differentiable, so a backward pass with ``create_graph=True`` (Hessian-vector products,
 gradient penalties, ``gradgradcheck``) through these kernels raises a ``RuntimeError``
@@ -89,6 +101,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._compile import eager_under_compile
+from . import _windows
+from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
+from ._inputs import key_weights as combine_key_weights
+from ._scale import gradient_in
 
 __all__ = ["causal_sliced_relu_attention", "causal_sliced_relu_bump_attention", "BASE"]
 
@@ -103,65 +119,34 @@ _TILE_BYTES = 32 << 20
 # --------------------------------------------------------------------------------------
 # validation
 # --------------------------------------------------------------------------------------
-def _check(fn, zq, zk, v, key_padding_mask, key_weights):
+def _check(fn, zq, zk, v, key_padding_mask, key_weights, bandwidth=None):
+    """Refusals (``torch.jit.trace``, ``torch.func`` transforms, forward-mode AD), metadata
+    checks of ``zq, zk, v`` and the combined key weights (or ``None``).  The finiteness of
+    the scores and values is checked with their magnitudes (:func:`._inputs.scales`)."""
     if torch.jit.is_tracing():
         raise RuntimeError(
             f"{fn}: torch.jit.trace is not supported: the causal kernel's divide and conquer "
             "depends on the data (sorted prefix tables per level); run the model eagerly, or "
             "compile it with torch.compile (without fullgraph: the kernel runs eagerly)"
         )
-    for name, x in (("zq", zq), ("zk", zk), ("v", v)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"{fn}: {name}: expected a float32 or float64 tensor, got dtype {x.dtype}")
-    if not (zq.dtype == zk.dtype == v.dtype):
-        raise TypeError(f"{fn}: zq, zk and v must share one dtype, got {zq.dtype}, {zk.dtype}, {v.dtype}")
-    if not (zq.device == zk.device == v.device):
-        raise ValueError(f"{fn}: zq, zk and v must be on one device, got {zq.device}, {zk.device}, {v.device}")
-    if (zq.dim() < 1 or zk.dim() != zq.dim() or v.dim() != zq.dim() + 1
-            or zk.shape[:-1] != zq.shape[:-1] or v.shape[:-2] != zq.shape[:-1]
-            or v.shape[-2] != zk.shape[-1]):
-        raise ValueError(
-            f"{fn}: expected zq of shape (..., N_q), zk of shape (..., N_k) and v of shape "
-            f"(..., N_k, D) with the same leading dims (e.g. (B, H, N)); got zq "
-            f"{tuple(zq.shape)}, zk {tuple(zk.shape)}, v {tuple(v.shape)}")
-    if zk.shape[-1] == 0:
-        raise ValueError(f"{fn}: expected at least one key (N_k >= 1), got zk {tuple(zk.shape)}")
-    for name, x in (("zq", zq), ("zk", zk), ("v", v)):
-        bad = ~torch.isfinite(x)
-        if bool(bad.any()):
-            raise ValueError(f"{fn}: {name}: expected finite values, found {int(bad.sum())} NaN/inf entries")
-    w = None
-    if key_weights is not None:
-        if not isinstance(key_weights, Tensor):
-            key_weights = torch.as_tensor(key_weights, dtype=zk.dtype, device=zk.device)
-        if not key_weights.is_floating_point():
-            raise TypeError(f"{fn}: key_weights: expected a floating-point tensor, got {key_weights.dtype}")
-        try:
-            w = key_weights.detach().to(dtype=zk.dtype, device=zk.device).expand(zk.shape)
-        except RuntimeError:
-            raise ValueError(f"{fn}: key_weights: expected a shape broadcastable to zk "
-                             f"{tuple(zk.shape)}, got {tuple(key_weights.shape)}") from None
-        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-            raise ValueError(f"{fn}: key_weights: expected finite weights >= 0")
-    if key_padding_mask is not None:
-        m = key_padding_mask
-        if not isinstance(m, Tensor) or m.dtype != torch.bool:
-            raise TypeError(
-                f"{fn}: key_padding_mask: expected a bool tensor (True = ignore the key), got "
-                f"{m.dtype if isinstance(m, Tensor) else type(m).__name__}")
-        if m.dim() == 2 and zk.dim() == 3 and m.shape == (zk.shape[0], zk.shape[2]):
-            m = m.unsqueeze(1)  # (B, N_k): one mask for every head
-        try:
-            m = m.to(zk.device).expand(zk.shape)
-        except RuntimeError:
-            raise ValueError(f"{fn}: key_padding_mask: expected shape (B, N_k) or one "
-                             f"broadcastable to zk {tuple(zk.shape)}, got "
-                             f"{tuple(key_padding_mask.shape)}") from None
-        keep = (~m).to(zk.dtype)
-        w = keep if w is None else w * keep
-    return w
+    how = transform(zq, zk, v, key_weights, bandwidth)
+    if how == "vmap":
+        raise RuntimeError(
+            f"{fn}: torch.func.vmap is not supported: the causal kernel's divide and conquer "
+            "depends on the data; the kernel takes any leading dims, so stack the batch into "
+            "zq, zk and v instead (e.g. (V, B, H, N) for V vmapped calls)"
+        )
+    if how is not None:
+        what = ("torch.func transforms that differentiate (grad, vjp, jacrev, jvp, jacfwd, "
+                "hessian) are" if how == "grad" else
+                "forward-mode AD (torch.autograd.forward_ad) is")
+        raise RuntimeError(
+            f"{fn}: {what} not supported: the causal kernel has a hand-written first-order "
+            "backward pass for torch.autograd; use torch.autograd.grad or .backward() (first "
+            "derivatives)"
+        )
+    check_scores_values(fn, zq, zk, v)
+    return combine_key_weights(fn, key_padding_mask, key_weights, zk.shape, zk.dtype, zk.device)
 
 
 # --------------------------------------------------------------------------------------
@@ -507,7 +492,10 @@ def _first_order_only(name: str):
 
 class _CausalReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, zq, zk, v, w, centered):
+    def forward(ctx, zq, zk, v, w, centered, sc):
+        # sc: per-row power-of-two scales (opsplit.functional._scale): the sums are formed
+        # for the rescaled scores, values and weights, the output is scaled back
+        zq, zk, v, w = sc.scores(zq), sc.scores(zk), sc.values(v), sc.weights(w)
         pp = _Prep(zq, zk, v, w)
         lay = pp.lay
         num, den, Rm = _relu_forward(pp)
@@ -523,7 +511,8 @@ class _CausalReLU(torch.autograd.Function):
         out = out_p if out_p.shape[1] == zq.shape[1] == zk.shape[1] else lay.from_pos(out_p)
         ctx.save_for_backward(zq, zk, v, w, out, den, Rm)
         ctx.centered = centered
-        return out
+        ctx.sc = sc
+        return sc.output(out)
 
     @staticmethod
     @_first_order_only("causal_sliced_relu_attention")
@@ -536,7 +525,8 @@ class _CausalReLU(torch.autograd.Function):
         D = v.shape[2]
         dt, dev = v.dtype, v.device
         inv = _safe_inv(den)  # (R, P) float64
-        gp = lay.to_pos(g.contiguous())
+        g, eg = gradient_in(g.contiguous(), R)  # normalised per row where extreme
+        gp = lay.to_pos(g)
         op = lay.to_pos(out)
         gh = gp * inv.unsqueeze(-1).to(dt)  # g_i / den_i
         sden = -(gp.double() * op.double()).sum(-1) * inv  # dL/d den_i
@@ -638,11 +628,12 @@ class _CausalReLU(torch.autograd.Function):
         dzq = lay.from_pos(dq).to(dt) if ctx.needs_input_grad[0] else None
         dzk = dz[:, :N].to(dt) if ctx.needs_input_grad[1] else None
         dvv = dv[:, :N].contiguous() if ctx.needs_input_grad[2] else None
-        return dzq, dzk, dvv, None, None
+        dzq, dzk, dvv, _ = ctx.sc.grads(eg, dzq, dzk, dvv)
+        return dzq, dzk, dvv, None, None, None
 
 
-def _prepare(fn, zq, zk, v, key_padding_mask, key_weights):
-    w = _check(fn, zq, zk, v, key_padding_mask, key_weights)
+def _prepare(fn, zq, zk, v, key_padding_mask, key_weights, bandwidth=None):
+    w = _check(fn, zq, zk, v, key_padding_mask, key_weights, bandwidth)
     lead = zq.shape[:-1]
     Nq, Nk, D = zq.shape[-1], zk.shape[-1], v.shape[-1]
     R = math.prod(lead)
@@ -689,10 +680,13 @@ def causal_sliced_relu_attention(
     """
     fn = "causal_sliced_relu_attention"
     w, wr, lead, R, Nq, Nk, D = _prepare(fn, zq, zk, v, key_padding_mask, key_weights)
+    centered = check_centered(fn, centered)
     if R == 0 or Nq == 0 or D == 0:
         return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum())
-    out = _CausalReLU.apply(zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous(),
-                            v.reshape(R, Nk, D).contiguous(), wr, bool(centered))
+    zq = zq.reshape(R, Nq).contiguous()
+    zk = zk.reshape(R, Nk).contiguous()
+    v = v.reshape(R, Nk, D).contiguous()
+    out = _CausalReLU.apply(zq, zk, v, wr, centered, scales(fn, zq, zk, v, wr))
     return out.view(*lead, Nq, D)
 
 
@@ -762,7 +756,9 @@ def _bump_forward(pp: _Prep, b: Tensor):
 
 class _CausalBump(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, zq, zk, v, w, b):
+    def forward(ctx, zq, zk, v, w, b, sc):
+        # the bandwidth scales with the scores
+        zq, zk, v, w, b = sc.scores(zq), sc.scores(zk), sc.values(v), sc.weights(w), sc.scores(b)
         pp = _Prep(zq, zk, v, w)
         lay = pp.lay
         num, mass = _bump_forward(pp, b)
@@ -771,7 +767,8 @@ class _CausalBump(torch.autograd.Function):
             * invW.unsqueeze(-1).to(num.dtype)
         out = lay.from_pos(out_p)
         ctx.save_for_backward(zq, zk, v, w, b, out)
-        return out
+        ctx.sc = sc
+        return sc.output(out)
 
     @staticmethod
     @_first_order_only("causal_sliced_relu_bump_attention")
@@ -782,7 +779,8 @@ class _CausalBump(torch.autograd.Function):
         R, P, N = lay.R, lay.P, lay.N
         D = v.shape[2]
         dt, dev = v.dtype, v.device
-        gp = lay.to_pos(g.contiguous())
+        g, eg = gradient_in(g.contiguous(), R)  # normalised per row where extreme
+        gp = lay.to_pos(g)
         invW = _safe_inv(pp.Wpre)
         gh = gp * invW.unsqueeze(-1).to(dt)  # g_i / W_i
         gc = (gh.double() * pp.cv.double().unsqueeze(1)).sum(-1)  # <gh_i, c>
@@ -883,7 +881,8 @@ class _CausalBump(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             go = (g.double() * out.double()).sum(-1)  # (R, N_q)
             db = (db_q.sum(1, keepdim=True) - go.sum(1, keepdim=True) / b.double()).to(b.dtype)
-        return dzq, dzk, dvv, None, db
+        dzq, dzk, dvv, db = ctx.sc.grads(eg, dzq, dzk, dvv, db)
+        return dzq, dzk, dvv, None, db, None
 
 
 @eager_under_compile("causal_sliced_relu_bump_attention: data-dependent divide and conquer, runs eagerly")
@@ -916,26 +915,12 @@ def causal_sliced_relu_bump_attention(
         ``(..., N_q, D)``; a query that sees no (unmasked) key gets 0.
     """
     fn = "causal_sliced_relu_bump_attention"
-    w, wr, lead, R, Nq, Nk, D = _prepare(fn, zq, zk, v, key_padding_mask, key_weights)
-    if isinstance(bandwidth, Tensor):
-        if not bandwidth.is_floating_point():
-            raise TypeError(f"{fn}: bandwidth: expected a floating-point tensor, got {bandwidth.dtype}")
-        bt = bandwidth.to(device=zq.device, dtype=zq.dtype)
-    elif isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
-        bt = torch.tensor(float(bandwidth), dtype=zq.dtype, device=zq.device)
-    else:
-        raise TypeError(f"{fn}: bandwidth: expected a number or a tensor, got {bandwidth!r}")
-    if not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any()):
-        raise ValueError(f"{fn}: bandwidth: expected finite values > 0, got {bandwidth!r}")
-    try:
-        if bt.dim() > len(lead):
-            raise RuntimeError
-        b_full = bt.expand(lead)
-    except RuntimeError:
-        raise ValueError(f"{fn}: bandwidth: expected a number or a shape broadcastable to the "
-                         f"leading dims {tuple(lead)} of zq, got {tuple(bt.shape)}") from None
+    w, wr, lead, R, Nq, Nk, D = _prepare(fn, zq, zk, v, key_padding_mask, key_weights,
+                                         bandwidth)
+    b_full = bandwidth_rows(fn, bandwidth, lead, zq.dtype, zq.device)
     if R == 0 or Nq == 0 or D == 0:
-        return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + bt.sum())
-    out = _CausalBump.apply(zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous(),
-                            v.reshape(R, Nk, D).contiguous(), wr, b_full.reshape(R, 1))
+        return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + b_full.sum())
+    out = _windows.evaluate(fn, zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous(),
+                            v.reshape(R, Nk, D).contiguous(), wr, b_full.reshape(R, 1),
+                            _CausalBump.apply, causal=True)
     return out.view(*lead, Nq, D)

@@ -18,7 +18,9 @@ against :math:`O(n \log^2 n)` for the divide and conquer over all positions (whi
 re-sort the whole prefix at every step).  The same formulas, so the results equal those of
 :func:`~opsplit.functional.causal_sliced_relu_attention` to rounding (the summation order
 differs; the scalar sums are accumulated in float64 as there).  Differentiable by autograd.
-A query whose denominator vanishes gets 0.
+A query whose denominator vanishes gets 0.  As there, rows of extreme magnitude are
+rescaled by powers of two (:mod:`~opsplit.functional._scale`; eq. 7 needs none: its kernel
+values are at most 1).
 
 A sub-linear step would keep the cached keys sorted with prefix sums of :math:`w v` and
 :math:`w z v` (a query is then one binary search and two table reads, Prop. 2.1), but every
@@ -28,10 +30,34 @@ does not implement that.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from ._scale import BAND, exponents, ldexp, row_maxabs
+
 __all__ = ["decode_sliced_relu_attention", "decode_sliced_relu_bump_attention"]
+
+
+def _pow2_scales(zq: Tensor, zk: Tensor, v: Tensor):
+    """Per leading index, the powers of two that bring the largest |score| and |value| to
+    [1/2, 1) (``None`` for an input whose every row lies inside the band of
+    :mod:`~opsplit.functional._scale`): eq. 2/3 are of degree 0 in the scores and 1 in the
+    values, so ``o(z 2^-ez, v 2^-ev) 2^ev = o(z, v)`` exactly, and in float32 the products
+    ``ReLU(q - z) v`` no longer overflow (1e19) or underflow (1e-30).  The exponents are
+    constants for autograd (the formula is exactly homogeneous)."""
+    lead = zq.shape[:-1]
+    R = math.prod(lead)
+    if R == 0 or zk.shape[-1] == 0 or v.shape[-1] == 0:
+        return None, None
+    with torch.no_grad():
+        ez = exponents(torch.maximum(row_maxabs(zq.detach(), R), row_maxabs(zk.detach(), R)))
+        ev = exponents(row_maxabs(v.detach(), R).nan_to_num(0.0, 0.0, 0.0))
+        L = BAND[zq.dtype]
+        out = torch.stack([((ez < -L) | (ez > L)).any(), ((ev < -L) | (ev > L)).any()]).tolist()
+    shape = (*lead, 1)
+    return (ez.view(shape) if out[0] else None), (ev.view(*shape, 1) if out[1] else None)
 
 
 def _visible(zq: Tensor, zk: Tensor, key_weights: Tensor | None) -> Tensor:
@@ -47,6 +73,12 @@ def decode_sliced_relu_attention(zq: Tensor, zk: Tensor, v: Tensor, *, centered:
                                  key_weights: Tensor | None = None) -> Tensor:
     """Eq. 3 (eq. 2 with ``centered=False``) for the last ``N_q`` of ``N_k`` positions:
     ``zq`` ``(..., N_q)``, ``zk`` ``(..., N_k)``, ``v`` ``(..., N_k, D)`` -> ``(..., N_q, D)``."""
+    ez, ev = _pow2_scales(zq, zk, v)
+    if ez is not None:
+        zq, zk = ldexp(zq, -ez), ldexp(zk, -ez)
+    if ev is not None:
+        return ldexp(decode_sliced_relu_attention(zq, zk, ldexp(v, -ev), centered=centered,
+                                                  key_weights=key_weights), ev)
     W = _visible(zq, zk, key_weights)
     d = zq.unsqueeze(-1) - zk.unsqueeze(-2)  # (..., N_q, N_k)
     K = torch.relu(d) * W.to(d.dtype)

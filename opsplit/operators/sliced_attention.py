@@ -314,7 +314,7 @@ class SlicedReLUAttention(_SlicedBase):
     def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, centered: bool = True,
                  causal: bool = False, cache: str | None = None):
         super().__init__(WQ, WK, WV, P, P1=P1, c1=c1, cache=cache)
-        self.centered = bool(centered)
+        self.centered = _flag(centered, f"{self._name}.centered")
         self.causal = _flag(causal, f"{self._name}.causal")
 
     @classmethod

@@ -158,6 +158,7 @@ CONFIG = cases(
     ("train_n_steps=[]", lambda: TrainConfig(train_n_steps=[]), TypeError, r"TrainConfig\.train_n_steps"),
     ("train_n_steps=[0]", lambda: TrainConfig(train_n_steps=[0]), ValueError, r"TrainConfig\.train_n_steps.*>= 1"),
     ("seed<0", lambda: TrainConfig(seed=-1), ValueError, r"TrainConfig\.seed.*>= 0"),
+    ("seed>=2**32", lambda: TrainConfig(seed=2**50), ValueError, r"TrainConfig\.seed.*2\*\*32"),
     ("shuffle-str", lambda: TrainConfig(shuffle="yes"), TypeError, r"TrainConfig\.shuffle: expected true or false"),
     ("eval_every=0", lambda: TrainConfig(eval_every=0), ValueError, r"TrainConfig\.eval_every"),
     ("save_every=0", lambda: TrainConfig(save_every=0), ValueError, r"TrainConfig\.save_every"),

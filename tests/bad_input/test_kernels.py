@@ -12,16 +12,19 @@ import os
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from sliced_reference import naive_sliced_bump, naive_sliced_relu
+from sliced_reference import causal, naive_sliced_bump, naive_sliced_relu
 
 import opsplit
 from opsplit.functional import (
+    causal_sliced_relu_attention,
+    causal_sliced_relu_bump_attention,
     nadaraya_watson_attention,
     sliced_relu_attention,
     sliced_relu_bump_attention,
 )
+from opsplit.functional.sliced_decode import decode_sliced_relu_attention
 from opsplit.operators import KernelAttention, SlicedReLUAttention, SlicedReLUBumpAttention
 
 _PKG = os.path.dirname(os.path.abspath(opsplit.__file__))
@@ -37,6 +40,7 @@ def R(*shape, dtype=F64, fill=None):
 
 
 SR, SB, NW = sliced_relu_attention, sliced_relu_bump_attention, nadaraya_watson_attention
+SC, SCB = causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 QK = {"zq": R(2, 3, 5), "zk": R(2, 3, 6), "v": R(2, 3, 6, 4)}  # valid sliced inputs
 NWQ = {"q": R(2, 5, 3), "k": R(2, 6, 3), "v": R(2, 6, 4)}  # valid kernel-attention inputs
 
@@ -80,6 +84,20 @@ ROWS = [
     ("sr-weights-nan", SR, sl(key_weights=torch.full((6,), NAN, dtype=F64)), ValueError, r"key_weights: expected finite weights"),
     ("sr-weights-inf", SR, sl(key_weights=torch.full((6,), INF, dtype=F64)), ValueError, r"key_weights: expected finite weights"),
     ("sr-weights-grad", SR, sl(key_weights=torch.ones(6, dtype=F64, requires_grad=True)), ValueError, r"key_weights: gradients with respect to the key weights are not supported"),
+    # issue 17: centered must be a bool; a 2-D mask is (B, N_k); weights with grad refused by
+    # the causal kernels too
+    ("sr-centered-str", SR, sl(centered="False"), TypeError, r"centered: expected a bool, got 'False'"),
+    ("sr-centered-int", SR, sl(centered=0), TypeError, r"centered: expected a bool"),
+    ("sr-mask-heads", SR, sl(key_padding_mask=torch.zeros(3, 6, dtype=torch.bool)), ValueError, r"key_padding_mask: expected shape \(B, N_k\) = \(2, 6\)"),
+    ("sr-mask-4d-wrong-batch", SR, {"zq": R(2, 3, 4, 5), "zk": R(2, 3, 4, 6), "v": R(2, 3, 4, 6, 2), "key_padding_mask": torch.zeros(4, 6, dtype=torch.bool)}, ValueError, r"key_padding_mask: expected shape \(B, N_k\) = \(2, 6\)"),
+    ("sc-centered-str", SC, sl(centered="False"), TypeError, r"centered: expected a bool"),
+    ("sc-weights-grad", SC, sl(key_weights=torch.ones(6, dtype=F64, requires_grad=True)), ValueError, r"key_weights: gradients with respect to the key weights are not supported"),
+    ("scb-weights-grad", SCB, sl(bandwidth=1.0, key_weights=torch.ones(6, dtype=F64, requires_grad=True)), ValueError, r"key_weights: gradients with respect to the key weights are not supported"),
+    ("sc-mask-heads", SC, sl(key_padding_mask=torch.zeros(3, 6, dtype=torch.bool)), ValueError, r"key_padding_mask: expected shape \(B, N_k\)"),
+    ("scb-b-str", SCB, sl(bandwidth="1"), TypeError, r"bandwidth: expected a number or a tensor"),
+    ("scb-b-zero", SCB, sl(bandwidth=0.0), ValueError, r"bandwidth: expected finite values > 0"),
+    ("sb-b-tiny", SB, {"zq": torch.zeros(1, 1, 200, dtype=F64), "zk": torch.zeros(1, 1, 200, dtype=F64).index_fill(2, torch.tensor([0]), 1.0), "v": R(1, 1, 200, 2), "bandwidth": 1e-40}, ValueError, r"bandwidth: b = 1e-40 is too small against the spread of the scores"),
+    ("nw-mask-heads", NW, {"q": R(2, 3, 5, 3), "k": R(2, 3, 6, 3), "v": R(2, 3, 6, 4), "key_padding_mask": torch.zeros(3, 6, dtype=torch.bool)}, ValueError, r"key_padding_mask: expected shape \(B, N_k\) = \(2, 6\)"),
     # bump: the bandwidth and the same input checks
     ("sb-b-zero", SB, sl(bandwidth=0.0), ValueError, r"bandwidth: expected finite values > 0"),
     ("sb-b-neg", SB, sl(bandwidth=-1.0), ValueError, r"bandwidth: expected finite values > 0"),
@@ -124,6 +142,7 @@ ROWS = [
     ("op-sr-ny-float", SlicedReLUAttention.build, {"n_y": 2.5, "n_heads": 2}, TypeError, r"n_y: expected a positive integer"),
     ("op-sr-steps-zero", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 2, "n_steps": 0}, ValueError, r"n_steps: expected a positive integer"),
     ("op-sr-projection", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 2, "projection": "conv"}, ValueError, r"projection: expected 'linear' or 'mlp'"),
+    ("op-sr-centered-str", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 2, "centered": "False"}, TypeError, r"SlicedReLUAttention.centered: expected a bool"),
     ("op-sr-dy-nan", SlicedReLUAttention.build, {"n_y": 4, "n_heads": 2, "dy": NAN}, ValueError, r"dy: expected a finite number > 0"),
     ("op-sb-ny-zero", SlicedReLUBumpAttention.build, {"n_y": 0, "n_heads": 2}, ValueError, r"n_y: expected a positive integer"),
     ("op-sb-b-zero", SlicedReLUBumpAttention.build, {"n_y": 4, "n_heads": 2, "bandwidth": 0.0}, ValueError, r"bandwidth: expected a finite number > 0"),
@@ -150,41 +169,116 @@ def test_case_count():
 
 
 # -- property: extreme magnitudes ------------------------------------------------------------
-@given(
-    e_z=st.integers(-30, 30), e_v=st.integers(-30, 30), nq=st.integers(1, 12),
-    nk=st.integers(1, 12), quant=st.booleans(), seed=st.integers(0, 10**6),
-    kind=st.sampled_from(["relu", "relu_eq2", "bump"]), f32=st.booleans(),
-)
-def test_kernels_over_extreme_magnitudes(e_z, e_v, nq, nk, quant, seed, kind, f32):
-    """Scores scaled by 10^e_z and values by 10^e_v (1e-30..1e30): the kernels return a
-    finite result equal to the naive O(N^2) formula (in float64, on the same rounded
-    inputs), or raise a clear error; never NaN/inf silently."""
+
+
+KINDS = {  # kind: (kernel(zq, zk, v, b), naive reference(zq, zk, v, b))
+    "relu": (lambda q, k, v, b: SR(q, k, v), lambda q, k, v, b: naive_sliced_relu(q, k, v)),
+    "relu_eq2": (lambda q, k, v, b: SR(q, k, v, centered=False),
+                 lambda q, k, v, b: naive_sliced_relu(q, k, v, centered=False)),
+    "bump": (lambda q, k, v, b: SB(q, k, v, b), lambda q, k, v, b: naive_sliced_bump(q, k, v, b)),
+    "causal": (lambda q, k, v, b: SC(q, k, v),
+               lambda q, k, v, b: causal(naive_sliced_relu, q, k, v)),
+    "causal_eq2": (lambda q, k, v, b: SC(q, k, v, centered=False),
+                   lambda q, k, v, b: causal(naive_sliced_relu, q, k, v, centered=False)),
+    "causal_bump": (lambda q, k, v, b: SCB(q, k, v, b),
+                    lambda q, k, v, b: causal(naive_sliced_bump, q, k, v, bandwidth=b)),
+    # the decode steps of a key/value cache: the causal sums by direct O(N_q N_k D) sums
+    "decode": (lambda q, k, v, b: decode_sliced_relu_attention(q, k, v),
+               lambda q, k, v, b: causal(naive_sliced_relu, q, k, v)),
+}
+#: exponents drawn half of the time from the edges of the float32 range and of the
+#: promise 1e-30..1e30 (where the products of scores and values overflow or underflow)
+EXTREME = st.one_of(st.sampled_from([-36, -33, -30, -25, -19, 19, 20, 25, 30, 33, 36]),
+                    st.integers(-36, 36))
+#: up to 12 tokens (dense blocks only, for the causal kernels) or 65..140 (also the levels
+#: of the divide and conquer, whose sorted prefix tables multiply scores by values)
+TOKENS = st.one_of(st.integers(1, 12), st.integers(65, 140))
+
+
+def _inputs(seed, nq, nk, e_z, e_v, quant, dt):
     g = torch.Generator().manual_seed(seed)
     zq = torch.randn(1, 2, nq, generator=g, dtype=F64)
     zk = torch.randn(1, 2, nk, generator=g, dtype=F64)
     if quant:  # ties
         zq, zk = zq.round(), zk.round()
     v = torch.randn(1, 2, nk, 3, generator=g, dtype=F64) + 0.5
-    zq, zk, v = zq * 10.0**e_z, zk * 10.0**e_z, v * 10.0**e_v
+    return [(x * 10.0**e).to(dt) for x, e in ((zq, e_z), (zk, e_z), (v, e_v))]
+
+
+@settings(max_examples=150)
+@given(e_z=EXTREME, e_v=EXTREME, nq=TOKENS, nk=TOKENS, quant=st.booleans(),
+       seed=st.integers(0, 10**6), f32=st.booleans())
+def test_kernels_over_extreme_magnitudes(e_z, e_v, nq, nk, quant, seed, f32):
+    """Scores scaled by 10^e_z and values by 10^e_v (1e-36..1e36), the bump's bandwidth with
+    the scores: all six sliced kernels (full and causal; eqs. 3, 2, 7) and the cached decode
+    step (eq. 3) return a finite result
+    equal to the naive O(N^2) formula (in float64, on the same rounded inputs) within the
+    dtype's tolerance of max |v|.  No refusal: every magnitude is computed (issue 17: in
+    float32 1e19 gave NaN/inf and 1e-30 an error of 0.9-4.7; 60 examples of the old test
+    passed, 400 failed)."""
     dt = F32 if f32 else F64
-    zq, zk, v = zq.to(dt), zk.to(dt), v.to(dt)
-    b = 0.8 * 10.0**e_z
-    try:
-        if kind == "bump":
-            out = sliced_relu_bump_attention(zq, zk, v, b)
-        else:
-            out = sliced_relu_attention(zq, zk, v, centered=kind == "relu")
-    except ValueError as e:  # a clear refusal names what overflows
-        assert "expected" in str(e) or "overflow" in str(e)
-        return
-    assert bool(torch.isfinite(out).all())
-    if kind == "bump":
-        ref = naive_sliced_bump(zq.double(), zk.double(), v.double(), torch.tensor(b, dtype=dt).double())
-    else:
-        ref = naive_sliced_relu(zq.double(), zk.double(), v.double(), centered=kind == "relu")
+    zq, zk, v = _inputs(seed, nq, nk, e_z, e_v, quant, dt)
+    b = torch.tensor(0.8 * 10.0**e_z, dtype=dt)
     scale = float(v.double().abs().max())
     tol = 1e-5 if f32 else 1e-10
-    assert float((out.double() - ref).abs().max()) <= tol * scale + 1e-300
+    for kind, (kernel, naive) in KINDS.items():
+        out = kernel(zq, zk, v, b)
+        assert bool(torch.isfinite(out).all()), kind
+        ref = naive(zq.double(), zk.double(), v.double(), b.double())
+        err = float((out.double() - ref).abs().max())
+        assert err <= tol * scale, (kind, err / scale)
+
+
+@settings(max_examples=100)
+@given(e_z=st.integers(-30, 30), e_b=st.integers(-45, 2), nq=TOKENS, nk=TOKENS,
+       quant=st.booleans(), seed=st.integers(0, 10**6), f32=st.booleans())
+def test_bump_with_small_bandwidths(e_z, e_b, nq, nk, quant, seed, f32):
+    """The bump kernels with the bandwidth 10^e_b times the scores' scale (down to 1e-45):
+    a result equal to the naive formula, or a ValueError naming the bandwidth (the prefix
+    tables of eq. 7 cancel by spread / b; b = 1e-38 gave an error of 1e29 |v| in both
+    dtypes, and inf in the causal kernel)."""
+    dt = F32 if f32 else F64
+    zq, zk, v = _inputs(seed, nq, nk, e_z, 0, quant, dt)
+    b = torch.tensor(10.0 ** (e_z + e_b), dtype=dt)
+    if float(b) == 0:  # below the dtype's range: refused as b <= 0
+        with pytest.raises(ValueError, match="bandwidth: expected finite values > 0"):
+            SB(zq, zk, v, b)
+        return
+    scale = float(v.double().abs().max())
+    tol = 1e-5 if f32 else 1e-10
+    for kind in ("bump", "causal_bump"):
+        kernel, naive = KINDS[kind]
+        try:
+            out = kernel(zq, zk, v, b)
+        except ValueError as e:
+            assert "bandwidth: b = " in str(e) and "too small" in str(e)
+            continue
+        ref = naive(zq.double(), zk.double(), v.double(), b.double())
+        assert float((out.double() - ref).abs().max()) <= tol * scale, kind
+
+
+@settings(max_examples=60)
+@given(e_z=EXTREME, e_v=EXTREME, e_g=st.integers(-30, 30), nk=TOKENS,
+       seed=st.integers(0, 10**6), kind=st.sampled_from(["relu", "bump", "causal", "causal_bump"]))
+def test_float32_gradients_over_extreme_magnitudes(e_z, e_v, e_g, nk, seed, kind):
+    """Gradients of <g, out> (g of size 10^e_g) in float32 at extreme magnitudes equal
+    autograd of the naive formula in float64 on the same inputs, wherever the latter is
+    inside float32's range (the backward passes rescale per row as the forward does)."""
+    zq, zk, v = _inputs(seed, nk, nk, e_z, e_v, False, F32)
+    b = torch.tensor(0.8 * 10.0**e_z, dtype=F32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    g = (torch.randn(1, 2, nk, 3, generator=gen, dtype=F64) * 10.0**e_g).float()
+    kernel, naive = KINDS[kind]
+    ours = [x.clone().requires_grad_() for x in (zq, zk, v)]
+    (kernel(*ours, b) * g).sum().backward()
+    ref = [x.double().requires_grad_() for x in (zq, zk, v)]
+    (naive(*ref, b.double()) * g.double()).sum().backward()
+    for name, a, r in zip(("zq", "zk", "v"), ours, ref):
+        m = float(r.grad.abs().max())
+        if not 1e-30 < m < 1e36:  # the gradient itself is outside float32's range
+            continue
+        assert bool(torch.isfinite(a.grad).all()), (kind, name)
+        assert float((a.grad.double() - r.grad).abs().max()) <= 1e-4 * m, (kind, name)
 
 
 @given(e=st.integers(-30, 30), kernel=st.sampled_from(["gaussian", "epanechnikov", "boxcar"]),

@@ -1,0 +1,173 @@
+r"""Power-of-two rescaling of the sliced attentions' rows: the kernels are exact at every
+magnitude their dtype represents (issue 17).
+
+The sliced kernels are homogeneous.  With scores (and the bump's bandwidth) scaled by
+:math:`\sigma > 0`, values by :math:`\tau > 0` and key weights by :math:`\omega > 0`,
+
+.. math::  o(\sigma z^q, \sigma z^k, \tau v, \omega w; \sigma b) = \tau\, o(z^q, z^k, v, w; b)
+
+exactly: :math:`\mathrm{ReLU}(z^q_i - z^k_j)` and :math:`|z^q_i - z^k_l|` are of degree 1 in
+the scores (eqs. 2, 3: their ratio is of degree 0), the bump kernel depends on
+:math:`(z^q_i - z^k_j)/b` only (eq. 7), the output is linear in the values and the weights
+are normalised away.  With :math:`\sigma, \tau, \omega` powers of two the rescaling itself is
+exact in floating point (an entry loses bits only where it falls below the smallest normal
+number, i.e. more than :math:`2^{-125}` below its row's largest entry, where it is far below
+the rounding of the result).
+
+The prefix tables multiply scores by values (eq. 6: :math:`B_p = \sum_{j<p} z_j v_j`); in
+float32 scores and values of size 1e19 overflow there and sizes 1e-30 underflow to 0 (an
+O(1) error).  So every row (batch x head) whose largest score, value or weight lies outside
+:math:`[2^{-L}, 2^{L}]` (:data:`BAND`) is rescaled by its own powers of two to
+:math:`[\tfrac12, 1)` before the tables are built, and the output is scaled back.  The
+backward pass does the same with the incoming gradient and scales the input gradients
+back; the chain rule through the constant scales is exact because the kernels are exactly
+homogeneous.  Rows inside the band are left as they are: the common case costs one
+reduction per input, which is also the finiteness check, and no rescaling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "BAND",
+    "Scales",
+    "ldexp",
+    "row_maxabs",
+    "exponents",
+    "value_exponents",
+    "grad_exponents",
+]
+
+#: rows whose largest |score|, |value| or weight lies in [2^-L, 2^L] are not rescaled: in
+#: that band the products of the prefix tables (<= 2^2L N) and their smallest significant
+#: terms (>= 2^-2L) stay far from the dtype's range (2^+-126 in float32)
+BAND = {torch.float32: 32, torch.float64: 256}
+#: exponents e for which 2^e is a normal number of the dtype (one factor in :func:`ldexp`)
+_ONE_FACTOR = {torch.float32: 125, torch.float64: 1021}
+
+
+def exponents(m: Tensor) -> Tensor:
+    """int64 exponents ``e`` of non-negative finite row maxima ``m``: ``m 2^-e`` lies in
+    ``[1/2, 1)``; ``e = 0`` where ``m = 0``."""
+    return torch.frexp(m)[1].to(torch.int64)
+
+
+def _out_of_band(e: Tensor, dtype) -> bool:
+    L = BAND[dtype]
+    return bool(((e < -L) | (e > L)).any())
+
+
+def ldexp(x: Tensor, e: Tensor | None) -> Tensor:
+    """``x * 2^e`` exactly (``e``: integer tensor broadcastable to ``x``; ``None``: ``x``).
+    Two factors, each inside the dtype's normal range, so that no factor overflows where
+    the product does not."""
+    if e is None:
+        return x
+    if not bool((e.abs() > _ONE_FACTOR[x.dtype]).any()):  # 2^e itself is a normal number
+        return x * torch.exp2(e.double()).to(x.dtype)
+    e1 = torch.div(e, 2, rounding_mode="floor")
+    f1 = torch.exp2(e1.double()).to(x.dtype)
+    f2 = torch.exp2((e - e1).double()).to(x.dtype)
+    return x * f1 * f2
+
+
+def row_maxabs(x: Tensor, R: int) -> Tensor:
+    """``max |x|`` of each of the ``R`` rows of ``x`` (NaN where a row holds NaN)."""
+    xr = x.reshape(R, -1)
+    if xr.shape[1] == 0:
+        return x.new_zeros(R)
+    return torch.maximum(xr.amax(1), -xr.amin(1))
+
+
+def _norm_in_band(xr: Tensor) -> bool:
+    """True when every row's 2-norm shows its max |x| inside the band (and finite): one
+    fused reduction.  False says only that the exact maxima must be looked at."""
+    n = xr.shape[1]
+    L = BAND[xr.dtype]
+    nrm = torch.linalg.vector_norm(xr, dim=1)
+    return bool(((nrm <= 2.0**L) & (nrm >= 2.0**-L * math.sqrt(n))).all())
+
+
+def value_exponents(v: Tensor, R: int) -> tuple[bool, Tensor | None]:
+    """``(finite, e)`` for the values ``v`` (``R`` rows): whether every entry is finite, and
+    the per-row exponents of max |v| when some row lies outside the band (else ``None``).
+    One 2-norm per row decides the common case (max |v| <= norm <= sqrt(n) max |v|); the
+    exact maxima are computed only when that is not conclusive."""
+    vr = v.reshape(R, -1)
+    if vr.shape[1] == 0 or _norm_in_band(vr):
+        return True, None
+    m = row_maxabs(vr, R)
+    if not bool(torch.isfinite(m).all()):
+        return False, None
+    e = exponents(m)
+    return True, (e if _out_of_band(e, v.dtype) else None)
+
+
+def grad_exponents(g: Tensor, R: int) -> Tensor | None:
+    """Per-row exponents of the incoming gradient ``g`` when some row lies outside the
+    band, else ``None`` (non-finite gradients are passed on as they are)."""
+    ok, e = value_exponents(g, R)
+    return e if ok else None
+
+
+class Scales:
+    """Per-row exponents of one call (``None``: that input is not rescaled): ``ez`` of the
+    scores (and bandwidth), ``ev`` of the values, ``ew`` of the weights; each ``(R,)``
+    int64.  The kernels work on ``z 2^-ez``, ``v 2^-ev``, ``w 2^-ew``, ``b 2^-ez``."""
+
+    __slots__ = ("ez", "ev", "ew")
+
+    def __init__(
+        self, ez: Tensor | None = None, ev: Tensor | None = None, ew: Tensor | None = None
+    ):
+        self.ez, self.ev, self.ew = ez, ev, ew
+
+    @property
+    def active(self) -> bool:
+        return self.ez is not None or self.ev is not None or self.ew is not None
+
+    @staticmethod
+    def _neg(e):
+        return None if e is None else -e
+
+    def scores(self, z: Tensor) -> Tensor:
+        """``(R, N)`` scores (or ``(R, 1)`` bandwidths) in the scaled problem."""
+        return z if self.ez is None else ldexp(z, -self.ez.unsqueeze(1))
+
+    def values(self, v: Tensor) -> Tensor:
+        return v if self.ev is None else ldexp(v, -self.ev.view(-1, 1, 1))
+
+    def weights(self, w: Tensor | None) -> Tensor | None:
+        return w if (w is None or self.ew is None) else ldexp(w, -self.ew.unsqueeze(1))
+
+    def output(self, out: Tensor) -> Tensor:
+        """``(R, M, D)`` output of the scaled problem -> the output."""
+        return out if self.ev is None else ldexp(out, self.ev.view(-1, 1, 1))
+
+    def grads(self, eg: Tensor | None, dzq=None, dzk=None, dv=None, db=None):
+        """Gradients of the scaled problem, computed with the incoming gradient scaled by
+        ``2^-eg`` -> the gradients of the inputs: ``dz, db`` times ``2^(ev + eg - ez)``,
+        ``dv`` times ``2^eg``."""
+        if not self.active and eg is None:
+            return dzq, dzk, dv, db
+        ez = 0 if self.ez is None else self.ez
+        ev = 0 if self.ev is None else self.ev
+        ge = 0 if eg is None else eg
+        ed = ev + ge - ez
+        ed = None if isinstance(ed, int) else ed.unsqueeze(1)
+        dzq = None if dzq is None else ldexp(dzq, ed)
+        dzk = None if dzk is None else ldexp(dzk, ed)
+        db = None if db is None else ldexp(db, ed)
+        dv = dv if (dv is None or eg is None) else ldexp(dv, eg.view(-1, 1, 1))
+        return dzq, dzk, dv, db
+
+
+def gradient_in(g: Tensor, R: int) -> tuple[Tensor, Tensor | None]:
+    """The incoming gradient ``(R, M, D)`` normalised per row (when outside the band) and
+    its exponents, for :meth:`Scales.grads`."""
+    eg = grad_exponents(g, R)
+    return (g if eg is None else ldexp(g, -eg.view(-1, 1, 1))), eg

@@ -1,0 +1,287 @@
+"""Bad input to the ``opsplit`` command (issue 17): flags, --out, config files, values,
+keys that contradict each other, jobs too large for the machine, --resume, report folders.
+
+Every row runs ``main(argv)`` in-process (a few also as ``python -m opsplit``) and asserts:
+exit status 2; one line on stderr, ``opsplit ...: error: ...``, naming the flag, key or
+file (``match``); no traceback; and nothing written: the files under the row's folder are
+the same before and after (no output folder, no report, no checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from opsplit.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+HUGE = "1000000000000"  # 1e12: beyond any machine's memory or an hour of compute
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    argv: tuple  # "{tmp}" is the row's folder; "--out {tmp}/out" where a job would write
+    match: str
+    files: dict = field(default_factory=dict)  # name -> str | bytes | None (a folder)
+    env: dict = field(default_factory=dict)
+
+
+def rows(*specs) -> list:
+    out = [Row(s[0], tuple(s[1]), s[2], *(s[3:])) for s in specs]
+    ids = [r.id for r in out]
+    assert len(ids) == len(set(ids)), "duplicate ids"
+    return [pytest.param(r, id=r.id) for r in out]
+
+
+def toml(text: str) -> dict:
+    return {"c.toml": text}
+
+
+OUT = ("--out", "{tmp}/out")
+CFG = ("--config", "{tmp}/c.toml")
+CKPT = {"run/train/checkpoints/step-00000002/meta.json": "{}", "run/config.toml": "[model]\n"}
+SOLVE_DIR = {"s/manifest.json": json.dumps({"title": "opsplit solve", "blocks": []}),
+             "s/config.toml": "[solve]\nn_t = [4]\n"}
+TRAIN_DIR = {"t/manifest.json": json.dumps({"title": "opsplit train", "blocks": []}),
+             "t/config.toml": "[model]\nd_model = 8\nheads = 2\n"}
+CSV = {"r/t.csv": "a,b\n1,2\n"}
+
+
+def manifest(obj) -> dict:
+    return {**CSV, "r/manifest.json": obj if isinstance(obj, (str, bytes)) else json.dumps(obj)}
+
+
+CASES = rows(
+    # -- flags (argparse and the thread pre-scan) --------------------------------------------------
+    ("flag-not-int", ["train", "--epochs", "1e3", *OUT], "argument --epochs: invalid int value: '1e3'"),
+    ("flag-missing-value", ["solve", "--n-t", *OUT], "argument --n-t: expected at least one argument"),
+    ("flag-unknown", ["solve", "--bogus", *OUT], "unrecognized arguments: --bogus"),
+    ("flag-compare-nx-text", ["compare", "--n-x", "x", *OUT], "argument --n-x: invalid int value: 'x'"),
+    ("command-unknown", ["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
+    ("threads-zero", ["--threads", "0", "solve", *OUT], "--threads: expected a number of threads from 1"),
+    ("threads-text", ["train", "--threads", "x", *OUT], "--threads: expected a number of threads (an integer >= 1), got 'x'"),
+    ("threads-missing", ["solve", *OUT, "--threads"], "--threads: expected a number of threads (an integer >= 1), got nothing"),
+    ("threads-too-many", ["--threads=100000", "solve", *OUT], "--threads: expected a number of threads from 1 to 4096"),
+    ("threads-env", ["solve", *OUT], "OPSPLIT_THREADS: expected a number of threads", {}, {"OPSPLIT_THREADS": "many"}),
+    ("grid-seed-negative", ["grid", "--seed", "-1"], "--seed: expected a seed from 0 to 4294967295"),
+    ("grid-steps-zero", ["grid", "--steps", "0"], "--steps: expected N_t >= 1, got 0"),
+    ("grid-levels", ["grid", "--levels", "6"], "--levels: expected 1 to 5 levels"),
+    ("grid-steps-int64", ["grid", "--steps", "99999999999999999999"], "--steps: expected an integer (64-bit)"),
+    ("grid-steps-cost", ["grid", "--steps", "100000000"], "--steps = 100000000: the job needs an estimated"),
+    ("convert-layers-zero", ["convert", "--layers", "0", *OUT], "torch.num_layers: expected a value >= 1, got 0"),
+    # -- the output folder -------------------------------------------------------------------------
+    ("out-is-file", ["solve", "--out", "{tmp}/f"], "--out: expected a folder, '{tmp}/f' is an existing file", {"f": "x"}),
+    ("out-under-file", ["solve", "--out", "{tmp}/f/sub"], "--out: cannot create '{tmp}/f/sub': '{tmp}/f' is a file", {"f": "x"}),
+    ("out-default-job-file", ["--quick", "--out", "{tmp}/f"], "--out: expected a folder", {"f": "x"}),
+    ("out-train-holds-run", ["train", "--out", "{tmp}/run"], "--out: '{tmp}/run' already holds a training run", CKPT),
+    ("out-default-holds-run", ["--quick", "--out", "{tmp}/run"], "--out: '{tmp}/run' already holds a training run", CKPT),
+    # -- config files --------------------------------------------------------------------------------
+    ("config-missing", ["solve", "--config", "{tmp}/none.toml", *OUT], "config: no such file '{tmp}/none.toml'"),
+    ("config-folder", ["solve", "--config", "{tmp}/d", *OUT], "config: expected a TOML file, '{tmp}/d' is a folder", {"d": None}),
+    ("config-binary", ["solve", *CFG, *OUT], "is not a TOML file (not UTF-8 text: byte 0xff at offset 0)", {"c.toml": b"\xff\xfe\x00[model]"}),
+    ("config-latin1", ["solve", *CFG, *OUT], "is not a TOML file (not UTF-8 text: byte 0xe9", {"c.toml": "# d\xe9j\xe0\n[model]\n".encode("latin-1")}),
+    ("config-syntax", ["solve", *CFG, *OUT], "is not valid TOML", toml("[solve\n")),
+    ("config-top-level-key", ["solve", *CFG, *OUT], "config: key 'seed' is outside any section", toml("seed = 3\n")),
+    ("config-section-scalar", ["solve", *CFG, *OUT], "config: [model] must be a table of keys", toml("model = 3\n")),
+    ("config-unknown-section", ["solve", *CFG, *OUT], "config: unknown section [solver]", toml("[solver]\nn_t = [4]\n")),
+    ("config-unknown-key", ["solve", *CFG, *OUT], "solve.nt: unknown key", toml("[solve]\nnt = [4]\n")),
+    ("config-nested-table", ["solve", *CFG, *OUT], "model.T: expected a finite number, got {'x': 1} (dict)", toml("[model.T]\nx = 1\n")),
+    # -- values --------------------------------------------------------------------------------------
+    ("int-too-large", ["solve", *CFG, *OUT], "model.seed: expected an integer (64-bit), got 99999999999999999999999", toml("[model]\nseed = 99999999999999999999999\n")),
+    ("int-list-too-large", ["solve", *CFG, *OUT], "solve.n_t: expected a non-empty list of integers (64-bit)", toml("[solve]\nn_t = [4, 99999999999999999999]\n")),
+    ("T-inf", ["solve", *CFG, *OUT], "model.T: expected a finite number, got inf", toml("[model]\nT = inf\n")),
+    ("T-nan", ["solve", *CFG, *OUT], "model.T: expected a finite number, got nan", toml("[model]\nT = nan\n")),
+    ("scale-inf", ["compare", *CFG, *OUT], "model.scale: expected a finite number, got inf", toml("[model]\nscale = inf\n")),
+    ("lr-inf", ["train", *CFG, *OUT], "train.lr: expected a finite number, got inf", toml("[train]\nlr = inf\n")),
+    ("lr-nan", ["train", *CFG, *OUT], "train.lr: expected a finite number, got nan", toml("[train]\nlr = nan\n")),
+    ("weight-decay-minus-inf", ["train", *CFG, *OUT], "train.weight_decay: expected a finite number", toml("[train]\nweight_decay = -inf\n")),
+    ("layer-norm-eps-inf", ["convert", *CFG, *OUT], "torch.layer_norm_eps: expected a finite number", toml("[torch]\nlayer_norm_eps = inf\n")),
+    ("wrong-type-str", ["solve", *CFG, *OUT], "model.batch: expected an integer (64-bit), got '2' (str)", toml('[model]\nbatch = "2"\n')),
+    ("wrong-type-bool", ["solve", *CFG, *OUT], "model.J: expected an integer (64-bit), got True (bool)", toml("[model]\nJ = true\n")),
+    ("wrong-type-float-in-list", ["solve", *CFG, *OUT], "solve.n_t: expected a non-empty list of integers", toml("[solve]\nn_t = [4.5]\n")),
+    ("empty-list", ["solve", *CFG, *OUT], "solve.schemes: expected a non-empty list of strings", toml("[solve]\nschemes = []\n")),
+    ("bool-as-int", ["convert", *CFG, *OUT], "torch.norm_first: expected true or false, got 1", toml("[torch]\nnorm_first = 1\n")),
+    ("choice", ["compare", *CFG, *OUT], "compare.solvers: expected each of one of 'euler', 'heun', 'rk4', 'odeint', got 'midpoint'", toml('[compare]\nsolvers = ["midpoint"]\n')),
+    ("convert-dtype", ["convert", *CFG, *OUT], "convert.dtypes: expected each of one of 'float32', 'float64', got 'float16'", toml('[convert]\ndtypes = ["float16"]\n')),
+    ("convert-model", ["convert", "--models", "bert", *OUT], "convert.models: expected each of one of 'torch', 'vit', 'cvt', got 'bert'"),
+    ("seed-negative", ["solve", "--seed", "-1", *OUT], "model.seed: expected a seed from 0 to 4294967295, got -1"),
+    ("seed-2-32", ["train", *CFG, *OUT], "train.seed: expected a seed from 0 to 4294967295, got 4294967296", toml("[train]\nseed = 4294967296\n")),
+    ("split-seed-large", ["train", *CFG, *OUT], "data.split_seed: expected a seed from 0 to 4294967295", toml("[data]\nsplit_seed = 1099511627776\n")),
+    ("convert-seed-large", ["convert", *CFG, *OUT], "convert.seed: expected a seed from 0 to 4294967295", toml("[convert]\nseed = 1099511627776\n")),
+    ("shift-past-image", ["train", *CFG, *OUT], "train.shift: expected a shift in pixels from 0 to 7, got 8", toml("[train]\nshift = 8\n")),
+    ("test-fraction-one", ["train", *CFG, *OUT], "data.test_fraction: expected a number in (0, 1), got 1.0", toml("[data]\ntest_fraction = 1.0\n")),
+    ("n-t-zero", ["solve", "--n-t", "0", "4", *OUT], "solve.n_t: expected values >= 1, got [0, 4]"),
+    ("repeats-zero", ["compare", "--repeats", "0", *OUT], "compare.repeats: expected a value >= 1, got 0"),
+    # -- keys against each other ----------------------------------------------------------------------
+    ("test-fraction-high", ["train", *CFG, *OUT], "data.test_fraction: the stratified split puts 178 of the 178 images of digit 0 in the test set, leaving no training image", toml("[data]\ntest_fraction = 0.999\n")),
+    ("test-fraction-low", ["train", *CFG, *OUT], "data.test_fraction: the stratified split puts 0 of the 178 images of digit 0 in the test set, leaving no test image", toml("[data]\ntest_fraction = 0.001\n")),
+    ("adjoint-euler", ["train", "--gradient", "adjoint", *OUT], "train.gradient: 'adjoint' solves the substeps' ODEs backwards by torchdiffeq, and model.solver = 'euler' has none"),
+    ("heads-divisor", ["train", *CFG, *OUT], "model.heads: expected a divisor of model.d_model = 32, got 3", toml("[model]\nheads = 3\n")),
+    ("patch-divisor", ["train", *CFG, *OUT], "model.patch: expected a divisor of 8", toml("[model]\npatch = 3\n")),
+    ("train-T-float32", ["train", *CFG, *OUT], "model.T: the model runs in float32, and its steps T / n_steps = 2.5e+299", toml("[model]\nT = 1e300\n")),
+    ("solve-n-y-1", ["solve", "--n-x", "1", "--n-y", "1", *OUT], "solve.n_y: with model.constraint = true every token"),
+    ("compare-n-y-1", ["compare", "--n-y", "1", *OUT], "compare.n_y: with model.constraint = true every token"),
+    ("solve-grid-space-3-grids", ["solve", *CFG, *OUT], "solve.n_x / solve.n_y: model.space = 'grid' stores the controls", toml('[model]\nspace = "grid"\n')),
+    ("solve-relu-unsplit", ["solve", *CFG, *OUT], "solve.reference: 'unsplit' needs a model without ReLU", toml("[model]\nrelu = true\n")),
+    ("solve-finest-one-run", ["solve", *CFG, *OUT], "solve.reference: 'finest' compares each run with the finest one", toml('[solve]\nreference = "finest"\nn_t = [4]\nn_x = [8]\nn_y = [8]\n')),
+    ("solve-zip-lengths", ["solve", "--n-x", "4", "8", "--n-y", "4", "8", "16", *OUT], "solve.n_x / solve.n_y: expected lists of equal length"),
+    ("solve-spline-nodes", ["solve", "--n-x", "2", "3", "--n-y", "4", "4", *OUT], "solve.n_x: the finest grid is resampled"),
+    ("compare-one-n-t", ["compare", "--n-t", "4", *OUT], "compare.n_t: expected at least two distinct values"),
+    ("convert-nhead", ["convert", "--nhead", "3", *OUT], "torch.nhead: expected a divisor of torch.d_model = 16, got 3"),
+    ("convert-vit-patch", ["convert", *CFG, *OUT], "vit.patch_size: expected a divisor of vit.image_size = 16", toml("[vit]\npatch_size = 5\n")),
+    ("convert-vit-heads", ["convert", *CFG, *OUT], "vit.num_attention_heads: expected a divisor of vit.hidden_size = 24", toml("[vit]\nnum_attention_heads = 5\n")),
+    ("convert-cvt-stages", ["convert", *CFG, *OUT], "cvt.depth/num_heads/embed_dim/patch_sizes/patch_stride: expected one entry per stage", toml('[convert]\nmodels = ["cvt"]\n[cvt]\ndepth = [1]\n')),
+    ("convert-cvt-depth", ["convert", *CFG, *OUT], "cvt.depth: expected depth[k] > k", toml('[convert]\nmodels = ["cvt"]\n[cvt]\ndepth = [1, 1]\n')),
+    ("convert-cvt-embed", ["convert", *CFG, *OUT], "cvt.embed_dim: expected multiples of cvt.num_heads", toml('[convert]\nmodels = ["cvt"]\n[cvt]\nembed_dim = [8, 15]\n')),
+    ("convert-cvt-image", ["convert", *CFG, *OUT], "cvt.image_size: the stages' convolutional embeddings", toml('[convert]\nmodels = ["cvt"]\n[cvt]\npatch_sizes = [4, 4]\nimage_size = 1\n')),
+    # -- the size and cost guard (memory: beyond any machine; time: beyond an hour) ----------------------
+    ("guard-solve-grid", ["solve", "--n-x", "1000000", "--n-y", "1000000", *OUT], "solve.n_x = [1000000], solve.n_y = [1000000]: the job needs an estimated"),
+    ("guard-solve-n-x", ["solve", "--n-x", HUGE, "--n-y", "8", *OUT], f"solve.n_x = [{HUGE}]: the job needs an estimated"),
+    ("guard-solve-n-y", ["solve", "--n-x", "8", "--n-y", HUGE, *OUT], f"solve.n_y = [{HUGE}]: the job needs an estimated"),
+    ("guard-solve-n-t", ["solve", "--n-t", "4", HUGE, *OUT], f"solve.n_t = [4, {HUGE}]: the job needs an estimated"),
+    ("guard-solve-T", ["solve", *CFG, *OUT], "model.T = 1e+300: the job needs an estimated", toml("[model]\nT = 1e300\n")),
+    ("guard-solve-scale", ["solve", *CFG, *OUT], "model.scale = 1e+300: the job needs an estimated", toml("[model]\nscale = 1e300\n")),
+    ("guard-solve-batch", ["solve", *CFG, *OUT], f"model.batch = {HUGE}: the job needs an estimated", toml(f"[model]\nbatch = {HUGE}\n")),
+    ("guard-solve-J", ["solve", *CFG, *OUT], f"model.J = {HUGE}: the job needs an estimated", toml(f"[model]\nJ = {HUGE}\n")),
+    ("guard-solve-n-modes", ["solve", *CFG, *OUT], f"model.n_modes = {HUGE}: the job needs an estimated", toml(f"[model]\nn_modes = {HUGE}\n")),
+    ("guard-solve-n-time", ["solve", *CFG, *OUT], f"model.n_time = {HUGE}: the job needs an estimated", toml(f"[model]\nn_time = {HUGE}\n")),
+    ("guard-compare-repeats", ["compare", "--repeats", HUGE, *OUT], f"compare.repeats = {HUGE}: the job needs an estimated"),
+    ("guard-compare-n-x", ["compare", "--n-x", HUGE, *OUT], f"compare.n_x = {HUGE}: the job needs an estimated"),
+    ("guard-compare-odeint-T", ["compare", *CFG, *OUT], "model.T = 1e+30: the job needs an estimated", toml('[model]\nT = 1e30\n[compare]\nsolvers = ["odeint"]\nreference = "finest"\n')),
+    ("guard-train-epochs", ["train", "--epochs", HUGE, *OUT], f"train.epochs = {HUGE}: the job needs an estimated"),
+    ("guard-train-d-model", ["train", *CFG, *OUT], "model.d_model = 4000000: the job needs an estimated", toml("[model]\nd_model = 4000000\n")),
+    ("guard-train-d-ff", ["train", *CFG, *OUT], f"model.d_ff = {HUGE}: the job needs an estimated", toml(f"[model]\nd_ff = {HUGE}\n")),
+    ("guard-train-n-steps", ["train", "--n-steps", HUGE, *OUT], f"model.n_steps = {HUGE}: the job needs an estimated"),
+    ("guard-train-eval-n-steps", ["train", *CFG, *OUT], f"train.eval_n_steps = [4, {HUGE}]: the job needs an estimated", toml(f"[train]\neval_n_steps = [4, {HUGE}]\n")),
+    ("guard-convert-d-model", ["convert", "--d-model", "4000000", "--nhead", "4", *OUT], "torch.d_model = 4000000: the job needs an estimated"),
+    ("guard-convert-seq-len", ["convert", *CFG, *OUT], f"torch.seq_len = {HUGE}: the job needs an estimated", toml(f"[torch]\nseq_len = {HUGE}\n")),
+    ("guard-convert-batch", ["convert", *CFG, *OUT], f"convert.batch = {HUGE}: the job needs an estimated", toml(f"[convert]\nbatch = {HUGE}\n")),
+    ("guard-convert-vit-image", ["convert", *CFG, *OUT], "vit.image_size = 4000000: the job needs an estimated", toml("[vit]\nimage_size = 4000000\n")),
+    ("guard-convert-cvt-image", ["convert", *CFG, *OUT], "cvt.image_size = 4000000: the job needs an estimated", toml('[convert]\nmodels = ["cvt"]\n[cvt]\nimage_size = 4000000\n')),
+    ("guard-print-config", ["solve", "--print-config", "--n-x", HUGE, "--n-y", "8"], f"solve.n_x = [{HUGE}]: the job needs an estimated"),
+    # -- --resume ------------------------------------------------------------------------------------
+    ("resume-solve-folder", ["train", "--resume", "{tmp}/s"], "--resume: expected an opsplit train output folder, '{tmp}/s' holds the output of opsplit solve", SOLVE_DIR),
+    ("resume-default-folder", ["train", "--resume", "{tmp}/d"], "'{tmp}/d' holds the output of the default job", {"d/manifest.json": json.dumps({"title": "opsplit: the default job", "blocks": []}), "d/train.toml": ""}),
+    ("resume-with-epochs", ["train", "--resume", "{tmp}/t", "--epochs", "6"], "--epochs: cannot be combined with --resume", TRAIN_DIR),
+    ("resume-with-scheme", ["train", "--resume", "{tmp}/t", "--scheme", "lie"], "--scheme: cannot be combined with --resume", TRAIN_DIR),
+    ("resume-with-out", ["train", "--resume", "{tmp}/t", "--out", "{tmp}/y"], "--out: cannot be combined with --resume", TRAIN_DIR),
+    ("resume-with-config", ["train", "--resume", "{tmp}/t", *CFG], "--config: cannot be combined with --resume", {**TRAIN_DIR, **toml("[train]\nepochs = 1\n")}),
+    ("resume-missing", ["train", "--resume", "{tmp}/nothing"], "--resume: expected an opsplit train output folder (its config.toml and checkpoints), '{tmp}/nothing' is not a folder"),
+    ("resume-no-config", ["train", "--resume", "{tmp}/e"], "--resume: expected an opsplit train output folder with config.toml, '{tmp}/e' has none", {"e": None}),
+    ("resume-binary-config", ["train", "--resume", "{tmp}/b"], "is not a TOML file (not UTF-8 text", {"b/config.toml": b"\x00\xff\x10"}),
+    ("resume-bad-config", ["train", "--resume", "{tmp}/b"], "model.heads: expected a divisor of model.d_model = 8, got 3", {"b/config.toml": "[model]\nd_model = 8\nheads = 3\n"}),
+    # -- opsplit report ---------------------------------------------------------------------------------
+    ("report-missing", ["report", "{tmp}/none"], "folder: expected an existing folder, got '{tmp}/none'"),
+    ("report-file", ["report", "{tmp}/f"], "folder: expected an existing folder, got '{tmp}/f'", {"f": "x"}),
+    ("report-empty", ["report", "{tmp}/e"], "folder: expected a folder with CSV tables or PNG plots", {"e": None}),
+    ("report-manifest-json", ["report", "{tmp}/r"], "r/manifest.json: expected a manifest (JSON), Expecting property name", manifest("{bad")),
+    ("report-manifest-binary", ["report", "{tmp}/r"], "r/manifest.json: expected a manifest (UTF-8 JSON), found byte 0xff", manifest(b"\xff\xfe{}")),
+    ("report-manifest-list", ["report", "{tmp}/r"], "r/manifest.json: expected a JSON object with 'title' and 'blocks', got list", manifest([1, 2])),
+    ("report-manifest-blocks", ["report", "{tmp}/r"], "r/manifest.json: blocks: expected a list, got dict", manifest({"title": "t", "blocks": {}})),
+    ("report-manifest-title", ["report", "{tmp}/r"], "r/manifest.json: title: expected a string, got 3", manifest({"title": 3, "blocks": []})),
+    ("report-block-type", ["report", "{tmp}/r"], "r/manifest.json: blocks[0]: expected an object whose type is one of", manifest({"blocks": [{"type": "video"}]})),
+    ("report-block-text", ["report", "{tmp}/r"], "r/manifest.json: blocks[1].text: expected a string, got None", manifest({"blocks": [{"type": "text", "text": "a"}, {"type": "heading"}]})),
+    ("report-block-escapes", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].file: expected a path inside the folder, got '../x.csv'", manifest({"blocks": [{"type": "table", "file": "../x.csv"}]})),
+    ("report-csv-binary", ["report", "{tmp}/r"], "r/t.csv: expected a CSV table (UTF-8 text), found byte 0xff", {"r/t.csv": b"a,b\n\xff,1\n"}),
+    ("report-block-caption", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].caption: expected a string, got 7", manifest({"blocks": [{"type": "figure", "file": "p.png", "caption": 7}]})),
+)
+
+
+def _setup(tmp: Path, files: dict):
+    for name, content in files.items():
+        p = tmp / name
+        if content is None:
+            p.mkdir(parents=True, exist_ok=True)
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content)
+
+
+def _tree(tmp: Path) -> dict:
+    return {str(p.relative_to(tmp)): (p.stat().st_size if p.is_file() else None) for p in tmp.rglob("*")}
+
+
+def _check(row: Row, tmp: Path, rc: int, err: str, before: dict):
+    fill = str(tmp)
+    assert rc == 2, f"{row.id}: exit status {rc}: {err}"
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"{row.id}: expected one line on stderr, got {err!r}"
+    assert lines[0].startswith("opsplit") and ": error: " in lines[0], lines[0]
+    assert row.match.replace("{tmp}", fill) in lines[0], f"{row.id}: {lines[0]}"
+    assert _tree(tmp) == before, f"{row.id}: files were written: {set(_tree(tmp)) ^ set(before)}"
+
+
+@pytest.mark.parametrize("row", CASES)
+def test_bad_cli_input(row: Row, tmp_path, capsys, monkeypatch):
+    _setup(tmp_path, row.files)
+    for k, v in row.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)  # a job without --out would write opsplit-runs/ here
+    before = _tree(tmp_path)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in row.argv]
+    rc = main(argv)
+    _check(row, tmp_path, rc, capsys.readouterr().err, before)
+
+
+UNWRITABLE = [pytest.param("/proc/opsplit-out", "--out: cannot write in '/proc'", id="out-proc")]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
+@pytest.mark.parametrize("out, match", UNWRITABLE)
+def test_unwritable_out(out, match, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["solve", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1
+    assert not os.path.exists(out) and not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True,
+                    reason="root writes into read-only folders")
+def test_read_only_out(tmp_path, capsys, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert main(["solve", "--out", str(ro / "x")]) == 2
+        assert f"--out: cannot write in '{ro}'" in capsys.readouterr().err
+        assert not any(ro.iterdir())
+        assert main(["report", str(ro)]) == 2  # report.md / report.html could not be written
+    finally:
+        ro.chmod(0o755)
+
+
+SUBPROCESS = [
+    pytest.param(["solve", "--config", "{tmp}/c.toml", "--out", "{tmp}/out"], {"c.toml": b"\xff\xfe"},
+                 "opsplit solve: error: config:", {}, id="console-binary-toml"),
+    pytest.param(["solve", "--out", "{tmp}/out"], {}, "opsplit: error: OPSPLIT_THREADS: expected", {"OPSPLIT_THREADS": "0"},
+                 id="console-threads-env"),
+    pytest.param(["train", "--resume", "{tmp}/s"], SOLVE_DIR, "opsplit train: error: --resume:", {}, id="console-resume-solve"),
+]
+
+
+@pytest.mark.parametrize("argv, files, match, env", SUBPROCESS)
+def test_bad_input_through_the_console_command(argv, files, match, env, tmp_path):
+    """The same through ``python -m opsplit``: exit status 2 and one line, no traceback."""
+    _setup(tmp_path, files)
+    before = _tree(tmp_path)
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    r = subprocess.run([sys.executable, "-m", "opsplit", *[a.replace("{tmp}", str(tmp_path)) for a in argv]],
+                       capture_output=True, text=True, cwd=tmp_path, env=e)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and match in r.stderr, r.stderr
+    assert _tree(tmp_path) == before
