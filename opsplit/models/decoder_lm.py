@@ -149,10 +149,11 @@ class DecoderConfig:
                 f"DecoderConfig.n_kv_heads: {self.n_kv_heads} key/value heads must divide n_heads = {self.n_heads}"
             )
         if self.head_dim is None:
-            if self.d_model % self.n_heads:
+            # sliced attention has no softmax heads to split the features (head_dim is unused there)
+            if self.d_model % self.n_heads and self.attention != "sliced_relu":
                 raise ValueError(f"DecoderConfig: d_model = {self.d_model} is not divisible by n_heads = "
                                  f"{self.n_heads}; pass head_dim")
-            self.head_dim = self.d_model // self.n_heads
+            self.head_dim = max(1, self.d_model // self.n_heads)
         self.head_dim = check_positive_int(self.head_dim, "DecoderConfig.head_dim")
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS),
                               ("attention", ATTENTION_KINDS), ("scheme", DECODER_SCHEMES)):

@@ -77,3 +77,78 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES)
 def test_text_bad_input(case):
     run_case(case)
+
+
+# -- the opsplit command: `opsplit train` with task = "text", `opsplit generate` ---------------------
+from .test_cli import _check, _setup, _tree, rows  # noqa: E402  (the CLI table's row checks)
+
+TEXT = 'task = "text"\n[model]\ncontext = 24\nd_model = 16\nheads = 2\nlayers = 2\n[train]\nsteps = 2\n' \
+       'batch_size = 2\n[data]\nmax_chars = 20000\n[generate]\nmax_new_tokens = 8\n'
+CFG = ("--config", "{tmp}/c.toml")
+OUT = ("--out", "{tmp}/out")
+
+
+def cfg(text=TEXT, **replace):
+    for k, v in replace.items():
+        text = text.replace(k, v)
+    return {"c.toml": text}
+
+
+RUN = {"g/config.toml": TEXT, "g/vocab.json": '{"chars": "The abc", "unknown_id": 0}'}
+
+CLI = rows(
+    ("cli-task-unknown", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', got 'poetry'",
+     cfg('task = "poetry"\n')),
+    ("cli-top-key-unknown", ["train", *CFG, *OUT], "config: key 'color' is outside any section",
+     cfg('color = "red"\n' + TEXT)),
+    ("cli-text-epochs", ["train", *CFG, "--epochs", "3", *OUT], "--epochs: the text task trains for train.steps",
+     cfg()),
+    ("cli-text-heads", ["train", *CFG, *OUT], "model.heads: expected a divisor of model.d_model = 16 (softmax heads split the features), got 3",
+     cfg(**{"heads = 2": "heads = 3"})),
+    ("cli-text-scheme", ["train", *CFG, "--scheme", "parallel", *OUT],
+     "model.scheme: expected one of 'lie', 'strang', got 'parallel'", cfg()),
+    ("cli-text-adjoint", ["train", *CFG, "--gradient", "adjoint", *OUT],
+     "train.gradient: expected one of 'backprop', 'checkpoint', got 'adjoint'", cfg()),
+    ("cli-text-n-t-0", ["train", *CFG, "--n-steps", "0", *OUT], "train.n_steps: expected values >= 1, got [0]",
+     cfg()),
+    ("cli-text-context-longer-than-data", ["train", *CFG, *OUT],
+     "model.context: a window of 3000 characters and its targets need 3001 characters, but the validation split",
+     cfg(**{"context = 24": "context = 3000", "max_chars = 20000": "max_chars = 12000"})),
+    ("cli-text-one-document", ["train", *CFG, *OUT], "data: char_corpus.documents: corpus 'pydoc_topics' has 1 "
+     "non-empty document", cfg(**{"max_chars = 20000": "max_chars = 50"})),
+    ("cli-text-prompt-unknown", ["train", *CFG, *OUT], "generate.prompt: character(s) 'λ' are not in the vocabulary",
+     cfg(**{"max_new_tokens = 8\n": 'max_new_tokens = 8\nprompt = "λ"\n'})),
+    ("cli-text-gen-too-long", ["train", *CFG, *OUT], "generate.max_new_tokens: the prompt (4 characters) and 30 "
+     "new characters exceed model.context = 24", cfg(**{"max_new_tokens = 8": "max_new_tokens = 30"})),
+    ("gen-n-t-0", ["generate", "{tmp}/g", "--n-t", "0"], "--n-t: expected N_t >= 1 (time steps of the solve), got 0",
+     RUN),
+    ("gen-n-t-negative", ["generate", "{tmp}/g", "--n-t", "-2"], "--n-t: expected N_t >= 1", RUN),
+    ("gen-n-t-text", ["generate", "{tmp}/g", "--n-t", "four"], "argument --n-t: invalid int value: 'four'", RUN),
+    ("gen-temperature-0", ["generate", "{tmp}/g", "--temperature", "0"], "--temperature: expected a finite number > 0",
+     RUN),
+    ("gen-max-new-negative", ["generate", "{tmp}/g", "--max-new-tokens", "-1"], "--max-new-tokens: expected an "
+     "integer >= 0, got -1", RUN),
+    ("gen-seed-negative", ["generate", "{tmp}/g", "--seed", "-1"], "--seed: expected a seed from 0", RUN),
+    ("gen-empty-prompt", ["generate", "{tmp}/g", "--prompt", ""], "--prompt: expected at least one character", RUN),
+    ("gen-prompt-unknown", ["generate", "{tmp}/g", "--prompt", "Thé λ"], "--prompt: character(s) 'é', 'λ' are not "
+     "in the vocabulary of 7 characters", RUN),
+    ("gen-no-folder", ["generate", "{tmp}/nothing"], "folder: expected the output folder of an opsplit train run "
+     "with task = \"text\", '{tmp}/nothing' is not a folder"),
+    ("gen-no-config", ["generate", "{tmp}/e"], "has no config.toml", {"e": None}),
+    ("gen-digits-run", ["generate", "{tmp}/d"], "holds a training run with task = 'digits'",
+     {"d/config.toml": "[model]\nd_model = 8\nheads = 2\n"}),
+    ("gen-no-vocab", ["generate", "{tmp}/g"], "vocab.json' is missing or not a vocabulary", {"g/config.toml": TEXT}),
+    ("gen-no-checkpoint", ["generate", "{tmp}/g"], "has no checkpoint under train/checkpoints", RUN),
+)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("row", CLI)
+def test_text_cli_bad_input(row, tmp_path, capsys, monkeypatch):
+    from opsplit.cli import main
+
+    _setup(tmp_path, row.files)
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tmp_path)
+    rc = main([a.replace("{tmp}", str(tmp_path)) for a in row.argv])
+    _check(row, tmp_path, rc, capsys.readouterr().err, before)
