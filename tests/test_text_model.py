@@ -282,3 +282,18 @@ def test_value_checks_by_sums_keep_their_verdicts():
     bad[3] = float("inf")
     with pytest.raises(ValueError, match=r"bad: expected finite values, found 1 NaN/inf"):
         check_finite(bad, "bad")
+
+
+def test_token_classifier_generates_at_another_n_t():
+    """generate(n_steps=) reaches TokenClassifier.next_token_logits too (the other causal decoder)."""
+    from opsplit.models import AttentionDecoder, TokenClassifier
+
+    g = torch.Generator().manual_seed(0)
+    model = TokenClassifier(V, V, AttentionDecoder(E, H, 2 * E, n_steps=2, causal=True, generator=g), generator=g)
+    model.eval()
+    prompt, seq = ids(B=2, N=3), ids(B=2, N=3)
+    with torch.no_grad():
+        for _ in range(4):
+            seq = torch.cat([seq, model(seq, n_steps=5)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(model.generate(prompt, 4, n_steps=5), seq)
+    assert torch.equal(model.generate(prompt, 4, n_steps=5, use_cache=False), seq)
