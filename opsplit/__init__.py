@@ -9,7 +9,8 @@ eq. 7).  opsplit's pieces, in the order data flows through them:
 - :mod:`opsplit.operators`  what moves u: the terms of the equation
 - :mod:`opsplit.solvers`    how one substep is advanced
 - :mod:`opsplit.schemes`    in what order: splitting schemes
-- :class:`opsplit.Propagator`  the composed map f -> u(T)
+- :class:`opsplit.Propagator`  the composed map f -> u(T); ``solve`` returns a Solution with statistics
+- :mod:`opsplit.adaptive`   adaptive time steps (error estimate, PI controller)
 - :mod:`opsplit.models`     named discretisations (the paper's transformer, ...)
 - :mod:`opsplit.functional` attention kernels as functions (sliced ReLU, ReLU-bump, kernel)
 - :mod:`opsplit.analysis`   measuring: convergence orders, plots
@@ -25,12 +26,14 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("analysis", "controls", "functional", "grid", "models", "operators", "reference",
+_SUBPACKAGES = ("adaptive", "analysis", "controls", "functional", "grid", "models", "operators", "reference",
                 "schemes", "solvers")
-_NAMES = {"Grid": "grid", "ImageGrid": "grid", "Interval": "grid", "Propagator": "propagator"}
+_NAMES = {"Grid": "grid", "ImageGrid": "grid", "Interval": "grid", "Propagator": "propagator",
+          "AdaptivePropagator": "adaptive"}
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from . import (
+        adaptive,
         analysis,
         controls,
         functional,
@@ -41,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         schemes,
         solvers,
     )
+    from .adaptive import AdaptivePropagator
     from .grid import Grid, ImageGrid, Interval
     from .propagator import Propagator
 
@@ -64,6 +68,8 @@ __all__ = [
     "ImageGrid",
     "Interval",
     "Propagator",
+    "AdaptivePropagator",
+    "adaptive",
     "analysis",
     "controls",
     "functional",

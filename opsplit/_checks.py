@@ -54,6 +54,17 @@ def skip_value_checks() -> bool:
     return _is_compiling() or torch._C._get_tracing_state() is not None or torch.jit.is_scripting()
 
 
+_is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None) or (
+    lambda x: False)
+
+
+def is_vmapped(x: Tensor) -> bool:
+    """True for a tensor batched by ``torch.func.vmap``: its values cannot be read in
+    Python (``bool(tensor)`` raises), so value checks are skipped for it, as under
+    ``torch.compile``; inputs are validated where they enter the vmapped function."""
+    return _is_batched(x)
+
+
 def check_tensor(x, name: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -70,7 +81,7 @@ def check_float_dtype(x: Tensor, name: str) -> None:
 def check_finite(x: Tensor, name: str, what: str = "") -> None:
     """Raise if ``x`` holds NaN or inf (one reduction, :func:`all_finite`; syncs on CUDA).
     Skipped under ``torch.compile`` / ``torch.jit`` tracing (see the module docstring)."""
-    if skip_value_checks() or x.device.type == "meta":  # a meta tensor has no values
+    if skip_value_checks() or x.device.type == "meta" or is_vmapped(x):  # no values to read
         return
     if not all_finite(x):
         n_bad = int((~torch.isfinite(x)).sum())

@@ -149,29 +149,13 @@ class Propagator(nn.Module):
                 the solve produces NaN/inf (one reduction each; the parameters are
                 re-checked only after they change).
         """
-        f = check_tensor(f, "f")
-        check_float_dtype(f, "f")
-        unbatched = f.dim() == 2
-        if unbatched:
-            f = f.unsqueeze(0)
-        if f.dim() != 3:
-            g0 = self.grid if grid is None else check_grid(grid, "grid")
-            raise ValueError(
-                f"f: expected shape (B, N_x, N_y) = (B, {g0.nx_str}, {g0.ny_str}) or unbatched "
-                f"(N_x, N_y), got rank {f.dim()} with shape {tuple(f.shape)}"
-            )
-        check_like_module(f, self, "f", f"the {type(self).__name__}")
-        g = self.resolve_grid(f, grid)
+        f, g, unbatched = self._prepare(f, grid, check_finite_input)
         times = self.times(n_steps)
-        if check_finite_input:
-            check_finite(f, "f")
-            check_parameters_finite(self, type(self).__name__)
         if return_trajectory and any(changes_grid(s) for s in self.scheme.substeps):
             raise ValueError(
                 f"return_trajectory: {type(self.scheme).__name__} may move the state to other grids (grid "
                 "transfers), so its states cannot be stacked; solve step by step with scheme.advance instead"
             )
-        self.scheme.check(g)
         u = f
         traj = [u] if return_trajectory else None
         if self.checkpoint_every and traj is None and torch.is_grad_enabled():
@@ -187,11 +171,7 @@ class Propagator(nn.Module):
                 if traj is not None:
                     traj.append(u)
         if check_finite_input:
-            check_finite(
-                u, f"{type(self).__name__} output",
-                f"produced from a finite input and finite parameters: an intermediate value "
-                f"left the range of {u.dtype}; scale the input down or use float64",
-            )
+            self._check_output(u)
         if unbatched:
             u = u.squeeze(0)
         if not return_trajectory:
@@ -200,6 +180,127 @@ class Propagator(nn.Module):
         if unbatched:
             trajectory = trajectory.squeeze(0)
         return u, trajectory
+
+    def _prepare(self, f: Tensor, grid: Grid | None, check_finite_input: bool):
+        """Validate ``f`` (batched on return), resolve the grid, check the parameters and
+        the scheme's controls: ``(f, grid, unbatched)``."""
+        f = check_tensor(f, "f")
+        check_float_dtype(f, "f")
+        unbatched = f.dim() == 2
+        if unbatched:
+            f = f.unsqueeze(0)
+        if f.dim() != 3:
+            g0 = self.grid if grid is None else check_grid(grid, "grid")
+            raise ValueError(
+                f"f: expected shape (B, N_x, N_y) = (B, {g0.nx_str}, {g0.ny_str}) or unbatched "
+                f"(N_x, N_y), got rank {f.dim()} with shape {tuple(f.shape)}"
+            )
+        check_like_module(f, self, "f", f"the {type(self).__name__}")
+        g = self.resolve_grid(f, grid)
+        if check_finite_input:
+            check_finite(f, "f")
+            check_parameters_finite(self, type(self).__name__)
+        self.scheme.check(g)
+        return f, g, unbatched
+
+    def _check_output(self, u: Tensor) -> None:
+        check_finite(
+            u, f"{type(self).__name__} output",
+            f"produced from a finite input and finite parameters: an intermediate value "
+            f"left the range of {u.dtype}; scale the input down or use float64",
+        )
+
+    def solve(
+        self,
+        f: Tensor,
+        *,
+        n_steps: int | None = None,
+        grid: Grid | None = None,
+        t_eval=None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        controller=None,
+        estimator=None,
+        per_sample: bool = False,
+        on_failure: str = "raise",
+        check_finite_input: bool = True,
+    ):
+        r"""Solve from :math:`u(t_0) = f` and return a :class:`~opsplit.solution.Solution`
+        (the state, the states at ``t_eval``, and :class:`~opsplit.solution.SolveStats`:
+        accepted/rejected steps, substep calls per operator, the time grid).
+
+        **Fixed steps** (no ``rtol``/``atol``/``controller``): the :math:`N_t` steps of
+        :meth:`forward` (``n_steps`` overrides :math:`N_t`); ``t_eval`` must be times of the
+        grid :math:`t^0, \dots, t^{N_t}`.
+
+        **Adaptive steps** (``rtol`` and/or ``atol``, or a
+        :class:`~opsplit.adaptive.PIController` as ``controller``): step sizes from a local
+        error estimate (``estimator``: ``"doubling"`` (default), or a companion scheme on
+        the same operators for an embedded pair), steps ending at every ``t_eval`` time;
+        ``per_sample=True`` gives each sample its own steps; ``on_failure`` is ``"raise"``
+        or ``"return"`` at ``max_steps``.  See :mod:`opsplit.adaptive`.
+
+        The same validation as :meth:`forward`.  Autograd records the solve (adaptive step
+        sizes are not differentiated); the propagator's checkpointing applies.
+        """
+        from .adaptive import PIController, solve_adaptive
+        from .solution import Solution, SolveStats, count_substep_calls
+
+        adaptive = rtol is not None or atol is not None or controller is not None
+        if adaptive and n_steps is not None:
+            raise ValueError("n_steps: a fixed N_t and adaptive steps (rtol/atol/controller) exclude each other")
+        if not adaptive:
+            for name, v in (("estimator", estimator), ("per_sample", per_sample or None)):
+                if v is not None:
+                    raise ValueError(f"{name}: only for adaptive steps (give rtol and/or atol)")
+        if adaptive:
+            if controller is None:
+                kw = {k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None}
+                controller = PIController(**kw)
+            elif rtol is not None or atol is not None:
+                raise ValueError("rtol/atol: give the tolerances in the controller or as arguments, not both")
+        if per_sample not in (True, False):
+            raise TypeError(f"per_sample: expected True or False, got {per_sample!r}")
+        f, g, unbatched = self._prepare(f, grid, check_finite_input)
+        if any(changes_grid(s) for s in self.scheme.substeps) and t_eval is not None:
+            raise ValueError(
+                f"t_eval: {type(self.scheme).__name__} may move the state to other grids (grid "
+                "transfers), so its states cannot be stacked"
+            )
+        if adaptive:
+            sol = solve_adaptive(self, f, g, t_eval=t_eval, controller=controller, estimator=estimator,
+                                 per_sample=per_sample, on_failure=on_failure)
+        else:
+            times = self.times(n_steps)
+            idx = None
+            if t_eval is not None:
+                from .adaptive import _stops
+
+                _, outs = _stops(times[0], times[-1], t_eval, ())
+                tol = 1e-12 * max(1.0, abs(times[0]), abs(times[-1]))
+                idx = []
+                for s in outs:
+                    hit = [i for i, x in enumerate(times) if abs(x - s) <= tol]
+                    if not hit:
+                        raise ValueError(
+                            f"t_eval: {s:g} is not a time of the fixed grid of N_t = {len(times) - 1} steps on "
+                            f"[{times[0]:g}, {times[-1]:g}]; give grid times, or adaptive tolerances"
+                        )
+                    idx.append(hit[0])
+            with count_substep_calls(self.scheme) as calls:
+                out = self.forward(f, n_steps=n_steps, grid=grid, return_trajectory=idx is not None,
+                                   check_finite_input=False)
+            u, traj = out if idx is not None else (out, None)
+            stats = SolveStats(n_accepted=len(times) - 1, substep_calls=dict(calls), times=list(times))
+            sol = Solution(u, None if idx is None else [times[i] for i in idx],
+                           None if idx is None else traj[:, idx], stats)
+        if check_finite_input:
+            self._check_output(sol.u)
+        if unbatched:
+            sol.u = sol.u.squeeze(0)
+            if sol.ys is not None:
+                sol.ys = sol.ys.squeeze(0)
+        return sol
 
     def extra_repr(self) -> str:
         s = (

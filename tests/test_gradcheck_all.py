@@ -389,3 +389,36 @@ def test_single_head_softmax_paths_differentiate_twice_on_every_torch(dtype):
             hvps.append(h.double())
         tol = 1e-4 if dtype == torch.float32 else 1e-12
         torch.testing.assert_close(hvps[0], hvps[1], rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("which", ["paper", "continuous"])
+def test_torch_func_transforms_of_the_models(which):
+    """Issue 17: torch.func's grad, jacrev, jvp, hessian and vmap through the models equal
+    plain autograd (vmap: the per-sample loop). vmap raised torch's data-dependent
+    control-flow error (the input's finiteness check read a batched tensor's values)."""
+    from torch.func import grad, hessian, jacrev, jvp, vmap
+
+    torch.manual_seed(0)
+    if which == "paper":
+        m = PaperTransformer(n_y=4, n_x=3, J=1, n_steps=2, sigma1=1.0, dtype=D)
+    else:
+        m = ContinuousTransformer(2, n_steps=2, dtype=D)
+    x = torch.randn(2, 3, 4, dtype=D) if which == "paper" else torch.randn(2, 2, dtype=D)
+
+    def f(u):
+        return m(u).pow(2).sum()
+
+    xa = x.clone().requires_grad_()
+    (g_ref,) = torch.autograd.grad(f(xa), xa)
+    torch.testing.assert_close(grad(f)(x), g_ref, rtol=1e-12, atol=1e-12)
+    jac_ref = torch.autograd.functional.jacobian(m, x)
+    torch.testing.assert_close(jacrev(m)(x), jac_ref, rtol=1e-12, atol=1e-12)
+    t = torch.randn_like(x)
+    _, jv = jvp(m, (x,), (t,))
+    torch.testing.assert_close(jv, (jac_ref.reshape(jv.numel(), -1) @ t.flatten()).reshape(jv.shape),
+                               rtol=1e-10, atol=1e-10)
+    h_ref = torch.autograd.functional.hessian(f, x[:1])
+    torch.testing.assert_close(hessian(f)(x[:1]), h_ref, rtol=1e-10, atol=1e-10)
+    per_sample = vmap(lambda u: m(u.unsqueeze(0)).squeeze(0))(x)
+    torch.testing.assert_close(per_sample, torch.cat([m(x[i:i + 1]) for i in range(2)]),
+                               rtol=1e-12, atol=1e-12)

@@ -28,6 +28,8 @@ LAYERS = {
     "schemes": 6,  # in what order
     "revolve": 7,  # binomial checkpointing of a time loop (used by the propagator)
     "propagator": 7,  # the composed map
+    "solution": 7,  # what a solve returns: states, statistics (Propagator.solve)
+    "adaptive": 7,  # adaptive time steps beside the propagator (error estimate, controller)
     "reference": 8,  # the unsplit model solved by torchdiffeq (terms, solvers, schemes)
     "models": 9,  # named discretisations and converters
     "analysis": 10,  # measuring: convergence studies, spline degree

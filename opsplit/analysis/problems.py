@@ -26,10 +26,12 @@ from ..grid import Grid
 from ..operators import FFNIntegral, ProjectionS1, ProjectionS2, SoftmaxAttention
 from ..propagator import Propagator
 from ..reference import solve_reference
-from ..schemes import Hybrid, Lie, Parallel, Strang
+from ..schemes import BlanesMoan, Hybrid, Lie, Parallel, SchemeFlow, Strang, TripleJump
+from ..schemes.composition import irreversibility
 from ..solvers import (
     RK4,
     CatchUp,
+    Exact,
     ExplicitEuler,
     Heun,
     Implicit,
@@ -40,7 +42,7 @@ from ..solvers import (
 
 __all__ = ["SmoothTransformer", "smooth_transformer", "SCHEMES", "SOLVERS"]
 
-SCHEMES = ("lie", "strang", "parallel", "hybrid")
+SCHEMES = ("lie", "strang", "parallel", "hybrid", "triple_jump", "blanes_moan")
 SOLVERS = ("euler", "heun", "rk4", "odeint")
 
 
@@ -98,8 +100,18 @@ class SmoothTransformer:
         self, kind: str = "lie", solver: str = "euler", projection: str = "tangent", batch="auto"
     ):
         """One of :data:`SCHEMES` over :meth:`substeps`.  ``hybrid`` groups: [S1],
-        [attention], [FFN_1..J], [S2]."""
+        [attention], [FFN_1..J], [S2].  ``triple_jump`` / ``blanes_moan``: the fourth-order
+        composition of the smooth terms; the projections (S1, S2: they cannot run over the
+        composition's negative substeps) are kept in an outer Strang step around it
+        (:class:`~opsplit.schemes.SchemeFlow`; order 2 with a moving S1)."""
         subs = self.substeps(solver, projection)
+        if kind in ("triple_jump", "blanes_moan"):
+            cls = TripleJump if kind == "triple_jump" else BlanesMoan
+            outer = [s for s in subs if irreversibility(s) is not None]
+            if not outer:
+                return cls(subs)
+            inner = cls([s for s in subs if irreversibility(s) is None])
+            return Strang(outer + [Substep(SchemeFlow(inner), Exact())])
         if kind == "lie":
             return Lie(subs)
         if kind == "strang":
@@ -160,6 +172,7 @@ def smooth_transformer(
     ly: float = 1.0,
     rule: str = "midpoint",
     scale: float = 1.0,
+    margin: float = 0.0,
     dtype=torch.float64,
     device=None,
 ) -> SmoothTransformer:
@@ -184,7 +197,15 @@ def smooth_transformer(
             :math:`\\sigma_2 = 1`).
         relu: add :math:`\\partial I_{S_2}` (ReLU).
         scale: magnitude of the discrete operators (their norm is about ``scale``).
+        margin: the controls (and a moving S1's sigma) are defined on
+            :math:`[-m T, (1 + m) T]` for ``margin`` :math:`= m \\ge 0` (the model is solved
+            on :math:`[0, T]`): room for schemes whose substeps read the controls outside a
+            step (the triple jump, up to 0.35 dt).  ``0`` (default): on :math:`[0, T]`.
     """
+    margin = float(margin)
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin: expected a finite number >= 0, got {margin!r}")
+    ct0, ct1 = (-margin * T if margin else 0.0), (1.0 + margin) * T
     gen = torch.Generator().manual_seed(seed)
     fk = dict(dtype=dtype, device=device)
     grid = Grid.uniform(n_x, n_y, lx=lx, ly=ly, rule=rule)
@@ -196,9 +217,9 @@ def smooth_transformer(
         # values_fn(k) -> the k-th coefficient / node value (k = 0..n_time-1)
         if time == "piecewise_linear":
             v = torch.stack([values_fn(k) for k in range(n_time)])
-            return PiecewiseLinear(v, t0=0.0, t1=T, axes=axes, positive=positive)
+            return PiecewiseLinear(v, t0=ct0, t1=ct1, axes=axes, positive=positive)
         c = torch.stack([values_fn(k) / (k + 1) for k in range(n_time)])
-        return TimeBasis(c, t0=0.0, t1=T, basis=time, axes=axes, positive=positive)
+        return TimeBasis(c, t0=ct0, t1=ct1, basis=time, axes=axes, positive=positive)
 
     def kernel(weight):
         if space == "grid":
@@ -227,17 +248,17 @@ def smooth_transformer(
         if moving:
             if time == "piecewise_linear":
                 r = torch.linspace(0.0, 1.0, n_time, **fk)
-                s1 = PiecewiseLinear(0.1 + 0.2 * r, t0=0.0, t1=T)
-                s2 = PiecewiseLinear(1.0 + 0.3 * r, t0=0.0, t1=T, positive=True)
+                s1 = PiecewiseLinear(0.1 + 0.2 * r, t0=ct0, t1=ct1)
+                s2 = PiecewiseLinear(1.0 + 0.3 * r, t0=ct0, t1=ct1, positive=True)
             else:
                 c1 = torch.zeros(n_time, **fk)
                 c2 = torch.zeros(n_time, **fk)
                 c1[0] = 0.1
                 c1[1:] = 0.2 / torch.arange(2, n_time + 1, **fk)
                 c2[1:] = 0.3 / torch.arange(2, n_time + 1, **fk)
-                s1 = TimeBasis(c1, t0=0.0, t1=T, basis=time)
+                s1 = TimeBasis(c1, t0=ct0, t1=ct1, basis=time)
                 # sigma_2 = exp(series) > 0 for every t
-                s2 = TimeBasis(c2, t0=0.0, t1=T, basis=time, positive=True)
+                s2 = TimeBasis(c2, t0=ct0, t1=ct1, basis=time, positive=True)
             norm = ProjectionS1(s1, s2)
         else:
             norm = ProjectionS1(torch.tensor(0.1, **fk), torch.tensor(1.0, **fk))

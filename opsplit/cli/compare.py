@@ -1,5 +1,6 @@
-"""``opsplit compare``: Lie, Strang, parallel and hybrid splitting (with several substep
-solvers) on one grid: error against cost (wall time, substep solves), measured orders."""
+"""``opsplit compare``: Lie, Strang, parallel, hybrid splitting and the fourth-order
+compositions (with several substep solvers) on one grid: error against cost (wall time,
+substep solves), measured orders; with ``--rtol`` also an adaptive solve of each."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ SUMMARY = "compare splitting schemes: error vs cost, measured orders"
 EXAMPLE = """\
 examples:
   opsplit compare --schemes lie strang parallel hybrid --solvers euler heun --n-t 4 8 16 32
+  opsplit compare --schemes strang triple_jump blanes_moan --solvers rk4 --rtol 1e-5
   opsplit compare --config compare.toml --out runs/compare
 
 compare.toml:
@@ -38,6 +40,11 @@ SCHEMA = {
                      else "at least two distinct values >= 1"),
         "n_x": Field("int", 12, "nodes N_x", at_least(1)),
         "n_y": Field("int", 12, "nodes N_y", at_least(1)),
+        "rtol": Field("float", 0.0, "also solve by adaptive steps to this relative tolerance "
+                      "(step doubling, PI controller; 0: no adaptive solve)",
+                      lambda v: None if v == 0 or 0 < v < 1 else "0 (off) or a number in (0, 1)"),
+        "atol": Field("float", 0.0, "absolute tolerance of the adaptive solve (0: 1e-3 rtol)",
+                      lambda v: None if v >= 0 else "a number >= 0"),
         "reference": Field("str", "unsplit", "the unsplit model (torchdiffeq) or the finest run",
                            choices=("unsplit", "finest")),
         "repeats": Field("int", 3, "solves per run (the median time is reported)", at_least(1)),
@@ -46,23 +53,26 @@ SCHEMA = {
 
 
 def add_arguments(p):
-    p.add_argument("--schemes", nargs="+", metavar="S", help="lie strang parallel hybrid")
+    p.add_argument("--schemes", nargs="+", metavar="S", help="lie strang parallel hybrid triple_jump blanes_moan")
     p.add_argument("--solvers", nargs="+", metavar="S", help="euler heun rk4 odeint")
     p.add_argument("--n-t", nargs="+", type=int, metavar="N", help="time steps N_t")
     p.add_argument("--n-x", type=int, metavar="N", help="nodes N_x")
     p.add_argument("--n-y", type=int, metavar="N", help="nodes N_y")
     p.add_argument("--repeats", type=int, help="solves per run (median time)")
+    p.add_argument("--rtol", type=float, help="also solve by adaptive steps to this tolerance")
+    p.add_argument("--atol", type=float, help="absolute tolerance of the adaptive solve")
     p.add_argument("--seed", type=int, help="model seed")
 
 
 def overrides(a) -> dict:
     return {"compare.schemes": a.schemes, "compare.solvers": a.solvers, "compare.n_t": a.n_t,
             "compare.n_x": a.n_x, "compare.n_y": a.n_y, "compare.repeats": a.repeats,
-            "model.seed": a.seed}
+            f"{NAME}.rtol": a.rtol, f"{NAME}.atol": a.atol, "model.seed": a.seed}
 
 
 def check(cfg) -> None:
     c = cfg["compare"]
+    study.check_tolerances(c, "compare")
     study.check(cfg["model"], [(c["n_x"], c["n_y"])], sorted(set(c["n_t"])), c["reference"],
                 "compare")
 
@@ -70,7 +80,7 @@ def check(cfg) -> None:
 def estimate(cfg):
     c = cfg["compare"]
     return study.estimate(cfg["model"], [(c["n_x"], c["n_y"])], c["n_t"], c["schemes"],
-                          c["solvers"], c["reference"], c["repeats"])
+                          c["solvers"], c["reference"], c["repeats"], rtol=c["rtol"])
 
 
 def prepare(cfg) -> dict:
@@ -119,11 +129,12 @@ def run(cfg, plan, out, progress=True, heading="Scheme comparison", prefix=""):
     c, m = cfg["compare"], cfg["model"]
     n_t = plan["n_t"]
     rows, ref = study.solve_all(m, plan["grids"], n_t, c["schemes"], c["solvers"], c["reference"],
-                                repeats=c["repeats"], progress=progress, desc="compare")
-    sts = study.studies(rows, "dt", {})
+                                repeats=c["repeats"], progress=progress, desc="compare",
+                                rtol=c["rtol"], atol=c["atol"])
+    sts = study.studies(rows, "dt", {}, projections=m["constraint"] or m["relu"])
     out.heading(heading)
     out.text(
-        f"Lie, Strang, parallel and hybrid splitting of one seeded continuous transformer "
+        f"Splitting schemes ({', '.join(c['schemes'])}) of one seeded continuous transformer "
         f"(seed {m['seed']}, {m['J']} FFN term(s){', S1 constraint' if m['constraint'] else ''}"
         f"{', ReLU' if m['relu'] else ''}, {m['dtype']}) on the {c['n_x']} x {c['n_y']} grid, "
         f"N_t = {n_t}. Error: relative discrete L2 error against "
@@ -149,6 +160,7 @@ def run(cfg, plan, out, progress=True, heading="Scheme comparison", prefix=""):
     out.table(f"{prefix}comparison", table, title="schemes compared (fitted order in Δt, 95% CI)")
     if "parallel" in c["schemes"] and m["constraint"]:
         out.text(parallel_note(m))
+    study.adaptive_table(out, ref, prefix)
     out.table(f"{prefix}compare_runs", rows,
               ["scheme", "solver", "n_t", "dt", "substeps", "rel_error", "seconds"], "every run")
     if sts:
@@ -160,6 +172,9 @@ def run(cfg, plan, out, progress=True, heading="Scheme comparison", prefix=""):
             rs = sorted((r for r in rows if r["scheme"] == s and r["solver"] == v
                          and r["rel_error"] == r["rel_error"]), key=lambda r: r["seconds"])
             ax.loglog([r["seconds"] for r in rs], [r["rel_error"] for r in rs], "o-", label=st.label)
+        for r in ref.get("adaptive", []):
+            ax.loglog([r["seconds"]], [r["rel_error"]], "*", markersize=10,
+                      label=f"{r['scheme']} / {r['solver']}, adaptive rtol {r['rtol']:g}")
         ax.set_xlabel("wall time per solve (s)")
         ax.set_ylabel("relative error")
         ax.grid(True, which="both", alpha=0.3)

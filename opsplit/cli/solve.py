@@ -11,6 +11,7 @@ SUMMARY = "solve a seeded continuous transformer at given N_t, N_x, N_y and sche
 EXAMPLE = """\
 examples:
   opsplit solve --n-t 4 8 16 32 --n-x 8 16 32 --n-y 8 16 32 --schemes lie strang
+  opsplit solve --schemes strang blanes_moan --solver rk4 --rtol 1e-6   # + an adaptive solve each
   opsplit solve --config solve.toml --out runs/solve
 
 solve.toml:
@@ -34,6 +35,11 @@ SCHEMA = {
         "n_t": Field("int_list", [4, 8, 16, 32], "time steps N_t (>= 1)", at_least(1)),
         "n_x": Field("int_list", [8, 16, 32], "nodes N_x on Omega_x (zipped with n_y)", at_least(1)),
         "n_y": Field("int_list", [8, 16, 32], "nodes N_y on Omega_y (zipped with n_x)", at_least(1)),
+        "rtol": Field("float", 0.0, "also solve by adaptive steps to this relative tolerance "
+                      "(step doubling, PI controller; 0: no adaptive solve)",
+                      lambda v: None if v == 0 or 0 < v < 1 else "0 (off) or a number in (0, 1)"),
+        "atol": Field("float", 0.0, "absolute tolerance of the adaptive solve (0: 1e-3 rtol)",
+                      lambda v: None if v >= 0 else "a number >= 0"),
         "reference": Field("str", "unsplit", "error reference: the unsplit model (torchdiffeq) "
                            "or the finest run", choices=("unsplit", "finest")),
     },
@@ -41,21 +47,25 @@ SCHEMA = {
 
 
 def add_arguments(p):
-    p.add_argument("--schemes", nargs="+", metavar="S", help="lie strang parallel hybrid")
+    p.add_argument("--schemes", nargs="+", metavar="S", help="lie strang parallel hybrid triple_jump blanes_moan")
     p.add_argument("--solver", help="euler, heun, rk4 or odeint")
     p.add_argument("--n-t", nargs="+", type=int, metavar="N", help="time steps N_t")
     p.add_argument("--n-x", nargs="+", type=int, metavar="N", help="nodes N_x")
     p.add_argument("--n-y", nargs="+", type=int, metavar="N", help="nodes N_y")
+    p.add_argument("--rtol", type=float, help="also solve by adaptive steps to this tolerance")
+    p.add_argument("--atol", type=float, help="absolute tolerance of the adaptive solve")
     p.add_argument("--seed", type=int, help="model seed")
 
 
 def overrides(a) -> dict:
     return {"solve.schemes": a.schemes, "solve.solver": a.solver, "solve.n_t": a.n_t,
-            "solve.n_x": a.n_x, "solve.n_y": a.n_y, "model.seed": a.seed}
+            "solve.n_x": a.n_x, "solve.n_y": a.n_y, "solve.rtol": a.rtol,
+            "solve.atol": a.atol, "model.seed": a.seed}
 
 
 def check(cfg) -> None:
     c = cfg["solve"]
+    study.check_tolerances(c, "solve")
     gs = study.grids(c["n_x"], c["n_y"], "solve")
     study.check(cfg["model"], gs, sorted(set(c["n_t"])), c["reference"], "solve")
 
@@ -63,7 +73,8 @@ def check(cfg) -> None:
 def estimate(cfg):
     c = cfg["solve"]
     gs = study.grids(c["n_x"], c["n_y"], "solve")
-    return study.estimate(cfg["model"], gs, c["n_t"], c["schemes"], [c["solver"]], c["reference"])
+    return study.estimate(cfg["model"], gs, c["n_t"], c["schemes"], [c["solver"]], c["reference"],
+                          rtol=c["rtol"])
 
 
 def prepare(cfg) -> dict:
@@ -80,7 +91,7 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
     c, m = cfg["solve"], cfg["model"]
     gs, n_t = plan["grids"], plan["n_t"]
     rows, ref = study.solve_all(m, gs, n_t, c["schemes"], [c["solver"]], c["reference"],
-                                progress=progress, desc="solve")
+                                progress=progress, desc="solve", rtol=c["rtol"], atol=c["atol"])
     fine = gs[-1]
     out.heading(heading)
     out.text(
@@ -93,12 +104,15 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
            if ref["reference"] == "unsplit" else
            f"the same scheme at N_t = {max(n_t)} on the finest grid")
         + "; grid_error compares each run with the same scheme and N_t on the finest grid "
-        "(cubic-spline resampling), which isolates the spatial error."
+        "(cubic-spline resampling), which isolates the spatial error; substeps: the substep solves "
+        "of the run (its solve statistics)."
     )
-    cols = ["scheme", "solver", "n_t", "n_x", "n_y", "dt", "dx", "dy", "rel_error", "grid_error",
-            "seconds"]
+    cols = ["scheme", "solver", "n_t", "n_x", "n_y", "dt", "dx", "dy", "substeps", "rel_error",
+            "grid_error", "seconds"]
     out.table(f"{prefix}runs", rows, cols, "every run")
-    t_st = study.studies(rows, "dt", {"n_x": fine[0], "n_y": fine[1]})
+    study.adaptive_table(out, ref, prefix)
+    t_st = study.studies(rows, "dt", {"n_x": fine[0], "n_y": fine[1]},
+                         projections=m["constraint"] or m["relu"])
     s_st = study.studies(rows, "h", {"n_t": max(n_t)}, error="grid_error")
     orders = study.order_rows(t_st, "dt") + study.order_rows(s_st, "max(dx, dy)")
     if orders:

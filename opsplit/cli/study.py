@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import torch
 
+from ..adaptive import PIController
 from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
 from ..analysis.problems import SCHEMES, SOLVERS
 from .budget import Estimate
@@ -23,7 +24,11 @@ __all__ = ["MODEL_SCHEMA", "THEORY", "build", "preflight", "solve_all", "expecte
 
 # the order each scheme has when its substeps are solved to at least its order (Appendix C
 # of paper 002; docs/schemes.md); explicit-Euler substeps make every scheme first order
-THEORY = {"lie": 1, "strang": 2, "parallel": 1, "hybrid": 1}
+THEORY = {"lie": 1, "strang": 2, "parallel": 1, "hybrid": 1, "triple_jump": 4, "blanes_moan": 4}
+#: the order of the substep solvers (odeint: tolerance-limited)
+SOLVER_ORDER = {"euler": 1, "heun": 2, "rk4": 4, "odeint": 99}
+#: the fourth-order compositions (with projections they sit inside an outer Strang step)
+COMPOSITIONS = ("triple_jump", "blanes_moan")
 TIME_BASES = ("legendre", "chebyshev", "cosine", "piecewise_linear")
 
 MODEL_SCHEMA = {
@@ -39,12 +44,18 @@ MODEL_SCHEMA = {
     "time": Field("str", "legendre", "time dependence of the controls", choices=TIME_BASES),
     "n_time": Field("int", 3, "time modes / nodes of the controls", at_least(2)),
     "scale": Field("float", 1.0, "operator norm of the terms", positive),
+    "margin": Field("float", 0.0, "the controls are defined on [-margin T, (1 + margin) T]: room "
+                    "for the triple jump, whose substeps read them up to 0.35 dt outside a step",
+                    lambda v: None if v >= 0 else "a number >= 0"),
     "dtype": Field("str", "float64", "floating type", choices=("float64", "float32")),
 }
 
 
-def expected_order(scheme: str, solver: str) -> int:
-    return 1 if solver == "euler" else THEORY[scheme]
+def expected_order(scheme: str, solver: str, projections: bool = False) -> int:
+    """The scheme's order with these substeps; a composition around projections (an outer
+    Strang step) is second order."""
+    order = min(THEORY[scheme], SOLVER_ORDER[solver])
+    return min(order, 2) if projections and scheme in COMPOSITIONS else order
 
 
 def build(model: dict, nx: int, ny: int):
@@ -54,7 +65,7 @@ def build(model: dict, nx: int, ny: int):
         n_x=nx, n_y=ny, batch=model["batch"], J=model["J"], T=model["T"], seed=model["seed"],
         time=model["time"], n_time=model["n_time"], space=model["space"],
         n_modes=model["n_modes"], constraint=model["constraint"], relu=model["relu"],
-        scale=model["scale"], dtype=getattr(torch, model["dtype"]),
+        scale=model["scale"], margin=model.get("margin", 0.0), dtype=getattr(torch, model["dtype"]),
     )
 
 
@@ -125,10 +136,18 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
                 prop = p.propagator(max(n_t), kind, solver)
                 g = prop.resolve_grid(p.f)
                 prop.scheme.check(g)
+                # compositions whose substeps leave the step: the controls must cover them at
+                # both ends of [0, T] for the largest step (fixed, or an adaptive solve's first)
+                dt = model["T"] / min(n_t)
+                for m in prop.scheme.modules():
+                    if hasattr(m, "check_span"):
+                        m.check_span(0.0, dt)
+                        m.check_span(model["T"] - dt, dt)
             except (ValueError, TypeError) as e:
+                hint = (" (model.margin extends the controls' interval)" if kind == "triple_jump" else "")
                 raise ConfigError(
                     f"{section}.n_x / {section}.n_y = ({nx}, {ny}): the model cannot be evaluated "
-                    f"on this grid with scheme {kind!r}: {e}"
+                    f"on this grid with scheme {kind!r}: {e}{hint}"
                 ) from None
 
 
@@ -177,8 +196,15 @@ def memory_bytes(model: dict, nx: int, ny: int, kept_states: int = 0, kernels: f
     return b + 8.0 * kept_states * state
 
 
+#: Strang steps' worth of work in one step of a composition (3 Strang steps; 12 sweeps)
+STRANG_STEPS = {"triple_jump": 3, "blanes_moan": 6}
+
+
 def run_estimate(model: dict, nx: int, ny: int, n: int, scheme: str, solver: str) -> Estimate:
-    """One solve at N_t = ``n`` (flops and operator calls; memory: :func:`memory_bytes`)."""
+    """One solve at N_t = ``n`` (flops and operator calls; memory: :func:`memory_bytes`); a
+    composition counts as ``STRANG_STEPS`` Strang steps per step."""
+    if scheme in STRANG_STEPS:
+        return run_estimate(model, nx, ny, n * STRANG_STEPS[scheme], "strang", solver)
     attention, ffn = field_flops(model, nx, ny)
     J, dt = model["J"], model["T"] / n * model["scale"]
     projections = int(model["constraint"]) + int(model["relu"])
@@ -211,9 +237,12 @@ def reference_estimate(model: dict, nx: int, ny: int) -> Estimate:
                     bytes=memory_bytes(model, nx, ny, kernels=3 + model["J"]) * 1.5)
 
 
-def estimate(model: dict, gs, n_t, schemes, solvers, reference: str, repeats: int = 1) -> Estimate:
+def estimate(model: dict, gs, n_t, schemes, solvers, reference: str, repeats: int = 1,
+             rtol: float = 0.0) -> Estimate:
     """What :func:`solve_all` costs: the reference, every run (``repeats`` times), and the
-    solutions it keeps (one per run, float64) at the peak."""
+    solutions it keeps (one per run, float64) at the peak.  An adaptive solve (``rtol > 0``)
+    is not known before it runs: it is counted as three solves at the largest N_t on the
+    finest grid (step doubling's three steps per attempt)."""
     gs = sorted(set(gs))
     n_t = sorted(set(n_t))
     fine = (max(g[0] for g in gs), max(g[1] for g in gs))
@@ -229,15 +258,12 @@ def estimate(model: dict, gs, n_t, schemes, solvers, reference: str, repeats: in
             for g in gs:
                 for n in n_t:
                     total += run_estimate(model, *g, n, s, v).times(repeats)
+            if rtol > 0:
+                total += run_estimate(model, *fine, max(n_t), s, v).times(3 * repeats)
     kept = len(schemes) * len(solvers) * len(n_t)
     peak = max(memory_bytes(model, *g, kept_states=0) for g in gs)
     kept_bytes = 8.0 * kept * sum(float(model["batch"]) * g[0] * g[1] for g in gs)
     return Estimate(total.flops, total.calls, max(total.bytes, peak) + kept_bytes)
-
-
-def _calls_per_step(scheme: str, k: int) -> int:
-    """Substep solves per time step: Strang solves K - 1 terms twice (half steps)."""
-    return 2 * k - 1 if scheme == "strang" else k
 
 
 def _timed(fn, repeats: int):
@@ -250,13 +276,17 @@ def _timed(fn, repeats: int):
 
 
 def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats: int = 1,
-              progress: bool = True, desc: str = "solving"):
+              progress: bool = True, desc: str = "solving", rtol: float = 0.0, atol: float = 0.0):
     """Solve every (scheme, solver, N_t, grid); returns ``(rows, reference_info)``.
 
     Errors are relative discrete L2 errors (:func:`opsplit.analysis.relative_error`) against
     ``reference``: ``"unsplit"`` -- the unsplit model by torchdiffeq on the finest grid;
     ``"finest"`` -- the same scheme at the largest N_t on the finest grid.  A coarser grid's
-    error is measured after resampling the reference to its nodes.
+    error is measured after resampling the reference to its nodes.  Substep solves are the
+    solve's statistics (``Propagator.solve``).  With ``rtol > 0`` every (scheme, solver) is
+    also solved by adaptive steps on the finest grid (``atol``: ``1e-3 rtol`` when 0; steps
+    at most ``T / min(n_t)``, the largest fixed step); those rows are
+    ``reference_info["adaptive"]``.
     """
     from tqdm.auto import tqdm
 
@@ -280,15 +310,30 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
                     refs[s, v] = p_fine.propagator(max(n_t), s, v)(p_fine.f)
     problems = {g: (p_fine if g == fine else build(model, *g)) for g in gs}
     jobs = [(s, v, n, g) for s in schemes for v in solvers for g in gs for n in n_t]
-    rows, sols = [], {}
+    if rtol > 0:
+        jobs += [(s, v, None, fine) for s in schemes for v in solvers]
+    rows, sols, adaptive = [], {}, []
     for s, v, n, g in tqdm(jobs, desc=desc, disable=not progress, leave=False):
         p = problems[g]
-        prop = p.propagator(n, s, v)
+        prop = p.propagator(n or 1, s, v)
+        # an adaptive step is at most the largest fixed step (the one preflight checked)
+        kw = {} if n is not None else {"controller": PIController(
+            rtol=rtol, atol=atol or 1e-3 * rtol, max_step=model["T"] / min(n_t))}
         with torch.no_grad(), warnings.catch_warnings():
             # torch's vmap fallback for SDPA (parallel/hybrid terms batched): a speed note only
             warnings.filterwarnings("ignore", message="There is a performance drop")
-            u, sec = _timed(lambda prop=prop, p=p: prop(p.f), repeats)
-        u = u.to(torch.float64).cpu()
+            sol, sec = _timed(lambda prop=prop, p=p, kw=kw: prop.solve(p.f, **kw), repeats)
+        u = sol.u.to(torch.float64).cpu()
+        if n is None:
+            ref = refs[s, v].to(torch.float64).cpu()
+            st = sol.stats
+            adaptive.append({
+                "scheme": s, "solver": v, "rtol": rtol, "atol": kw["controller"].atol, "n_x": g[0], "n_y": g[1],
+                "accepted": st.n_accepted, "rejected": st.n_rejected, "substeps": st.n_substep_calls,
+                "min_dt": min(st.step_sizes), "max_dt": max(st.step_sizes),
+                "rel_error": relative_error(u, ref, p.grid), "seconds": sec,
+            })
+            continue
         sols[s, v, n, g] = u
         if reference == "finest" and n == max(n_t) and g == fine:
             err = float("nan")  # the reference itself
@@ -300,7 +345,7 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
         rows.append({
             "scheme": s, "solver": v, "n_t": n, "n_x": g[0], "n_y": g[1],
             "dt": model["T"] / n, "dx": p.grid.x.spacing, "dy": p.grid.y.spacing,
-            "substeps": n * _calls_per_step(s, len(prop.scheme.substeps)),
+            "substeps": sol.stats.n_substep_calls,
             "rel_error": err, "seconds": sec,
         })
     # grid error alone: against the same scheme and N_t on the finest grid
@@ -312,14 +357,42 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
         ref = resample(sols[r["scheme"], r["solver"], r["n_t"], fine], p_fine.grid, problems[g].grid)
         r["grid_error"] = relative_error(sols[r["scheme"], r["solver"], r["n_t"], g], ref,
                                          problems[g].grid)
+    if rtol > 0:
+        ref_info["adaptive"] = adaptive
     return rows, ref_info
 
 
+def check_tolerances(c: dict, section: str) -> None:
+    """``atol`` without ``rtol`` has nothing to apply to."""
+    if c["atol"] > 0 and c["rtol"] == 0:
+        raise ConfigError(
+            f"{section}.atol: the adaptive solve runs only with {section}.rtol > 0; expected "
+            f"{section}.rtol in (0, 1) with atol = {c['atol']:g}, or atol = 0"
+        )
+
+
+def adaptive_table(out, ref_info: dict, prefix: str = "") -> None:
+    """The adaptive solves of :func:`solve_all` (``rtol > 0``), with their statistics."""
+    rows = ref_info.get("adaptive")
+    if not rows:
+        return
+    r0 = rows[0]
+    out.table(
+        f"{prefix}adaptive", rows,
+        ["scheme", "solver", "rtol", "atol", "n_x", "n_y", "accepted", "rejected", "substeps", "min_dt",
+         "max_dt", "rel_error", "seconds"],
+        f"adaptive steps (step doubling, PI controller; rtol {r0['rtol']:g}, atol {r0['atol']:g}, steps at "
+        "most the largest fixed step) on the finest grid: accepted and rejected steps, substep solves (the estimate's included), step sizes "
+        "(docs/adaptive.md)",
+    )
+
+
 def studies(rows, variable: str, fixed: dict, label_keys=("scheme", "solver"),
-            error: str = "rel_error"):
+            error: str = "rel_error", projections: bool = False):
     """One :class:`~opsplit.analysis.ConvergenceStudy` per (scheme, solver) from ``rows``
     restricted to ``fixed`` (e.g. the finest grid): the column ``error`` against ``dt`` or
-    ``h = max(dx, dy)``; rows without a finite positive error are left out."""
+    ``h = max(dx, dy)``; rows without a finite positive error are left out.  ``projections``:
+    the model has projection terms (the theory of a composition is then 2)."""
     groups: dict = {}
     for r in rows:
         if all(r[k] == v for k, v in fixed.items()):
@@ -341,7 +414,7 @@ def studies(rows, variable: str, fixed: dict, label_keys=("scheme", "solver"),
             continue
         label = " / ".join(key)
         if variable == "dt":
-            exp = expected_order(*key) if len(key) == 2 else None
+            exp = expected_order(*key, projections) if len(key) == 2 else None
         else:
             exp = 2  # midpoint quadrature of the integral operators (docs/grid_convergence.md)
         var = "dt" if variable == "dt" else "dx=dy"
@@ -362,5 +435,5 @@ def order_rows(sts, what: str):
     return rows
 
 
-__all__ += ["grids", "check", "studies", "order_rows", "SCHEMES", "SOLVERS", "run_estimate",
+__all__ += ["grids", "check", "check_tolerances", "adaptive_table", "studies", "order_rows", "SCHEMES", "SOLVERS", "run_estimate",
             "reference_estimate", "field_flops", "memory_bytes", "dopri5_evaluations"]

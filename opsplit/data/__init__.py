@@ -3,6 +3,7 @@
 long-range retrieval task (recall the flagged symbol), and character-level text that ships with
 Python (``pydoc_data.topics``, the standard library's sources)."""
 
+from .augment import random_affine
 from .base import TensorData
 from .digits import load_digits, random_shift
 from .periodic import (
@@ -26,7 +27,7 @@ from .text import (
     text_windows,
 )
 
-__all__ = ["TensorData", "load_digits", "random_shift", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
+__all__ = ["TensorData", "load_digits", "random_shift", "random_affine", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
            "periodic_task", "rollout", "input_noise", "IGNORE", "flag_retrieval", "retrieval_loss",
            "retrieval_accuracy", "CORPORA", "CharVocab", "TextCorpus", "load_text", "char_corpus", "sample_windows",
            "text_windows", "bits_per_char"]

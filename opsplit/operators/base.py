@@ -59,6 +59,9 @@ class Operator(nn.Module):
     has_flow: bool = False
     #: which solver a scheme uses when given the bare operator: "explicit", "implicit", "exact"
     default_solver: str = "explicit"
+    #: the term can be advanced over a negative time step (its field is deterministic, its
+    #: flow a flow); maps (``is_map``) and projections are never reversible, whatever this says
+    reversible: bool = True
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no explicit field")

@@ -34,6 +34,11 @@ class FieldDropout(Operator):
         self.inner = inner
         self.p = p
 
+    @property
+    def reversible(self) -> bool:
+        """A random field (training mode, ``p > 0``) has no negative-time meaning."""
+        return not (self.training and self.p > 0) and getattr(self.inner, "reversible", True)
+
     def check(self, grid: Grid) -> None:
         self.inner.check(grid)
 

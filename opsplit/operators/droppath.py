@@ -94,6 +94,11 @@ class FieldDropPath(_Rates, Operator):
         self.inner = inner
         self._init_rates(p, t0, t1, "FieldDropPath.p")
 
+    @property
+    def reversible(self) -> bool:
+        """A random field (training mode, a rate > 0) has no negative-time meaning."""
+        return not (self.training and any(r > 0 for r in self.rates)) and getattr(self.inner, "reversible", True)
+
     def check(self, grid: Grid) -> None:
         self.inner.check(grid)
 

@@ -41,6 +41,8 @@ class Relaxation(Operator):
 
     has_flow = True
     default_solver = "exact"
+    #: an averaged map of a step, not a flow: it has no negative-time meaning
+    reversible = False
 
     def __init__(self, steps, weight: float = 0.5):
         super().__init__()

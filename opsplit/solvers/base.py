@@ -29,6 +29,10 @@ class Solver:
     requires: str = "field"
     #: how many operators one substep of this solver takes (SemiImplicit takes 2)
     n_terms: int = 1
+    #: the solver can advance a substep over a negative time step (dt < 0), as the
+    #: compositions of order >= 3 need (Sheng-Suzuki): explicit and exact-flow solvers can;
+    #: a resolvent (an implicit step, a projection) cannot run backwards
+    reversible: bool = False
 
     def check(self, terms) -> None:
         """Raise a clear error if the solver cannot advance ``terms``."""

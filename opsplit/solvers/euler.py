@@ -17,6 +17,7 @@ class ExplicitEuler(Solver):
 
     order = 1
     requires = "field"
+    reversible = True
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         f = terms[0].field(t, u, grid)

@@ -23,6 +23,8 @@ class Exact(Solver):
 
     order = 99
     requires = "flow"
+    #: runs backwards where the operator's flow does (see ``Operator.reversible``)
+    reversible = True
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         return terms[0].flow(t, dt, u, grid)

@@ -25,6 +25,7 @@ class ExactMidpoint(Solver):
 
     order = 2
     requires = "flow"
+    reversible = True
 
     def check(self, terms) -> None:
         super().check(terms)

@@ -25,6 +25,7 @@ class Heun(Solver):
 
     order = 2
     requires = "field"
+    reversible = True
 
     def check(self, terms) -> None:
         check_field_terms(self, terms)

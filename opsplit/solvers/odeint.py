@@ -95,6 +95,7 @@ class ODESolve(Solver):
     """
 
     requires = "field"
+    reversible = True
     #: the parallel schemes do not vmap this solver (adaptive steps branch on data)
     batchable = False
 

@@ -132,6 +132,9 @@ class ProjectedS1(Solver):
         self.base = base
         self.order = base.order
         self.batchable = getattr(base, "batchable", True)
+        # a negative step is the base solver backwards on the tangent field, then the
+        # retraction onto the level set through the start: defined, unlike a resolvent
+        self.reversible = getattr(base, "reversible", False)
 
     def check(self, terms) -> None:
         terms = tuple(terms)

@@ -26,6 +26,7 @@ class RK4(Solver):
 
     order = 4
     requires = "field"
+    reversible = True
 
     def check(self, terms) -> None:
         check_field_terms(self, terms)
