@@ -6,6 +6,7 @@ Markdown), plots (PNG) and a report (Markdown and HTML) into an output folder.
     opsplit compare ...          Lie / Strang / parallel / hybrid: error vs cost, orders
     opsplit convert ...          torch / Hugging Face models -> opsplit, error tables
     opsplit train ...            training as an optimal-control problem (resumable)
+    opsplit generate FOLDER ...  sample text from a run of opsplit train with task = "text"
     opsplit report FOLDER        (re)assemble a folder's tables and plots into a report
     opsplit grid                 nested-grid convergence of the paper's scheme (text)
 

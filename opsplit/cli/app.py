@@ -16,13 +16,13 @@ import argparse
 import os
 import sys
 
-from . import budget, compare, convert, default, grid, report, solve, threads, train
+from . import budget, compare, convert, default, generate, grid, report, solve, threads, train
 from .config import ConfigError, describe, dump_toml, load
 from .output import Output, check_out, new_folder, relpath
 
 __all__ = ["run", "build_parser", "COMMANDS", "UsageError"]
 
-COMMANDS = {m.NAME: m for m in (solve, compare, convert, train, report, grid)}
+COMMANDS = {m.NAME: m for m in (solve, compare, convert, train, generate, report, grid)}
 
 
 class UsageError(ConfigError):
@@ -93,6 +93,8 @@ def _progress(args) -> bool:
 def run_configured(mod, args) -> int:
     """Flags -> folder checks -> config -> cross-key checks -> cost guard -> library checks
     -> (print, or) output folder -> run -> report."""
+    if hasattr(mod, "select"):  # opsplit train: the config's task picks the schema
+        mod = mod.select(args)
     resume = getattr(args, "resume", None)
     if resume is not None:
         path = mod.check_resume(args)
@@ -146,6 +148,9 @@ def run(argv: list[str]) -> int:
             return 0
         if mod is grid:
             grid.run_grid(args)
+            return 0
+        if mod is generate:
+            print(generate.run_generate(args))
             return 0
         return run_configured(mod, args)
     except UsageError as e:

@@ -1,7 +1,8 @@
 """Configs of the ``opsplit`` command: a small TOML file and/or flags, checked against a
 schema before any work starts.
 
-A schema is ``{section: {key: Field}}``.  :func:`load` merges, in order, the schema's
+A schema is ``{section: {key: Field}}``; the section :data:`TOP` (``""``) holds the keys that
+stand before any section header (``task = "text"`` of ``opsplit train``).  :func:`load` merges, in order, the schema's
 defaults, a TOML file and the flags given on the command line, then checks every value:
 an unknown section or key, a value of the wrong type, or a value outside its range raises
 :class:`ConfigError` naming ``section.key`` and what was expected.
@@ -21,7 +22,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["ConfigError", "Field", "load", "dump_toml", "check_choice", "seed_field", "MAX_SEED"]
+__all__ = ["ConfigError", "Field", "load", "dump_toml", "check_choice", "seed_field", "MAX_SEED", "TOP",
+           "read_top"]
+
+#: the schema section of the keys outside any [section] (top-level TOML keys)
+TOP = ""
 
 
 class ConfigError(ValueError):
@@ -179,15 +184,19 @@ def load(schema: dict, path=None, overrides: dict | None = None, *, data: dict |
     cfg = {s: {k: copy.deepcopy(f.default) for k, f in keys.items()} for s, keys in schema.items()}
     raw = read_toml(path) if path is not None else (data or {})
     for section, values in raw.items():
+        if TOP in schema and section in schema[TOP] and not isinstance(values, dict):
+            cfg[TOP][section] = values
+            continue
         if section not in schema and not isinstance(values, dict):
+            top = f" (top-level keys: {', '.join(schema[TOP])})" if TOP in schema else ""
             raise ConfigError(
                 f"config: key {section!r} is outside any section; expected it under one of "
-                f"{', '.join('[' + s + ']' for s in schema)}"
+                f"{', '.join('[' + s + ']' for s in schema if s != TOP)}{top}"
             )
         if section not in schema:
             raise ConfigError(
                 f"config: unknown section [{section}]; expected one of "
-                f"{', '.join('[' + s + ']' for s in schema)}"
+                f"{', '.join('[' + s + ']' for s in schema if s != TOP)}"
             )
         if not isinstance(values, dict):
             raise ConfigError(f"config: [{section}] must be a table of keys, got {values!r}")
@@ -205,8 +214,15 @@ def load(schema: dict, path=None, overrides: dict | None = None, *, data: dict |
         cfg[section][key] = value
     for section, keys in schema.items():
         for key, f in keys.items():
-            cfg[section][key] = f.validate(cfg[section][key], f"{section}.{key}")
+            cfg[section][key] = f.validate(cfg[section][key], f"{section}.{key}" if section != TOP else key)
     return cfg
+
+
+def read_top(path, key: str, default=None):
+    """The top-level ``key`` of the TOML file ``path`` (``default`` when absent), read
+    before the schema is known (``opsplit train`` picks its task's schema by it)."""
+    value = read_toml(path).get(key, default)
+    return default if isinstance(value, dict) else value
 
 
 def _toml_value(v) -> str:
@@ -223,8 +239,12 @@ def _toml_value(v) -> str:
 
 def dump_toml(cfg: dict) -> str:
     """A config as TOML text (what each run writes to ``config.toml`` in its folder)."""
-    out = []
+    out = [f"{k} = {_toml_value(v)}" for k, v in cfg.get(TOP, {}).items()]
+    if out:
+        out.append("")
     for section, values in cfg.items():
+        if section == TOP:
+            continue
         out.append(f"[{section}]")
         out += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
         out.append("")
@@ -233,8 +253,11 @@ def dump_toml(cfg: dict) -> str:
 
 def describe(schema: dict) -> str:
     """The schema as an annotated TOML example (for ``--help``)."""
-    out = []
+    out = [f"  {k} = {_toml_value(f.default)}" + (f"   # {f.help}" if f.help else "")
+           for k, f in schema.get(TOP, {}).items()]
     for section, keys in schema.items():
+        if section == TOP:
+            continue
         out.append(f"  [{section}]")
         for k, f in keys.items():
             out.append(f"  {k} = {_toml_value(f.default)}" + (f"   # {f.help}" if f.help else ""))

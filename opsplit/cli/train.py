@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 from .budget import Estimate
-from .config import ConfigError, Field, at_least, between, positive, seed_field
+from .config import TOP, ConfigError, Field, at_least, between, positive, read_top, seed_field
 
 NAME = "train"
 SUMMARY = "train a model's controls (optimal control) on the bundled digits; resumable"
@@ -23,6 +23,7 @@ examples:
   opsplit train --epochs 10 --out runs/train
   opsplit train --resume runs/train        # continue an interrupted run from its folder
   opsplit train --config train.toml
+  opsplit train --config text.toml      # task = "text": a character-level GPT (docs/text.md)
 
 train.toml:
   [model]                 # ImageClassifier(SplitEncoder): F, N_theta, G of paper 002, eq. 36
@@ -37,6 +38,9 @@ train.toml:
   eval_n_steps = [2, 4, 8, 16]   # N_t at which the trained model is evaluated
 """
 
+#: what ``opsplit train`` trains (the config's top-level ``task``): this module's digits
+#: classifier, or :mod:`opsplit.cli.train_text`'s character-level GPT
+TASKS = ("digits", "text")
 SCHEMES = ("lie", "strang", "parallel", "hybrid")
 CONTROLS = ("piecewise_constant", "piecewise_linear", "legendre", "chebyshev", "cosine")
 GRADIENTS = ("backprop", "checkpoint", "adjoint")
@@ -45,6 +49,9 @@ SOLVERS = ("euler", "rk4")
 SIDE = 8
 
 SCHEMA = {
+    TOP: {"task": Field("str", "digits", "the training task: digits (a ViT on the bundled digits) or text "
+                        "(a character-level GPT on pydoc_data.topics, keys in opsplit.cli.train_text and docs/text.md)",
+                        choices=TASKS)},
     "model": {
         "d_model": Field("int", 32, "embedding size N_y (a multiple of heads)", at_least(1)),
         "heads": Field("int", 4, "attention heads", at_least(1)),
@@ -85,6 +92,29 @@ SCHEMA = {
         "limit": Field("int", 0, "use only this many training images (0: all)", at_least(0)),
     },
 }
+
+
+def select(a):
+    """The module of the run's task: this one (digits) or :mod:`opsplit.cli.train_text`, by
+    the top-level ``task`` of ``--config`` (or of the ``--resume`` folder's config.toml); a
+    file that cannot be read, or an unknown task, is reported by this module's checks."""
+    import sys
+
+    path = None
+    if getattr(a, "resume", None) is not None:
+        p = Path(a.resume) / "config.toml"
+        path = p if p.is_file() else None
+    elif getattr(a, "config", None) is not None:
+        path = a.config
+    try:
+        task = "digits" if path is None else read_top(path, "task", "digits")
+    except ConfigError:
+        task = "digits"
+    if task == "text":
+        from . import train_text
+
+        return train_text
+    return sys.modules[__name__]
 
 
 def add_arguments(p):

@@ -1,6 +1,7 @@
 """Datasets that ship or are generated (nothing is downloaded): pairs of tensors
 :class:`TensorData`, scikit-learn's bundled digits, the periodic sequences of seed 001, and a
-long-range retrieval task (recall the flagged symbol)."""
+long-range retrieval task (recall the flagged symbol), and character-level text that ships with
+Python (``pydoc_data.topics``, the standard library's sources)."""
 
 from .augment import random_affine
 from .base import TensorData
@@ -15,7 +16,18 @@ from .periodic import (
     rollout,
 )
 from .retrieval import IGNORE, flag_retrieval, retrieval_accuracy, retrieval_loss
+from .text import (
+    CORPORA,
+    CharVocab,
+    TextCorpus,
+    bits_per_char,
+    char_corpus,
+    load_text,
+    sample_windows,
+    text_windows,
+)
 
 __all__ = ["TensorData", "load_digits", "random_shift", "random_affine", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
            "periodic_task", "rollout", "input_noise", "IGNORE", "flag_retrieval", "retrieval_loss",
-           "retrieval_accuracy"]
+           "retrieval_accuracy", "CORPORA", "CharVocab", "TextCorpus", "load_text", "char_corpus", "sample_windows",
+           "text_windows", "bits_per_char"]

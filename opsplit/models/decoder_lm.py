@@ -36,6 +36,17 @@ The mask, the explicit positions and the key/value cache are call-time inputs of
 (:class:`~opsplit.operators.context.ContextGrid`): the propagator, the scheme and the solvers
 do not know them.  ``model.generate(...)`` is :func:`opsplit.models.generate.generate`.
 
+**Attention and scheme** (``DecoderConfig.attention``, ``DecoderConfig.scheme``): the same
+continuous model with another attention term or another splitting.  ``attention=
+"sliced_relu"`` puts causal sliced ReLU attention (:class:`~opsplit.operators.SlicedReLUAttention`,
+paper 004, eqs. 3 and 8, MLP projection, :math:`O(N_x \log^2 N_x)`) in the place of
+:math:`A` — no rotary positions (it has no query/key heads to rotate), no attention biases
+or dropout, no key/value cache (a generation step recomputes the sequence:
+``generate(..., use_cache=False)``) and no left padding; ``scheme="strang"`` advances
+:math:`A` over half steps around a full step of :math:`F` (:class:`~opsplit.schemes.Strang`;
+first order with these explicit-Euler substeps, and no longer GPT-2's layer at
+:math:`\Delta t = 1`).
+
 Every input is checked before any compute: integer ids in ``[0, vocab_size)``, at least one
 token (``input_ids: empty prompt``), the mask's shape and values, the positions against a
 learned table (a sequence longer than ``max_positions`` is refused).
@@ -64,17 +75,22 @@ from ..operators import (
     ProjectionS1,
     ProjectionSphere,
     RotaryEmbedding,
+    SlicedReLUAttention,
 )
 from ..operators._fused import frozen_field, frozen_map
 from ..operators.activation import activation_fn
 from ..operators.context import ContextGrid
 from ..propagator import Propagator
-from ..schemes import Lie
+from ..schemes import Lie, Strang
 from ..solvers import ExplicitEuler, Substep
 
 __all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
 
 NORMS = ("rms", "layer")
+#: the attention term A (module docstring)
+ATTENTION_KINDS = ("softmax", "sliced_relu")
+#: the splitting of A and F
+DECODER_SCHEMES = ("lie", "strang")
 MLPS = ("gated", "plain")
 POSITIONS = ("rope", "learned")
 
@@ -120,6 +136,8 @@ class DecoderConfig:
     embedding_dropout: float = 0.0
     hf_arithmetic: bool = False
     padding_idx: int | None = None
+    attention: str = "softmax"
+    scheme: str = "lie"
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
@@ -132,12 +150,14 @@ class DecoderConfig:
                 f"DecoderConfig.n_kv_heads: {self.n_kv_heads} key/value heads must divide n_heads = {self.n_heads}"
             )
         if self.head_dim is None:
-            if self.d_model % self.n_heads:
+            # sliced attention has no softmax heads to split the features (head_dim is unused there)
+            if self.d_model % self.n_heads and self.attention != "sliced_relu":
                 raise ValueError(f"DecoderConfig: d_model = {self.d_model} is not divisible by n_heads = "
                                  f"{self.n_heads}; pass head_dim")
-            self.head_dim = self.d_model // self.n_heads
+            self.head_dim = max(1, self.d_model // self.n_heads)
         self.head_dim = check_positive_int(self.head_dim, "DecoderConfig.head_dim")
-        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS)):
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS),
+                              ("attention", ATTENTION_KINDS), ("scheme", DECODER_SCHEMES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"DecoderConfig.{name}: expected one of {allowed}, got {getattr(self, name)!r}")
         activation_fn(self.activation)
@@ -158,6 +178,15 @@ class DecoderConfig:
         self.scale = check_positive_float(self.scale, "DecoderConfig.scale")
         for name in ("attention_dropout", "residual_dropout", "embedding_dropout"):
             setattr(self, name, check_probability(getattr(self, name), f"DecoderConfig.{name}"))
+        if self.attention == "sliced_relu":
+            why = {"positions": self.positions == "rope", "n_kv_heads": self.n_kv_heads != self.n_heads,
+                   "qkv_bias": self.qkv_bias, "out_bias": self.out_bias,
+                   "attention_dropout": self.attention_dropout > 0}
+            bad = [k for k, v in why.items() if v]
+            if bad:
+                raise ValueError(f"DecoderConfig.{bad[0]}: attention='sliced_relu' has no rotary positions "
+                                 "(positions='learned'), no grouped key/value heads, no attention biases and no "
+                                 f"attention dropout; got {bad[0]}={getattr(self, bad[0])!r}")
         if self.padding_idx is not None:
             if isinstance(self.padding_idx, bool) or not isinstance(self.padding_idx, int) or \
                     not 0 <= self.padding_idx < self.vocab_size:
@@ -214,13 +243,17 @@ class DecoderLM(nn.Module):
         rotary = None
         if c.positions == "rope":
             rotary = RotaryEmbedding(d, c.rope_theta, compute_dtype=torch.float32 if c.hf_arithmetic else None)
-        attention = GroupedQueryAttention(
-            pc(E, H, d), pc(E, Hkv, d), pc(E, Hkv, d), pc(H, d, E),
-            bQ=pc(H, d) if c.qkv_bias else None, bK=pc(Hkv, d) if c.qkv_bias else None,
-            bV=pc(Hkv, d) if c.qkv_bias else None, bO=pc(E) if c.out_bias else None,
-            scale=c.scale, causal=True, rotary=rotary, dropout=c.attention_dropout,
-            key_padding_mask="key_padding_mask", positions="positions", cache="kv_cache",
-        )
+        if c.attention == "sliced_relu":
+            attention = SlicedReLUAttention.build(E, H, projection="mlp", causal=True, n_steps=L, t0=0.0,
+                                                  t1=float(L), **fk)
+        else:
+            attention = GroupedQueryAttention(
+                pc(E, H, d), pc(E, Hkv, d), pc(E, Hkv, d), pc(H, d, E),
+                bQ=pc(H, d) if c.qkv_bias else None, bK=pc(Hkv, d) if c.qkv_bias else None,
+                bV=pc(Hkv, d) if c.qkv_bias else None, bO=pc(E) if c.out_bias else None,
+                scale=c.scale, causal=True, rotary=rotary, dropout=c.attention_dropout,
+                key_padding_mask="key_padding_mask", positions="positions", cache="kv_cache",
+            )
         b = c.mlp_bias
         if c.mlp == "gated":
             ffn = GatedFeedForward(pc(E, Fz), pc(E, Fz), pc(Fz, E), b_gate=pc(Fz) if b else None,
@@ -234,7 +267,9 @@ class DecoderLM(nn.Module):
         p = c.residual_dropout
         a_term = FieldDropout(attention, p) if p else attention
         f_term = FieldDropout(ffn, p) if p else ffn
-        scheme = Lie([Substep(PreNorm(a_term, norm1), ExplicitEuler()), Substep(PreNorm(f_term, norm2), ExplicitEuler())])
+        split = Strang if c.scheme == "strang" else Lie
+        scheme = split([Substep(PreNorm(a_term, norm1), ExplicitEuler()),
+                        Substep(PreNorm(f_term, norm2), ExplicitEuler())])
         self.decoder = Propagator(scheme, L, t0=0.0, t1=float(L), grid=Grid.paper(None, E, nh=H))
         # named access (not registered again: the operators live in the scheme)
         self.__dict__["_parts"] = {"attention": attention, "ffn": ffn, "norms": (norm1, norm2)}
@@ -260,7 +295,7 @@ class DecoderLM(nn.Module):
 
     # -- named parts ------------------------------------------------------------------------------
     @property
-    def attention(self) -> GroupedQueryAttention:
+    def attention(self) -> GroupedQueryAttention | SlicedReLUAttention:
         return self._parts["attention"]
 
     @property
@@ -295,7 +330,8 @@ class DecoderLM(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """GPT-2's initialisation from ``generator``: weights normal with std 0.02, biases 0,
-        norm weights 1."""
+        norm weights 1; a sliced attention term then draws its own
+        (:meth:`SlicedReLUAttention.reset_parameters`, as ``nn.Linear``)."""
 
         def params(ctl):
             return [] if ctl is None else list(ctl.parameters())
@@ -306,16 +342,19 @@ class DecoderLM(nn.Module):
                 ones += params(m.weight)
                 zeros += params(m.bias)
         a, f = self.attention, self.ffn
-        for c in (a.bQ, a.bK, a.bV, a.bO, f.b1, f.b2, getattr(f, "b_up", None)):
+        sliced = isinstance(a, SlicedReLUAttention)
+        for c in (f.b1, f.b2, getattr(f, "b_up", None)) + (() if sliced else (a.bQ, a.bK, a.bV, a.bO)):
             zeros += params(c)
         for p in ones:
             p.fill_(1.0)
         for p in zeros:
             p.zero_()
-        done = {id(p) for p in ones + zeros}
+        done = {id(p) for p in ones + zeros} | ({id(p) for p in a.parameters()} if sliced else set())
         for p in self.parameters():
             if id(p) not in done:
                 p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64).mul_(0.02).to(p))
+        if sliced:
+            a.reset_parameters(generator)
 
     # -- inputs ------------------------------------------------------------------------------
     def _dtype_device(self):
@@ -347,6 +386,9 @@ class DecoderLM(nn.Module):
                              f"{c.vocab_size}), got range [{lo}, {hi}]")
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache: expected an opsplit KVCache or None, got {type(cache).__name__}")
+        if cache is not None and c.attention == "sliced_relu":
+            raise ValueError("cache: sliced ReLU attention keeps no key/value cache (its keys are sorted scores); "
+                             "generate with use_cache=False")
         past = 0 if cache is None else cache.length
         mask = None
         if attention_mask is not None:
@@ -364,6 +406,9 @@ class DecoderLM(nn.Module):
             if values and attention_mask.dtype != torch.bool and \
                     not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
                 raise ValueError("attention_mask: expected values 0 (padding) and 1 (token)")
+            if c.attention == "sliced_relu" and not bool(mask.all()):
+                raise ValueError("attention_mask: sliced ReLU attention takes no padding (its causal prefix sums "
+                                 "see every earlier token); pass prompts of equal length")
         if position_ids is not None:
             if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or \
                     position_ids.shape[0] not in (1, B) or position_ids.shape[1] != N:
@@ -430,13 +475,14 @@ class DecoderLM(nn.Module):
 
     def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                           position_ids: Tensor | None = None, cache: KVCache | None = None,
-                          check_values: bool = True) -> Tensor:
+                          n_steps: int | None = None, check_values: bool = True) -> Tensor:
         """The logits of the last position only, ``(B, vocab)`` (what generation reads; the
-        read-out is applied to one token)."""
+        read-out is applied to one token), solved with ``n_steps`` (default: the model's N_t)."""
         W = self.head_weight
         if W is None:
             raise ValueError("DecoderLM.next_token_logits: the model has no read-out (lm_head=False)")
-        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, check_values=check_values)
+        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps,
+                        check_values=check_values)
         return F.linear(h[:, -1], W)
 
     def decode_steps(self, cache: KVCache, *, n_steps: int | None = None):

@@ -51,7 +51,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._checks import check_positive_float
+from .._checks import check_positive_float, check_positive_int
 from ..operators import KVCache
 
 __all__ = ["generate", "select_next_token"]
@@ -97,7 +97,7 @@ def select_next_token(logits: Tensor, *, do_sample: bool = False, temperature: f
 def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              attention_mask: Tensor | None = None, use_cache: bool = True, eos_token_id: int | None = None,
-             pad_token_id: int | None = None) -> Tensor:
+             pad_token_id: int | None = None, n_steps: int | None = None) -> Tensor:
     """Continue every prompt of ``input_ids`` ``(B, N)`` by up to ``max_new_tokens`` tokens;
     returns ``(B, N + generated)`` (prompt, then the new tokens), as Hugging Face's
     ``generate`` does.
@@ -115,6 +115,9 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             ``False`` recomputes the sequence at every step.
         eos_token_id, pad_token_id: stop a sequence at ``eos_token_id`` and continue it with
             ``pad_token_id`` (default ``eos_token_id``) until all have stopped.
+        n_steps: solve the decoder with this :math:`N_t` (``None``: the model's own); the
+            controls are functions of time, so a model trained at one :math:`N_t` generates
+            at another (every step of one generation uses the same :math:`N_t`).
     """
     max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 0)
     if not isinstance(do_sample, bool):
@@ -130,6 +133,8 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+    if n_steps is not None:
+        n_steps = check_positive_int(n_steps, "n_steps (N_t)")
     if not (hasattr(model, "check_inputs") and hasattr(model, "next_token_logits")):
         raise TypeError(f"generate: model: expected an opsplit causal decoder (DecoderLM, TokenClassifier), "
                         f"got {type(model).__name__}")
@@ -160,20 +165,21 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
     decode = padding = None
     unfinished = torch.ones(B, dtype=torch.long, device=device)
     n = N
+    kw = {} if n_steps is None else {"n_steps": n_steps}  # N_t of the solve (None: the model's)
     for step in range(max_new_tokens):
         if decode is not None:
             logits = decode(seq[:, n - 1: n], pos_all[:, n - 1: n], None if padding is None else padding[:, :n])
         elif cache is not None and step > 0:
             logits = model.next_token_logits(seq[:, n - 1: n], mask_all[:, :n], position_ids=pos_all[:, n - 1: n],
-                                             cache=cache, check_values=False)
+                                             cache=cache, check_values=False, **kw)
         else:
             # the parameters and the prompt are checked (finite values included) at the first
             # step; the later steps feed tokens the model produced, with the same parameters
             logits = model.next_token_logits(seq[:, :n], mask_all[:, :n], position_ids=pos_all[:, :n], cache=cache,
-                                             check_values=step == 0)
+                                             check_values=step == 0, **kw)
             if step == 0 and cache is not None and hasattr(model, "decode_steps"):
                 # the decode steps, made once: controls evaluated at their times, no checks
-                decode = model.decode_steps(cache)
+                decode = model.decode_steps(cache, **kw)
                 padding = None if bool(mask.all()) else mask_all == 0
         nxt = select_next_token(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)

@@ -254,7 +254,7 @@ class TokenClassifier(nn.Module):
         return (0 if cache is None else cache.length), None
 
     def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids=None,
-                          cache=None, check_values: bool = True) -> Tensor:
+                          cache=None, n_steps: int | None = None, check_values: bool = True) -> Tensor:
         """The last position's logits ``(B, n_classes)``; with a
         :class:`~opsplit.operators.KVCache` only the new tokens are run (the causal attention
         terms read the earlier tokens' keys and values from it).  ``position_ids`` are not
@@ -264,7 +264,7 @@ class TokenClassifier(nn.Module):
         if cache is not None:
             cache.begin()
             grid = ContextGrid.of(self.encoder.grid, kv_cache=cache)
-        u = self.encoder(self.embedding(input_ids), grid=grid, check_finite_input=check_values)
+        u = self.encoder(self.embedding(input_ids), n_steps=n_steps, grid=grid, check_finite_input=check_values)
         return self.readout(self.norm(u[:, -1]))
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:

@@ -1,0 +1,112 @@
+"""``opsplit generate``: sample text from a character-level GPT trained by ``opsplit train``
+with ``task = "text"``, at an N_t chosen now (the controls are functions of time, so the
+model trained at one N_t — or at several — is solved on any time grid).
+
+Everything is checked before the model is loaded: ``--n-t`` (>= 1), ``--temperature``
+(> 0), ``--max-new-tokens`` (>= 0), the folder (a text training run with its config,
+vocabulary and a checkpoint), the prompt (not empty; every character in the run's
+vocabulary — one that is not is refused by name, never mapped to the unknown id, whose
+embedding training never touched) and the prompt's length with the new characters against
+the model's learned positions.  The text goes to stdout, one line about the run to stderr."""
+
+from __future__ import annotations
+
+NAME = "generate"
+SUMMARY = "sample text from a run of opsplit train with task = \"text\", at a chosen N_t"
+EXAMPLE = """\
+examples:
+  opsplit generate runs/text --prompt "The " --n-t 8
+  opsplit generate runs/text --prompt "def " --n-t 2 --max-new-tokens 100 --seed 3
+  opsplit generate runs/text --greedy         # the most likely character at every step
+"""
+SCHEMA = None
+
+
+def add_arguments(p):
+    p.add_argument("folder", help="the output folder of opsplit train with task = \"text\"")
+    p.add_argument("--prompt", help="the text to continue (default: the run's generate.prompt)")
+    p.add_argument("--n-t", type=int, dest="n_t", metavar="N",
+                   help="time steps N_t of the solve (default: the run's model.layers, dt = 1)")
+    p.add_argument("--max-new-tokens", type=int, metavar="K",
+                   help="characters to add (default: the run's generate.max_new_tokens, at most the context)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: the run's)")
+    p.add_argument("--seed", type=int, help="seed of the sampling (default: the run's generate.seed)")
+    p.add_argument("--greedy", action="store_true", help="take the most likely character (no sampling)")
+
+
+def _check_flags(a) -> None:
+    from .config import MAX_SEED, ConfigError
+    from .train_text import check_n_t, check_temperature
+
+    check_n_t(a.n_t)
+    if a.temperature is not None:
+        check_temperature(a.temperature)
+    if a.max_new_tokens is not None and a.max_new_tokens < 0:
+        raise ConfigError(f"--max-new-tokens: expected an integer >= 0, got {a.max_new_tokens}")
+    if a.seed is not None and not 0 <= a.seed <= MAX_SEED:
+        raise ConfigError(f"--seed: expected a seed from 0 to {MAX_SEED}, got {a.seed}")
+    if a.prompt is not None and a.prompt == "":
+        raise ConfigError("--prompt: expected at least one character, got an empty prompt")
+
+
+def run_generate(a) -> str:
+    import sys
+    import time
+
+    import torch
+
+    from .config import ConfigError
+
+    _check_flags(a)
+    cfg, vocab, model = _checked_run(a)
+    m, g = cfg["model"], cfg["generate"]
+    prompt = a.prompt if a.prompt is not None else g["prompt"]
+    try:
+        ids = vocab.encode(prompt, name="--prompt")[None]
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    room = m["context"] - ids.shape[1]
+    k = min(g["max_new_tokens"], max(room, 0)) if a.max_new_tokens is None else a.max_new_tokens
+    if ids.shape[1] + k > m["context"]:
+        raise ConfigError(f"--max-new-tokens: the prompt ({ids.shape[1]} characters) and {k} new characters "
+                          f"exceed the model's {m['context']} learned positions (model.context); expected at most "
+                          f"{max(room, 0)}" + ("" if a.max_new_tokens is not None else " (a shorter --prompt)"))
+    n_t = a.n_t if a.n_t is not None else m["layers"]
+    seed = a.seed if a.seed is not None else g["seed"]
+    temperature = a.temperature if a.temperature is not None else g["temperature"]
+    model.eval()
+    cache = m["attention"] == "softmax"
+    t0 = time.perf_counter()
+    out = model.generate(ids, k, do_sample=not a.greedy, temperature=temperature,
+                         generator=torch.Generator().manual_seed(seed), use_cache=cache, n_steps=n_t)
+    dt = time.perf_counter() - t0
+    how = "greedy" if a.greedy else f"sampled, temperature {temperature:g}, seed {seed}"
+    print(f"opsplit generate: {k} characters at N_t = {n_t} (dt = {m['layers'] / n_t:g}; trained at N_t in "
+          f"{cfg['train']['n_steps']}), {how}, {m['attention']} attention"
+          f"{' with a key/value cache' if cache else ''}, {dt:.2f} s", file=sys.stderr)
+    return vocab.decode(out[0])
+
+
+def _checked_run(a):
+    """The run's config, vocabulary and model, after the prompt is checked against the
+    vocabulary (which comes from the folder before the checkpoint is read)."""
+    import json
+    from pathlib import Path
+
+    from ..data import CharVocab
+    from .config import ConfigError
+    from .train_text import VOCAB, load_run
+
+    folder = Path(a.folder)
+    voc = folder / VOCAB
+    if a.prompt is not None and voc.is_file():  # the prompt before the model is built and loaded
+        try:
+            vocab = CharVocab.from_dict(json.loads(voc.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            vocab = None
+        if vocab is not None:
+            try:
+                vocab.check(a.prompt, "--prompt")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    return load_run(folder)

@@ -1,0 +1,399 @@
+"""``opsplit train`` with ``task = "text"``: a character-level GPT (:class:`~opsplit.models.DecoderLM`,
+learned positions, pre-LayerNorm, GELU feed-forward, tied read-out; softmax or causal sliced
+ReLU attention, Lie or Strang splitting) trained as an optimal-control problem on text that
+ships with Python (:func:`opsplit.data.load_text`), then evaluated at other N_t and sampled.
+
+The run folder holds what ``opsplit generate`` needs: ``config.toml`` (``task = "text"``),
+``vocab.json`` (the training split's characters) and the trainer's checkpoints under
+``train/``.  Resumable like the digits task (``opsplit train --resume FOLDER``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+from . import train as _digits
+from .budget import Estimate
+from .config import TOP, ConfigError, Field, at_least, positive, seed_field
+
+NAME = "train"
+SUMMARY = _digits.SUMMARY
+EXAMPLE = """\
+examples:
+  opsplit train --config text.toml --out runs/text
+  opsplit generate runs/text --prompt "The " --n-t 8
+
+text.toml:
+  task = "text"           # a character-level GPT on pydoc_data.topics
+  [model]
+  context = 256
+  d_model = 128
+  layers = 4              # control pieces on [0, T], T = layers; N_t = layers is GPT-2's stack
+  attention = "softmax"   # softmax or sliced_relu
+  scheme = "lie"          # lie or strang
+  [train]
+  steps = 150
+  n_steps = [2, 4, 8]     # N_t of training: one value, or several (one drawn per step)
+"""
+
+ATTENTIONS = ("softmax", "sliced_relu")
+SCHEMES = ("lie", "strang")
+GRADIENTS = ("backprop", "checkpoint")
+CORPORA = ("pydoc_topics", "stdlib")
+VOCAB = "vocab.json"
+
+SCHEMA = {
+    TOP: {"task": Field("str", "text", "the training task: digits (a ViT on the bundled digits) or text "
+                        "(a character-level GPT)", choices=_digits.TASKS)},
+    "model": {
+        "context": Field("int", 256, "characters per window (the learned positions)", at_least(2)),
+        "d_model": Field("int", 128, "embedding size N_y", at_least(1)),
+        "heads": Field("int", 4, "attention heads (softmax: a divisor of d_model)", at_least(1)),
+        "layers": Field("int", 4, "control pieces on [0, T], T = layers (N_t = layers: dt = 1)", at_least(1)),
+        "attention": Field("str", "softmax", "the attention term", choices=ATTENTIONS),
+        "scheme": Field("str", "lie", "the splitting of attention and feed-forward", choices=SCHEMES),
+        "seed": seed_field("seed of the initial weights"),
+    },
+    "train": {
+        "steps": Field("int", 150, "optimizer steps (one window batch each)", at_least(1)),
+        "batch_size": Field("int", 16, "windows per step", at_least(1)),
+        "lr": Field("float", 3e-3, "peak learning rate (AdamW, warm-up then cosine to a tenth)", positive),
+        "weight_decay": Field("float", 0.0, "AdamW weight decay", at_least(0)),
+        "warmup_steps": Field("int", 15, "linear warm-up steps", at_least(0)),
+        "n_steps": Field("int_list", [4], "N_t of training: one value, or several (each step draws one: "
+                         "TrainConfig.train_n_steps)", at_least(1)),
+        "gradient": Field("str", "backprop", "how the gradient of J is computed", choices=GRADIENTS),
+        "save_every": Field("int", 50, "checkpoint every this many steps (for --resume)", at_least(1)),
+        "seed": seed_field("seed of the training windows and the trainer"),
+        "eval_n_steps": Field("int_list", [1, 2, 4, 8, 16], "N_t at which the trained model is evaluated "
+                              "on the validation split", at_least(1)),
+    },
+    "data": {
+        "corpus": Field("str", "pydoc_topics", "text that ships with Python", choices=CORPORA),
+        "val_fraction": Field("float", 0.1, "held-out share of the characters (whole documents)",
+                              lambda v: None if 0 < v < 1 else "a number in (0, 1)"),
+        "split_seed": seed_field("seed of the split by document"),
+        "max_chars": Field("int", 0, "use the first documents up to this many characters (0: all)", at_least(0)),
+        "eval_windows": Field("int", 0, "validation windows evaluated (0: all)", at_least(0)),
+    },
+    "generate": {
+        "prompt": Field("str", "The ", "the prompt of the samples in the report", lambda v: None if v else
+                        "a non-empty string"),
+        "max_new_tokens": Field("int", 200, "characters sampled after the prompt", at_least(0)),
+        "temperature": Field("float", 0.8, "sampling temperature", positive),
+        "seed": seed_field("seed of the sampling"),
+    },
+}
+
+
+def add_arguments(p):  # the parser of `opsplit train` is the digits task's (same flags)
+    _digits.add_arguments(p)
+
+
+def overrides(a) -> dict:
+    if a.epochs is not None:
+        raise ConfigError(f"--epochs: the text task trains for train.steps optimizer steps (windows are drawn, "
+                          f"not passed over); set train.steps in the config, got --epochs {a.epochs}")
+    return {"train.n_steps": None if a.n_steps is None else [a.n_steps], "model.scheme": a.scheme,
+            "train.gradient": a.gradient}
+
+
+check_resume = _digits.check_resume
+check_new_folder = _digits.check_new_folder
+
+
+def check(cfg) -> None:
+    """The cross-key checks (no corpus read, no model built)."""
+    m, d, g = cfg["model"], cfg["data"], cfg["generate"]
+    if cfg[TOP]["task"] != "text":
+        raise ConfigError(f"task: expected 'text' for this schema, got {cfg[TOP]['task']!r}")
+    if m["attention"] == "softmax" and m["d_model"] % m["heads"]:
+        raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']} (softmax heads "
+                          f"split the features), got {m['heads']}")
+    if d["max_chars"] == 1:
+        raise ConfigError("data.max_chars: expected 0 (all) or at least 2 characters, got 1")
+    if len(g["prompt"]) + g["max_new_tokens"] > m["context"]:
+        raise ConfigError(
+            f"generate.max_new_tokens: the prompt ({len(g['prompt'])} characters) and {g['max_new_tokens']} new "
+            f"characters exceed model.context = {m['context']} (the learned positions); expected at most "
+            f"{max(0, m['context'] - len(g['prompt']))}")
+
+
+# -- the cost guard -------------------------------------------------------------------------------
+def forward_flops(m: dict, n_steps: int, tokens: int | None = None, vocab: int = 110) -> tuple[float, float]:
+    """``(flops, calls)`` of one window's forward pass at N_t = ``n_steps``: per step the
+    attention term (softmax: Q, K, V, output projections and the causal scores; sliced: the
+    Q, K kernels, the MLP projection, one value kernel per head and the sorted prefix sums) —
+    twice for Strang —
+    and the feed-forward term (4 d_model hidden), then the tied read-out."""
+    N, d, h = tokens or m["context"], m["d_model"], m["heads"]
+    if m["attention"] == "softmax":
+        attn = 8.0 * N * d * d + 2.0 * N * N * d  # causal: half of the N^2 scores and sums
+    else:  # + the blocked prefix sums of the causal sliced kernel: ~200 N H d (FlopCounterMode, N = 32..1024)
+        attn = 8.0 * N * d * d + 2.0 * N * h * d * d + 200.0 * N * h * d
+    ffn = 16.0 * N * d * d
+    twice = 2 if m["scheme"] == "strang" else 1
+    per_step = twice * attn + ffn
+    calls = twice + 1
+    return n_steps * per_step + 2.0 * N * d * vocab, float(n_steps * calls)
+
+
+def estimate(cfg) -> Estimate:
+    """Training (forward and backward: 3 forward passes' flops), the evaluations at
+    ``eval_n_steps`` on the validation windows, and the sampled characters (one forward pass
+    of the whole sequence per character for sliced attention, one token for softmax);
+    memory: parameters with gradients and AdamW state, and the activations of a batch."""
+    m, t, d, g = cfg["model"], cfg["train"], cfg["data"], cfg["generate"]
+    N, dm = m["context"], m["d_model"]
+    mean_n = sum(t["n_steps"]) / len(t["n_steps"])
+    fwd, calls = forward_flops(m, 1)
+    work = Estimate(t["steps"] * t["batch_size"] * 3 * fwd * mean_n, t["steps"] * 3 * calls * mean_n)
+    chars = d["max_chars"] or 470_000  # pydoc_data.topics on Python 3.11 (the stdlib: capped in prepare)
+    windows = max(1, int(chars * d["val_fraction"]) // N)
+    if d["eval_windows"]:
+        windows = min(windows, d["eval_windows"])
+    for n in t["eval_n_steps"]:
+        f_n, c_n = forward_flops(m, n)
+        work += Estimate(windows * f_n, math.ceil(windows / 64) * c_n)
+    for n in t["eval_n_steps"]:  # one sample per N_t
+        per = forward_flops(m, n, tokens=N if m["attention"] != "softmax" else 1)
+        work += Estimate(g["max_new_tokens"] * per[0], g["max_new_tokens"] * per[1])
+    twice = 2 if m["scheme"] == "strang" else 1
+    sliced = m["attention"] != "softmax"
+    params = m["layers"] * ((2 + m["heads"] + 2) * dm * dm if sliced else 4 * dm * dm) + m["layers"] * 8 * dm * dm \
+        + (N + 110) * dm
+    act = t["batch_size"] * max(t["n_steps"]) * N * dm * (twice * (12 + (4 * m["heads"] if sliced else 0)) + 12)
+    return Estimate(work.flops, work.calls, 4.0 * (4.0 * params + act))
+
+
+# -- the job --------------------------------------------------------------------------------------
+def corpus_of(d: dict):
+    from ..data import load_text
+
+    try:
+        return load_text(d["corpus"], val_fraction=d["val_fraction"], seed=d["split_seed"],
+                         max_chars=d["max_chars"] or None)
+    except RuntimeError as e:  # a Python without the corpus
+        raise ConfigError(f"data.corpus: {e}") from None
+    except ValueError as e:  # too small a corpus to split
+        raise ConfigError(f"data: {e}") from None
+
+
+def decoder_config(m: dict, vocab_size: int):
+    from ..models import DecoderConfig
+
+    softmax = m["attention"] == "softmax"
+    try:
+        return DecoderConfig(vocab_size=vocab_size, d_model=m["d_model"], n_layers=m["layers"], n_heads=m["heads"],
+                             d_ff=4 * m["d_model"], norm="layer", norm_eps=1e-5, norm_bias=True, mlp="plain",
+                             activation="gelu", positions="learned", max_positions=m["context"], qkv_bias=softmax,
+                             out_bias=softmax, mlp_bias=True, tie_embeddings=True, attention=m["attention"],
+                             scheme=m["scheme"])
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+def build_model(m: dict, vocab_size: int):
+    import torch
+
+    from ..models import DecoderLM
+
+    return DecoderLM(decoder_config(m, vocab_size), generator=torch.Generator().manual_seed(m["seed"]))
+
+
+def lm_loss(logits, targets):
+    """Mean next-character cross-entropy (nats) over every position of every window."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def windows(cfg, corpus):
+    from ..data import TensorData, text_windows
+
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
+    for name, ids in (("training", corpus.train), ("validation", corpus.val)):
+        if ids.numel() < m["context"] + 1:
+            raise ConfigError(f"model.context: a window of {m['context']} characters and its targets need "
+                              f"{m['context'] + 1} characters, but the {name} split of {d['corpus']} has "
+                              f"{ids.numel()}; expected a shorter context (or more data: data.max_chars)")
+    train = text_windows(corpus.train, m["context"], t["steps"] * t["batch_size"], seed=t["seed"], name="train")
+    val = text_windows(corpus.val, m["context"], name="validation")
+    if d["eval_windows"] and d["eval_windows"] < len(val):
+        val = TensorData(val.inputs[: d["eval_windows"]], val.targets[: d["eval_windows"]], name="validation")
+    return train, val
+
+
+def train_config(cfg, progress: bool = True):
+    from ..control import TrainConfig
+
+    m, t = cfg["model"], cfg["train"]
+    multi = None if t["n_steps"] == [m["layers"]] else tuple(t["n_steps"])
+    return TrainConfig(epochs=1, batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
+                       betas=(0.9, 0.99), schedule="cosine", warmup_steps=t["warmup_steps"], min_lr_ratio=0.1,
+                       grad_clip=1.0, gradient=t["gradient"], seed=t["seed"], shuffle=False,
+                       train_n_steps=multi, save_every=t["save_every"], progress=progress)
+
+
+def prepare(cfg) -> dict:
+    """The library's own checks: the corpus loads and splits, the prompt's characters are in
+    the vocabulary, the windows fit, the model is built and gives finite logits."""
+    import torch
+
+    from ..control.gradients import restore_gradient_mode, set_gradient_mode
+
+    corpus = corpus_of(cfg["data"])
+    try:
+        corpus.vocab.check(cfg["generate"]["prompt"], "generate.prompt")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    train, val = windows(cfg, corpus)
+    model = build_model(cfg["model"], corpus.vocab.size)
+    try:
+        restore_gradient_mode(set_gradient_mode(model, cfg["train"]["gradient"]))
+        train_config(cfg, progress=False)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"train: {e}") from None
+    with torch.no_grad():
+        out = model.eval()(train.inputs[:2]).logits
+    model.train()
+    if not bool(torch.isfinite(out).all()):
+        raise ConfigError("model: the untrained model's logits on two windows are not finite")
+    return {"model": model, "corpus": corpus, "train": train, "val": val}
+
+
+def fit(cfg, plan, folder: Path, progress: bool):
+    from ..control import Objective, Trainer
+    from ..control.checkpoint import latest_checkpoint
+
+    stop = _digits._InterruptAtStepEnd()
+    trainer = Trainer(plan["model"], Objective(lm_loss, output="logits"), train_config(cfg, progress),
+                      augment=stop.wrap(None))
+    folder.mkdir(parents=True, exist_ok=True)
+    resume = folder if latest_checkpoint(folder) is not None else None
+    try:
+        with stop:
+            history = trainer.fit(plan["train"], None, out_dir=folder, resume=resume)
+    except _digits._StopHere:
+        path = trainer.save(folder / "checkpoints" / f"step-{trainer.step:08d}")
+        raise _digits.Interrupted(trainer.step, path) from None
+    except KeyboardInterrupt:
+        raise _digits.Interrupted(trainer.step, latest_checkpoint(folder), at_once=True) from None
+    if stop.requested:
+        raise _digits.Interrupted(trainer.step, latest_checkpoint(folder))
+    return trainer, history, resume is not None
+
+
+def run(cfg, plan, out, progress=True):
+    import time
+
+    import matplotlib.pyplot as plt
+    import torch
+
+    from ..data import bits_per_char
+
+    m, t, g = cfg["model"], cfg["train"], cfg["generate"]
+    corpus, model, val = plan["corpus"], plan["model"], plan["val"]
+    (out.folder / VOCAB).write_text(json.dumps(corpus.vocab.to_dict()))
+    try:
+        trainer, history, resumed = fit(cfg, plan, out.folder / "train", progress)
+    except _digits.Interrupted as e:
+        e.folder = out.folder
+        raise
+    prompt = corpus.vocab.encode(g["prompt"], name="generate.prompt")[None]
+    rows, samples = [], []
+    for n in t["eval_n_steps"]:
+        bpc = bits_per_char(trainer.evaluate(val, n_steps=n)["loss"])
+        model.eval()
+        gen = torch.Generator().manual_seed(g["seed"])
+        t0 = time.perf_counter()
+        ids = model.generate(prompt, g["max_new_tokens"], do_sample=True, temperature=g["temperature"],
+                             generator=gen, use_cache=m["attention"] == "softmax", n_steps=n)
+        rate = g["max_new_tokens"] / max(time.perf_counter() - t0, 1e-9)
+        rows.append({"n_t": n, "dt": m["layers"] / n, "val_bits_per_char": bpc, "gen_chars_per_s": rate,
+                     "trained_at": "yes" if n in t["n_steps"] else ""})
+        samples.append((n, corpus.vocab.decode(ids[0])))
+    out.heading("Training a character-level GPT")
+    out.text(
+        f"A character-level GPT as an optimal-control problem: opsplit.models.DecoderLM (learned positions, "
+        f"pre-LayerNorm, {m['attention']} attention, GELU feed-forward, tied read-out; {m['scheme']} splitting, "
+        f"{m['layers']} control pieces on [0, {m['layers']}], d_model {m['d_model']}, {m['heads']} heads, context "
+        f"{m['context']}) trained on {corpus.name} ({corpus.train.numel()} training characters in "
+        f"{len(corpus.train_documents)} documents, {corpus.val.numel()} validation characters in "
+        f"{len(corpus.val_documents)} documents, vocabulary {corpus.vocab.size}), AdamW, {trainer.step} steps of "
+        f"{t['batch_size']} windows at N_t in {t['n_steps']}" + (" (resumed from a checkpoint)" if resumed else "")
+        + ". The controls are functions of t, so the model is evaluated and sampled at other N_t."
+    )
+    steps = history.steps
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    a1.plot([r["step"] for r in steps], [bits_per_char(r["loss"]) for r in steps], lw=0.8)
+    a1.set_xlabel("optimizer step")
+    a1.set_ylabel("training loss (bits / char)")
+    a1.set_title("training curve")
+    a2.semilogx([r["n_t"] for r in rows], [r["val_bits_per_char"] for r in rows], "o-", base=2)
+    for n in t["n_steps"]:
+        a2.axvline(n, color="gray", ls=":", lw=0.8)
+    a2.set_xlabel("N_t at evaluation (dotted: trained at)")
+    a2.set_ylabel("validation bits / char")
+    a2.set_title("the trained model at other N_t")
+    out.figure(fig, "text_training", "training loss per step; validation bits per character against N_t")
+    out.table("eval_n_t", rows, title="validation bits per character and sampling speed at each N_t")
+    out.link("train/curves.png", "the trainer's own plot of its history (opsplit.control)")
+    for n, text in samples:
+        out.text(f"Sample at N_t = {n} (seed {g['seed']}, temperature {g['temperature']:g}):")
+        out.code(text)
+    return trainer, history, rows
+
+
+# -- `opsplit generate` reads a run folder -----------------------------------------------------
+def load_run(folder):
+    """``(cfg, vocab, model)`` of a finished or interrupted text training run in ``folder``
+    (its config.toml, vocab.json and latest checkpoint), every part checked."""
+    from ..control.checkpoint import latest_checkpoint, load_checkpoint
+    from ..data import CharVocab
+    from .config import load, read_top
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"folder: expected the output folder of an opsplit train run with task = \"text\", "
+                          f"{str(folder)!r} is not a folder")
+    path = folder / "config.toml"
+    if not path.is_file():
+        raise ConfigError(f"folder: expected an opsplit train output folder (config.toml, vocab.json, "
+                          f"checkpoints), {str(folder)!r} has no config.toml")
+    task = read_top(path, "task", "digits")
+    if task != "text":
+        raise ConfigError(f"folder: {str(folder)!r} holds a training run with task = {task!r}; opsplit generate "
+                          f"samples from a run with task = \"text\"")
+    cfg = load(SCHEMA, path)
+    try:
+        vocab = CharVocab.from_dict(json.loads((folder / VOCAB).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"folder: {str(folder / VOCAB)!r} is missing or not a vocabulary ({e})") from None
+    ckpt = latest_checkpoint(folder / "train")
+    if ckpt is None:
+        raise ConfigError(f"folder: {str(folder)!r} has no checkpoint under train/checkpoints (the run was "
+                          f"stopped before its first one)")
+    model = build_model(cfg["model"], vocab.size)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_checkpoint(ckpt, model)
+    except ValueError as e:
+        raise ConfigError(f"folder: the checkpoint {str(ckpt)!r} does not fit the run's config: {e}") from None
+    return cfg, vocab, model
+
+
+def check_n_t(n) -> int:
+    if n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        return n
+    raise ConfigError(f"--n-t: expected N_t >= 1 (time steps of the solve), got {n}")
+
+
+def check_temperature(v) -> float:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        raise ConfigError(f"--temperature: expected a finite number > 0, got {v}")
+    return float(v)
+
