@@ -4,6 +4,7 @@ unsplit model at the same tolerances (torchdiffeq 0.2.5 has no tsit5: Tsit5 is t
 with its integral controller; ``pip install torchode``).
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/work_precision.py [--quick] [--repeats 3]
+        [--problems both|smooth|s1]
 
 Problems (``opsplit.analysis.smooth_transformer``, float64, batch 2, N_x = N_y = 4, J = 2
 FFN terms, controls Legendre series in t on [0, 2], solved on [0.5, 1.5] so that the triple
@@ -15,7 +16,8 @@ jump's substeps, which read the controls up to 0.35 dt outside a step, stay insi
 
 Methods: Lie, parallel and hybrid (explicit-Euler substeps: they are first order anyway),
 Strang (Heun), the triple jump and Blanes-Moan (RK4) at N_t = 1, 2, 4, ...; the adaptive
-solves (step doubling; ``+extrap``: with local extrapolation) at rtol = 1e-3 ... 1e-8,
+solves (step doubling; ``+extrap``: with local extrapolation, Blanes-Moan and Strang/RK4 on
+the smooth problem) at rtol = 1e-3 ... 1e-8,
 atol = 1e-3 rtol; torchdiffeq's dopri5 and torchode's Tsit5 on the unsplit model at the
 same rtol and atol.  With S1 the compositions cannot take the projection (negative substeps): they run
 the smooth terms inside an outer Strang step that holds the projection (``SchemeFlow``).
@@ -24,8 +26,10 @@ Work: substep calls, term field evaluations (Euler 1, Heun 2, RK4 4 per substep 
 per unsplit evaluation) and wall time (median of --repeats, one thread, parallel schemes
 unbatched so that every term evaluation is counted).  Then, per tolerance, the adaptive
 Blanes-Moan solve against the cheapest fixed-step run reaching its error (the smallest N_t
-by bisection, per scheme).  Plots to docs/figures/work_precision_*.png, JSON to
-benchmarks/out/work_precision.json.
+by bisection, per scheme); on the smooth problem, the loose-tolerance study (one step's
+error estimate against its true error and the extrapolation's gain, for h = T/16 ... T;
+the adaptive solve with other first steps and with I control).  Plots to
+docs/figures/work_precision_*.png, JSON to benchmarks/out/work_precision.json.
 """
 
 from __future__ import annotations
