@@ -411,7 +411,9 @@ def test_local_extrapolation_gains_one_order_or_two_for_symmetric_schemes(scheme
 
     g = torch.Generator().manual_seed(4)
     Ws = [torch.randn(4, 4, generator=g, dtype=D) / 2 for _ in range(3)]
-    est = StepDoubling(scheme([Substep(FFNIntegral(W.clone()), Exact()) for W in Ws]), extrapolate=True)
+    est = StepDoubling(
+        scheme([Substep(FFNIntegral(W.clone()), Exact()) for W in Ws]), extrapolate=True
+    )
     u = torch.randn(2, 3, 4, dtype=D)
     exact = torch.from_numpy(u.numpy() @ sla.expm(sum(W.numpy() for W in Ws)))
     errs = []
