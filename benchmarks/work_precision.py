@@ -4,6 +4,7 @@ unsplit model at the same tolerances (torchdiffeq 0.2.5 has no tsit5: Tsit5 is t
 with its integral controller; ``pip install torchode``).
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/work_precision.py [--quick] [--repeats 3]
+        [--problems both|smooth|s1]
 
 Problems (``opsplit.analysis.smooth_transformer``, float64, batch 2, N_x = N_y = 4, J = 2
 FFN terms, controls Legendre series in t on [0, 2], solved on [0.5, 1.5] so that the triple
@@ -15,7 +16,8 @@ jump's substeps, which read the controls up to 0.35 dt outside a step, stay insi
 
 Methods: Lie, parallel and hybrid (explicit-Euler substeps: they are first order anyway),
 Strang (Heun), the triple jump and Blanes-Moan (RK4) at N_t = 1, 2, 4, ...; the adaptive
-solves (step doubling; ``+extrap``: with local extrapolation) at rtol = 1e-3 ... 1e-8,
+solves (step doubling; ``+extrap``: with local extrapolation, Blanes-Moan and Strang/RK4 on
+the smooth problem) at rtol = 1e-3 ... 1e-8,
 atol = 1e-3 rtol; torchdiffeq's dopri5 and torchode's Tsit5 on the unsplit model at the
 same rtol and atol.  With S1 the compositions cannot take the projection (negative substeps): they run
 the smooth terms inside an outer Strang step that holds the projection (``SchemeFlow``).
@@ -24,8 +26,10 @@ Work: substep calls, term field evaluations (Euler 1, Heun 2, RK4 4 per substep 
 per unsplit evaluation) and wall time (median of --repeats, one thread, parallel schemes
 unbatched so that every term evaluation is counted).  Then, per tolerance, the adaptive
 Blanes-Moan solve against the cheapest fixed-step run reaching its error (the smallest N_t
-by bisection, per scheme).  Plots to docs/figures/work_precision_*.png, JSON to
-benchmarks/out/work_precision.json.
+by bisection, per scheme); on the smooth problem, the loose-tolerance study (one step's
+error estimate against its true error and the extrapolation's gain, for h = T/16 ... T;
+the adaptive solve with other first steps and with I control).  Plots to
+docs/figures/work_precision_*.png, JSON to benchmarks/out/work_precision.json.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opsplit import Propagator  # noqa: E402
-from opsplit.analysis import smooth_transformer  # noqa: E402
+from opsplit.analysis import relative_error, smooth_transformer  # noqa: E402
 from opsplit.analysis.work_precision import (  # noqa: E402
     cheapest_fixed,
     plot_work_precision,
@@ -108,6 +112,8 @@ def schemes(p):
     }
     if not s1:  # an affine combination would leave S1
         adaptive["adaptive blanes-moan +extrap"] = (comp(BlanesMoan), "extrapolate")
+        # a cheaper order-4 value: Strang/RK4 extrapolated (3 Strang steps = 15 calls per attempt)
+        adaptive["adaptive strang / rk4 +extrap"] = (Strang(subs(RK4)), "extrapolate")
     return fixed, adaptive
 
 
@@ -245,12 +251,107 @@ def versus_fixed(p, ref, fixed, adaptive_label, points, args, cache):
     return rows
 
 
+def loose_tolerance(p, ref, fixed, args, cache):
+    """Why the adaptive Blanes-Moan solve (step doubling, local extrapolation) over-solves at
+    loose tolerances: (1) the estimate against the true local error of one step from T0 of
+    size h (error norm of the controller, and relative L2), and the extrapolated value's
+    true error; (2) the solve with other first steps and with I control (pcoeff = 0), and
+    each run's substep calls against the cheapest fixed Blanes-Moan run reaching its error."""
+    from opsplit.adaptive import PIController, StepDoubling
+
+    label = "blanes-moan / rk4"
+    scheme = fixed[label][0]
+    prop = Propagator(scheme, 1, t0=T0, t1=T1, grid=p.grid)
+    est = StepDoubling(scheme, extrapolate=True)
+    ctl = PIController(rtol=1e-3, atol=1e-6)
+    out = {"one_step": [], "variants": []}
+    print(
+        "\n  loose tolerances: one step from t = T0 of Blanes-Moan with step doubling (rtol 1e-3, "
+        "atol 1e-6; norm = the controller's error norm, largest sample)"
+    )
+    print(
+        f"  {'h':>7} {'norm est':>9} {'norm true':>9} {'relL2 est':>9} {'relL2 w':>9} "
+        f"{'relL2 extr':>10} {'gain':>6}"
+    )
+    for h in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0):
+        loc = solve_reference(
+            [*p.smooth_terms], p.f, t0=T0, t1=T0 + h, grid=p.grid, rtol=1e-13, atol=1e-15
+        )
+        with torch.no_grad():
+            w, err = est.attempt(T0, T0 + h, p.f, p.grid, False)
+            w = w - err  # the two half steps (attempt returns the extrapolated value)
+            row = {
+                "h": h,
+                "norm_est": float(ctl.error_norm(err, p.f, w).max()),
+                "norm_true": float(ctl.error_norm(w - loc, p.f, w).max()),
+                "rel_est": relative_error(w + err, w, p.grid),
+                "rel_halves": relative_error(w, loc, p.grid),
+                "rel_extrapolated": relative_error(w + err, loc, p.grid),
+            }
+        out["one_step"].append(row)
+        print(
+            f"  {h:7.4f} {row['norm_est']:9.2e} {row['norm_true']:9.2e} {row['rel_est']:9.2e} "
+            f"{row['rel_halves']:9.2e} {row['rel_extrapolated']:10.2e} "
+            f"{row['rel_halves'] / row['rel_extrapolated']:6.1f}"
+        )
+    print(
+        "\n  adaptive Blanes-Moan +extrap with other first steps / I control, against the "
+        "cheapest fixed Blanes-Moan run reaching its error"
+    )
+    print(
+        f"  {'rtol':>7} {'first step':>10} {'pcoeff':>6} {'error':>9} {'acc/rej':>8} {'calls':>6} "
+        f"{'fixed N_t':>9} {'calls':>6} {'ratio':>6}"
+    )
+    for rtol in (1e-3, 1e-4):
+        for first in (None, 0.25, 0.5, 1.0):
+            for pcoeff in (0.4, 0.0):
+                c = PIController(rtol=rtol, atol=1e-3 * rtol, first_step=first, pcoeff=pcoeff)
+                with torch.no_grad():
+                    sol = prop.solve(p.f, controller=c, estimator="extrapolate")
+                e = relative_error(sol.u, ref, p.grid)
+                n, st = cheapest_fixed(
+                    prop,
+                    p.f,
+                    ref,
+                    e,
+                    grid=p.grid,
+                    n_max=args.search_max,
+                    cache=cache.setdefault(label, {}),
+                )
+                row = {
+                    "rtol": rtol,
+                    "first_step": first,
+                    "pcoeff": pcoeff,
+                    "error": e,
+                    "accepted": sol.stats.n_accepted,
+                    "rejected": sol.stats.n_rejected,
+                    "calls": sol.stats.n_substep_calls,
+                    "fixed_n": n,
+                    "fixed_calls": None if st is None else st.n_substep_calls,
+                }
+                out["variants"].append(row)
+                ratio = float("nan") if st is None else row["calls"] / st.n_substep_calls
+                print(
+                    f"  {rtol:7.0e} {'T/16' if first is None else first:>10} {pcoeff:6.1f} {e:9.2e} "
+                    f"{sol.stats.n_accepted:>4}/{sol.stats.n_rejected:<3} {row['calls']:6d} "
+                    f"{n if n else '-':>9} {row['fixed_calls'] or '-':>6} {ratio:6.2f}",
+                    flush=True,
+                )
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="fewer tolerances and step counts")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--problems",
+        choices=("both", "smooth", "s1"),
+        default="both",
+        help="which problem to run (figures and JSON keys of the others are left as they are)",
+    )
     ap.add_argument("--figures", default=str(ROOT / "docs" / "figures"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "out" / "work_precision.json"))
     args = ap.parse_args(argv)
@@ -266,15 +367,21 @@ def main(argv=None):
     )
     t_start = time.perf_counter()
     out = {}
+    if Path(args.json).exists() and args.problems != "both":
+        out = json.loads(Path(args.json).read_text())
     import matplotlib
 
     matplotlib.use("Agg")
     for constraint in (False, True):
-        p, ref, fixed, adaptive, points, name = study(constraint, args)
         key = "s1" if constraint else "smooth"
+        if args.problems not in ("both", key):
+            continue
+        p, ref, fixed, adaptive, points, name = study(constraint, args)
         cache = {}
         rows = {lab: versus_fixed(p, ref, fixed, lab, points, args, cache) for lab in adaptive}
         out[key] = {"points": [q.to_dict() for q in points], "versus_fixed": rows}
+        if not constraint:
+            out[key]["loose_tolerance"] = loose_tolerance(p, ref, fixed, args, cache)
         fig = plot_work_precision(points, title=f"work-precision: {name}")
         Path(args.figures).mkdir(parents=True, exist_ok=True)
         fig.savefig(Path(args.figures) / f"work_precision_{key}.png", dpi=110)

@@ -68,6 +68,26 @@ def test_adaptive_uses_fewer_substep_calls_than_the_cheapest_fixed_step(smooth, 
     assert fixed[1] < fixed[0] and fixed[1] > err, (n, fixed, err, str(sol.stats))
 
 
+def test_at_loose_tolerance_extrapolated_strang_is_cheaper_than_the_cheapest_fixed_step(smooth):
+    # rtol = 1e-3: Blanes-Moan with step doubling cannot beat fixed Blanes-Moan (three steps
+    # per attempt, and at steps of 1/4-1/2 of the interval the extrapolation gains only 2-3x,
+    # docs/work_precision.md); Strang/RK4 with local extrapolation (order 4 from three Strang
+    # steps, 15 calls per attempt) does.  The fixed-step errors decrease with N_t: it is
+    # enough that the largest N_t costing fewer calls misses the adaptive error, for
+    # Blanes-Moan (25 calls per step) and for fixed Strang/RK4 (5 calls per step).
+    p, ref = smooth
+    subs = p.substeps("rk4")
+    prop = _prop(p, Strang(subs))
+    with torch.no_grad():
+        sol = prop.solve(p.f, rtol=1e-3, atol=1e-6, estimator="extrapolate")
+        err = relative_error(sol.u, ref)
+        assert err <= 1e-2 and sol.stats.n_substep_calls == 15 * sol.stats.n_steps
+        calls = sol.stats.n_substep_calls
+        bm = relative_error(_prop(p, BlanesMoan(subs))(p.f, n_steps=(calls - 1) // 25), ref)
+        strang = relative_error(prop(p.f, n_steps=(calls - 1) // 5), ref)
+    assert bm > err and strang > err, (err, bm, strang, str(sol.stats))
+
+
 # -- per sample --------------------------------------------------------------------------------
 def test_per_sample_steps_equal_solving_each_sample_alone():
     p = smooth_transformer(n_x=3, n_y=4, J=1, seed=2, batch=3)
@@ -391,7 +411,9 @@ def test_local_extrapolation_gains_one_order_or_two_for_symmetric_schemes(scheme
 
     g = torch.Generator().manual_seed(4)
     Ws = [torch.randn(4, 4, generator=g, dtype=D) / 2 for _ in range(3)]
-    est = StepDoubling(scheme([Substep(FFNIntegral(W.clone()), Exact()) for W in Ws]), extrapolate=True)
+    est = StepDoubling(
+        scheme([Substep(FFNIntegral(W.clone()), Exact()) for W in Ws]), extrapolate=True
+    )
     u = torch.randn(2, 3, 4, dtype=D)
     exact = torch.from_numpy(u.numpy() @ sla.expm(sum(W.numpy() for W in Ws)))
     errs = []
