@@ -277,8 +277,11 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
             # one sum per tensor first (NaN/inf propagate through it; ~50x cheaper on the CPU than
             # isfinite(t).all() for a model's parameters); only when a sum is not finite (a NaN/inf, or
             # an overflow of the sum) are that tensor's entries tested one by one
-            dev = named[0][1].device
-            sums = torch.stack([t.sum().to(dev, torch.float64) for _, t in named])
+            dev, dt = named[0][1].device, named[0][1].dtype
+            if all(t.dtype == dt and t.device == dev for _, t in named):
+                sums = torch.stack([t.sum() for _, t in named])  # (a sum that overflows: the entries below)
+            else:
+                sums = torch.stack([t.sum().to(dev, torch.float64) for _, t in named])
             flags = torch.isfinite(sums)
             if not bool(flags.all()):
                 flags = torch.stack([torch.isfinite(t).all().to(dev) for _, t in named])
