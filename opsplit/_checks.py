@@ -37,6 +37,7 @@ __all__ = [
     "module_dtype_device",
     "check_like_module",
     "check_parameters_finite",
+    "check_positive_values",
     "check_dtype_arg",
     "check_probability",
     "check_generator",
@@ -292,3 +293,21 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
                 "(a diverged training step, or a non-finite value given at construction)"
             )
     object.__setattr__(module, "_opsplit_checked_parameters", key)
+
+
+def check_positive_values(owner, values: Tensor | None, name: str) -> None:
+    """Raise unless every entry of ``values`` (a control's stored values) is > 0, naming
+    ``name``.  One reduction, and only when ``values`` changed since ``owner`` last passed it
+    (another tensor, or its storage or version counter changed): a module checked once per
+    solve re-reads a constant only after it is modified.  Skipped for ``None`` and under
+    ``torch.compile`` / ``torch.jit`` tracing."""
+    if values is None or skip_value_checks():
+        return
+    slot = "_opsplit_checked_positive_" + name
+    key = (values._version, values.data_ptr())
+    hit = owner.__dict__.get(slot)
+    if hit is not None and hit[0] is values and hit[1] == key:  # (the tensor is kept: its id is not reused)
+        return
+    if not bool((values > 0).all()):
+        raise ValueError(f"{name}: expected sigma_2 > 0, got min {float(values.detach().min()):g}")
+    owner.__dict__[slot] = (values, key)
