@@ -179,10 +179,12 @@ def check_time_step(dt, name: str = "dt"):
 
 
 def check_time(t, name: str = "t"):
-    """A time: a finite number (a tensor is passed through unchecked)."""
-    if type(t) is float and math.isfinite(t):  # fast path, called per substep
-        return t
+    """A time: a finite number (a tensor is passed through unchecked).  The compile test
+    comes first: under ``torch.compile`` a time may be a symbolic float that
+    ``math.isfinite`` cannot read."""
     if isinstance(t, Tensor) or skip_value_checks():  # (a symbolic float under torch.compile)
+        return t
+    if type(t) is float and math.isfinite(t):  # fast path, called per substep
         return t
     check_finite_float(t, name)
     return t  # unchanged: a LeftLimit keeps its side

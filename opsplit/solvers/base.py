@@ -13,8 +13,6 @@ at the substep's start time :math:`t` by the first-order solvers (the paper's
 
 from __future__ import annotations
 
-import math
-
 from torch import Tensor, nn
 
 from .._checks import check_finite_float, check_time, skip_value_checks
@@ -115,7 +113,7 @@ class Substep(nn.Module):
         """Advance ``u`` over ``[t, t + dt]``.  ``t`` and ``dt`` must be finite numbers (a
         cheap check on Python numbers; the scheme and the propagator check the sign)."""
         check_time(t, "Substep: t")
-        if not (type(dt) is float and math.isfinite(dt)) and not isinstance(dt, Tensor) and not skip_value_checks():
+        if not isinstance(dt, Tensor) and not skip_value_checks():
             check_finite_float(dt, "Substep: dt")
         return self.solver.step(self.terms, t, dt, u, grid)
 
