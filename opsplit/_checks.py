@@ -297,9 +297,9 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
     object.__setattr__(module, "_opsplit_checked_parameters", key)
 
 
-def check_positive_values(owner, values: Tensor | None, name: str) -> None:
-    """Raise unless every entry of ``values`` (a control's stored values) is > 0, naming
-    ``name``.  One reduction, and only when ``values`` changed since ``owner`` last passed it
+def check_positive_values(owner, values: Tensor | None, name: str, what: str = "sigma_2") -> None:
+    """Raise unless every entry of ``values`` (a control's stored values, ``what``) is > 0,
+    naming ``name``.  One reduction, and only when ``values`` changed since ``owner`` last passed it
     (another tensor, or its storage or version counter changed): a module checked once per
     solve re-reads a constant only after it is modified.  Skipped for ``None`` and under
     ``torch.compile`` / ``torch.jit`` tracing."""
@@ -311,5 +311,5 @@ def check_positive_values(owner, values: Tensor | None, name: str) -> None:
     if hit is not None and hit[0] is values and hit[1] == key:  # (the tensor is kept: its id is not reused)
         return
     if not bool((values > 0).all()):
-        raise ValueError(f"{name}: expected sigma_2 > 0, got min {float(values.detach().min()):g}")
+        raise ValueError(f"{name}: expected {what} > 0, got min {float(values.detach().min()):g}")
     owner.__dict__[slot] = (values, key)
