@@ -253,7 +253,9 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
     """One training step (forward, loss, backward, AdamW) of the peer and of ``softmax-lie``
     from the same weights on the same batch, interleaved; one warm-up step each.  A third
     model, ``softmax-lie`` with its value checks off (``check_finite_input = False``: no
-    finiteness test of the input, the parameters and the output), attributes part of the gap."""
+    finiteness test of the input, the parameters and the output), attributes part of the gap.
+    Also the median time of each phase of the step (``phases_ms``: forward with the loss,
+    backward, optimizer step) per model."""
     torch.manual_seed(args.seed)
     peer = NanoGPT(vocab, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
     model = DecoderLM(opsplit_config(vocab, args))
@@ -265,16 +267,27 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
             "opsplit_unchecked": (unchecked, lambda o: o.logits)}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in runs.items()}
 
+    phases = {k: {"forward": [], "backward": [], "optimizer": []} for k in runs}
+
     def one(k):
         m, sel = runs[k]
         t = time.perf_counter()
         opts[k].zero_grad(set_to_none=True)
-        lm_loss(sel(m(x)), y).backward()
+        loss = lm_loss(sel(m(x)), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
         opts[k].step()
-        return time.perf_counter() - t
+        t3 = time.perf_counter()
+        for name, v in (("forward", t1 - t), ("backward", t2 - t1), ("optimizer", t3 - t2)):
+            phases[k][name].append(v)
+        return t3 - t
 
     for k in runs:
         one(k)
+    for k in runs:
+        for v in phases[k].values():
+            v.clear()
     times = {k: [] for k in runs}
     for _ in range(pairs):
         for k in runs:
@@ -284,7 +297,10 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
     return {"peer_median_s": statistics.median(times["peer"]), "opsplit_median_s": statistics.median(times["opsplit"]),
             "unchecked_median_s": statistics.median(times["opsplit_unchecked"]),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "ratio_unchecked_median": statistics.median(ratios_u), "pairs": pairs, "batch": list(x.shape)}
+            "ratio_unchecked_median": statistics.median(ratios_u), "pairs": pairs, "batch": list(x.shape),
+            # the medians of the step's phases (forward with the loss, backward, optimizer), ms
+            "phases_ms": {k: {n: round(1e3 * statistics.median(v), 3) for n, v in ph.items()}
+                          for k, ph in phases.items()}}
 
 
 # -- figures --------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ __all__ = [
     "module_dtype_device",
     "check_like_module",
     "check_parameters_finite",
+    "check_positive_values",
     "check_dtype_arg",
     "check_probability",
     "check_generator",
@@ -178,7 +179,9 @@ def check_time_step(dt, name: str = "dt"):
 
 
 def check_time(t, name: str = "t"):
-    """A time: a finite number (a tensor is passed through unchecked)."""
+    """A time: a finite number (a tensor is passed through unchecked).  The compile test
+    comes first: under ``torch.compile`` a time may be a symbolic float that
+    ``math.isfinite`` cannot read."""
     if isinstance(t, Tensor) or skip_value_checks():  # (a symbolic float under torch.compile)
         return t
     if type(t) is float and math.isfinite(t):  # fast path, called per substep
@@ -277,8 +280,11 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
             # one sum per tensor first (NaN/inf propagate through it; ~50x cheaper on the CPU than
             # isfinite(t).all() for a model's parameters); only when a sum is not finite (a NaN/inf, or
             # an overflow of the sum) are that tensor's entries tested one by one
-            dev = named[0][1].device
-            sums = torch.stack([t.sum().to(dev, torch.float64) for _, t in named])
+            dev, dt = named[0][1].device, named[0][1].dtype
+            if all(t.dtype == dt and t.device == dev for _, t in named):
+                sums = torch.stack([t.sum() for _, t in named])  # (a sum that overflows: the entries below)
+            else:
+                sums = torch.stack([t.sum().to(dev, torch.float64) for _, t in named])
             flags = torch.isfinite(sums)
             if not bool(flags.all()):
                 flags = torch.stack([torch.isfinite(t).all().to(dev) for _, t in named])
@@ -289,3 +295,21 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
                 "(a diverged training step, or a non-finite value given at construction)"
             )
     object.__setattr__(module, "_opsplit_checked_parameters", key)
+
+
+def check_positive_values(owner, values: Tensor | None, name: str, what: str = "sigma_2") -> None:
+    """Raise unless every entry of ``values`` (a control's stored values, ``what``) is > 0,
+    naming ``name``.  One reduction, and only when ``values`` changed since ``owner`` last passed it
+    (another tensor, or its storage or version counter changed): a module checked once per
+    solve re-reads a constant only after it is modified.  Skipped for ``None`` and under
+    ``torch.compile`` / ``torch.jit`` tracing."""
+    if values is None or skip_value_checks():
+        return
+    slot = "_opsplit_checked_positive_" + name
+    key = (values._version, values.data_ptr())
+    hit = owner.__dict__.get(slot)
+    if hit is not None and hit[0] is values and hit[1] == key:  # (the tensor is kept: its id is not reused)
+        return
+    if not bool((values > 0).all()):
+        raise ValueError(f"{name}: expected {what} > 0, got min {float(values.detach().min()):g}")
+    owner.__dict__[slot] = (values, key)

@@ -24,13 +24,15 @@ every torch version.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from .._checks import skip_value_checks
 from ..functional._sdpa_path import sdpa as _sdpa
 
-__all__ = ["attention", "score_bound", "bound_from", "check_scores", "values_unchecked"]
+__all__ = ["attention", "score_bound", "bound_from", "max_abs", "check_scores", "values_unchecked"]
 
 
 def values_unchecked(*xs) -> bool:
@@ -39,11 +41,46 @@ def values_unchecked(*xs) -> bool:
     return skip_value_checks() or (f is not None and any(f(x) for x in xs))
 
 
+#: up to this many entries in all, :func:`max_abs` reduces ``|x|`` (one reduction per tensor)
+_SMALL_MAX_ABS = 1 << 16
+
+
+def _memory_order(x: Tensor) -> Tensor:
+    """``x`` with its dimensions permuted into memory order (outermost stride first; the
+    heads ``(B, H, N, d)`` of a token-major ``(B, N, H, d)`` tensor back to token-major),
+    where a full reduction runs several times faster than over the permuted strides."""
+    if x.is_contiguous():
+        return x
+    return x.permute(sorted(range(x.dim()), key=lambda i: -x.stride(i)))
+
+
+def max_abs(*xs: Tensor) -> list[float]:
+    """:math:`\\max|x|` of each (non-empty) tensor, as floats, from one host transfer.
+
+    :math:`\\max|x| = \\max(\\max x, -\\min x)`: two plain reductions over ``x`` in memory
+    order (no copy ``|x|``; max and min are exact, so the order does not matter); small
+    inputs (a decode step, a short sequence), where the number of calls costs more than the
+    copy, as ``x.abs().amax()``.  A NaN in ``x`` gives NaN either way."""
+    dtype = xs[0].dtype
+    if sum(x.numel() for x in xs) <= _SMALL_MAX_ABS:  # small (a decode step): fewer calls, |x| is cheap
+        m = [x.detach().abs().amax() for x in xs]
+        return torch.stack([v if v.dtype == dtype else v.to(dtype) for v in m]).tolist()
+    parts = []
+    for x in xs:
+        x = _memory_order(x.detach())
+        parts += [x.amax(), x.amin()]
+    m = torch.stack([p if p.dtype == dtype else p.to(dtype) for p in parts]).tolist()  # in the first one's dtype
+    out = []
+    for hi, lo in zip(m[0::2], m[1::2]):
+        out.append(math.nan if hi != hi or lo != lo else max(hi, -lo))
+    return out
+
+
 def score_bound(q: Tensor, k: Tensor, scale: float) -> float:
     """An upper bound of :math:`|s\\,\\langle q_i, k_j\\rangle|` over all pairs (a float)."""
     if q.numel() == 0 or k.numel() == 0:
         return 0.0
-    mq, mk = torch.stack([q.detach().abs().amax(), k.detach().abs().amax().to(q.dtype)]).tolist()
+    mq, mk = max_abs(q, k)
     return bound_from(mq, mk, q.shape[-1], scale)
 
 

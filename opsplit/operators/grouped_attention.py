@@ -61,7 +61,7 @@ from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
 from ._linear import linear_y, side_by_side
 from ._masks import attention_log_weights
-from ._sdpa import attention, bound_from, values_unchecked
+from ._sdpa import attention, bound_from, max_abs, values_unchecked
 from .base import Operator
 from .context import cached, context_value
 from .rope import RotaryEmbedding
@@ -399,10 +399,10 @@ class GroupedQueryAttention(Operator):
                 m = qk.abs().amax(dim=(0, 1, 3)).tolist()
                 nan = any(x != x for x in m)  # propagate NaN as torch.amax does
                 mq, mk = (math.nan, math.nan) if nan else (max(m[:H]), max(m[H:]))
-            else:  # max|x| = max(-min x, max x): two min-max passes, no |x| copy of a large input
-                m = torch.stack((*torch.aminmax(qk[:, :, :H]), *torch.aminmax(qk[:, :, H:]))).tolist()
-                nan = any(x != x for x in m)
-                mq, mk = (math.nan, math.nan) if nan else (max(-m[0], m[1]), max(-m[2], m[3]))
+            else:  # max|x| = max(max x, -min x): plain max and min passes, no |x| copy of a large input
+                mq, mk = max_abs(qk[:, :, :H], qk[:, :, H:])
+                if mq != mq or mk != mk:  # propagate NaN to both, as the decode-step reduction does
+                    mq = mk = math.nan
         q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self, t, k, v, key_max=mk)

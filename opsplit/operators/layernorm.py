@@ -75,6 +75,7 @@ from .._checks import (
     check_finite_float,
     check_float_dtype,
     check_positive_float,
+    check_positive_values,
     check_tensor,
     skip_value_checks,
 )
@@ -300,10 +301,7 @@ class ProjectionS1(Operator):
             values = c.value
         elif hasattr(c, "raw") and not getattr(c, "positive", True):
             values = c.raw
-        if values is not None and not skip_value_checks() and not bool((values > 0).all()):
-            raise ValueError(
-                f"ProjectionS1.sigma2: expected sigma_2 > 0, got min {float(values.detach().min()):g}"
-            )
+        check_positive_values(self, values, "ProjectionS1.sigma2")  # re-read only after a change
 
     def resolvent(self, t, dt: float, u: Tensor, grid: Grid) -> Tensor:
         # the resolvent of an indicator's subdifferential is the projection, for every dt

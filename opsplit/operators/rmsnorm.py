@@ -61,7 +61,7 @@ from torch import Tensor
 from .._checks import (
     check_float_dtype,
     check_positive_float,
-    skip_value_checks,
+    check_positive_values,
 )
 from ..controls import Constant, Control, as_control
 from ..grid import Grid
@@ -173,10 +173,7 @@ class ProjectionSphere(Operator):
         c = self.sigma2
         values = c.value if isinstance(c, Constant) else (
             c.raw if hasattr(c, "raw") and not getattr(c, "positive", True) else None)
-        if values is not None and not skip_value_checks() and not bool((values > 0).all()):
-            raise ValueError(
-                f"ProjectionSphere.sigma2: expected sigma_2 > 0, got min {float(values.detach().min()):g}"
-            )
+        check_positive_values(self, values, "ProjectionSphere.sigma2")  # re-read only after a change
 
     def _sigma(self, t, grid: Grid, dtype):
         if self._number is not None:  # a fixed number: 1.0 is skipped (HF multiplies by nothing)
