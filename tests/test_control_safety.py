@@ -161,9 +161,15 @@ tr = Trainer(m, Objective("cross_entropy"), tiny_config(drop_last=True, batch_si
              **env.trainer_kwargs())
 try:
     tr.fit(tiny_data())
+    stopped = None
 except FloatingPointError as e:
-    print("STOPPED", env.rank, e, flush=True)
-    od.shutdown(barrier=False)
+    stopped = str(e)
+# nothing may hold the DDP wrapper (and through it the gloo group) when the interpreter
+# finalises: gloo's worker threads then abort the process (docs/distributed.md, shutdown)
+del tr
+od.shutdown(barrier=stopped is None)
+if stopped is not None:
+    print("STOPPED", env.rank, stopped, flush=True)
     sys.exit(3)
 print("FINISHED", env.rank, flush=True)
 """

@@ -14,6 +14,7 @@ its place in the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
                       forward_model=od.wrap(model, env), **env.trainer_kwargs())
     trainer.fit(train, test, out_dir="runs/x")  # checkpoints, CSV, plots: rank 0 only
     od.assert_in_sync(model)                    # every rank holds the same parameters
+    del trainer                                 # nothing may hold the DDP wrapper at exit
     od.shutdown()
 
 What is averaged: DDP all-reduces (sums, then divides by the world size) every parameter's
@@ -36,6 +37,7 @@ a process group or without a gradient-averaging wrapper, and a DDP wrapper of an
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -342,11 +344,16 @@ def shutdown(*, barrier: bool = True) -> None:
     """Wait for every rank (``barrier``: so that no process leaves while rank 0 still
     writes its checkpoint), then destroy the default process group; nothing without one.
     After an error on this rank pass ``barrier=False``: the other ranks may be blocked in
-    another collective."""
+    another collective.
+
+    Drop the trainer and the DDP wrapper before the interpreter exits (``del trainer`` in a
+    module-level script): the group is freed only when nothing refers to it, and a gloo group
+    still alive at interpreter finalisation aborts the process (docs/distributed.md)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return
+    gc.collect()  # a trainer dropped by the caller but kept in a reference cycle holds the group
     if not barrier:
         pass
     elif dist.get_backend() == "nccl":
