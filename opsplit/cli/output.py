@@ -15,7 +15,6 @@ import html
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from .config import ConfigError
@@ -78,22 +77,15 @@ def read_csv(path) -> tuple[list[str], list[dict]]:
 
 def check_writable_folder(path, name: str) -> None:
     """:class:`ConfigError` naming ``name`` unless ``path`` is a folder, or can be created as
-    one, in which files can be written.  Writes nothing that stays: the test is a temporary
-    folder created and removed in ``path`` (or its nearest existing parent)."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"{name}: expected a folder, {str(p)!r} is an existing file")
-    a = p
-    while not a.exists() and a != a.parent:
-        a = a.parent
-    if not a.is_dir():
-        raise ConfigError(f"{name}: cannot create {str(p)!r}: {str(a)!r} is a file, not a folder")
+    one, in which files can be written: the trainer's check of its output folder
+    (:func:`opsplit.control.paths.check_out_dir`, which leaves nothing behind), as a
+    command-line error."""
+    from ..control.paths import check_out_dir
+
     try:
-        probe = tempfile.mkdtemp(prefix=".opsplit-write-test-", dir=a)
-        os.rmdir(probe)
-    except OSError as e:
-        raise ConfigError(f"{name}: cannot write in {str(a)!r} ({e.strerror or e}); expected a "
-                          f"writable folder") from None
+        check_out_dir(path, name)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_out(out, name: str = "--out") -> None:

@@ -79,9 +79,9 @@ CASES = rows(
     ("grid-steps-cost", ["grid", "--steps", "100000000"], "--steps = 100000000: the job needs an estimated"),
     ("convert-layers-zero", ["convert", "--layers", "0", *OUT], "torch.num_layers: expected a value >= 1, got 0"),
     # -- the output folder -------------------------------------------------------------------------
-    ("out-is-file", ["solve", "--out", "{tmp}/f"], "--out: expected a folder, '{tmp}/f' is an existing file", {"f": "x"}),
-    ("out-under-file", ["solve", "--out", "{tmp}/f/sub"], "--out: cannot create '{tmp}/f/sub': '{tmp}/f' is a file", {"f": "x"}),
-    ("out-default-job-file", ["--quick", "--out", "{tmp}/f"], "--out: expected a folder", {"f": "x"}),
+    ("out-is-file", ["solve", "--out", "{tmp}/f"], "--out: '{tmp}/f' is a file, expected a folder", {"f": "x"}),
+    ("out-under-file", ["solve", "--out", "{tmp}/f/sub"], "--out: '{tmp}/f/sub' cannot be created: '{tmp}/f' is a file", {"f": "x"}),
+    ("out-default-job-file", ["--quick", "--out", "{tmp}/f"], "--out: '{tmp}/f' is a file, expected a folder", {"f": "x"}),
     ("out-train-holds-run", ["train", "--out", "{tmp}/run"], "--out: '{tmp}/run' already holds a training run", CKPT),
     ("out-default-holds-run", ["--quick", "--out", "{tmp}/run"], "--out: '{tmp}/run' already holds a training run", CKPT),
     # -- config files --------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def test_bad_cli_input(row: Row, tmp_path, capsys, monkeypatch):
     _check(row, tmp_path, rc, capsys.readouterr().err, before)
 
 
-UNWRITABLE = [pytest.param("/proc/opsplit-out", "--out: cannot write in '/proc'", id="out-proc")]
+UNWRITABLE = [pytest.param("/proc/opsplit-out", "--out: '/proc/opsplit-out' is not writable: cannot create entries in '/proc'", id="out-proc")]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
@@ -279,7 +279,7 @@ def test_read_only_out(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     try:
         assert main(["solve", "--out", str(ro / "x")]) == 2
-        assert f"--out: cannot write in '{ro}'" in capsys.readouterr().err
+        assert f"--out: '{ro / 'x'}' is not writable: cannot create entries in '{ro}'" in capsys.readouterr().err
         assert not any(ro.iterdir())
         assert main(["report", str(ro)]) == 2  # report.md / report.html could not be written
     finally:
