@@ -59,6 +59,7 @@ from torch import Tensor
 from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
+from ._heads import check_head_controls, control_shape
 from ._linear import linear_y, side_by_side
 from ._masks import attention_log_weights
 from ._sdpa import attention, bound_from, max_abs, values_unchecked
@@ -76,8 +77,6 @@ _SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]
 _SMALL = 1 << 14
 
 
-def _shape(control) -> tuple | None:
-    return tuple(control.shape) if hasattr(control, "shape") and not callable(control.shape) else None
 
 
 class GroupedQueryAttention(Operator):
@@ -161,7 +160,7 @@ class GroupedQueryAttention(Operator):
 
     def _check_static_shapes(self) -> None:
         n = "GroupedQueryAttention"
-        sq, sk, sv, so = (_shape(c) for c in (self.WQ, self.WK, self.WV, self.WO))
+        sq, sk, sv, so = (control_shape(c) for c in (self.WQ, self.WK, self.WV, self.WO))
         for name, s, rank in (("WQ", sq, 3), ("WK", sk, 3), ("WV", sv, 3), ("WO", so, 3)):
             if s is not None and len(s) != rank:
                 raise ValueError(f"{n}.{name}: expected a kernel of rank {rank} (per time piece), got shape {s}")
@@ -178,7 +177,7 @@ class GroupedQueryAttention(Operator):
             raise ValueError(f"{n}.WO: expected shape (H, d, N_y) = {(H, d, ny)}, got {so}")
         for name, c, want in (("bQ", self.bQ, (H, d)), ("bK", self.bK, sk[1:]), ("bV", self.bV, sk[1:]),
                               ("bO", self.bO, (ny,))):
-            s = None if c is None else _shape(c)
+            s = None if c is None else control_shape(c)
             if s is not None and s != want:
                 raise ValueError(f"{n}.{name}: expected shape {want}, got {s}")
         if self.rotary is not None and self.rotary.head_dim != d:
@@ -186,31 +185,16 @@ class GroupedQueryAttention(Operator):
 
     @property
     def n_heads(self) -> int | None:
-        s = _shape(self.WQ)
+        s = control_shape(self.WQ)
         return None if s is None else s[1]
 
     @property
     def n_kv_heads(self) -> int | None:
-        s = _shape(self.WK)
+        s = control_shape(self.WK)
         return None if s is None else s[1]
 
     def check(self, grid: Grid) -> None:
-        s = _shape(self.WQ)
-        if s is not None:
-            if grid.y.n is not None and s[0] != grid.y.n:
-                raise ValueError(
-                    f"GroupedQueryAttention: grid/control mismatch: the kernels act on N_y = {s[0]} features, "
-                    f"the grid has N_y = {grid.y.n}"
-                )
-            if grid.h is not None and grid.h.n is not None and grid.h.n != s[1]:
-                raise ValueError(
-                    f"GroupedQueryAttention: grid/control mismatch on Omega_h: {s[1]} query heads, the grid has "
-                    f"N_h = {grid.h.n}"
-                )
-        for name in ("WQ", "WK", "WV", "WO", "bQ", "bK", "bV", "bO"):
-            c = getattr(self, name)
-            if c is not None:
-                c.validate(grid, f"GroupedQueryAttention.{name}")
+        check_head_controls(self, grid, name="GroupedQueryAttention", features="features", heads="query heads")
 
     # -- pieces of the field -------------------------------------------------------------------
     def score_scale(self, grid: Grid) -> float:

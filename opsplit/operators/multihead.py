@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from .._checks import check_positive_float
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid, Interval
+from ._heads import check_head_controls, control_shape
 from ._masks import attention_log_weights
 from ._sdpa import attention, check_scores
 from .base import Operator
@@ -68,8 +69,6 @@ from .context import cached, context_value
 __all__ = ["MultiHeadAttention"]
 
 
-def _shape(control) -> tuple | None:
-    return tuple(control.shape) if hasattr(control, "shape") and not callable(control.shape) else None
 
 
 class MultiHeadAttention(Operator):
@@ -232,7 +231,7 @@ class MultiHeadAttention(Operator):
 
     # -- shapes ----------------------------------------------------------------------------
     def _check_static_shapes(self) -> None:
-        sq, sk, sv = _shape(self.WQ), _shape(self.WK), _shape(self.WV)
+        sq, sk, sv = control_shape(self.WQ), control_shape(self.WK), control_shape(self.WV)
         for name, s in (("WQ", sq), ("WK", sk), ("WV", sv)):
             if s is not None and len(s) != 3:
                 raise ValueError(
@@ -255,11 +254,11 @@ class MultiHeadAttention(Operator):
                     f"d_v = {dv}, N_y = {ny}"
                 )
         else:
-            so = _shape(self.WO)
+            so = control_shape(self.WO)
             if so is not None and so != (H, dv, ny):
                 raise ValueError(f"MultiHeadAttention.WO: expected shape (H, d_v, N_y) = {(H, dv, ny)}, got {so}")
         for name, c, want in (("bQ", self.bQ, (H, dk)), ("bK", self.bK, (H, dk)), ("bV", self.bV, (H, dv)), ("bO", self.bO, (ny,))):
-            s = None if c is None else _shape(c)
+            s = None if c is None else control_shape(c)
             if s is not None and s != want:
                 raise ValueError(f"MultiHeadAttention.{name}: expected shape {want}, got {s}")
         if self.qk_inner == "y" and dk != ny:
@@ -267,27 +266,11 @@ class MultiHeadAttention(Operator):
 
     @property
     def n_heads(self) -> int | None:
-        s = _shape(self.WQ)
+        s = control_shape(self.WQ)
         return None if s is None else s[1]
 
     def check(self, grid: Grid) -> None:
-        s = _shape(self.WQ)
-        if s is not None:
-            ny = grid.y.n
-            if ny is not None and s[0] != ny:
-                raise ValueError(
-                    f"MultiHeadAttention: grid/control mismatch: the kernels act on N_y = {s[0]} "
-                    f"features (d_model), the grid has N_y = {ny}"
-                )
-            if grid.h is not None and grid.h.n is not None and grid.h.n != s[1]:
-                raise ValueError(
-                    f"MultiHeadAttention: grid/control mismatch on Omega_h: {s[1]} heads, the grid "
-                    f"has N_h = {grid.h.n}"
-                )
-        for name in ("WQ", "WK", "WV", "WO", "bQ", "bK", "bV", "bO"):
-            c = getattr(self, name)
-            if c is not None:
-                c.validate(grid, f"MultiHeadAttention.{name}")
+        check_head_controls(self, grid, name="MultiHeadAttention", features="features (d_model)", heads="heads")
 
     # -- quadrature --------------------------------------------------------------------------
     def _head_weights(self, H: int, grid: Grid, dtype, device):
