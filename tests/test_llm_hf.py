@@ -6,7 +6,11 @@ For every config, in float32 and float64, with a left-padded attention mask: the
 the last hidden state of the base models) at *every* position within 1e-5 / 1e-10 of HF's,
 relative to the largest one, and the gradient of a random linear functional of them with
 respect to every HF parameter (mapped through ``hf_state_dict(..., grads=True)``) within the
-same tolerances, relative to the largest entry of that parameter's gradient."""
+same tolerances, relative to the largest entry of that parameter's gradient. In float32 a
+parameter outside 1e-5 of HF's gradient passes only if opsplit's gradient is at least as close
+as HF's own to the float64 gradient of the same model (HF's float32 round-off exceeds the
+tolerance there: ``gpt2`` seed 1, whose HF float32 gradients are 1.0e-5 from float64 and
+opsplit's 4.3e-6)."""
 
 from __future__ import annotations
 
@@ -21,7 +25,18 @@ CASES = ([("gpt2", s) for s in range(8)] + [("llama", s) for s in range(8)] + [(
          + [("mistral", 0)])
 
 
-def _compare(hf, ours, dtype, seed, lm=True):
+def _loss_grads(model, seed, lm):
+    """The gradients of ``_compare``'s seeded linear functional of the HF ``model``'s outputs,
+    by parameter name."""
+    ids, mask = left_padded(model.config.vocab_size, 3, 9, seed)
+    ref = model(input_ids=ids, attention_mask=mask)
+    r = ref.logits if lm else ref.last_hidden_state
+    w = torch.randn(r.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(r.dtype)
+    (r * w).sum().backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def _compare(hf, ours, dtype, seed, lm=True, family=None):
     V = hf.config.vocab_size
     ids, mask = left_padded(V, 3, 9, seed)
     ref = hf(input_ids=ids, attention_mask=mask)
@@ -45,6 +60,16 @@ def _compare(hf, ours, dtype, seed, lm=True):
             continue
         worst[n] = float((ours_g[n] - g).abs().max()) / scale
     bad = {n: e for n, e in worst.items() if e > tol}
+    if bad and dtype == torch.float32 and family is not None:
+        # the float64 gradient of the same model referees: HF's float32 round-off, not a
+        # difference of the maps, if opsplit's float32 gradient is at least as close to it
+        truth = _loss_grads(build(family, seed, dtype=torch.float64, lm=lm), seed, lm)
+        for n in list(bad):
+            t, scale = truth[n], float(truth[n].abs().max())
+            e_hf = float((hf_g[n].double() - t).abs().max()) / scale
+            e_ours = float((ours_g[n].double() - t).abs().max()) / scale
+            if e_ours <= max(tol, e_hf):
+                del bad[n]
     assert not bad, f"gradients differ: {bad}"
 
 
@@ -54,7 +79,7 @@ def test_causal_lm_logits_and_gradients(family, seed, dtype):
     hf = build(family, seed, dtype=dtype)
     ours = from_hf(hf)
     assert isinstance(ours, DecoderLM) and not ours.training
-    _compare(hf, ours, dtype, seed)
+    _compare(hf, ours, dtype, seed, family=family)
 
 
 @pytest.mark.parametrize("family,seed", [("gpt2", 3), ("llama", 4), ("qwen2", 1), ("mistral", 0)])
