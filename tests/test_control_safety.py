@@ -345,6 +345,29 @@ def test_read_only_out_dir_is_refused(tmp_path):
         ro.chmod(0o700)
 
 
+def test_folder_refusing_entries_is_refused_before_the_first_step_as_root_too(tmp_path, monkeypatch):
+    """A folder in which nothing can be created (a read-only mount, a folder without write
+    permission: the check creates and removes a probe folder there) — simulated by making
+    the probe fail with EACCES, so that the refusal is tested when the suite runs as root,
+    whom permission bits do not stop."""
+    import errno
+
+    import opsplit.control.paths as paths
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+
+    def refuse(*args, dir=None, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+
+    monkeypatch.setattr(paths.tempfile, "mkdtemp", refuse)
+    tr = Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config())
+    with pytest.raises(ValueError, match=rf"Trainer.fit.out_dir: '{ro / 'run'}' is not writable: cannot "
+                                         rf"create entries in '{ro}' \(Permission denied\)"):
+        tr.fit(tiny_data(), out_dir=ro / "run")
+    assert tr.step == 0 and _files(tmp_path) == ["ro"] and not any(ro.iterdir())
+
+
 @pytest.mark.parametrize("bs, exc", [(0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError),
                                      ("8", TypeError)])
 def test_evaluate_batch_size_checked(bs, exc):

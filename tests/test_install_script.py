@@ -53,8 +53,9 @@ def test_an_installed_torch_is_kept(tmp_path):
 
 
 def test_install_script_keeps_exactly_pyprojects_torch_range():
-    """install.sh keeps an installed torch only inside pyproject.toml's range, whose upper
-    end is the newest release CI tests (.ci/run, scripts/test_newest_torch.sh)."""
+    """install.sh keeps an installed torch only inside pyproject.toml's range, whose ends
+    are what CI tests: the lower end the pinned release (scripts/test.sh), the upper end the
+    newest release CI tests (.ci/run, scripts/test_newest_torch.sh)."""
     import re
 
     root = SCRIPT.parents[1]
@@ -64,5 +65,7 @@ def test_install_script_keeps_exactly_pyprojects_torch_range():
     lo, hi = spec.groups()[:2], spec.groups()[2:]
     line = f"({lo[0]}, {lo[1]}) <= v < ({hi[0]}, {hi[1]})"
     assert line in SCRIPT.read_text(encoding="utf-8")
+    pinned = re.search(r"OPSPLIT_TORCH:-torch==(\d+)\.(\d+)\.", SCRIPT.read_text(encoding="utf-8"))
+    assert pinned and pinned.groups() == lo, "the range's lower end is the pinned torch CI tests"
     ci = (root / ".ci" / "run").read_text(encoding="utf-8")
     assert "scripts/test.sh" in ci and "scripts/test_newest_torch.sh" in ci

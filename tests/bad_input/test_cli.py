@@ -286,6 +286,28 @@ def test_read_only_out(tmp_path, capsys, monkeypatch):
         ro.chmod(0o755)
 
 
+def test_folder_refusing_entries_as_root_too(tmp_path, capsys, monkeypatch):
+    """The read-only folder above with the probe of ``check_out_dir`` failing (EACCES), so
+    that the refusal is checked when the suite runs as root: exit status 2, one line naming
+    ``--out``, nothing written."""
+    import errno
+
+    import opsplit.control.paths as paths
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+
+    def refuse(*args, dir=None, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+
+    monkeypatch.setattr(paths.tempfile, "mkdtemp", refuse)
+    monkeypatch.chdir(tmp_path)
+    assert main(["solve", "--out", str(ro / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: '{ro / 'x'}' is not writable: cannot create entries in '{ro}'" in err and err.count("\n") == 1
+    assert not any(ro.iterdir())
+
+
 SUBPROCESS = [
     pytest.param(["solve", "--config", "{tmp}/c.toml", "--out", "{tmp}/out"], {"c.toml": b"\xff\xfe"},
                  "opsplit solve: error: config:", {}, id="console-binary-toml"),
