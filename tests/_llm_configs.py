@@ -98,3 +98,26 @@ def left_padded(vocab: int, B: int, N: int, seed: int, pad_id: int = 0):
     for b in range(1, B):
         mask[b, : min(N - 1, 2 * b - 1)] = 0
     return ids.masked_fill(mask == 0, pad_id), mask
+
+
+class _Config4x:
+    """A transformers 4.x view of a 5.x config: ``rope_theta`` and ``rope_scaling`` (and any
+    other ``extra`` attribute) as 4.x configs have them, no ``rope_parameters``; every other
+    attribute read from the wrapped config."""
+
+    def __init__(self, cfg, rope_scaling=None, **extra):
+        rp = getattr(cfg, "rope_parameters", None)
+        theta = rp["rope_theta"] if rp is not None else cfg.rope_theta
+        self.__dict__.update({"_cfg": cfg, "rope_theta": theta, "rope_scaling": rope_scaling, **extra})
+
+    def __getattr__(self, name):
+        if name == "rope_parameters":
+            raise AttributeError(name)
+        return getattr(self.__dict__["_cfg"], name)
+
+
+def as_4x(hf, **kw):
+    """``hf`` with its decoder's config seen as transformers 4.x writes it."""
+    base = hf.model if hasattr(hf, "model") else hf
+    base.config = _Config4x(base.config, **kw)
+    return hf

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _llm_configs import build, left_padded, transformers  # noqa: E402
+from _llm_configs import as_4x, build, left_padded, transformers  # noqa: E402
 
 from opsplit.models import DecoderLM, from_hf, hf_state_dict, to_hf  # noqa: E402
 
@@ -201,27 +201,6 @@ def test_refined_token_grid_continues_gpt2_positions_through_the_cache():
         whole = ours(ids).logits
         parts = torch.cat([ours(ids[:, :5], cache=cache).logits, ours(ids[:, 5:], cache=cache).logits], 1)
     torch.testing.assert_close(parts, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
-
-
-class _Config4x:
-    """A transformers 4.x view of a 5.x config: ``rope_theta`` and ``rope_scaling`` (and any
-    other ``extra`` attribute) as 4.x configs have them, no ``rope_parameters``; every other
-    attribute read from the wrapped config."""
-
-    def __init__(self, cfg, rope_scaling=None, **extra):
-        self.__dict__.update(_cfg=cfg, rope_theta=cfg.rope_parameters["rope_theta"], rope_scaling=rope_scaling, **extra)
-
-    def __getattr__(self, name):
-        if name == "rope_parameters":
-            raise AttributeError(name)
-        return getattr(self.__dict__["_cfg"], name)
-
-
-def as_4x(hf, **kw):
-    """``hf`` with its decoder's config seen as transformers 4.x writes it."""
-    base = hf.model if hasattr(hf, "model") else hf
-    base.config = _Config4x(base.config, **kw)
-    return hf
 
 
 @pytest.mark.parametrize("family,seed", [("llama", 2), ("llama", 7), ("qwen2", 1), ("mistral", 0)])
