@@ -27,6 +27,15 @@ start from the same feed-forward weights.
 sequences: :math:`F` an embedding table (no positions: with ``causal=True`` attention
 already sees order), :math:`\bar{\mathcal N}` a propagator, :math:`G` a LayerNorm and a
 linear read-out to class logits at every token, ``(B, N) -> (B, N, C)``.
+
+**Padding and generation.**  The attention terms of :class:`AttentionDecoder` read two call-time
+inputs of the grid's context: a :class:`~opsplit.operators.KVCache` (``"kv_cache"``, causal
+decoders: :func:`~opsplit.models.generate.generate` runs one new token per step) and a
+key-padding mask (``"key_padding_mask"``, ``True`` = padded) that removes the left padding of
+a batch of prompts from every key measure — softmax by a log-weight of :math:`-\infty`, the
+sliced terms by a key weight of 0 — so that a padded sample's real tokens see what they see
+unpadded.  :class:`TokenClassifier` takes the 0/1 ``attention_mask`` of Hugging Face
+(``forward``, ``next_token_logits``, ``generate``).
 """
 
 from __future__ import annotations
@@ -250,7 +259,12 @@ class TokenClassifier(nn.Module):
         if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
             raise ValueError("attention_mask: expected values 0 (padding) and 1 (token)")
         mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
-        return None if bool(mask.all()) else mask
+        if bool(mask.all()):
+            return None
+        if not isinstance(self.encoder, AttentionDecoder):
+            raise ValueError(f"attention_mask: padding needs an AttentionDecoder encoder (its attention terms read the "
+                             f"key-padding mask); got {type(self.encoder).__name__}")
+        return mask
 
     # -- generation (opsplit.models.generate) ----------------------------------------------------
     def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None):

@@ -71,6 +71,17 @@ def own():
     return TokenClassifier(30, 30, AttentionDecoder(8, 2, 8, attention="sliced_relu", n_steps=1)).eval()
 
 
+def own_plain():
+    from opsplit.models import TokenClassifier
+    from opsplit.operators import FeedForward
+    from opsplit.propagator import Propagator
+    from opsplit.schemes import Lie
+    from opsplit.solvers import ExplicitEuler, Substep
+
+    enc = Propagator(Lie([Substep(FeedForward.create(8, 8), ExplicitEuler())]), 1, grid=Grid.paper(None, 8))
+    return TokenClassifier(30, 30, enc)
+
+
 @functools.cache
 def sliced():
     return DecoderLM(DecoderConfig(30, 8, 1, 2, 8, norm="layer", mlp="plain", positions="learned", max_positions=8,
@@ -170,6 +181,8 @@ CALLS = cases(
     ("own-mask-shape", lambda: own().generate(IDS, 2, attention_mask=torch.ones(2, 4)), ValueError,
      r"attention_mask: expected shape \(B, past \+ N\) = \(2, 3\)"),
     ("own-mask-list", lambda: own()(IDS, [[1, 1, 1]]), TypeError, r"attention_mask: expected a torch.Tensor"),
+    ("own-mask-encoder", lambda: own_plain()(IDS, MASK), ValueError,
+     r"attention_mask: padding needs an AttentionDecoder encoder .* got Propagator"),
     ("sliced-mask-shape", lambda: sliced()(IDS, torch.ones(2, 2)), ValueError,
      r"attention_mask: expected shape \(B, past \+ N\) = \(2, 3\)"),
 )
