@@ -24,7 +24,8 @@ float64, with left-padded attention masks; generation token for token):
 
 **What is refused** (a ``ValueError`` naming the field, before any compute): rotary scaling
 (``rope_parameters`` with a ``rope_type`` other than ``"default"``, or any scaling key such
-as ``factor`` / ``partial_rotary_factor``), sliding windows (Mistral ``sliding_window`` not
+as ``factor`` / ``partial_rotary_factor``; transformers 4.x configs, which have
+``rope_theta`` and ``rope_scaling`` instead, are read and refused alike), sliding windows (Mistral ``sliding_window`` not
 ``None``; Qwen2 ``use_sliding_window`` / ``layer_types`` with ``"sliding_attention"``),
 GPT-2's ``add_cross_attention``, ``scale_attn_by_inverse_layer_idx`` and
 ``reorder_and_upcast_attn``, activations opsplit does not have, modules of unexpected
