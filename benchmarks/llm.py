@@ -17,6 +17,9 @@ to it), over ``--repeats`` pairs after ``--warmup`` pairs:
 The targets (forward and forward+backward <= 1.05x HF's time, generation >= 0.95x HF's
 tokens/s) are judged on the median of the paired ratios.
 
+``--exactness`` prints instead the worst differences to Hugging Face (logits and every
+parameter's gradient, float32 and float64) over the configurations of ``tests/test_llm_hf.py``.
+
 ``--decode-cost`` measures instead the time of one decode step (one new token, key/value
 cache of ``n`` tokens) against the context length ``n`` for opsplit's own causal decoders
 (``AttentionDecoder`` + ``TokenClassifier``: d_model 64, 4 heads, 2 layers, with softmax,
@@ -31,6 +34,7 @@ Usage::
     OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py [--repeats 9] [--threads 2] [--models llama gpt2]
     OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --threads 1 --cpu-time --skip forward backward
     OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --decode-cost [--sizes 1024 4096 16384 65536]
+    python benchmarks/llm.py --exactness
 """
 
 from __future__ import annotations
@@ -196,6 +200,65 @@ def measure(kind: str, args) -> list:
     return rows
 
 
+def exactness() -> None:
+    """The worst differences to HF over the configurations of ``tests/test_llm_hf.py`` (its
+    ``CASES``: 8 GPT-2, 8 Llama, 3 Qwen2, 1 Mistral; batch 3 x 9 with a left-padded mask; eval
+    mode): logits relative to the largest logit, and gradients of the test's seeded linear
+    functional relative to the largest entry of each parameter's gradient, in float32 and
+    float64.  In float32 it prints too how far HF's and opsplit's float32 gradients lie from
+    HF's float64 gradient of the same model (the test's referee where opsplit and HF differ by
+    more than 1e-5)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from _llm_configs import build, left_padded
+
+    from opsplit.models import hf_state_dict
+
+    cases = ([("gpt2", s) for s in range(8)] + [("llama", s) for s in range(8)] + [("qwen2", s) for s in range(3)]
+             + [("mistral", 0)])
+
+    def grads(model, ids, mask, w, ours):
+        out = model(ids, mask) if ours else model(input_ids=ids, attention_mask=mask)
+        (out.logits * w.to(out.logits.dtype)).sum().backward()
+        if ours:
+            return out.logits.detach(), hf_state_dict(model, grads=True)
+        return out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    def rel(a, b, scale):
+        return float((a.double() - b.double()).abs().max()) / scale if scale else 0.0
+
+    worst: dict = {}
+    for fam, seed in cases:
+        truth = None
+        for dtype in (torch.float64, torch.float32):
+            hf = build(fam, seed, dtype=dtype)
+            ours = from_hf(hf)
+            ids, mask = left_padded(hf.config.vocab_size, 3, 9, seed)
+            w = torch.randn((3, 9, hf.config.vocab_size), generator=torch.Generator().manual_seed(seed),
+                            dtype=torch.float64)
+            r, g_hf = grads(hf, ids, mask, w, False)
+            o, g_ours = grads(ours, ids, mask, w, True)
+            e_logits = rel(o, r, float(r.abs().max()))
+            e_grad = max(rel(g_ours[n], g, float(g.abs().max())) for n, g in g_hf.items())
+            if dtype == torch.float64:
+                truth = g_hf
+                e_hf = e_own = 0.0
+            else:
+                e_hf = max(rel(g, truth[n], float(truth[n].abs().max())) for n, g in g_hf.items())
+                e_own = max(rel(g_ours[n], truth[n], float(truth[n].abs().max())) for n in g_hf)
+            key = (fam, str(dtype).replace("torch.", ""))
+            old = worst.get(key, (0.0, 0.0, 0.0, 0.0, None, None))
+            worst[key] = (max(old[0], e_logits), max(old[1], e_grad), max(old[2], e_hf), max(old[3], e_own),
+                          seed if e_logits >= old[0] else old[4], seed if e_grad >= old[1] else old[5])
+    n = {f: sum(1 for c, _ in cases if c == f) for f, _ in cases}
+    print("| model (configs) | dtype | logits (worst seed) | gradients (worst seed) | float32 gradients vs "
+          "float64: HF / opsplit | tolerance |")
+    print("|---|---|---|---|---|---|")
+    for (fam, dt), (el, eg, eh, eo, sl, sg) in worst.items():
+        tol = "1e-5" if dt == "float32" else "1e-10"
+        ref = f"{eh:.1e} / {eo:.1e}" if dt == "float32" else "-"
+        print(f"| {fam} ({n[fam]}) | {dt} | {el:.1e} ({sl}) | {eg:.1e} ({sg}) | {ref} | {tol} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=9)
@@ -210,6 +273,9 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--skip", nargs="*", default=[], choices=["forward", "backward", "generate"])
     ap.add_argument("--decode-cost", action="store_true")
+    ap.add_argument("--exactness", action="store_true",
+                    help="print the worst differences to HF (logits, gradients) over the configurations of "
+                         "tests/test_llm_hf.py instead of timing")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with the process's CPU time (time.process_time) instead of the wall clock: on a loaded "
                          "machine, the work each side does, without the time spent waiting for a core")
@@ -225,6 +291,9 @@ def main(argv=None):
           f"{'CPU time' if args.cpu_time else 'wall clock'}")
     if args.decode_cost:
         decode_cost(args.sizes, args.repeats, args.vocab)
+        return
+    if args.exactness:
+        exactness()
         return
     rows = []
     for kind in args.models:

@@ -25,6 +25,12 @@ def gpt2_config(seed: int):
     )
 
 
+#: rope_theta of Llama seeds 0..7 (every value twice) and their layers (seed 6, grouped-query
+#: with 4 key/value heads for 8 query heads, on 3 layers)
+LLAMA_THETAS = [10000.0, 500000.0, 100.0, 1e6]
+LLAMA_LAYERS = [1, 2, 3, 1, 2, 3, 3, 2]
+
+
 def llama_config(seed: int):
     r = random.Random(2000 + seed)
     kv = r.choice([1, 2, 4])  # multi-query (1), grouped-query
@@ -33,8 +39,8 @@ def llama_config(seed: int):
     E = H * r.choice([2, 4])
     return transformers.LlamaConfig(
         vocab_size=r.choice([41, 50, 64]), hidden_size=E, intermediate_size=r.choice([E, 2 * E + 3]),
-        num_hidden_layers=1 + seed % 3, num_attention_heads=H, num_key_value_heads=kv, head_dim=d,
-        rms_norm_eps=r.choice([1e-6, 1e-5, 1e-3]), rope_theta=r.choice([10000.0, 500000.0, 100.0, 1e6]),
+        num_hidden_layers=LLAMA_LAYERS[seed % 8], num_attention_heads=H, num_key_value_heads=kv, head_dim=d,
+        rms_norm_eps=r.choice([1e-6, 1e-5, 1e-3]), rope_theta=LLAMA_THETAS[seed % 4],
         attention_bias=seed % 2 == 1, mlp_bias=seed % 3 == 2, tie_word_embeddings=seed % 4 in (1, 2),
         hidden_act=["silu", "silu", "gelu", "relu"][seed % 4], bos_token_id=1, eos_token_id=2,
         pad_token_id=[None, 0][seed % 2], max_position_embeddings=128,
@@ -92,3 +98,26 @@ def left_padded(vocab: int, B: int, N: int, seed: int, pad_id: int = 0):
     for b in range(1, B):
         mask[b, : min(N - 1, 2 * b - 1)] = 0
     return ids.masked_fill(mask == 0, pad_id), mask
+
+
+class _Config4x:
+    """A transformers 4.x view of a 5.x config: ``rope_theta`` and ``rope_scaling`` (and any
+    other ``extra`` attribute) as 4.x configs have them, no ``rope_parameters``; every other
+    attribute read from the wrapped config."""
+
+    def __init__(self, cfg, rope_scaling=None, **extra):
+        rp = getattr(cfg, "rope_parameters", None)
+        theta = rp["rope_theta"] if rp is not None else cfg.rope_theta
+        self.__dict__.update({"_cfg": cfg, "rope_theta": theta, "rope_scaling": rope_scaling, **extra})
+
+    def __getattr__(self, name):
+        if name == "rope_parameters":
+            raise AttributeError(name)
+        return getattr(self.__dict__["_cfg"], name)
+
+
+def as_4x(hf, **kw):
+    """``hf`` with its decoder's config seen as transformers 4.x writes it."""
+    base = hf.model if hasattr(hf, "model") else hf
+    base.config = _Config4x(base.config, **kw)
+    return hf

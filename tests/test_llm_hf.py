@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _llm_configs import build, left_padded, transformers  # noqa: E402
+from _llm_configs import as_4x, build, left_padded, transformers  # noqa: E402
 
 from opsplit.models import DecoderLM, from_hf, hf_state_dict, to_hf  # noqa: E402
 
@@ -90,16 +90,28 @@ def test_base_model_last_hidden_state(family, seed):
     _compare(hf, ours, torch.float64, seed, lm=False)
 
 
-@pytest.mark.parametrize("family,seed", [("gpt2", 1), ("llama", 2), ("qwen2", 0)])
-def test_to_hf_is_a_weight_copy(family, seed):
-    hf = build(family, seed)
+TO_HF = [("gpt2", 1, True), ("llama", 2, True), ("qwen2", 0, True), ("mistral", 0, True), ("gpt2", 3, False),
+         ("llama", 4, False), ("qwen2", 1, False), ("mistral", 0, False)]
+
+
+@pytest.mark.parametrize("family,seed,lm", TO_HF, ids=[f"{f}{s}-{'lm' if lm else 'base'}" for f, s, lm in TO_HF])
+def test_to_hf_is_a_weight_copy(family, seed, lm):
+    """to_hf(from_hf(m)) is m's class with m's weights bit for bit (the causal LMs and the base
+    *Model classes), the read-out tied as in m, and it computes m's outputs."""
+    hf = build(family, seed, lm=lm)
     back = to_hf(from_hf(hf))
-    assert type(back) is type(hf)
+    assert type(back) is type(hf) and not back.training
     a, b = hf.state_dict(), back.state_dict()
     assert set(a) == set(b)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    tied_hf = hf.lm_head.weight is hf.get_input_embeddings().weight
-    assert (back.lm_head.weight is back.get_input_embeddings().weight) == tied_hf
+    if lm:
+        tied_hf = hf.lm_head.weight is hf.get_input_embeddings().weight
+        assert (back.lm_head.weight is back.get_input_embeddings().weight) == tied_hf
+    ids, mask = left_padded(hf.config.vocab_size, 2, 6, seed)
+    with torch.no_grad():
+        r, o = hf(input_ids=ids, attention_mask=mask), back(input_ids=ids, attention_mask=mask)
+    key = "logits" if lm else "last_hidden_state"
+    assert torch.equal(getattr(r, key), getattr(o, key))
 
 
 def test_requires_grad_and_training_mode_are_kept():
@@ -145,3 +157,81 @@ def test_refined_token_grid_changes_only_the_positions():
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     assert not torch.allclose(out, ours(ids).logits)
     assert transformers is not None
+
+
+def test_refined_token_grid_interpolates_gpt2_positions():
+    """GPT-2's learned positions follow the token grid as the rotary ones do: on a grid of
+    spacing 1/2 the tokens sit at xi = i/2 and read the position table between its rows
+    (linear interpolation).  The model equals itself on the paper grid fed those real
+    positions, and HF's GPT-2 whose wpe rows are the interpolated rows written out by hand
+    (row i = wpe[i/2] for even i, the mean of wpe[(i-1)/2] and wpe[(i+1)/2] for odd i)."""
+    from opsplit import Grid, Interval
+
+    hf = build("gpt2", 0)
+    ours = from_hf(hf)
+    N = 7
+    ids, _ = left_padded(hf.config.vocab_size, 2, N, 0)
+    E, H = hf.config.n_embd, hf.config.n_head
+    ours.decoder.grid = Grid(x=Interval(spacing=0.5), y=Interval.paper(E), h=ours.decoder.grid.h)
+    with torch.no_grad():
+        out = ours(ids).logits
+        ours.decoder.grid = Grid.paper(None, E, nh=H)
+        ref = ours(ids, position_ids=torch.arange(N, dtype=torch.float64)[None] * 0.5).logits
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+        assert not torch.allclose(out, ours(ids).logits)
+        # HF with the interpolated table
+        W = hf.transformer.wpe.weight.detach().clone()
+        rows = [W[i // 2] if i % 2 == 0 else (W[i // 2] + W[i // 2 + 1]) / 2 for i in range(N)]
+        hf.transformer.wpe.weight[:N] = torch.stack(rows)
+        torch.testing.assert_close(out, hf(input_ids=ids).logits, rtol=0, atol=1e-12 * float(out.abs().max()))
+
+
+def test_refined_token_grid_continues_gpt2_positions_through_the_cache():
+    """With a cache the learned positions continue at past * h + x_i - x_1 (as the rotary
+    ones): a prompt fed in two chunks on the refined grid gives the whole prompt's logits."""
+    from opsplit import Grid, Interval
+    from opsplit.operators import KVCache
+
+    hf = build("gpt2", 2)
+    ours = from_hf(hf)
+    ids, _ = left_padded(hf.config.vocab_size, 2, 8, 2)
+    ours.decoder.grid = Grid(x=Interval(spacing=0.25), y=Interval.paper(hf.config.n_embd), h=ours.decoder.grid.h)
+    cache = KVCache()
+    with torch.no_grad():
+        whole = ours(ids).logits
+        parts = torch.cat([ours(ids[:, :5], cache=cache).logits, ours(ids[:, 5:], cache=cache).logits], 1)
+    torch.testing.assert_close(parts, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
+
+
+@pytest.mark.parametrize("family,seed", [("llama", 2), ("llama", 7), ("qwen2", 1), ("mistral", 0)])
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "default"}, {"type": "default"}])
+def test_transformers_4_rope_config(family, seed, scaling):
+    """A config without rope_parameters (transformers 4.x: rope_theta, rope_scaling None or a
+    dict of rope_type 'default') converts to the model the 5.x config gives, bit for bit."""
+    ref = from_hf(build(family, seed))
+    hf4 = as_4x(build(family, seed), rope_scaling=scaling)
+    assert getattr(hf4.model.config, "rope_parameters", None) is None
+    ours = from_hf(hf4)
+    assert ours.config.rope_theta == ref.config.rope_theta == hf4.model.config.rope_theta
+    ids, mask = left_padded(hf4.config.vocab_size, 3, 7, seed)
+    with torch.no_grad():
+        assert torch.equal(ours(ids, mask).logits, ref(ids, mask).logits)
+
+
+@pytest.mark.parametrize("scale_attn_weights", [True, False])
+def test_transformers_4_gpt2_attention_scale(scale_attn_weights):
+    """GPT-2 attention modules without ``scaling`` (transformers < 5.4): the score scale follows
+    from config.scale_attn_weights, the model the same as with it."""
+    seed = 0 if scale_attn_weights else 3  # _llm_configs: seed 3 has scale_attn_weights=False
+    hf = build("gpt2", seed)
+    assert hf.config.scale_attn_weights is scale_attn_weights
+    ref = from_hf(hf)
+    for blk in hf.transformer.h:
+        if hasattr(blk.attn, "scaling"):  # transformers >= 5.4
+            del blk.attn.scaling
+    ours = from_hf(hf)
+    assert ours.config.scale == ref.config.scale == ((hf.config.n_embd // hf.config.n_head) ** -0.5
+                                                      if scale_attn_weights else 1.0)
+    ids, mask = left_padded(hf.config.vocab_size, 2, 6, seed)
+    with torch.no_grad():
+        assert torch.equal(ours(ids, mask).logits, ref(ids, mask).logits)

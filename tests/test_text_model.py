@@ -232,8 +232,8 @@ def test_sliced_decoder_is_the_naive_causal_formula():
 
 @pytest.mark.parametrize("attention", ["softmax", "sliced_relu"])
 def test_generate_at_another_n_t(attention):
-    """generate(n_steps=k) is the argmax loop over model(ids, n_steps=k); with the cache
-    (softmax) and without."""
+    """generate(n_steps=k) is the argmax loop over model(ids, n_steps=k); with the cache and
+    without."""
     _, model = pair(attention=attention)
     model.eval()
     prompt = ids(B=2, N=3)
@@ -243,17 +243,26 @@ def test_generate_at_another_n_t(attention):
             seq = torch.cat([seq, model(seq, n_steps=3).logits[:, -1].argmax(-1, keepdim=True)], 1)
     out = model.generate(prompt, 5, use_cache=False, n_steps=3)
     assert torch.equal(out, seq)
-    if attention == "softmax":
-        assert torch.equal(model.generate(prompt, 5, n_steps=3), seq)
+    assert torch.equal(model.generate(prompt, 5, n_steps=3), seq)
     assert not torch.equal(model.generate(prompt, 5, use_cache=False, n_steps=1), seq)
 
 
-def test_sliced_decoder_refuses_cache_and_padding():
+def test_sliced_decoder_takes_cache_and_padding():
+    """The sliced decoder generates with the cache (the decode sums over the cached scores) and
+    takes a left-padded batch: sample 1 with one pad gives the logits of its real tokens alone
+    (positions from its first real token), and the cached generation is the argmax loop."""
     _, model = pair(attention="sliced_relu")
-    with pytest.raises(ValueError, match="cache: sliced ReLU attention keeps no key/value cache"):
-        model.generate(ids(B=1, N=3), 2)
-    with pytest.raises(ValueError, match="attention_mask: sliced ReLU attention takes no padding"):
-        model(ids(B=2, N=3), torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    model.eval()
+    x = ids(B=2, N=4)
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    pos = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 2]])
+    with torch.no_grad():
+        out = model(x, mask, position_ids=pos).logits
+        torch.testing.assert_close(out[1, 1:], model(x[1:, 1:]).logits[0], rtol=0, atol=1e-12)
+        seq = x[:1]
+        for _ in range(4):
+            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        assert torch.equal(model.generate(x[:1], 4), seq)
 
 
 def test_sliced_decoder_gradcheck():

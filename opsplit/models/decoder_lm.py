@@ -32,6 +32,13 @@ per layer, so the backward pass sends each layer's gradient to its own tensor), 
 **Calls.**  ``model(input_ids, attention_mask=None, position_ids=None, cache=None)`` takes
 integer ids ``(B, N)`` and an optional 0/1 mask ``(B, past + N)`` (0 = padding; left
 padding for batched prompts) as Hugging Face does, and returns a :class:`DecoderOutput`.
+Without ``position_ids`` the tokens sit at the coordinates :math:`\xi_i = x_i - x_1` of the
+decoder's token grid (after ``past`` cached tokens, :math:`\xi_i = \text{past}\cdot h + x_i
+- x_1`): :math:`0, 1, 2, \dots` on the paper's grid (Hugging Face's positions), :math:`0, h,
+2h, \dots` on a refined grid of spacing :math:`h` — the rotary angles and the learned
+position table (interpolated between its rows) read the same coordinates
+(:meth:`DecoderLM.token_positions`), so a model is evaluated on another :math:`N_x` by
+setting ``model.decoder.grid``.
 The mask, the explicit positions and the key/value cache are call-time inputs of the grid
 (:class:`~opsplit.operators.context.ContextGrid`): the propagator, the scheme and the solvers
 do not know them.  ``model.generate(...)`` is :func:`opsplit.models.generate.generate`.
@@ -41,8 +48,10 @@ continuous model with another attention term or another splitting.  ``attention=
 "sliced_relu"`` puts causal sliced ReLU attention (:class:`~opsplit.operators.SlicedReLUAttention`,
 paper 004, eqs. 3 and 8, MLP projection, :math:`O(N_x \log^2 N_x)`) in the place of
 :math:`A` — no rotary positions (it has no query/key heads to rotate), no attention biases
-or dropout, no key/value cache (a generation step recomputes the sequence:
-``generate(..., use_cache=False)``) and no left padding; ``scheme="strang"`` advances
+or dropout; left padding is a key-padding mask (the pads get key weight 0 in the causal
+sums) and a generation step with the :class:`~opsplit.operators.KVCache` is the
+:math:`O(n\,D)` sum over the cached scores and values (:mod:`opsplit.functional.sliced_decode`);
+``scheme="strang"`` advances
 :math:`A` over half steps around a full step of :math:`F` (:class:`~opsplit.schemes.Strang`;
 first order with these explicit-Euler substeps, and no longer GPT-2's layer at
 :math:`\Delta t = 1`).
@@ -245,7 +254,8 @@ class DecoderLM(nn.Module):
             rotary = RotaryEmbedding(d, c.rope_theta, compute_dtype=torch.float32 if c.hf_arithmetic else None)
         if c.attention == "sliced_relu":
             attention = SlicedReLUAttention.build(E, H, projection="mlp", causal=True, n_steps=L, t0=0.0,
-                                                  t1=float(L), **fk)
+                                                  t1=float(L), cache="kv_cache", key_padding_mask="key_padding_mask",
+                                                  **fk)
         else:
             attention = GroupedQueryAttention(
                 pc(E, H, d), pc(E, Hkv, d), pc(E, Hkv, d), pc(H, d, E),
@@ -386,9 +396,6 @@ class DecoderLM(nn.Module):
                              f"{c.vocab_size}), got range [{lo}, {hi}]")
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache: expected an opsplit KVCache or None, got {type(cache).__name__}")
-        if cache is not None and c.attention == "sliced_relu":
-            raise ValueError("cache: sliced ReLU attention keeps no key/value cache (its keys are sorted scores); "
-                             "generate with use_cache=False")
         past = 0 if cache is None else cache.length
         mask = None
         if attention_mask is not None:
@@ -406,9 +413,6 @@ class DecoderLM(nn.Module):
             if values and attention_mask.dtype != torch.bool and \
                     not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
                 raise ValueError("attention_mask: expected values 0 (padding) and 1 (token)")
-            if c.attention == "sliced_relu" and not bool(mask.all()):
-                raise ValueError("attention_mask: sliced ReLU attention takes no padding (its causal prefix sums "
-                                 "see every earlier token); pass prompts of equal length")
         if position_ids is not None:
             if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or \
                     position_ids.shape[0] not in (1, B) or position_ids.shape[1] != N:
@@ -417,25 +421,38 @@ class DecoderLM(nn.Module):
             if position_ids.is_floating_point() and not bool(torch.isfinite(position_ids).all()):
                 raise ValueError("position_ids: expected finite positions")
         if self.positions is not None and values:
-            pos = position_ids if position_ids is not None else torch.arange(past, past + N, device=device)
-            if pos.numel() and (int(pos.max()) > self.positions.n_positions - 1 or float(pos.min()) < 0):
+            pos = position_ids if position_ids is not None else self.token_positions(N, past, device)
+            if pos.numel() and (float(pos.max()) > self.positions.n_positions - 1 or float(pos.min()) < 0):
                 raise ValueError(
-                    f"input_ids: positions up to {int(pos.max())} (sequence of {N} tokens"
+                    f"input_ids: positions up to {float(pos.max()):g} (sequence of {N} tokens"
                     + (f" after {past} cached" if past else "") + f") exceed the learned positions of the model: "
                     f"max_positions = {self.positions.n_positions} (GPT-2's n_positions)"
                 )
         return past, mask
 
     # -- the map -------------------------------------------------------------------------------
+    def token_positions(self, n: int, past: int = 0, device=None) -> Tensor:
+        """The coordinates :math:`\\xi` of ``n`` new tokens after ``past`` cached ones on the
+        decoder's token grid, read by the learned positions and by the rotary ones alike
+        (:meth:`RotaryEmbedding.token_positions`, :math:`\\xi_i = n_{past} h + x_i - x_1`):
+        the integers ``past, ..., past + n - 1`` on a grid of spacing 1 (the paper's), real
+        coordinates on a refined grid."""
+        x = self.decoder.grid.x
+        if x.spacing == 1.0:
+            return torch.arange(past, past + n, device=device)
+        return RotaryEmbedding.token_positions(self.decoder.grid, n, past, device)
+
     def embed(self, input_ids: Tensor, past: int = 0, position_ids: Tensor | None = None, *,
               check: bool = True) -> Tensor:
-        """:math:`F_{\\text{in}}`: token table (+ learned positions), ``(B, N, d_model)``
-        (``check=False``: the positions were checked against the table already)."""
+        """:math:`F_{\\text{in}}`: token table (+ learned positions :math:`P(\\xi(x), y)` at the
+        grid's token coordinates, :meth:`token_positions`, or at ``position_ids``),
+        ``(B, N, d_model)`` (``check=False``: the positions were checked against the table
+        already)."""
         u = self.embedding(input_ids)
         if self.positions is not None:
             N = input_ids.shape[1]
             pos = position_ids if position_ids is not None else \
-                torch.arange(past, past + N, device=input_ids.device).unsqueeze(0)
+                self.token_positions(N, past, input_ids.device).unsqueeze(0)
             u = u + self.positions.at(pos, check=check)
         if self.config.embedding_dropout and self.training:
             u = F.dropout(u, self.config.embedding_dropout, True)

@@ -24,7 +24,8 @@ float64, with left-padded attention masks; generation token for token):
 
 **What is refused** (a ``ValueError`` naming the field, before any compute): rotary scaling
 (``rope_parameters`` with a ``rope_type`` other than ``"default"``, or any scaling key such
-as ``factor`` / ``partial_rotary_factor``), sliding windows (Mistral ``sliding_window`` not
+as ``factor`` / ``partial_rotary_factor``; transformers 4.x configs, which have
+``rope_theta`` and ``rope_scaling`` instead, are read and refused alike), sliding windows (Mistral ``sliding_window`` not
 ``None``; Qwen2 ``use_sliding_window`` / ``layer_types`` with ``"sliding_attention"``),
 GPT-2's ``add_cross_attention``, ``scale_attn_by_inverse_layer_idx`` and
 ``reorder_and_upcast_attn``, activations opsplit does not have, modules of unexpected
@@ -129,7 +130,9 @@ def _gpt2_parts(model) -> dict:
         p_resid.add(_dropout_p(blk.attn.resid_dropout, w + ".attn.resid_dropout"))
         p_resid.add(_dropout_p(blk.mlp.dropout, w + ".mlp.dropout"))
     eps.add(_check_ln(tr.ln_f, where + ".ln_f", E))
-    scales = {float(b.attn.scaling) for b in blocks}
+    # transformers >= 4.57 keeps the score scale as ``attn.scaling``; before, it follows from
+    # scale_attn_weights (scale_attn_by_inverse_layer_idx is refused above)
+    scales = {float(getattr(b.attn, "scaling", (E // H) ** -0.5 if cfg.scale_attn_weights else 1.0)) for b in blocks}
     V, P = tr.wte.weight.shape[0], tr.wpe.weight.shape[0]
     tied = head is not None and head.weight is tr.wte.weight
     if head is not None and not tied:
@@ -149,21 +152,39 @@ def _gpt2_parts(model) -> dict:
 
 
 def _rope_checks(cfg, cls: str) -> float:
+    """``rope_theta`` of a config with plain rotary positions; scaling of any kind refused.
+
+    transformers >= 5 keeps the rotary settings in one dict, ``config.rope_parameters``
+    (``rope_theta``, ``rope_type``, scaling keys); transformers 4.x in ``config.rope_theta``
+    and ``config.rope_scaling`` (``None`` or a dict with ``rope_type`` / ``type`` and the
+    scaling keys), with ``partial_rotary_factor`` an attribute of the config when present."""
     rp = getattr(cfg, "rope_parameters", None)
-    if rp is None:
-        raise ValueError(f"from_hf: {cls}: config.rope_parameters is missing (rope_theta)")
+    if rp is None:  # transformers 4.x
+        if getattr(cfg, "rope_theta", None) is None:
+            raise ValueError(f"from_hf: {cls}: config.rope_parameters (transformers >= 5) and config.rope_theta "
+                             "(transformers 4.x) are both missing")
+        prf = getattr(cfg, "partial_rotary_factor", 1.0)
+        if prf not in (None, 1.0):
+            raise ValueError(f"from_hf: {cls}: config.partial_rotary_factor = {prf!r} (rotary positions on part of "
+                             "a head) is not converted; opsplit rotates the whole head (1.0)")
+        rs = getattr(cfg, "rope_scaling", None)
+        if rs is not None and not isinstance(rs, dict):
+            raise ValueError(f"from_hf: {cls}: config.rope_scaling = {rs!r}: expected None or a dict")
+        rp, field = {**(rs or {}), "rope_theta": cfg.rope_theta}, "rope_scaling"
+    else:
+        field = "rope_parameters"
     if any(isinstance(v, dict) for v in rp.values()):
-        raise ValueError(f"from_hf: {cls}: per-layer-type config.rope_parameters {rp!r} are not converted")
+        raise ValueError(f"from_hf: {cls}: per-layer-type config.{field} {rp!r} are not converted")
     rtype = rp.get("rope_type", rp.get("type", "default"))
     if rtype != "default":
         raise ValueError(
-            f"from_hf: {cls}: config.rope_parameters['rope_type'] = {rtype!r} (rope scaling) is not converted; "
+            f"from_hf: {cls}: config.{field}['rope_type'] = {rtype!r} (rope scaling) is not converted; "
             "opsplit recovers rope_type 'default' (plain rotary positions with rope_theta)"
         )
     extra = {k: v for k, v in rp.items() if k not in ("rope_type", "type", "rope_theta")
              and not (k == "partial_rotary_factor" and v == 1.0)}
     if extra:
-        raise ValueError(f"from_hf: {cls}: config.rope_parameters keys {sorted(extra)} (rope scaling) are not converted")
+        raise ValueError(f"from_hf: {cls}: config.{field} keys {sorted(extra)} (rope scaling) are not converted")
     return float(rp["rope_theta"])
 
 

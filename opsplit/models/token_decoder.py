@@ -27,6 +27,15 @@ start from the same feed-forward weights.
 sequences: :math:`F` an embedding table (no positions: with ``causal=True`` attention
 already sees order), :math:`\bar{\mathcal N}` a propagator, :math:`G` a LayerNorm and a
 linear read-out to class logits at every token, ``(B, N) -> (B, N, C)``.
+
+**Padding and generation.**  The attention terms of :class:`AttentionDecoder` read two call-time
+inputs of the grid's context: a :class:`~opsplit.operators.KVCache` (``"kv_cache"``, causal
+decoders: :func:`~opsplit.models.generate.generate` runs one new token per step) and a
+key-padding mask (``"key_padding_mask"``, ``True`` = padded) that removes the left padding of
+a batch of prompts from every key measure — softmax by a log-weight of :math:`-\infty`, the
+sliced terms by a key weight of 0 — so that a padded sample's real tokens see what they see
+unpadded.  :class:`TokenClassifier` takes the 0/1 ``attention_mask`` of Hugging Face
+(``forward``, ``next_token_logits``, ``generate``).
 """
 
 from __future__ import annotations
@@ -109,15 +118,17 @@ class AttentionDecoder(Propagator):
 
         ffn = FeedForward.create(d_model, d_ff, n_pieces=n_steps, t0=0.0, t1=T, activation=activation, **fk)
         span = dict(n_steps=n_steps, t0=0.0, t1=T, **fk)
-        cache = "kv_cache" if causal else None  # generation reads a KVCache from the grid's context
+        # call-time inputs of the grid's context: a KVCache (generation) and the key-padding mask
+        # of a left-padded batch (True = padded)
+        ctx = {"cache": "kv_cache" if causal else None, "key_padding_mask": "key_padding_mask"}
         if attention == "softmax":
             attn = MultiHeadAttention.create(d_model, n_heads, n_pieces=n_steps, t0=0.0, t1=T, causal=causal,
-                                             cache=cache, **fk)
+                                             **ctx, **fk)
         elif attention == "sliced_relu":
-            attn = SlicedReLUAttention.build(d_model, n_heads, projection="mlp", causal=causal, cache=cache, **span)
+            attn = SlicedReLUAttention.build(d_model, n_heads, projection="mlp", causal=causal, **ctx, **span)
         elif attention == "sliced_bump":
             attn = SlicedReLUBumpAttention.build(d_model, n_heads, bandwidth=bandwidth, projection="linear",
-                                                 causal=causal, cache=cache, **span)
+                                                 causal=causal, **ctx, **span)
         else:
             attn = None
         ln1, ln2 = layer_norm(), layer_norm()
@@ -221,17 +232,46 @@ class TokenClassifier(nn.Module):
             raise ValueError(f"{name}: expected ids in [0, {self.vocab_size - 1}], got range "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
 
-    def forward(self, tokens: Tensor, *, n_steps: int | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, *, n_steps: int | None = None) -> Tensor:
+        """Logits ``(B, N, n_classes)``; ``attention_mask`` ``(B, N)`` of 0/1 (0 = padding)
+        removes the padded tokens from every key measure (their own logits are not
+        meaningful), as for :meth:`next_token_logits`."""
         self._check_tokens(tokens)
-        u = self.encoder(self.embedding(tokens), n_steps=n_steps)
+        mask = self._check_mask(tokens, attention_mask, 0)
+        grid = None if mask is None else ContextGrid.of(self.encoder.grid, key_padding_mask=~mask)
+        u = self.encoder(self.embedding(tokens), n_steps=n_steps, grid=grid)
         return self.readout(self.norm(u))
+
+    def _check_mask(self, tokens: Tensor, attention_mask, past: int) -> Tensor | None:
+        """The 0/1 mask ``(B, past + N)`` as a bool ``True`` = token, or ``None`` when absent or
+        all ones (no padding)."""
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, Tensor):
+            raise TypeError(f"attention_mask: expected a torch.Tensor (B, past + N) of 0/1 or None, got "
+                            f"{type(attention_mask).__name__}")
+        want = (tokens.shape[0], past + tokens.shape[1])
+        if tuple(attention_mask.shape) != want:
+            raise ValueError(f"attention_mask: expected shape (B, past + N) = {want} (1 = token, 0 = padding"
+                             + (f"; {past} tokens cached" if past else "") + f"), got {tuple(attention_mask.shape)}")
+        if attention_mask.device != tokens.device:
+            raise ValueError(f"attention_mask: on device {attention_mask.device}, the tokens are on {tokens.device}")
+        if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask: expected values 0 (padding) and 1 (token)")
+        mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+        if bool(mask.all()):
+            return None
+        if not isinstance(self.encoder, AttentionDecoder):
+            raise ValueError(f"attention_mask: padding needs an AttentionDecoder encoder (its attention terms read the "
+                             f"key-padding mask); got {type(self.encoder).__name__}")
+        return mask
 
     # -- generation (opsplit.models.generate) ----------------------------------------------------
     def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None):
         """Validation for :func:`~opsplit.models.generate.generate` (before any compute): a
         causal encoder, ``n_classes == vocab_size`` (a language model), integer ids with at
-        least one token, no padding (the decoder has no key-padding mask: prompts of equal
-        length).  Returns ``(past, None)``."""
+        least one token, the 0/1 mask ``(B, past + N)`` of a left-padded batch.  Returns
+        ``(past, mask)`` with the mask as bool (``True`` = token) or ``None`` (no padding)."""
         if self.n_classes != self.vocab_size:
             raise ValueError(f"TokenClassifier: generation feeds the predicted classes back as tokens: needs "
                              f"n_classes == vocab_size, got {self.n_classes} and {self.vocab_size}")
@@ -240,30 +280,26 @@ class TokenClassifier(nn.Module):
         self._check_tokens(input_ids, "input_ids")
         if input_ids.shape[1] == 0:
             raise ValueError(f"input_ids: empty prompt (shape {tuple(input_ids.shape)}): expected at least one token")
-        if attention_mask is not None:
-            if not isinstance(attention_mask, Tensor):
-                raise TypeError(f"attention_mask: expected a torch.Tensor or None, got {type(attention_mask).__name__}")
-            past = 0 if cache is None else cache.length
-            want = (input_ids.shape[0], past + input_ids.shape[1])
-            if tuple(attention_mask.shape) != want:
-                raise ValueError(f"attention_mask: expected shape (B, past + N) = {want}, got "
-                                 f"{tuple(attention_mask.shape)}")
-            if not bool((attention_mask != 0).all()):
-                raise ValueError("attention_mask: a TokenClassifier has no key-padding mask: give prompts of equal "
-                                 "length (a mask of ones, or None)")
-        return (0 if cache is None else cache.length), None
+        past = 0 if cache is None else cache.length
+        return past, self._check_mask(input_ids, attention_mask, past)
 
     def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids=None,
                           cache=None, n_steps: int | None = None, check_values: bool = True) -> Tensor:
         """The last position's logits ``(B, n_classes)``; with a
         :class:`~opsplit.operators.KVCache` only the new tokens are run (the causal attention
-        terms read the earlier tokens' keys and values from it).  ``position_ids`` are not
-        used: the model has no positions (causal attention sees the order)."""
-        self.check_inputs(input_ids, attention_mask, cache=cache)
-        grid = None
+        terms read the earlier tokens' keys and values from it).  ``attention_mask``
+        ``(B, past + N)``: 0 at the left padding of a batch, which every attention term
+        removes from its keys (a key-padding mask in the grid's context).  ``position_ids``
+        are not used: the model has no positions (causal attention sees the order, and the
+        real tokens of a padded sample see exactly what they see unpadded)."""
+        _, mask = self.check_inputs(input_ids, attention_mask, cache=cache)
+        ctx = {}
+        if mask is not None:
+            ctx["key_padding_mask"] = ~mask
         if cache is not None:
             cache.begin()
-            grid = ContextGrid.of(self.encoder.grid, kv_cache=cache)
+            ctx["kv_cache"] = cache
+        grid = ContextGrid.of(self.encoder.grid, **ctx) if ctx else None
         u = self.encoder(self.embedding(input_ids), n_steps=n_steps, grid=grid, check_finite_input=check_values)
         return self.readout(self.norm(u[:, -1]))
 

@@ -203,9 +203,8 @@ class GroupedQueryAttention(Operator):
     def _positions(self, grid: Grid, B: int, N: int, past: int, device) -> Tensor:
         p = context_value(grid, self.positions)
         if p is None:
-            h = grid.x.spacing if grid.x.spacing is not None else 1.0
             key = ("rope-grid", N, past, str(device))
-            return cached(grid, key, lambda: self.rotary.grid_positions(grid, N, past * h, device))
+            return cached(grid, key, lambda: self.rotary.token_positions(grid, N, past, device))
         if not isinstance(p, Tensor) or p.dim() != 2 or p.shape[0] not in (1, B) or p.shape[1] != N:
             shape = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__
             raise ValueError(

@@ -100,11 +100,22 @@ class RotaryEmbedding(nn.Module):
         ang = torch.cat((ang, ang), dim=-1)
         return ang.cos().to(dtype), ang.sin().to(dtype)
 
-    def grid_positions(self, grid: Grid, n: int, offset: float = 0.0, device=None) -> Tensor:
+    @staticmethod
+    def grid_positions(grid: Grid, n: int, offset: float = 0.0, device=None) -> Tensor:
         """:math:`\\xi_i = x_i - x_1 + \\text{offset}` for the ``n`` nodes of ``grid.x`` (float64)."""
         itv = grid.x if grid.x.n == n else grid.x.with_n(n)
         x = itv.nodes(torch.float64, device)
         return x - x[0] + offset
+
+    @staticmethod
+    def token_positions(grid: Grid, n: int, past: int = 0, device=None) -> Tensor:
+        """The coordinates :math:`\\xi_i = n_{past} h + x_i - x_1` of ``n`` new tokens after
+        ``past`` earlier ones (a key/value cache) on ``grid.x`` of spacing :math:`h` (1 when
+        the grid leaves it open), float64: :math:`0, 1, 2, \\dots` on the paper's grid,
+        :math:`0, h, 2h, \\dots` on a refined one (module docstring).  The learned positions
+        of :class:`~opsplit.models.DecoderLM` read the same coordinates."""
+        h = grid.x.spacing if grid.x.spacing is not None else 1.0
+        return RotaryEmbedding.grid_positions(grid, n, past * h, device)
 
     @staticmethod
     def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -69,6 +69,7 @@ from ..functional import (
     sliced_relu_attention,
     sliced_relu_bump_attention,
 )
+from ..functional._inputs import key_weights as combine_key_weights
 from ..functional.sliced_decode import (
     decode_sliced_relu_attention,
     decode_sliced_relu_bump_attention,
@@ -100,12 +101,15 @@ class _SlicedBase(Operator):
     batchable = False
     _name = "SlicedAttention"
 
-    def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, cache: str | None = None):
+    def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, cache: str | None = None,
+                 key_padding_mask: str | None = None):
         super().__init__()
         n = self._name
-        if cache is not None and not isinstance(cache, str):
-            raise TypeError(f"{n}.cache: expected the name (str) of a grid context input, got {type(cache).__name__}")
-        self.cache = cache
+        for name, key in (("cache", cache), ("key_padding_mask", key_padding_mask)):
+            if key is not None and not isinstance(key, str):
+                raise TypeError(f"{n}.{name}: expected the name (str) of a grid context input, got "
+                                f"{type(key).__name__}")
+        self.cache, self.key_padding_mask = cache, key_padding_mask
         self.WQ = as_control(WQ, f"{n}.WQ", axes=("y", "y"))
         self.WK = as_control(WK, f"{n}.WK", axes=("y", "y"))
         self.WV = as_control(WV, f"{n}.WV", axes=("y", "y"))
@@ -193,6 +197,14 @@ class _SlicedBase(Operator):
         if wx is not None:
             raise ValueError(f"{self._name}: a key/value cache needs equal token weights (uniform Omega_x)")
         return cache.update(self, t, zk, V)
+
+    def decode_key_weights(self, grid: Grid, zk: Tensor) -> Tensor | None:
+        """For a decode step: the key-padding mask of the call (``(B, N_k)`` over cached and
+        new keys, ``True`` = padded) as key weights ``(B, 1, N_k)`` (0 at the pads), or ``None``."""
+        kpm = context_value(grid, self.key_padding_mask)
+        if kpm is None:
+            return None
+        return combine_key_weights(self._name, kpm, None, zk.shape, zk.dtype, zk.device)
 
     def head_sum(self, out: Tensor, grid: Grid) -> Tensor:
         """:math:`\\int_{\\Omega_h} \\cdot\\, dh` of ``(B, H, N_x, N_y)`` -> ``(B, N_x, N_y)``."""
@@ -305,6 +317,9 @@ class SlicedReLUAttention(_SlicedBase):
             the values centred over that causal prefix
             (:func:`~opsplit.functional.causal_sliced_relu_attention`, exact,
             :math:`O(N_x \log^2 N_x)`).
+        cache: context key of a :class:`~opsplit.operators.KVCache` (causal: generation).
+        key_padding_mask: context key of a bool mask ``(B, N_k)`` (``True`` = padded: the key
+            gets weight 0 in every sum, the left padding of a batch of prompts).
 
     Use :meth:`build` for an initialised module.
     """
@@ -312,8 +327,8 @@ class SlicedReLUAttention(_SlicedBase):
     _name = "SlicedReLUAttention"
 
     def __init__(self, WQ, WK, WV, P, *, P1=None, c1=None, centered: bool = True,
-                 causal: bool = False, cache: str | None = None):
-        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1, cache=cache)
+                 causal: bool = False, cache: str | None = None, key_padding_mask: str | None = None):
+        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1, cache=cache, key_padding_mask=key_padding_mask)
         self.centered = _flag(centered, f"{self._name}.centered")
         self.causal = _flag(causal, f"{self._name}.causal")
 
@@ -321,13 +336,13 @@ class SlicedReLUAttention(_SlicedBase):
     def build(cls, n_y: int, n_heads: int, *, projection: str = "mlp", centered: bool = True,
               causal: bool = False, n_steps: int | None = None, t0: float = 0.0,
               t1: float | None = None, dy: float = 1.0, generator=None, device=None,
-              dtype=None, cache: str | None = None) -> SlicedReLUAttention:
+              dtype=None, cache: str | None = None, key_padding_mask: str | None = None) -> SlicedReLUAttention:
         """A randomly initialised operator: constant controls (``n_steps=None``) or one value
         per time step (:class:`~opsplit.controls.PiecewiseConstant` on ``[t0, t1]``).
         ``projection="mlp"`` is paper 004's choice for sliced ReLU attention (§2.2)."""
         ctl = cls._controls(n_y, n_heads, projection, n_steps, t0, t1, device, dtype)
         op = cls(ctl["WQ"], ctl["WK"], ctl["WV"], ctl["P"], P1=ctl.get("P1"), c1=ctl.get("c1"),
-                 centered=centered, causal=causal, cache=cache)
+                 centered=centered, causal=causal, cache=cache, key_padding_mask=key_padding_mask)
         op.reset_parameters(generator, dy)
         return op
 
@@ -336,9 +351,11 @@ class SlicedReLUAttention(_SlicedBase):
         wx = self.key_weights(grid, u.dtype, u.device)
         zk, V = self.with_cache(t, zk, V, grid, wx)
         if zk.shape[-1] > zq.shape[-1]:  # decode steps after a cache: O(N_q N_k D) direct sums
-            return self.head_sum(decode_sliced_relu_attention(zq, zk, V, centered=self.centered), grid)
+            return self.head_sum(decode_sliced_relu_attention(zq, zk, V, centered=self.centered,
+                                                              key_weights=self.decode_key_weights(grid, zk)), grid)
         attn = causal_sliced_relu_attention if self.causal else sliced_relu_attention
-        out = attn(zq, zk, V, centered=self.centered, key_weights=wx)
+        out = attn(zq, zk, V, centered=self.centered, key_weights=wx,
+                   key_padding_mask=context_value(grid, self.key_padding_mask))
         return self.head_sum(out, grid)
 
     def attention_weights(self, u: Tensor, t: float = 0.0, grid: Grid | None = None) -> Tensor:
@@ -372,8 +389,8 @@ class SlicedReLUBumpAttention(_SlicedBase):
     _name = "SlicedReLUBumpAttention"
 
     def __init__(self, WQ, WK, WV, P, *, bandwidth=1.0, P1=None, c1=None, causal: bool = False,
-                 cache: str | None = None):
-        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1, cache=cache)
+                 cache: str | None = None, key_padding_mask: str | None = None):
+        super().__init__(WQ, WK, WV, P, P1=P1, c1=c1, cache=cache, key_padding_mask=key_padding_mask)
         self.causal = _flag(causal, f"{self._name}.causal")
         self.bandwidth = _control(bandwidth, f"{self._name}.bandwidth", (), positive=True)
 
@@ -381,7 +398,7 @@ class SlicedReLUBumpAttention(_SlicedBase):
     def build(cls, n_y: int, n_heads: int, *, bandwidth: float = 1.0, projection: str = "linear",
               causal: bool = False, n_steps: int | None = None, t0: float = 0.0,
               t1: float | None = None, dy: float = 1.0, generator=None, device=None,
-              dtype=None, cache: str | None = None) -> SlicedReLUBumpAttention:
+              dtype=None, cache: str | None = None, key_padding_mask: str | None = None) -> SlicedReLUBumpAttention:
         """A randomly initialised operator with a trainable bandwidth per head (log-
         parametrised, so it stays positive)."""
         ctl = cls._controls(n_y, n_heads, projection, n_steps, t0, t1, device, dtype)
@@ -393,7 +410,7 @@ class SlicedReLUBumpAttention(_SlicedBase):
             b = PiecewiseConstant(torch.full((n_steps, n_heads), float(bandwidth), **fk), t0=t0,
                                   t1=t1, positive=True)
         op = cls(ctl["WQ"], ctl["WK"], ctl["WV"], ctl["P"], bandwidth=b, P1=ctl.get("P1"),
-                 c1=ctl.get("c1"), causal=causal, cache=cache)
+                 c1=ctl.get("c1"), causal=causal, cache=cache, key_padding_mask=key_padding_mask)
         op.reset_parameters(generator, dy)
         return op
 
@@ -415,9 +432,11 @@ class SlicedReLUBumpAttention(_SlicedBase):
         wx = self.key_weights(grid, u.dtype, u.device)
         zk, V = self.with_cache(t, zk, V, grid, wx)
         if zk.shape[-1] > zq.shape[-1]:  # decode steps after a cache: O(N_q N_k D) direct sums
-            return self.head_sum(decode_sliced_relu_bump_attention(zq, zk, V, b.to(u.dtype)), grid)
+            return self.head_sum(decode_sliced_relu_bump_attention(
+                zq, zk, V, b.to(u.dtype), key_weights=self.decode_key_weights(grid, zk)), grid)
         attn = causal_sliced_relu_bump_attention if self.causal else sliced_relu_bump_attention
-        out = attn(zq, zk, V, b.to(u.dtype), key_weights=wx)
+        out = attn(zq, zk, V, b.to(u.dtype), key_weights=wx,
+                   key_padding_mask=context_value(grid, self.key_padding_mask))
         return self.head_sum(out, grid)
 
     def attention_weights(self, u: Tensor, t: float = 0.0, grid: Grid | None = None) -> Tensor:

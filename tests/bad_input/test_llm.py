@@ -5,6 +5,8 @@ operators' and configs' arguments — each a clear error raised by opsplit befor
 compute."""
 
 import functools
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,9 @@ from opsplit.operators import (
 )
 
 from ._table import cases, run_case
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _llm_configs import as_4x  # noqa: E402
 
 LLAMA = dict(vocab_size=30, hidden_size=8, intermediate_size=12, num_hidden_layers=1, num_attention_heads=2,
              num_key_value_heads=1, bos_token_id=1, eos_token_id=2)
@@ -59,6 +64,30 @@ IDS = torch.tensor([[3, 4, 5], [6, 7, 8]])
 MASK = torch.tensor([[0, 1, 1], [1, 1, 1]])
 
 
+@functools.cache
+def own():
+    from opsplit.models import AttentionDecoder, TokenClassifier
+
+    return TokenClassifier(30, 30, AttentionDecoder(8, 2, 8, attention="sliced_relu", n_steps=1)).eval()
+
+
+def own_plain():
+    from opsplit.models import TokenClassifier
+    from opsplit.operators import FeedForward
+    from opsplit.propagator import Propagator
+    from opsplit.schemes import Lie
+    from opsplit.solvers import ExplicitEuler, Substep
+
+    enc = Propagator(Lie([Substep(FeedForward.create(8, 8), ExplicitEuler())]), 1, grid=Grid.paper(None, 8))
+    return TokenClassifier(30, 30, enc)
+
+
+@functools.cache
+def sliced():
+    return DecoderLM(DecoderConfig(30, 8, 1, 2, 8, norm="layer", mlp="plain", positions="learned", max_positions=8,
+                                   attention="sliced_relu")).eval()
+
+
 def gqa(**kw):
     args = dict(WQ=torch.zeros(8, 4, 2), WK=torch.zeros(8, 2, 2), WV=torch.zeros(8, 2, 2), WO=torch.zeros(4, 2, 8))
     args.update(kw)
@@ -73,8 +102,22 @@ def twice():
 
 
 CONVERT = cases(
+    # transformers >= 5 names the field rope_parameters, 4.x rope_scaling
     ("rope-linear", lambda: from_hf(llama_raw(rope_scaling={"rope_type": "linear", "factor": 2.0})), ValueError,
-     r"config.rope_parameters\['rope_type'\] = 'linear' \(rope scaling\) is not converted"),
+     r"config.rope_(parameters|scaling)\['rope_type'\] = 'linear' \(rope scaling\) is not converted"),
+    # a transformers 4.x config (rope_theta, rope_scaling; no rope_parameters), emulated
+    ("rope4x-linear", lambda: from_hf(as_4x(llama_raw(), rope_scaling={"rope_type": "linear", "factor": 2.0})),
+     ValueError, r"config.rope_scaling\['rope_type'\] = 'linear' \(rope scaling\) is not converted"),
+    ("rope4x-type-yarn", lambda: from_hf(as_4x(llama_raw(), rope_scaling={"type": "yarn", "factor": 4.0})),
+     ValueError, r"config.rope_scaling\['rope_type'\] = 'yarn'"),
+    ("rope4x-factor", lambda: from_hf(as_4x(llama_raw(), rope_scaling={"rope_type": "default", "factor": 2.0})),
+     ValueError, r"config.rope_scaling keys \['factor'\] \(rope scaling\) are not converted"),
+    ("rope4x-partial", lambda: from_hf(as_4x(llama_raw(), partial_rotary_factor=0.5)), ValueError,
+     r"config.partial_rotary_factor = 0.5 \(rotary positions on part of a head\) is not converted"),
+    ("rope4x-not-dict", lambda: from_hf(as_4x(llama_raw(), rope_scaling="linear")), ValueError,
+     r"config.rope_scaling = 'linear': expected None or a dict"),
+    ("rope-missing", lambda: from_hf(as_4x(llama_raw(), rope_theta=None)), ValueError,
+     r"config.rope_parameters \(transformers >= 5\) and config.rope_theta \(transformers 4.x\) are both missing"),
     ("rope-dynamic", lambda: from_hf(llama_raw(rope_scaling={"rope_type": "dynamic", "factor": 2.0})), ValueError,
      r"rope_type'\] = 'dynamic'"),
     ("mistral-sliding", lambda: from_hf(transformers.MistralForCausalLM(transformers.MistralConfig(**LLAMA))),
@@ -133,6 +176,15 @@ CALLS = cases(
     ("gen-sample-flag", lambda: lm().generate(IDS, 2, do_sample=1), TypeError, r"do_sample: expected a bool"),
     ("gen-model", lambda: __import__("opsplit.models.generate", fromlist=["generate"]).generate(torch.nn.Linear(2, 2), IDS, 2),
      TypeError, r"generate: model: expected an opsplit causal decoder"),
+    # opsplit's own decoder (TokenClassifier over a causal AttentionDecoder) and the sliced DecoderLM
+    ("own-mask-values", lambda: own()(IDS, MASK * 2), ValueError, r"attention_mask: expected values 0 \(padding\) and 1"),
+    ("own-mask-shape", lambda: own().generate(IDS, 2, attention_mask=torch.ones(2, 4)), ValueError,
+     r"attention_mask: expected shape \(B, past \+ N\) = \(2, 3\)"),
+    ("own-mask-list", lambda: own()(IDS, [[1, 1, 1]]), TypeError, r"attention_mask: expected a torch.Tensor"),
+    ("own-mask-encoder", lambda: own_plain()(IDS, MASK), ValueError,
+     r"attention_mask: padding needs an AttentionDecoder encoder .* got Propagator"),
+    ("sliced-mask-shape", lambda: sliced()(IDS, torch.ones(2, 2)), ValueError,
+     r"attention_mask: expected shape \(B, past \+ N\) = \(2, 3\)"),
 )
 
 PARTS = cases(

@@ -69,8 +69,6 @@ CASES = cases(
      r"DecoderConfig\.positions: attention='sliced_relu' has no rotary"),
     ("sliced-qkv-bias", lambda: _gpt(attention="sliced_relu", qkv_bias=True), ValueError, r"DecoderConfig\.qkv_bias"),
     ("sliced-gqa", lambda: _gpt(attention="sliced_relu", n_kv_heads=1), ValueError, r"DecoderConfig\.n_kv_heads"),
-    ("sliced-cache", lambda: DecoderLM(_gpt(attention="sliced_relu")).generate(torch.zeros(1, 2, dtype=torch.long), 1),
-     ValueError, r"cache: sliced ReLU attention keeps no key/value cache"),
 )
 
 
