@@ -84,8 +84,10 @@ def _lm(attention, dtype=F64, seed=0):
     return TokenClassifier(23, 23, enc, generator=g, dtype=dtype).eval()
 
 
-@pytest.mark.parametrize("attention", ["softmax", "sliced_relu", "sliced_bump"])
+@pytest.mark.parametrize("attention", ["softmax", "sliced_relu", "sliced_bump", "none"])
 def test_own_decoder_generation_cache_equals_recompute(attention):
+    """(``"none"``: no attention term, nothing cached; the cache still counts the tokens, so
+    that the masks of later steps are checked against the whole sequence.)"""
     m = _lm(attention)
     ids = torch.randint(0, 23, (3, 6), generator=torch.Generator().manual_seed(1))
     cached = m.generate(ids, 20)
@@ -149,7 +151,7 @@ def test_own_decoder_left_padded_batch_equals_each_sample_alone(attention):
             assert torch.equal(gen[b, -12:], alone[0, -12:]), b
 
 
-@pytest.mark.parametrize("attention", ["softmax", "sliced_relu", "sliced_bump"])
+@pytest.mark.parametrize("attention", ["softmax", "sliced_relu", "sliced_bump", "none"])
 def test_own_decoder_padded_cache_steps_equal_recompute(attention):
     """Every decode step through the cache of a left-padded batch gives the logits of the whole
     padded sequence recomputed (logit for logit, not only the argmax)."""

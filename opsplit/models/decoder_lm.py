@@ -472,7 +472,7 @@ class DecoderLM(nn.Module):
         if position_ids is not None and self.positions is None:
             ctx["positions"] = position_ids
         if cache is not None:
-            cache.begin()
+            cache.begin(u.shape[1])
             ctx["kv_cache"] = cache
         # always a ContextGrid: its per-call cache shares the rotary angles and the masks across layers
         g = ContextGrid.of(self.decoder.grid, **ctx).with_shape(u.shape[1], self.config.d_model)
@@ -545,7 +545,7 @@ class DecoderLM(nn.Module):
             if rope:
                 ctx["positions"] = position_ids
             g = ContextGrid(x=x, y=y, h=h, context=ctx)
-            cache.begin()
+            cache.begin(u.shape[1])
             for f in steps:
                 u = f(u, g)
             for f in final:

@@ -297,7 +297,7 @@ class TokenClassifier(nn.Module):
         if mask is not None:
             ctx["key_padding_mask"] = ~mask
         if cache is not None:
-            cache.begin()
+            cache.begin(input_ids.shape[1])
             ctx["kv_cache"] = cache
         grid = ContextGrid.of(self.encoder.grid, **ctx) if ctx else None
         u = self.encoder(self.embedding(input_ids), n_steps=n_steps, grid=grid, check_finite_input=check_values)

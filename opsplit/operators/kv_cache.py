@@ -53,7 +53,9 @@ class KVCache:
     An entry is a tuple of tensors whose token dimension is ``dim`` (``2`` for the
     head-major ``(B, H, N, d)`` keys and values of the softmax operators and the
     ``(B, H, N)`` scores of the sliced ones).  ``length`` is the number of cached tokens
-    (the same for every entry once a call has finished).
+    (the same for every entry once a call has finished); a model with no attention term
+    caches nothing, and its ``length`` is the number of tokens announced by
+    :meth:`begin`.
 
     **Storage.**  Under ``torch.no_grad()`` (generation) an entry lives in buffers of
     geometric capacity and an append writes the new tokens in place: amortised :math:`O(1)`
@@ -65,6 +67,7 @@ class KVCache:
     def __init__(self):
         self._entries: dict = {}  # key -> [op, t, buffers, dim, length, max |tensors[0]| or None]
         self._touched: set = set()
+        self._fed = 0  # tokens announced by begin()
 
     def __len__(self) -> int:
         return self.length
@@ -74,11 +77,13 @@ class KVCache:
         """The number of tokens in the cache (0 when empty)."""
         for e in self._entries.values():
             return e[4]
-        return 0
+        return self._fed
 
-    def begin(self) -> None:
-        """Start a call: every (operator, step) may append once until the next ``begin``."""
+    def begin(self, n_tokens: int = 0) -> None:
+        """Start a call that runs ``n_tokens`` new tokens: every (operator, step) may append
+        once until the next ``begin``."""
         self._touched = set()
+        self._fed += n_tokens
 
     @staticmethod
     def _key(op, t) -> tuple:
