@@ -43,7 +43,8 @@ E_n^{-1/k})`, no growth).  The decisions are made on detached values: they are n
 differentiated (the gradient is that of the discrete solution on the accepted grid).
 
 **Times.**  Steps end exactly at the requested output times (``t_eval``) and at the
-breakpoints of piecewise controls (:func:`opsplit.controls.projection.time_breakpoints`), as
+breakpoints of piecewise controls (:func:`opsplit.controls.projection.time_breakpoints`;
+the piece ends of a :class:`~opsplit.controls.LayerwiseConstant`, a decoder's layers), as
 torchdiffeq's ``step_t``/``jump_t``: a splitting step has no dense output, and a step
 across a breakpoint loses the scheme's order.  The controls :math:`\theta(t)` are
 evaluated by the substeps at the accepted steps' own times.
@@ -476,7 +477,7 @@ def solve_adaptive(
     """Adaptive solve of ``prop``'s scheme from ``f`` (batched, on a complete ``grid``) over
     ``[prop.t0, prop.t1]``; see the module docstring.  Called by
     :meth:`opsplit.Propagator.solve` (which validates ``f`` and the grid)."""
-    from .controls import PiecewiseConstant, PiecewiseLinear
+    from .controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear
     from .controls.projection import time_breakpoints
 
     scheme = prop.scheme
@@ -494,8 +495,14 @@ def solve_adaptive(
         raise ValueError(f"on_failure: expected one of {ON_FAILURE}, got {on_failure!r}")
     est = _estimator(scheme, estimator)
     t0, t1 = float(prop.t0), float(prop.t1)
-    pieces = [m for m in scheme.modules() if isinstance(m, (PiecewiseConstant, PiecewiseLinear))]
-    stops, outs = _stops(t0, t1, t_eval, sorted({b for m in pieces for b in time_breakpoints(m)}))
+    breaks = set()
+    for m in scheme.modules():
+        if isinstance(m, (PiecewiseConstant, PiecewiseLinear)):
+            breaks.update(time_breakpoints(m))
+        elif isinstance(m, LayerwiseConstant):  # PiecewiseConstant's function, one parameter per piece
+            n = m.n_pieces
+            breaks.update(m.t0 + (m.t1 - m.t0) * i / n for i in range(n + 1))
+    stops, outs = _stops(t0, t1, t_eval, sorted(breaks))
     grad = torch.is_grad_enabled()
     checkpointed = bool(prop.checkpoint_every) and grad
     samples = [f[i : i + 1] for i in range(f.shape[0])] if per_sample else [f]

@@ -55,6 +55,43 @@ def test_solve_with_the_compositions_and_an_adaptive_solve(tmp_path):
     assert "adaptive.csv" in (out / "report.md").read_text()
     orders = {r["scheme / solver"]: r for r in _rows(out / "orders.csv")}
     assert orders["blanes_moan / rk4"]["theory"] == "4"
+    _check_statistics(out, ad)
+
+
+def _check_statistics(out, ad):
+    """substep_calls.csv and adaptive_times.csv against the library's own solve of the same
+    model (the SMOOTH config on the 4 x 4 grid, N_t in {2, 4}, rtol 1e-5, atol 1e-3 rtol,
+    steps at most T / 2): ``Propagator.solve(...).stats``."""
+    from opsplit.adaptive import PIController
+    from opsplit.analysis import smooth_transformer
+
+    p = smooth_transformer(n_x=4, n_y=4, batch=1, J=2, T=1.0, seed=0, time="legendre", n_time=3,
+                           space="polynomial", n_modes=4, constraint=False, relu=False, scale=1.0, margin=0.2)
+    stats_rows = _rows(out / "substep_calls.csv")
+    times_rows = _rows(out / "adaptive_times.csv")
+    for scheme in ("blanes_moan", "triple_jump"):
+        fixed = {n: p.propagator(n, scheme, "rk4").solve(p.f).stats for n in (2, 4)}
+        sol = p.propagator(1, scheme, "rk4").solve(p.f, controller=PIController(rtol=1e-5, atol=1e-8, max_step=0.5))
+        st = sol.stats
+        mine = {r["run"]: r for r in stats_rows if r["scheme"] == scheme}
+        assert set(mine) == {"N_t = 2", "N_t = 4", "adaptive, rtol 1e-05"}
+        for run, s in [(f"N_t = {n}", fixed[n]) for n in (2, 4)] + [("adaptive, rtol 1e-05", st)]:
+            r = mine[run]
+            assert (int(r["accepted"]), int(r["rejected"])) == (s.n_accepted, s.n_rejected)
+            assert {k: int(r[k]) for k in s.substep_calls} == s.substep_calls  # per operator
+            assert len(s.substep_calls) == 3 and all(v > 0 for v in s.substep_calls.values())
+            assert int(r["total"]) == s.n_substep_calls
+            others = set(r) - set(s.substep_calls) - {"scheme", "solver", "run", "n_x", "n_y", "accepted",
+                                                      "rejected", "total"}
+            assert all(r[k] == "" for k in others)  # another scheme's substep labels
+        assert int(mine["adaptive, rtol 1e-05"]["total"]) == int(ad[scheme]["substeps"])
+        grid = [r for r in times_rows if r["scheme"] == scheme]
+        assert [int(r["step"]) for r in grid] == list(range(st.n_accepted + 1))
+        ts = [float(r["t"]) for r in grid]
+        assert ts == st.times and ts[0] == 0.0 and ts[-1] == 1.0
+        dts = [float(r["dt"]) for r in grid[1:]]
+        assert dts == pytest.approx([b - a for a, b in zip(ts[:-1], ts[1:])], abs=1e-15)
+        assert min(dts) == pytest.approx(float(ad[scheme]["min_dt"])) and max(dts) <= 0.5
 
 
 def test_compare_takes_the_compositions_and_tolerances(tmp_path):
@@ -80,7 +117,8 @@ def test_compare_takes_the_compositions_and_tolerances(tmp_path):
         (["solve", "--atol", "1e-6"], "solve.atol: the adaptive solve runs only with solve.rtol > 0"),
         (["compare", "--rtol", "1e-3", "--atol=-1"], "compare.atol: expected a number >= 0"),
         (["solve", "--schemes", "triple_jump", "--solver", "rk4", "--n-t", "2", "--n-x", "4", "--n-y", "4"],
-         r"TripleJump: a step over .*\(model\.margin extends"),
+         r"opsplit solve: error: model\.margin = 0: scheme 'triple_jump' runs substeps up to 0\.351 dt outside .* "
+         r"expected model\.margin >= 0\.176\n$"),
         (["solve", "--schemes", "yoshida"], "solve.schemes: expected each of one of"),
     ],
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from . import study, threads
+from . import solve, study, threads
 from .config import Field, at_least
 
 NAME = "compare"
@@ -14,7 +14,7 @@ SUMMARY = "compare splitting schemes: error vs cost, measured orders"
 EXAMPLE = """\
 examples:
   opsplit compare --schemes lie strang parallel hybrid --solvers euler heun --n-t 4 8 16 32
-  opsplit compare --schemes strang triple_jump blanes_moan --solvers rk4 --rtol 1e-5
+  opsplit compare --schemes strang triple_jump blanes_moan --solvers rk4 --rtol 1e-5 --margin 0.1
   opsplit compare --config compare.toml --out runs/compare
 
 compare.toml:
@@ -62,12 +62,14 @@ def add_arguments(p):
     p.add_argument("--rtol", type=float, help="also solve by adaptive steps to this tolerance")
     p.add_argument("--atol", type=float, help="absolute tolerance of the adaptive solve")
     p.add_argument("--seed", type=int, help="model seed")
+    p.add_argument("--margin", type=float, help="model.margin: the controls on [-margin T, (1 + margin) T] "
+                   "(room for the triple jump's substeps outside a step)")
 
 
 def overrides(a) -> dict:
     return {"compare.schemes": a.schemes, "compare.solvers": a.solvers, "compare.n_t": a.n_t,
             "compare.n_x": a.n_x, "compare.n_y": a.n_y, "compare.repeats": a.repeats,
-            f"{NAME}.rtol": a.rtol, f"{NAME}.atol": a.atol, "model.seed": a.seed}
+            f"{NAME}.rtol": a.rtol, f"{NAME}.atol": a.atol, "model.seed": a.seed, "model.margin": a.margin}
 
 
 def check(cfg) -> None:
@@ -161,6 +163,7 @@ def run(cfg, plan, out, progress=True, heading="Scheme comparison", prefix=""):
     if "parallel" in c["schemes"] and m["constraint"]:
         out.text(parallel_note(m))
     study.adaptive_table(out, ref, prefix)
+    solve.statistics_tables(out, rows, ref, prefix)
     out.table(f"{prefix}compare_runs", rows,
               ["scheme", "solver", "n_t", "dt", "substeps", "rel_error", "seconds"], "every run")
     if sts:

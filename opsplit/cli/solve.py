@@ -55,12 +55,14 @@ def add_arguments(p):
     p.add_argument("--rtol", type=float, help="also solve by adaptive steps to this tolerance")
     p.add_argument("--atol", type=float, help="absolute tolerance of the adaptive solve")
     p.add_argument("--seed", type=int, help="model seed")
+    p.add_argument("--margin", type=float, help="model.margin: the controls on [-margin T, (1 + margin) T] "
+                   "(room for the triple jump's substeps outside a step)")
 
 
 def overrides(a) -> dict:
     return {"solve.schemes": a.schemes, "solve.solver": a.solver, "solve.n_t": a.n_t,
             "solve.n_x": a.n_x, "solve.n_y": a.n_y, "solve.rtol": a.rtol,
-            "solve.atol": a.atol, "model.seed": a.seed}
+            "solve.atol": a.atol, "model.seed": a.seed, "model.margin": a.margin}
 
 
 def check(cfg) -> None:
@@ -111,6 +113,7 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
             "grid_error", "seconds"]
     out.table(f"{prefix}runs", rows, cols, "every run")
     study.adaptive_table(out, ref, prefix)
+    statistics_tables(out, rows, ref, prefix)
     t_st = study.studies(rows, "dt", {"n_x": fine[0], "n_y": fine[1]},
                          projections=m["constraint"] or m["relu"])
     s_st = study.studies(rows, "h", {"n_t": max(n_t)}, error="grid_error")
@@ -127,4 +130,30 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
         out.figure(fig, f"{prefix}convergence_space",
                    "convergence in space: error against the finest grid, fitted orders")
     return rows
+
+
+def statistics_tables(out, rows, ref: dict, prefix: str = "") -> None:
+    """Every solve's statistics (``Propagator.solve(...).stats``): ``substep_calls`` -- one row
+    per run (fixed N_t, and the adaptive solve of each scheme), accepted and rejected steps
+    and the substep calls per operator (columns ``"<index>:<operator>"`` of
+    :func:`opsplit.solution.substep_labels`; empty where a scheme has no such substep);
+    ``adaptive_times`` -- the time grid each adaptive solve accepted, one row per step."""
+    adaptive = ref.get("adaptive") or []
+    runs = [{"scheme": r["scheme"], "solver": r["solver"], "run": f"N_t = {r['n_t']}", "n_x": r["n_x"],
+             "n_y": r["n_y"], "accepted": r["n_t"], "rejected": 0, **r["substep_calls"], "total": r["substeps"]}
+            for r in rows]
+    runs += [{"scheme": r["scheme"], "solver": r["solver"], "run": f"adaptive, rtol {r['rtol']:g}", "n_x": r["n_x"],
+              "n_y": r["n_y"], "accepted": r["accepted"], "rejected": r["rejected"], **r["substep_calls"],
+              "total": r["substeps"]} for r in adaptive]
+    ops = sorted({k for r in rows + adaptive for k in r["substep_calls"]}, key=lambda k: (int(k.split(":")[0]), k))
+    out.table(f"{prefix}substep_calls", runs,
+              ["scheme", "solver", "run", "n_x", "n_y", "accepted", "rejected", *ops, "total"],
+              "every solve's statistics: accepted and rejected steps, substep calls per operator (the scheme's "
+              "substeps in order; an adaptive solve's include its rejected attempts and its error estimate)")
+    if adaptive:
+        times = [{"scheme": r["scheme"], "solver": r["solver"], "step": i, "t": t,
+                  "dt": "" if i == 0 else t - r["times"][i - 1]}
+                 for r in adaptive for i, t in enumerate(r["times"])]
+        out.table(f"{prefix}adaptive_times", times, ["scheme", "solver", "step", "t", "dt"],
+                  "the time grid of each adaptive solve: the accepted step ends t (step 0: the initial time)")
 

@@ -7,6 +7,7 @@ No math of its own: the model, the schemes, the errors and the fits are the libr
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
@@ -136,19 +137,29 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
                 prop = p.propagator(max(n_t), kind, solver)
                 g = prop.resolve_grid(p.f)
                 prop.scheme.check(g)
-                # compositions whose substeps leave the step: the controls must cover them at
-                # both ends of [0, T] for the largest step (fixed, or an adaptive solve's first)
-                dt = model["T"] / min(n_t)
-                for m in prop.scheme.modules():
-                    if hasattr(m, "check_span"):
-                        m.check_span(0.0, dt)
-                        m.check_span(model["T"] - dt, dt)
             except (ValueError, TypeError) as e:
-                hint = (" (model.margin extends the controls' interval)" if kind == "triple_jump" else "")
                 raise ConfigError(
                     f"{section}.n_x / {section}.n_y = ({nx}, {ny}): the model cannot be evaluated "
-                    f"on this grid with scheme {kind!r}: {e}{hint}"
+                    f"on this grid with scheme {kind!r}: {e}"
                 ) from None
+            # compositions whose substeps leave the step: the controls, on [-margin T, (1 + margin) T],
+            # must cover them at both ends for the largest step (fixed, or an adaptive solve's)
+            dt = model["T"] / min(n_t)
+            for m in prop.scheme.modules():
+                if hasattr(m, "check_span"):
+                    try:
+                        m.check_span(0.0, dt)
+                        m.check_span(model["T"] - dt, dt)
+                    except ValueError:
+                        lo, hi = m.clock_range
+                        out = max(-lo, hi - 1.0)
+                        need = math.ceil(1000 * out / min(n_t)) / 1000  # rounded up: a margin that passes
+                        raise ConfigError(
+                            f"model.margin = {model.get('margin', 0.0):g}: scheme {kind!r} runs substeps up to "
+                            f"{out:.3g} dt outside each step (negative coefficients), so at the largest step "
+                            f"dt = T / {min(n_t)} the controls must extend {out / min(n_t):.3g} T beyond [0, T]; "
+                            f"expected model.margin >= {need:g}"
+                        ) from None
 
 
 # -- the size and cost estimate (opsplit.cli.budget) -----------------------------------------
@@ -283,7 +294,8 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
     ``reference``: ``"unsplit"`` -- the unsplit model by torchdiffeq on the finest grid;
     ``"finest"`` -- the same scheme at the largest N_t on the finest grid.  A coarser grid's
     error is measured after resampling the reference to its nodes.  Substep solves are the
-    solve's statistics (``Propagator.solve``).  With ``rtol > 0`` every (scheme, solver) is
+    solve's statistics (``Propagator.solve``; per operator in ``substep_calls``, and the adaptive
+    solves' accepted time grid in ``times``).  With ``rtol > 0`` every (scheme, solver) is
     also solved by adaptive steps on the finest grid (``atol``: ``1e-3 rtol`` when 0; steps
     at most ``T / min(n_t)``, the largest fixed step); those rows are
     ``reference_info["adaptive"]``.
@@ -332,6 +344,7 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
                 "accepted": st.n_accepted, "rejected": st.n_rejected, "substeps": st.n_substep_calls,
                 "min_dt": min(st.step_sizes), "max_dt": max(st.step_sizes),
                 "rel_error": relative_error(u, ref, p.grid), "seconds": sec,
+                "substep_calls": dict(st.substep_calls), "times": list(st.times),
             })
             continue
         sols[s, v, n, g] = u
@@ -346,7 +359,7 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
             "scheme": s, "solver": v, "n_t": n, "n_x": g[0], "n_y": g[1],
             "dt": model["T"] / n, "dx": p.grid.x.spacing, "dy": p.grid.y.spacing,
             "substeps": sol.stats.n_substep_calls,
-            "rel_error": err, "seconds": sec,
+            "rel_error": err, "seconds": sec, "substep_calls": dict(sol.stats.substep_calls),
         })
     # grid error alone: against the same scheme and N_t on the finest grid
     for r in rows:

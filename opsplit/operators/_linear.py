@@ -9,8 +9,11 @@ applies several integral transforms to the same state (queries/keys/values, gate
 once per time piece and parameter version.  Used only when autograd does not record: the
 concatenation is a copy, cached on the operator (``cache``, a plain dict) under the time
 ``t`` and invalidated when any source tensor changes (its storage, version counter, shape,
-dtype or device).  With autograd recording the operators apply the kernels one by one, so
-gradients reach each parameter directly.
+dtype or device).  The cache keeps at most :data:`MAX_TIMES` times (the oldest entry is
+dropped first): a fixed grid of up to that many steps is built once, and an adaptive solve,
+whose step times are all distinct, does not grow it without bound.  With autograd
+recording the operators apply the kernels one by one, so gradients reach each parameter
+directly.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["linear_y", "side_by_side"]
+__all__ = ["linear_y", "side_by_side", "MAX_TIMES"]
+
+#: the most times a :func:`side_by_side` cache keeps
+MAX_TIMES = 256
 
 
 def linear_y(x: Tensor, W: Tensor, b: Tensor | None, grid) -> Tensor:
@@ -48,5 +54,8 @@ def side_by_side(cache: dict, t, kernels, biases) -> tuple[Tensor, Tensor | None
     b = None
     if any(x is not None for x in biases):
         b = torch.cat([x.reshape(-1) if x is not None else w.new_zeros(w.shape[1]) for w, x in zip(Ws, biases)])
+    cache.pop(float(t), None)
+    while len(cache) >= MAX_TIMES:
+        del cache[next(iter(cache))]  # the oldest time
     cache[float(t)] = (versions, W, b)
     return W, b

@@ -136,6 +136,17 @@ CASES = rows(
     ("solve-zip-lengths", ["solve", "--n-x", "4", "8", "--n-y", "4", "8", "16", *OUT], "solve.n_x / solve.n_y: expected lists of equal length"),
     ("solve-spline-nodes", ["solve", "--n-x", "2", "3", "--n-y", "4", "4", *OUT], "solve.n_x: the finest grid is resampled"),
     ("compare-one-n-t", ["compare", "--n-t", "4", *OUT], "compare.n_t: expected at least two distinct values"),
+    # the triple jump's substeps leave the step by 0.351 dt: at dt = T/4 the controls need 0.0878 T beyond [0, T]
+    ("compare-triple-jump-margin", ["compare", "--schemes", "strang", "triple_jump", "blanes_moan", "--solvers", "rk4",
+                                    "--rtol", "1e-5", *OUT],
+     "opsplit compare: error: model.margin = 0: scheme 'triple_jump' runs substeps up to 0.351 dt outside each step "
+     "(negative coefficients), so at the largest step dt = T / 4 the controls must extend 0.0878 T beyond [0, T]; "
+     "expected model.margin >= 0.088"),
+    ("solve-triple-jump-margin-short", ["solve", "--schemes", "triple_jump", "--solver", "rk4", "--n-t", "2", "8",
+                                        "--n-x", "4", "--n-y", "4", "--margin", "0.17", *OUT],
+     "opsplit solve: error: model.margin = 0.17: scheme 'triple_jump' runs substeps up to 0.351 dt outside each step "
+     "(negative coefficients), so at the largest step dt = T / 2 the controls must extend 0.176 T beyond [0, T]; "
+     "expected model.margin >= 0.176"),
     ("convert-nhead", ["convert", "--nhead", "3", *OUT], "torch.nhead: expected a divisor of torch.d_model = 16, got 3"),
     ("convert-vit-patch", ["convert", *CFG, *OUT], "vit.patch_size: expected a divisor of vit.image_size = 16", toml("[vit]\npatch_size = 5\n")),
     ("convert-vit-heads", ["convert", *CFG, *OUT], "vit.num_attention_heads: expected a divisor of vit.hidden_size = 24", toml("[vit]\nnum_attention_heads = 5\n")),
