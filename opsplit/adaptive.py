@@ -495,14 +495,8 @@ def solve_adaptive(
         raise ValueError(f"on_failure: expected one of {ON_FAILURE}, got {on_failure!r}")
     est = _estimator(scheme, estimator)
     t0, t1 = float(prop.t0), float(prop.t1)
-    breaks = set()
-    for m in scheme.modules():
-        if isinstance(m, (PiecewiseConstant, PiecewiseLinear)):
-            breaks.update(time_breakpoints(m))
-        elif isinstance(m, LayerwiseConstant):  # PiecewiseConstant's function, one parameter per piece
-            n = m.n_pieces
-            breaks.update(m.t0 + (m.t1 - m.t0) * i / n for i in range(n + 1))
-    stops, outs = _stops(t0, t1, t_eval, sorted(breaks))
+    pieces = [m for m in scheme.modules() if isinstance(m, (PiecewiseConstant, PiecewiseLinear, LayerwiseConstant))]
+    stops, outs = _stops(t0, t1, t_eval, sorted({b for m in pieces for b in time_breakpoints(m)}))
     grad = torch.is_grad_enabled()
     checkpointed = bool(prop.checkpoint_every) and grad
     samples = [f[i : i + 1] for i in range(f.shape[0])] if per_sample else [f]

@@ -82,3 +82,16 @@ def test_bad_values_are_rejected():
         PiecewiseConstant(torch.tensor([[float("nan")]]))
     with pytest.raises(ValueError, match="t0 < t1"):
         PiecewiseConstant(torch.zeros(2), t0=1.0, t1=1.0)
+
+
+def test_layerwise_constant_has_the_piece_ends_of_piecewise_constant():
+    """A LayerwiseConstant is PiecewiseConstant's function (a parameter per piece): the same
+    breakpoints, read by the adaptive solve's step ends and by the running costs."""
+    from opsplit.controls import LayerwiseConstant, PiecewiseConstant
+    from opsplit.controls.projection import time_breakpoints
+
+    v = torch.randn(5, 3, dtype=torch.float64)
+    for t0, t1 in ((0.0, 5.0), (-1.0, 2.0)):
+        a = time_breakpoints(LayerwiseConstant(v, t0=t0, t1=t1))
+        assert a == time_breakpoints(PiecewiseConstant(v, t0=t0, t1=t1))
+        assert len(a) == 6 and a[0] == t0 and a[-1] == t1

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .base import Control
+from .layerwise import LayerwiseConstant
 from .piecewise import PiecewiseConstant
 from .piecewise_linear import PiecewiseLinear
 from .time_basis import TimeBasis
@@ -73,10 +74,12 @@ def time_weights(control: Control, times) -> Tensor:
 
 
 def time_breakpoints(control: Control) -> list[float]:
-    """Where the weight functions are not smooth (ends included)."""
+    """Where the weight functions are not smooth (ends included); a
+    :class:`~opsplit.controls.LayerwiseConstant` is piecewise constant (a parameter per
+    piece) and has the same piece ends."""
     t0, t1 = control.t0, control.t1
     pts = {t0, t1}
-    if isinstance(control, PiecewiseConstant):
+    if isinstance(control, (PiecewiseConstant, LayerwiseConstant)):
         n = control.n_pieces
         pts.update(t0 + (t1 - t0) * i / n for i in range(n + 1))
     elif isinstance(control, PiecewiseLinear):
