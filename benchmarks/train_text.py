@@ -38,8 +38,7 @@ against N_t).
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --runs sliced-strang --pairs 0 --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --paired-only --pairs 31   # re-time only
-    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --gen-timing --gen-reps 5 \
-        --runs peer softmax-lie softmax-strang sliced-lie sliced-strang   # generation speeds, interleaved
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --gen-timing --gen-reps 5 --runs peer softmax-lie softmax-strang sliced-lie sliced-strang
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --steps 20 --runs peer softmax-lie  # quick look
 """
 
