@@ -38,6 +38,7 @@ against N_t).
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --runs sliced-strang --pairs 0 --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --paired-only --pairs 31   # re-time only
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --attribute --pairs 9   # where the step differs
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --gen-timing --gen-reps 5 --runs peer softmax-lie softmax-strang sliced-lie sliced-strang
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --steps 20 --runs peer softmax-lie  # quick look
 """
@@ -56,7 +57,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
@@ -363,6 +364,131 @@ def generation_speeds(args, vocab: int, prompt) -> dict:
     return {run: {k: statistics.median(v) for k, v in sp.items()} for run, sp in speeds.items()}
 
 
+def attribute_step(args, vocab: int, x, y, rounds: int) -> dict:
+    """Where the step of ``softmax-lie`` differs from the peer's, by counts that do not depend
+    on the machine's load, and per-op CPU time inside the whole step (same weights, same batch):
+
+    * ``saved``: what autograd saves for the backward (``saved_tensors_hooks``): distinct
+      non-parameter storages and their MiB;
+    * ``alloc``: the allocations of one step (forward, backward, AdamW) under
+      ``torch.profiler(profile_memory=True)``: count, MiB allocated, peak live MiB above the
+      start, allocations of 1 MiB or more;
+    * ``ops``: every ATen call of forward + backward timed by the thread's CPU time
+      (a ``TorchDispatchMode``, ``rounds`` rounds interleaved, medians), grouped by op — GEMMs
+      by operand shapes, ``T`` marking an operand stored transposed; ``op_ms``: their total;
+      with the minor page faults each op took (``resource``; the first touch of memory the
+      allocator had handed back to the system).
+    Python time between the ops (the propagator, the scheme, autograd's engine) is not in
+    ``op_ms``: the ``--batch 1 --context 8`` paired timing measures it."""
+    from collections import Counter, defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(args.seed)
+    peer = NanoGPT(vocab, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
+    model = DecoderLM(opsplit_config(vocab, args))
+    copy_peer_weights(peer, model)
+    runs = {"peer": (peer, lambda o: o), "opsplit": (model, lambda o: o.logits)}
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in runs.items()}
+
+    def step(k, mode=None):
+        m, sel = runs[k]
+        opts[k].zero_grad(set_to_none=True)
+        if mode is None:
+            lm_loss(sel(m(x)), y).backward()
+        else:
+            with mode:
+                lm_loss(sel(m(x)), y).backward()
+        opts[k].step()
+
+    for k in runs:
+        step(k)
+        step(k)
+    out = {k: {} for k in runs}
+    for k, (m, sel) in runs.items():
+        store = {}
+        params = {q.untyped_storage().data_ptr() for q in m.parameters()}
+
+        def pack(t, store=store, params=params):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                store[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lm_loss(sel(m(x)), y)
+        out[k]["saved"] = {"storages": len(store), "MiB": round(sum(store.values()) / 2**20, 2)}
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step(k)
+        mem = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                     key=lambda e: e.start_ns())
+        live = peak = 0
+        for e in mem:
+            live += e.nbytes()
+            peak = max(peak, live)
+        sizes = [e.nbytes() for e in mem if e.nbytes() > 0]
+        out[k]["alloc"] = {"count": len(sizes), "MiB": round(sum(sizes) / 2**20, 1),
+                           "peak_MiB": round(peak / 2**20, 1), "count_1MiB": sum(b >= 2**20 for b in sizes)}
+
+    class Timed(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ms, self.n, self.faults = defaultdict(float), Counter(), Counter()
+
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            f0 = _minor_faults() or 0
+            c = time.thread_time()
+            r = func(*a, **(kw or {}))
+            dt = time.thread_time() - c
+            df = (_minor_faults() or 0) - f0
+            name = str(func).replace("aten.", "").replace(".default", "")
+            if name in ("mm", "addmm"):
+                name += " " + " ".join(f"{tuple(t.shape)}{'T' if t.stride(0) == 1 and t.shape[0] > 1 else ''}"
+                                       for t in a if isinstance(t, Tensor) and t.dim() == 2)
+            self.ms[name] += 1e3 * dt
+            self.n[name] += 1
+            self.faults[name] += df
+            return r
+
+    per = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k in runs:
+            mode = Timed()
+            step(k, mode)
+            per[k].append(mode)
+    names = sorted(set().union(*(md.ms for v in per.values() for md in v)))
+    for k in runs:
+        out[k]["calls"] = sum(per[k][0].n.values())
+        out[k]["op_ms"] = round(statistics.median(sum(md.ms.values()) for md in per[k]), 2)
+        out[k]["faults"] = statistics.median(sum(md.faults.values()) for md in per[k])
+    out["ops"] = {n: {k: (per[k][0].n.get(n, 0), round(statistics.median(md.ms.get(n, 0.0) for md in per[k]), 3),
+                          statistics.median(md.faults.get(n, 0) for md in per[k])) for k in runs} for n in names}
+    return out
+
+
+def print_attribution(a: dict) -> None:
+    print("| | peer | opsplit softmax-lie |")
+    print("|---|---|---|")
+    p, o = a["peer"], a["opsplit"]
+    print(f"| saved for backward: storages, MiB | {p['saved']['storages']}, {p['saved']['MiB']} | "
+          f"{o['saved']['storages']}, {o['saved']['MiB']} |")
+    for key, label in (("count", "allocations per step"), ("MiB", "MiB allocated per step"),
+                       ("peak_MiB", "peak live MiB above the start"), ("count_1MiB", "allocations >= 1 MiB")):
+        print(f"| {label} | {p['alloc'][key]} | {o['alloc'][key]} |")
+    print(f"| ATen calls, forward + backward | {p['calls']} | {o['calls']} |")
+    print(f"| their CPU time, ms (median) | {p['op_ms']} | {o['op_ms']} |")
+    print(f"| their minor page faults (median) | {p['faults']:.0f} | {o['faults']:.0f} |")
+    print()
+    print("| op (forward + backward) | peer: calls, ms, faults | opsplit: calls, ms, faults |")
+    print("|---|---|---|")
+    rows = sorted(a["ops"].items(), key=lambda kv: -max(v[1] for v in kv[1].values()))
+    for name, v in rows:
+        if max(t[1] for t in v.values()) >= 0.2:
+            print(f"| {name} | " + " | ".join(f"{v[k][0]}, {v[k][1]:.2f}, {v[k][2]:.0f}" for k in ("peer", "opsplit"))
+                  + " |")
+
+
 # -- figures --------------------------------------------------------------------------------------
 def _plt():
     import matplotlib
@@ -467,6 +593,9 @@ def main(argv=None):
     p.add_argument("--figures", default=None, help="write text_loss.png and text_anytime.png here")
     p.add_argument("--paired-only", action="store_true",
                    help="no training: the paired step timing only (stored in <out>/results.json)")
+    p.add_argument("--attribute", action="store_true",
+                   help="no training: saved-tensor bytes, allocations and per-op CPU time of the peer's step "
+                        "and softmax-lie's (--pairs rounds)")
     p.add_argument("--gen-timing", action="store_true",
                    help="no training: generation tokens/s of every --runs architecture, interleaved "
                         "(stored in <out>/results.json)")
@@ -491,6 +620,13 @@ def main(argv=None):
     val = text_windows(corpus.val, args.context, name="val")
     if args.eval_windows is not None:
         val = type(val)(val.inputs[: args.eval_windows], val.targets[: args.eval_windows], name="val")
+    if args.attribute:
+        x, y = train[torch.arange(args.batch)]
+        a = attribute_step(args, vocab.size, x, y, max(1, args.pairs))
+        a["loadavg"] = [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]
+        print(json.dumps({"attribute": a}), flush=True)
+        print_attribution(a)
+        return a
     if args.paired_only:
         x, y = train[torch.arange(args.batch)]
         paired = paired_step_times(args, vocab.size, x, y, args.pairs)
