@@ -379,7 +379,9 @@ def attribute_step(args, vocab: int, x, y, rounds: int) -> dict:
       with the minor page faults each op took (``resource``; the first touch of memory the
       allocator had handed back to the system).
     Python time between the ops (the propagator, the scheme, autograd's engine) is not in
-    ``op_ms``: the ``--batch 1 --context 8`` paired timing measures it."""
+    ``op_ms``: the ``--batch 1 --context 8`` paired timing measures it.  ``fault_us``: what
+    one minor page fault costs on this machine (the first write to each page of a fresh
+    64 MiB mapping, median of 3)."""
     from collections import Counter, defaultdict
 
     from torch.profiler import ProfilerActivity, profile
@@ -458,6 +460,7 @@ def attribute_step(args, vocab: int, x, y, rounds: int) -> dict:
             step(k, mode)
             per[k].append(mode)
     names = sorted(set().union(*(md.ms for v in per.values() for md in v)))
+    out["fault_us"] = _fault_cost_us()
     for k in runs:
         out[k]["calls"] = sum(per[k][0].n.values())
         out[k]["op_ms"] = round(statistics.median(sum(md.ms.values()) for md in per[k]), 2)
@@ -465,6 +468,26 @@ def attribute_step(args, vocab: int, x, y, rounds: int) -> dict:
     out["ops"] = {n: {k: (per[k][0].n.get(n, 0), round(statistics.median(md.ms.get(n, 0.0) for md in per[k]), 3),
                           statistics.median(md.faults.get(n, 0) for md in per[k])) for k in runs} for n in names}
     return out
+
+
+def _fault_cost_us(mib: int = 64, reps: int = 3) -> float | None:
+    """Microseconds per minor page fault: the first write to each page of a fresh mapping."""
+    import mmap
+
+    f0 = _minor_faults()
+    if f0 is None:
+        return None
+    costs = []
+    for _ in range(reps):
+        m = mmap.mmap(-1, mib << 20)
+        f0, t = _minor_faults(), time.perf_counter()
+        for i in range(0, mib << 20, mmap.PAGESIZE):
+            m[i] = 1
+        dt, n = time.perf_counter() - t, _minor_faults() - f0
+        m.close()
+        if n:
+            costs.append(1e6 * dt / n)
+    return round(statistics.median(costs), 2) if costs else None
 
 
 def print_attribution(a: dict) -> None:
@@ -479,6 +502,7 @@ def print_attribution(a: dict) -> None:
     print(f"| ATen calls, forward + backward | {p['calls']} | {o['calls']} |")
     print(f"| their CPU time, ms (median) | {p['op_ms']} | {o['op_ms']} |")
     print(f"| their minor page faults (median) | {p['faults']:.0f} | {o['faults']:.0f} |")
+    print(f"\none minor page fault: {a['fault_us']} us")
     print()
     print("| op (forward + backward) | peer: calls, ms, faults | opsplit: calls, ms, faults |")
     print("|---|---|---|")
