@@ -38,6 +38,8 @@ against N_t).
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --runs sliced-strang --pairs 0 --figures docs/figures
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --paired-only --pairs 31   # re-time only
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --attribute --pairs 9   # where the step differs
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --gen-timing --gen-reps 5 --runs peer softmax-lie softmax-strang sliced-lie sliced-strang
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/train_text.py --steps 20 --runs peer softmax-lie  # quick look
 """
 
@@ -55,7 +57,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
@@ -249,13 +251,26 @@ def sample_peer(peer: NanoGPT, prompt, args):
     return generation(lambda: peer.generate(prompt, args.gen, temperature=args.temperature, generator=g), args.gen)
 
 
+def _minor_faults() -> int | None:
+    """Minor page faults of this process so far (``None`` where ``resource`` is missing)."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
     """One training step (forward, loss, backward, AdamW) of the peer and of ``softmax-lie``
     from the same weights on the same batch, interleaved; one warm-up step each.  A third
     model, ``softmax-lie`` with its value checks off (``check_finite_input = False``: no
     finiteness test of the input, the parameters and the output), attributes part of the gap.
     Also the median time of each phase of the step (``phases_ms``: forward with the loss,
-    backward, optimizer step) per model."""
+    backward, optimizer step) per model, the median ratio of the thread's CPU time
+    (``cpu_ratio_median``: time the process was descheduled does not count) and the minor
+    page faults per step (``faults_per_step``, median and mean per model: the pages the
+    allocator handed back to the system and the step touched again, ~2 us each on the
+    machine of docs/text.md — a cost of the allocator's state, not of the model)."""
     torch.manual_seed(args.seed)
     peer = NanoGPT(vocab, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
     model = DecoderLM(opsplit_config(vocab, args))
@@ -268,9 +283,13 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in runs.items()}
 
     phases = {k: {"forward": [], "backward": [], "optimizer": []} for k in runs}
+    cpu = {k: [] for k in runs}
+    faults = {k: [] for k in runs}
 
     def one(k):
         m, sel = runs[k]
+        f0 = _minor_faults()
+        c = time.thread_time()
         t = time.perf_counter()
         opts[k].zero_grad(set_to_none=True)
         loss = lm_loss(sel(m(x)), y)
@@ -279,6 +298,9 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
         t2 = time.perf_counter()
         opts[k].step()
         t3 = time.perf_counter()
+        cpu[k].append(time.thread_time() - c)
+        if f0 is not None:
+            faults[k].append(_minor_faults() - f0)
         for name, v in (("forward", t1 - t), ("backward", t2 - t1), ("optimizer", t3 - t2)):
             phases[k][name].append(v)
         return t3 - t
@@ -286,7 +308,7 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
     for k in runs:
         one(k)
     for k in runs:
-        for v in phases[k].values():
+        for v in (*phases[k].values(), cpu[k], faults[k]):
             v.clear()
     times = {k: [] for k in runs}
     for _ in range(pairs):
@@ -298,9 +320,197 @@ def paired_step_times(args, vocab: int, x, y, pairs: int) -> dict:
             "unchecked_median_s": statistics.median(times["opsplit_unchecked"]),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "ratio_unchecked_median": statistics.median(ratios_u), "pairs": pairs, "batch": list(x.shape),
+            "cpu_ratio_median": statistics.median(a / b for a, b in zip(cpu["opsplit"], cpu["peer"])),
             # the medians of the step's phases (forward with the loss, backward, optimizer), ms
             "phases_ms": {k: {n: round(1e3 * statistics.median(v), 3) for n, v in ph.items()}
-                          for k, ph in phases.items()}}
+                          for k, ph in phases.items()},
+            "faults_per_step": {k: {"median": statistics.median(v), "mean": round(statistics.mean(v))}
+                                for k, v in faults.items() if v}}
+
+
+def generation_speeds(args, vocab: int, prompt) -> dict:
+    """Generation tokens/s of every architecture in ``--runs``, timed interleaved (one
+    generation of each per round, ``--gen-reps`` rounds, medians): the peer's loop and
+    ``DecoderLM.generate`` with and without the key/value cache.  The models start from
+    the seeded initial weights (no training): a generation's cost does not depend on the
+    weights' values (the same operations on the same shapes, ``--gen`` characters after the
+    prompt every time), so the speeds are those of the trained models, measured under one
+    load.  ``softmax-lie-multi`` is the architecture of ``softmax-lie``: not timed twice.  With
+    ``softmax-lie`` in ``--runs``, also its KV-cache generation at every N_t of ``--anytime``
+    (the anytime table's cost column; ``"cache@N_t"``)."""
+    torch.manual_seed(args.seed)
+    peer = NanoGPT(vocab, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
+    timed = {}
+    for run in dict.fromkeys(r for r in args.runs if r != "softmax-lie-multi"):
+        if run == "peer":
+            timed[run] = [("recompute", lambda: sample_peer(peer, prompt, args)[0])]
+            continue
+        attention = "sliced_relu" if run.startswith("sliced") else "softmax"
+        model = DecoderLM(opsplit_config(vocab, args, attention, "strang" if "strang" in run else "lie"))
+        copy_peer_weights(peer, model)
+        timed[run] = ([("cache", lambda m=model: sample_opsplit(m, prompt, args)[0])] if attention == "softmax"
+                      else []) + [("recompute", lambda m=model: sample_opsplit(m, prompt, args, use_cache=False)[0])]
+        if run == "softmax-lie":
+            timed[run] += [(f"cache@{n}", lambda m=model, n=n: sample_opsplit(m, prompt, args, n_steps=n)[0])
+                           for n in args.anytime]
+    speeds = {run: {k: [] for k, _ in fns} for run, fns in timed.items()}
+    for fns in timed.values():  # warm-up
+        for _, fn in fns:
+            fn()
+    for _ in range(args.gen_reps):
+        for run, fns in timed.items():
+            for k, fn in fns:
+                speeds[run][k].append(fn())
+    return {run: {k: statistics.median(v) for k, v in sp.items()} for run, sp in speeds.items()}
+
+
+def attribute_step(args, vocab: int, x, y, rounds: int) -> dict:
+    """Where the step of ``softmax-lie`` differs from the peer's, by counts that do not depend
+    on the machine's load, and per-op CPU time inside the whole step (same weights, same batch):
+
+    * ``saved``: what autograd saves for the backward (``saved_tensors_hooks``): distinct
+      non-parameter storages and their MiB;
+    * ``alloc``: the allocations of one step (forward, backward, AdamW) under
+      ``torch.profiler(profile_memory=True)``: count, MiB allocated, peak live MiB above the
+      start, allocations of 1 MiB or more;
+    * ``ops``: every ATen call of forward + backward timed by the thread's CPU time
+      (a ``TorchDispatchMode``, ``rounds`` rounds interleaved, medians), grouped by op — GEMMs
+      by operand shapes, ``T`` marking an operand stored transposed; ``op_ms``: their total;
+      with the minor page faults each op took (``resource``; the first touch of memory the
+      allocator had handed back to the system).
+    Python time between the ops (the propagator, the scheme, autograd's engine) is not in
+    ``op_ms``: the ``--batch 1 --context 8`` paired timing measures it.  ``fault_us``: what
+    one minor page fault costs on this machine (the first write to each page of a fresh
+    64 MiB mapping, median of 3)."""
+    from collections import Counter, defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(args.seed)
+    peer = NanoGPT(vocab, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
+    model = DecoderLM(opsplit_config(vocab, args))
+    copy_peer_weights(peer, model)
+    runs = {"peer": (peer, lambda o: o), "opsplit": (model, lambda o: o.logits)}
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in runs.items()}
+
+    def step(k, mode=None):
+        m, sel = runs[k]
+        opts[k].zero_grad(set_to_none=True)
+        if mode is None:
+            lm_loss(sel(m(x)), y).backward()
+        else:
+            with mode:
+                lm_loss(sel(m(x)), y).backward()
+        opts[k].step()
+
+    for k in runs:
+        step(k)
+        step(k)
+    out = {k: {} for k in runs}
+    for k, (m, sel) in runs.items():
+        store = {}
+        params = {q.untyped_storage().data_ptr() for q in m.parameters()}
+
+        def pack(t, store=store, params=params):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                store[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lm_loss(sel(m(x)), y)
+        out[k]["saved"] = {"storages": len(store), "MiB": round(sum(store.values()) / 2**20, 2)}
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step(k)
+        mem = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                     key=lambda e: e.start_ns())
+        live = peak = 0
+        for e in mem:
+            live += e.nbytes()
+            peak = max(peak, live)
+        sizes = [e.nbytes() for e in mem if e.nbytes() > 0]
+        out[k]["alloc"] = {"count": len(sizes), "MiB": round(sum(sizes) / 2**20, 1),
+                           "peak_MiB": round(peak / 2**20, 1), "count_1MiB": sum(b >= 2**20 for b in sizes)}
+
+    class Timed(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ms, self.n, self.faults = defaultdict(float), Counter(), Counter()
+
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            f0 = _minor_faults() or 0
+            c = time.thread_time()
+            r = func(*a, **(kw or {}))
+            dt = time.thread_time() - c
+            df = (_minor_faults() or 0) - f0
+            name = str(func).replace("aten.", "").replace(".default", "")
+            if name in ("mm", "addmm"):
+                name += " " + " ".join(f"{tuple(t.shape)}{'T' if t.stride(0) == 1 and t.shape[0] > 1 else ''}"
+                                       for t in a if isinstance(t, Tensor) and t.dim() == 2)
+            self.ms[name] += 1e3 * dt
+            self.n[name] += 1
+            self.faults[name] += df
+            return r
+
+    per = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k in runs:
+            mode = Timed()
+            step(k, mode)
+            per[k].append(mode)
+    names = sorted(set().union(*(md.ms for v in per.values() for md in v)))
+    out["fault_us"] = _fault_cost_us()
+    for k in runs:
+        out[k]["calls"] = sum(per[k][0].n.values())
+        out[k]["op_ms"] = round(statistics.median(sum(md.ms.values()) for md in per[k]), 2)
+        out[k]["faults"] = statistics.median(sum(md.faults.values()) for md in per[k])
+    out["ops"] = {n: {k: (per[k][0].n.get(n, 0), round(statistics.median(md.ms.get(n, 0.0) for md in per[k]), 3),
+                          statistics.median(md.faults.get(n, 0) for md in per[k])) for k in runs} for n in names}
+    return out
+
+
+def _fault_cost_us(mib: int = 64, reps: int = 3) -> float | None:
+    """Microseconds per minor page fault: the first write to each page of a fresh mapping."""
+    import mmap
+
+    f0 = _minor_faults()
+    if f0 is None:
+        return None
+    costs = []
+    for _ in range(reps):
+        m = mmap.mmap(-1, mib << 20)
+        f0, t = _minor_faults(), time.perf_counter()
+        for i in range(0, mib << 20, mmap.PAGESIZE):
+            m[i] = 1
+        dt, n = time.perf_counter() - t, _minor_faults() - f0
+        m.close()
+        if n:
+            costs.append(1e6 * dt / n)
+    return round(statistics.median(costs), 2) if costs else None
+
+
+def print_attribution(a: dict) -> None:
+    print("| | peer | opsplit softmax-lie |")
+    print("|---|---|---|")
+    p, o = a["peer"], a["opsplit"]
+    print(f"| saved for backward: storages, MiB | {p['saved']['storages']}, {p['saved']['MiB']} | "
+          f"{o['saved']['storages']}, {o['saved']['MiB']} |")
+    for key, label in (("count", "allocations per step"), ("MiB", "MiB allocated per step"),
+                       ("peak_MiB", "peak live MiB above the start"), ("count_1MiB", "allocations >= 1 MiB")):
+        print(f"| {label} | {p['alloc'][key]} | {o['alloc'][key]} |")
+    print(f"| ATen calls, forward + backward | {p['calls']} | {o['calls']} |")
+    print(f"| their CPU time, ms (median) | {p['op_ms']} | {o['op_ms']} |")
+    print(f"| their minor page faults (median) | {p['faults']:.0f} | {o['faults']:.0f} |")
+    print(f"\none minor page fault: {a['fault_us']} us")
+    print()
+    print("| op (forward + backward) | peer: calls, ms, faults | opsplit: calls, ms, faults |")
+    print("|---|---|---|")
+    rows = sorted(a["ops"].items(), key=lambda kv: -max(v[1] for v in kv[1].values()))
+    for name, v in rows:
+        if max(t[1] for t in v.values()) >= 0.2:
+            print(f"| {name} | " + " | ".join(f"{v[k][0]}, {v[k][1]:.2f}, {v[k][2]:.0f}" for k in ("peer", "opsplit"))
+                  + " |")
 
 
 # -- figures --------------------------------------------------------------------------------------
@@ -407,6 +617,12 @@ def main(argv=None):
     p.add_argument("--figures", default=None, help="write text_loss.png and text_anytime.png here")
     p.add_argument("--paired-only", action="store_true",
                    help="no training: the paired step timing only (stored in <out>/results.json)")
+    p.add_argument("--attribute", action="store_true",
+                   help="no training: saved-tensor bytes, allocations and per-op CPU time of the peer's step "
+                        "and softmax-lie's (--pairs rounds)")
+    p.add_argument("--gen-timing", action="store_true",
+                   help="no training: generation tokens/s of every --runs architecture, interleaved "
+                        "(stored in <out>/results.json)")
     p.add_argument("--report", action="store_true",
                    help="no training: print the tables and draw the figures from <out>/results.json")
     args = p.parse_args(argv)
@@ -428,6 +644,13 @@ def main(argv=None):
     val = text_windows(corpus.val, args.context, name="val")
     if args.eval_windows is not None:
         val = type(val)(val.inputs[: args.eval_windows], val.targets[: args.eval_windows], name="val")
+    if args.attribute:
+        x, y = train[torch.arange(args.batch)]
+        a = attribute_step(args, vocab.size, x, y, max(1, args.pairs))
+        a["loadavg"] = [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]
+        print(json.dumps({"attribute": a}), flush=True)
+        print_attribution(a)
+        return a
     if args.paired_only:
         x, y = train[torch.arange(args.batch)]
         paired = paired_step_times(args, vocab.size, x, y, args.pairs)
@@ -442,6 +665,16 @@ def main(argv=None):
     prompt = vocab.encode(args.prompt, name="--prompt")[None]
     if prompt.shape[1] + args.gen > args.context:
         p.error(f"--gen: the prompt ({prompt.shape[1]}) and --gen ({args.gen}) exceed --context {args.context}")
+    if args.gen_timing:
+        speeds = {"tok_s": generation_speeds(args, vocab.size, prompt), "reps": args.gen_reps,
+                  "loadavg": [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]}
+        print(json.dumps({"gen_timing": speeds}), flush=True)
+        saved = _load(out)
+        if saved is not None and saved.get("setup") == _setup(args):
+            saved["gen_timing"] = speeds
+            (out / "results.json").write_text(json.dumps(saved, indent=1))
+            report(saved, args)
+        return speeds
     print(f"{corpus}; {len(train)} training windows ({args.steps} steps x {args.batch}), {len(val)} validation "
           f"windows of {args.context}", flush=True)
 
@@ -577,6 +810,23 @@ def report(saved: dict, args) -> None:
             print(f"| {label}: bits/char | " + " | ".join(f"{r['bpc']:.3f}" for r in rows) + " |")
         for label, rows in anytime.items():
             print(f"| {label}: gen tokens/s | " + " | ".join(f"{r['gen_tok_s']:.0f}" for r in rows) + " |")
+    gt = saved.get("gen_timing")
+    if gt:
+        print()
+        print(f"generation tokens/s, every architecture interleaved ({gt['reps']} rounds, medians; loadavg "
+              f"{gt['loadavg'][0]} -> {gt['loadavg'][1]}):")
+        print()
+        print("| run | gen tokens/s (KV cache) | gen tokens/s (recompute) |")
+        print("|---|---|---|")
+        for run, v in gt["tok_s"].items():
+            print(f"| {run} | {f(v.get('cache'), '.0f')} | {f(v.get('recompute'), '.0f')} |")
+        at = {k.split("@")[1]: v for k, v in gt["tok_s"].get("softmax-lie", {}).items() if "@" in k}
+        if at:
+            print()
+            print("| softmax-lie (either model): gen tokens/s (KV cache) | " + " | ".join(f"N_t = {n}" for n in at)
+                  + " |")
+            print("|---|" + "---|" * len(at))
+            print("| | " + " | ".join(f"{v:.0f}" for v in at.values()) + " |")
     paired = saved.get("paired")
     if paired:
         print()
@@ -585,6 +835,9 @@ def report(saved: dict, args) -> None:
               f"median ratio {paired['ratio_median']:.3f} (min {paired['ratio_min']:.3f}, max {paired['ratio_max']:.3f}); "
               f"value checks off: {paired['unchecked_median_s'] * 1e3:.0f} ms, median ratio "
               f"{paired['ratio_unchecked_median']:.3f}; loadavg {paired.get('loadavg')}")
+        if "faults_per_step" in paired:
+            print("minor page faults per step (median / mean): " + ", ".join(
+                f"{k} {v['median']:.0f} / {v['mean']}" for k, v in paired["faults_per_step"].items()))
     print()
     for r in runs:
         print(f"--- {r['run']} (seed {st['seed']}, temperature {st['temperature']}) ---")
