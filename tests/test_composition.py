@@ -89,6 +89,57 @@ def test_blanes_moan_coefficients_have_order_four_on_a_matrix_problem():
     assert fit_order(hs, local).within(5.0, 0.15)
 
 
+# -- the order conditions in the free algebra ---------------------------------------------------
+def _signature(flows, depth):
+    """The product of ``exp(c X_j)`` over ``flows`` = [(j, c), ...] (j = 0: A, 1: B) in the free
+    associative algebra over {A, B}, truncated at words of length ``depth``: {word: coefficient}.
+    A splitting method has order p for *every* pair of operators exactly when this product
+    equals exp(A + B) (each word of length k: 1/k!) on all words up to length p — the order
+    conditions (Hairer, Lubich, Wanner, III.3; the iterated sums of the coefficients)."""
+    out = {(): 1.0}
+    for j, c in flows:
+        new = {}
+        for w, v in out.items():
+            for k in range(depth - len(w) + 1):  # w followed by (X_j)^k c^k / k!
+                u = w + (j,) * k
+                new[u] = new.get(u, 0.0) + v * c**k / math.factorial(k)
+        out = new
+    return out
+
+
+def _condition_residuals(flows, depth=5):
+    """max over words of each length k <= depth of |coefficient - 1/k!|."""
+    sig = _signature(flows, depth)
+    res = [0.0] * (depth + 1)
+    for w, v in sig.items():
+        res[len(w)] = max(res[len(w)], abs(v - 1.0 / math.factorial(len(w))))
+    return res
+
+
+def test_blanes_moan_coefficients_satisfy_the_order_conditions():
+    """Every order condition up to order 4 holds to round-off for S6's published
+    coefficients (all 30 words of length <= 4), and an order-5 condition fails."""
+    flows = []
+    for i, a in enumerate(BLANES_MOAN_A):
+        flows.append((0, a))
+        if i < len(BLANES_MOAN_B):
+            flows.append((1, BLANES_MOAN_B[i]))
+    res = _condition_residuals(flows)
+    assert max(res[1:5]) < 1e-13, res
+    assert res[5] > 1e-5, res  # order 4, not 5
+
+
+def test_triple_jump_satisfies_the_order_conditions_as_a_splitting():
+    """Three Strang steps exp(g h A/2) exp(g h B) exp(g h A/2) over gamma_1, gamma_2, gamma_3:
+    order 4 in the free algebra, not 5; one Strang step has order 2, not 3 (the check itself
+    tells orders apart)."""
+    flows = [f for g in TRIPLE_JUMP_GAMMAS for f in ((0, g / 2), (1, g), (0, g / 2))]
+    res = _condition_residuals(flows)
+    assert max(res[1:5]) < 1e-13 and res[5] > 1e-3, res
+    strang = _condition_residuals([(0, 0.5), (1, 1.0), (0, 0.5)])
+    assert max(strang[1:3]) < 1e-15 and strang[3] > 1e-2, strang
+
+
 # -- the scheme code against independent products of exponentials -----------------------------
 def _ffn_terms(k, n_y=4, seed=0):
     g = torch.Generator().manual_seed(seed)

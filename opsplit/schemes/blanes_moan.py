@@ -18,8 +18,10 @@ S. Blanes and P. C. Moan, *Practical symplectic partitioned Runge–Kutta and
 Runge–Kutta–Nyström methods*, J. Comput. Appl. Math. 142 (2002) 313–330: their
 symmetric six-stage partitioned Runge–Kutta method of order 4 (S6), with coefficients chosen there to minimise the error constants:
 at equal work it is far more accurate than the triple jump.  Order 4; the order
-conditions are checked from these coefficients in ``tests/test_composition.py`` (a matrix
-problem against ``scipy.linalg.expm``, independent of the scheme code).
+conditions are checked from these coefficients in ``tests/test_composition.py``: in the
+free algebra over :math:`\{A, B\}` (every word of length :math:`\le 4` of the product of
+exponentials equals that of :math:`e^{A+B}` to round-off, a word of length 5 does not) and
+on a matrix problem against ``scipy.linalg.expm`` — both independent of the scheme code.
 
 **More than two operators.**  The method is applied as the equivalent composition of the
 Lie step and its adjoint (:func:`~opsplit.schemes.composition.sweeps_from_splitting`:
