@@ -106,7 +106,8 @@ class KVCache:
         if key in self._touched:
             raise RuntimeError(
                 f"KVCache: {type(op).__name__} at t = {float(t):g} appended twice in one call (a scheme that runs "
-                "this substep twice per step, e.g. Strang, cannot be decoded with a cache)"
+                "this substep twice at the same time in one call cannot be decoded with a cache; Strang's two "
+                "half steps run at different times and are cached apart)"
             )
         self._touched.add(key)
         m = int(tensors[0].shape[dim])
