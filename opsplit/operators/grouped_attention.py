@@ -43,7 +43,7 @@ keys (not with a cache).
 Computation: three GEMMs (one, on the three kernels side by side, when autograd does not
 record: a copy of them is kept per time piece and parameter version), the rotation, ``F.scaled_dot_product_attention`` (through the
 overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
-needed (torch >= 2.5), with the :math:`g` query heads of a group as :math:`g` queries of their
+needed, with the :math:`g` query heads of a group as :math:`g` queries of their
 key/value head for a single query (a decode step: no copy of the cache), else on the
 key/value heads repeated over their groups — and one GEMM for :math:`W^O`.
 """
@@ -68,10 +68,6 @@ from .context import cached, context_value
 from .rope import RotaryEmbedding
 
 __all__ = ["GroupedQueryAttention"]
-
-#: torch's SDPA takes fewer key/value heads than query heads itself (``enable_gqa``) from 2.5 on
-_SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
-
 
 #: below this many query/key entries the guard's maxima are one reduction (a decode step)
 _SMALL = 1 << 14
@@ -317,7 +313,7 @@ class GroupedQueryAttention(Operator):
             o = attention(q.reshape(B, Hkv, g, d), k, v, attn_mask=bias, dropout_p=p, is_causal=False, scale=s,
                           name="GroupedQueryAttention", bound=bound)
             return o.reshape(B, H, 1, v.shape[-1])
-        if bias is None and _SDPA_GQA and q.dim() == 4:
+        if bias is None and q.dim() == 4:
             return attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=is_causal, scale=s,
                              name="GroupedQueryAttention", enable_gqa=True, bound=bound)
         k = k[:, :, None].expand(B, Hkv, g, Nk, d).reshape(B, H, Nk, d)
