@@ -1,0 +1,183 @@
+r"""The continuous transformer as a neural operator: a map between functions on
+:math:`\Omega_x = [0, L)` (periodic), solvable on any grid of :math:`\Omega_x`.
+
+.. math::  \mathcal G_\theta = G \circ \bar{\mathcal N}_\theta \circ F, \qquad
+           u(x) \;\overset{F}{\longmapsto}\; v_0(x, y) \;\overset{\bar{\mathcal N}}{\longmapsto}\;
+           v(x, y, T) \;\overset{G}{\longmapsto}\; w(x)
+
+(paper 002, eq. 36).  :math:`F` and :math:`G` are the pointwise lifting and projection of
+:mod:`opsplit.operators.lifting` (positions as periodic functions of :math:`x`); the
+propagator :math:`\bar{\mathcal N}` solves
+
+.. math::  v_t = A_{\text{att}}(t; v) + A_{\text{conv}}(t; v) + A_{\text{ffn}}(t; v)
+
+by Lie or Strang splitting (explicit-Euler substeps, in the order convolution,
+feed-forward, attention: Strang evaluates the last term, the costliest, once per step and
+the others twice), :math:`N_t` steps on :math:`[0, T]`, controls piecewise constant in time
+(one weight set per step), with
+
+* :math:`A_{\text{att}}`: the attention integral over :math:`\Omega_x` — Galerkin-type
+  (:class:`~opsplit.operators.GalerkinAttention`), Fourier-type
+  (:class:`~opsplit.operators.FourierAttention`) or softmax
+  (:class:`~opsplit.operators.MultiHeadAttention`, scale :math:`1/\sqrt{d}`);
+* :math:`A_{\text{conv}}`: the periodic convolution integral with a kernel that is a
+  trigonometric polynomial of the physical offset (:class:`~opsplit.operators.SpectralConvolution`,
+  ``modes`` modes): derivatives on the band it resolves (``conv=False`` leaves it out);
+* :math:`A_{\text{ffn}}`: the pointwise feed-forward integral operator (GELU).
+
+**Why it is resolution-invariant by construction.**  Every integral over :math:`\Omega_x`
+carries the quadrature weight :math:`h = L/N_x` (the attention integrals, the convolution);
+the convolution kernel is a function of the offset in units of :math:`L`, not of a grid
+index; the positions are functions of :math:`x`; everything else is pointwise in
+:math:`x`.  The discrete model on :math:`N_x` nodes is therefore a quadrature of one
+continuous operator, and for a smooth periodic integrand the equal-weight rule converges
+spectrally: trained on one grid, it is solved on another without retraining
+(``docs/burgers.md`` measures 256 to 8192 nodes).  Its input must have more than
+:math:`2(\text{modes} - 1)` nodes (fewer would alias the kernel's modes: refused).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_dtype_arg, check_generator, check_positive_float, check_positive_int
+from ..grid import Grid, Interval
+from ..operators import (
+    FeedForward,
+    FourierAttention,
+    GalerkinAttention,
+    Lifting,
+    MultiHeadAttention,
+    Projection,
+    SpectralConvolution,
+)
+from ..propagator import Propagator
+from ..schemes import Lie, Strang
+
+__all__ = ["NeuralOperatorTransformer", "ATTENTIONS", "SCHEMES"]
+
+#: the attention integrals the model offers
+ATTENTIONS = ("galerkin", "fourier", "softmax")
+#: the splitting schemes it offers
+SCHEMES = ("lie", "strang")
+
+
+class NeuralOperatorTransformer(nn.Module):
+    r"""The continuous transformer :math:`G \circ \bar{\mathcal N}_\theta \circ F` on a
+    periodic :math:`\Omega_x` (see the module docstring).
+
+    Args:
+        attention: ``"galerkin"``, ``"fourier"`` or ``"softmax"``.
+        scheme: ``"lie"`` or ``"strang"``.
+        d_model: :math:`N_y`, the features of the state.
+        heads: attention heads (``d_model`` must be divisible by it).
+        n_steps: :math:`N_t` (one weight set per step).
+        T: final time (default ``n_steps``: :math:`\Delta t = 1`).
+        modes: Fourier modes :math:`0..M` of the convolution kernel (``M + 1`` of them).
+        d_ff: hidden width of the feed-forward term.
+        n_freq: frequencies of the positions.
+        hidden: hidden width of the projection.
+        conv: include the convolution term.
+        length: :math:`L`.
+        in_channels, out_channels: channels of the input and output fields.
+        generator: for a reproducible initialisation.
+        device, dtype: factory kwargs.
+
+    ``forward(u)`` takes ``(B, N_x)`` (or ``(B, N_x, C)``) samples at :math:`x_j = jL/N_x`,
+    any :math:`N_x \ge 2\,\text{modes} - 1`, and returns ``(B, N_x)`` (or
+    ``(B, N_x, C_out)``).
+    """
+
+    def __init__(self, attention: str = "galerkin", scheme: str = "strang", *, d_model: int = 64, heads: int = 4,
+                 n_steps: int = 4, T: float | None = None, modes: int = 16, d_ff: int = 128, n_freq: int = 4,
+                 hidden: int = 128, conv: bool = True, length: float = 1.0, in_channels: int = 1,
+                 out_channels: int = 1, generator: torch.Generator | None = None, device=None, dtype=None):
+        super().__init__()
+        if attention not in ATTENTIONS:
+            raise ValueError(f"NeuralOperatorTransformer.attention: expected one of {ATTENTIONS}, got {attention!r}")
+        if scheme not in SCHEMES:
+            raise ValueError(f"NeuralOperatorTransformer.scheme: expected one of {SCHEMES}, got {scheme!r}")
+        d = check_positive_int(d_model, "NeuralOperatorTransformer.d_model")
+        H = check_positive_int(heads, "NeuralOperatorTransformer.heads")
+        if d % H:
+            raise ValueError(f"NeuralOperatorTransformer: d_model = {d} is not divisible by heads = {H}")
+        n_t = check_positive_int(n_steps, "NeuralOperatorTransformer.n_steps (N_t)")
+        T = float(n_t) if T is None else check_positive_float(T, "NeuralOperatorTransformer.T")
+        modes = check_positive_int(modes, "NeuralOperatorTransformer.modes")
+        d_ff = check_positive_int(d_ff, "NeuralOperatorTransformer.d_ff")
+        length = check_positive_float(length, "NeuralOperatorTransformer.length")
+        check_generator(generator, "NeuralOperatorTransformer.generator")
+        dtype = check_dtype_arg(dtype, "NeuralOperatorTransformer.dtype")
+        fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        self.attention_kind, self.scheme_kind = attention, scheme
+        self.d_model, self.heads, self.modes, self.length = d, H, modes, length
+        self.min_nodes = 2 * modes - 1 if conv else 1
+        self.lifting = Lifting(in_channels, d, n_freq=n_freq, length=length, rule="left",
+                               min_nodes=self.min_nodes, **fk)
+        pieces = {"n_pieces": n_t, "t0": 0.0, "t1": T}
+        if attention == "softmax":
+            att = MultiHeadAttention.create(d, H, scale=1.0 / math.sqrt(d // H), **pieces, **fk)
+        else:
+            cls = GalerkinAttention if attention == "galerkin" else FourierAttention
+            att = cls.create(d, H, **pieces, **fk)
+        # the attention last: Strang evaluates the middle term once per step and the outer
+        # ones twice, and the attention is the costliest term
+        terms = [SpectralConvolution.create(d, modes, **pieces, **fk)] if conv else []
+        terms += [FeedForward.create(d, d_ff, activation="gelu", **pieces, **fk), att]
+        grid = Grid(x=Interval(length=length, rule="left"), y=Interval.paper(d))
+        sch = Lie(terms) if scheme == "lie" else Strang(terms)
+        self.propagator = Propagator(sch, n_t, t0=0.0, t1=T, grid=grid)
+        self.projection = Projection(d, hidden, out_channels, **fk)
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        r"""Every weight drawn from ``generator``: the lifting and projection as ``nn.Linear``
+        (uniform :math:`\pm 1/\sqrt{\text{fan-in}}`); the attention kernels Xavier-uniform
+        with gain ``0.1`` plus ``0.1 I`` on the diagonal — small terms, so that the
+        initial flow is close to the identity (Cao's initialisation, larger); the
+        convolution's modes uniform in :math:`[0, 1/N_y^2)` (FNO's); the feed-forward
+        kernels as ``nn.Linear`` with the output layer scaled by 0.1; biases zero."""
+        def uniform(t, bound):
+            t.copy_((torch.rand(t.shape, generator=generator, dtype=torch.float64) * 2 - 1) * bound)
+
+        for lin in (self.lifting.linear, self.projection.fc1, self.projection.fc2):
+            b = 1.0 / math.sqrt(lin.weight.shape[1])
+            uniform(lin.weight, b)
+            uniform(lin.bias, b)
+        for sub in self.propagator.scheme.substeps:
+            op = sub.terms[0]
+            if isinstance(op, MultiHeadAttention):
+                for c in (op.WQ, op.WK, op.WV):
+                    n_in, h, dk = c.shape
+                    uniform(c.raw, 0.1 * math.sqrt(6.0 / (n_in + h * dk)))
+                    eye = torch.eye(n_in, dtype=c.raw.dtype).reshape(n_in, h, dk)
+                    c.raw.add_(0.1 * eye)
+                if op.WO is not None:
+                    h, dk, n_out = op.WO.shape
+                    uniform(op.WO.raw, 0.1 * math.sqrt(6.0 / (h * dk + n_out)))
+                    op.WO.raw.add_(0.1 * torch.eye(n_out, dtype=op.WO.raw.dtype).reshape(h, dk, n_out))
+                for c in (op.bQ, op.bK, op.bV, op.bO):
+                    if c is not None:
+                        c.raw.zero_()
+            elif isinstance(op, SpectralConvolution):
+                w = op.weight.raw
+                w.copy_(torch.rand(w.shape, generator=generator, dtype=torch.float64) / w.shape[-1] ** 2)
+            elif isinstance(op, FeedForward):
+                for W, b, s in ((op.W1, op.b1, 1.0), (op.W2, op.b2, 0.1)):
+                    uniform(W.raw, s / math.sqrt(W.shape[0]))
+                    if b is not None:
+                        b.raw.zero_()
+
+    def forward(self, u: Tensor, *, n_steps: int | None = None) -> Tensor:
+        """``u`` ``(B, N_x)`` at :math:`x_j = jL/N_x` -> ``(B, N_x)`` (see the class docstring)."""
+        v = self.lifting(u)
+        v = self.propagator(v, n_steps=n_steps)
+        return self.projection(v)
+
+    def extra_repr(self) -> str:
+        return (f"attention={self.attention_kind!r}, scheme={self.scheme_kind!r}, d_model={self.d_model}, "
+                f"heads={self.heads}, modes={self.modes}, min_nodes={self.min_nodes}")
