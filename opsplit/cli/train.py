@@ -39,8 +39,9 @@ train.toml:
 """
 
 #: what ``opsplit train`` trains (the config's top-level ``task``): this module's digits
-#: classifier, or :mod:`opsplit.cli.train_text`'s character-level GPT
-TASKS = ("digits", "text")
+#: classifier, :mod:`opsplit.cli.train_text`'s character-level GPT, or
+#: :mod:`opsplit.cli.train_burgers`'s neural operator on Burgers' equation
+TASKS = ("digits", "text", "burgers")
 SCHEMES = ("lie", "strang", "parallel", "hybrid")
 CONTROLS = ("piecewise_constant", "piecewise_linear", "legendre", "chebyshev", "cosine")
 GRADIENTS = ("backprop", "checkpoint", "adjoint")
@@ -114,6 +115,10 @@ def select(a):
         from . import train_text
 
         return train_text
+    if task == "burgers":
+        from . import train_burgers
+
+        return train_burgers
     return sys.modules[__name__]
 
 
