@@ -25,7 +25,7 @@ nodes of whatever grid the field comes on, so the same lifting takes 256 nodes o
 with at least ``min_nodes`` nodes, and — the positions assume it — periodic: a field whose
 jump across the seam :math:`x = L \to 0` is more than ``periodic_tol`` times its largest step
 between neighbouring nodes is refused (a non-periodic function is not data on this domain),
-and so is a batch whose first and last samples are equal in every sample and channel (both
+and so is a batch whose first and last samples are equal (to rounding) in every sample and channel (both
 ends :math:`x = 0` and :math:`x = L` of a periodic function sampled: a node counted twice).
 """
 
@@ -86,10 +86,11 @@ def check_periodic(u: Tensor, name: str, tol: float) -> None:
     with torch.no_grad():
         inner = (u[:, 1:] - u[:, :-1]).abs().amax(1)
         seam = (u[:, 0] - u[:, -1]).abs()
-        if bool((seam == 0).all()) and bool((inner > 0).all()):
+        tiny = 16 * torch.finfo(u.dtype).eps * u.abs().amax(1)
+        if bool((seam <= tiny).all()) and bool((inner > tiny).all()):
             raise ValueError(
                 f"{name}: expected a periodic field on [0, L) sampled at x_j = j L / N_x (x = L excluded); the first "
-                "and last samples are equal in every sample and channel, as when both ends x = 0 and x = L of a "
+                "and last samples are equal (to rounding) in every sample and channel, as when both ends x = 0 and x = L of a "
                 "periodic function are sampled (np.linspace(0, L, N) includes both): drop the last node")
         bad = seam > tol * inner
         if bool(bad.any()):
