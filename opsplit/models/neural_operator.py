@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_dtype_arg, check_generator, check_positive_float, check_positive_int
+from ..controls import LayerwiseConstant, PiecewiseConstant
 from ..grid import Grid, Interval
 from ..operators import (
     FeedForward,
@@ -58,6 +59,16 @@ from ..propagator import Propagator
 from ..schemes import Lie, Strang
 
 __all__ = ["NeuralOperatorTransformer", "ATTENTIONS", "SCHEMES"]
+
+
+def _layerwise(module: nn.Module) -> None:
+    """Replace every :class:`~opsplit.controls.PiecewiseConstant` control below ``module`` by
+    the same function of time stored one parameter per piece
+    (:class:`~opsplit.controls.LayerwiseConstant`)."""
+    for mod in list(module.modules()):
+        for name, child in list(mod.named_children()):
+            if isinstance(child, PiecewiseConstant) and not child.positive:
+                setattr(mod, name, LayerwiseConstant(child.values.detach(), t0=child.t0, t1=child.t1, axes=child.axes))
 
 #: the attention integrals the model offers
 ATTENTIONS = ("galerkin", "fourier", "softmax")
@@ -128,6 +139,8 @@ class NeuralOperatorTransformer(nn.Module):
         terms = [SpectralConvolution.create(d, modes, **pieces, **fk)] if conv else []
         terms += [FeedForward.create(d, d_ff, activation="gelu", **pieces, **fk), att]
         grid = Grid(x=Interval(length=length, rule="left"), y=Interval.paper(d))
+        for op in terms:  # one parameter per step (LayerwiseConstant): no full-size gradient per use
+            _layerwise(op)
         sch = Lie(terms) if scheme == "lie" else Strang(terms)
         self.propagator = Propagator(sch, n_t, t0=0.0, t1=T, grid=grid)
         self.projection = Projection(d, hidden, out_channels, **fk)
@@ -141,36 +154,43 @@ class NeuralOperatorTransformer(nn.Module):
         initial flow is close to the identity (Cao's initialisation, larger); the
         convolution's modes uniform in :math:`[0, 1/N_y^2)` (FNO's); the feed-forward
         kernels as ``nn.Linear`` with the output layer scaled by 0.1; biases zero."""
-        def uniform(t, bound):
-            t.copy_((torch.rand(t.shape, generator=generator, dtype=torch.float64) * 2 - 1) * bound)
+        def rand(shape):
+            return torch.rand(shape, generator=generator, dtype=torch.float64)
+
+        def uniform(shape, bound):
+            return (rand(shape) * 2 - 1) * bound
 
         for lin in (self.lifting.linear, self.projection.fc1, self.projection.fc2):
             b = 1.0 / math.sqrt(lin.weight.shape[1])
-            uniform(lin.weight, b)
-            uniform(lin.bias, b)
+            lin.weight.copy_(uniform(lin.weight.shape, b))
+            lin.bias.copy_(uniform(lin.bias.shape, b))
         for sub in self.propagator.scheme.substeps:
             op = sub.terms[0]
             if isinstance(op, MultiHeadAttention):
                 for c in (op.WQ, op.WK, op.WV):
                     n_in, h, dk = c.shape
-                    uniform(c.raw, 0.1 * math.sqrt(6.0 / (n_in + h * dk)))
-                    eye = torch.eye(n_in, dtype=c.raw.dtype).reshape(n_in, h, dk)
-                    c.raw.add_(0.1 * eye)
+                    eye = torch.eye(n_in, dtype=torch.float64).reshape(n_in, h, dk)
+                    c.fill_(uniform((c.n_pieces, *c.shape), 0.1 * math.sqrt(6.0 / (n_in + h * dk))) + 0.1 * eye)
                 if op.WO is not None:
                     h, dk, n_out = op.WO.shape
-                    uniform(op.WO.raw, 0.1 * math.sqrt(6.0 / (h * dk + n_out)))
-                    op.WO.raw.add_(0.1 * torch.eye(n_out, dtype=op.WO.raw.dtype).reshape(h, dk, n_out))
+                    eye = torch.eye(n_out, dtype=torch.float64).reshape(h, dk, n_out)
+                    op.WO.fill_(uniform((op.WO.n_pieces, *op.WO.shape), 0.1 * math.sqrt(6.0 / (h * dk + n_out)))
+                                + 0.1 * eye)
                 for c in (op.bQ, op.bK, op.bV, op.bO):
                     if c is not None:
-                        c.raw.zero_()
+                        c.fill_(torch.zeros(c.n_pieces, *c.shape))
+                for name in ("gamma_q", "gamma_k", "gamma_v", "beta_q", "beta_k", "beta_v"):
+                    c = getattr(op, name, None)
+                    if c is not None:
+                        c.fill_(torch.full((c.n_pieces, *c.shape), 1.0 if name.startswith("gamma") else 0.0))
             elif isinstance(op, SpectralConvolution):
-                w = op.weight.raw
-                w.copy_(torch.rand(w.shape, generator=generator, dtype=torch.float64) / w.shape[-1] ** 2)
+                w = op.weight
+                w.fill_(rand((w.n_pieces, *w.shape)) / w.shape[-1] ** 2)
             elif isinstance(op, FeedForward):
                 for W, b, s in ((op.W1, op.b1, 1.0), (op.W2, op.b2, 0.1)):
-                    uniform(W.raw, s / math.sqrt(W.shape[0]))
+                    W.fill_(uniform((W.n_pieces, *W.shape), s / math.sqrt(W.shape[0])))
                     if b is not None:
-                        b.raw.zero_()
+                        b.fill_(torch.zeros(b.n_pieces, *b.shape))
 
     def forward(self, u: Tensor, *, n_steps: int | None = None) -> Tensor:
         """``u`` ``(B, N_x)`` at :math:`x_j = jL/N_x` -> ``(B, N_x)`` (see the class docstring)."""
