@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["etdrk4_coefficients", "solve_burgers", "spectral_derivative"]
+__all__ = ["etdrk4_coefficients", "solve_burgers"]
 
 
 def etdrk4_coefficients(L: np.ndarray, dt: float, n_contour: int = 64):
@@ -61,18 +61,6 @@ def _nonlinear(c: np.ndarray, M: int, km: np.ndarray) -> np.ndarray:
     u = np.fft.irfft(c, n=P, axis=-1) * P
     w = np.fft.rfft(u * u, axis=-1)[..., : M + 1] / P
     return -0.5j * km * w
-
-
-def spectral_derivative(u: np.ndarray) -> np.ndarray:
-    """:math:`u_x` of periodic samples ``u`` ``(..., N)`` on :math:`x_j = j/N` (exact for
-    trigonometric polynomials of degree below N/2)."""
-    N = u.shape[-1]
-    c = np.fft.rfft(u, axis=-1)
-    m = np.arange(c.shape[-1])
-    mult = 2j * np.pi * m
-    if N % 2 == 0:
-        mult[-1] = 0.0  # the Nyquist mode has no derivative on the grid
-    return np.fft.irfft(mult * c, n=N, axis=-1)
 
 
 def solve_burgers(u0: np.ndarray, *, nu: float = 0.1, t_final: float = 1.0, n_steps: int = 1000,
