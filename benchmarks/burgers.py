@@ -200,7 +200,7 @@ def model_kwargs(args) -> dict:
 
 
 # -- the data checks ---------------------------------------------------------------------------------
-def check_solver(n: int = 4, seed: int = 0) -> None:
+def check_solver(n: int = 50, seed: int = 0) -> None:
     """Self-convergence of the stored fields and the energy identity."""
     from opsplit.data.burgers import burgers_pairs
 
