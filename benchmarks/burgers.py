@@ -196,6 +196,7 @@ def run_model(name: str, args) -> dict:
 def model_kwargs(args) -> dict:
     return {"d_model": args.d_model, "heads": args.heads, "n_steps": args.n_steps, "d_ff": args.d_ff,
             "modes": args.modes, "n_freq": args.n_freq, "output_scale": args.output_scale,
+            "nonlinearity": args.nonlinearity, "head_dim": args.head_dim,
             **({"T": args.T} if args.T else {})}
 
 
@@ -316,6 +317,8 @@ def main(argv=None):
     p.add_argument("--modes", type=int, default=16)
     p.add_argument("--n-freq", type=int, default=4)
     p.add_argument("--output-scale", type=float, default=1.0)
+    p.add_argument("--nonlinearity", choices=("ffn", "map"), default="ffn")
+    p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--softmax-subset", type=int, default=40,
                    help="test pairs the softmax variants are evaluated on above 2048 nodes")
     p.add_argument("--tag", default="", help="suffix of the result files")

@@ -47,6 +47,7 @@ from .._checks import check_dtype_arg, check_generator, check_positive_float, ch
 from ..controls import LayerwiseConstant, PiecewiseConstant
 from ..grid import Grid, Interval
 from ..operators import (
+    Activation,
     FeedForward,
     FourierAttention,
     GalerkinAttention,
@@ -58,7 +59,15 @@ from ..operators import (
 from ..propagator import Propagator
 from ..schemes import Lie, Strang
 
-__all__ = ["NeuralOperatorTransformer", "ATTENTIONS", "SCHEMES"]
+__all__ = ["NeuralOperatorTransformer", "ATTENTIONS", "SCHEMES", "NONLINEARITIES"]
+
+
+def _eye(n: int, h: int, d: int) -> torch.Tensor:
+    """The first ``min(n, h d)`` unit vectors of R^n as an ``(n, h, d)`` head kernel."""
+    e = torch.zeros(n, h * d, dtype=torch.float64)
+    k = min(n, h * d)
+    e[:k, :k] = torch.eye(k, dtype=torch.float64)
+    return e.reshape(n, h, d)
 
 
 def _layerwise(module: nn.Module) -> None:
@@ -74,6 +83,9 @@ def _layerwise(module: nn.Module) -> None:
 ATTENTIONS = ("galerkin", "fourier", "softmax")
 #: the splitting schemes it offers
 SCHEMES = ("lie", "strang")
+#: where the model's pointwise nonlinearity is: a feed-forward term (``"ffn"``) or an
+#: activation map after the convolution and attention substeps (``"map"``)
+NONLINEARITIES = ("ffn", "map")
 
 
 class NeuralOperatorTransformer(nn.Module):
@@ -108,17 +120,24 @@ class NeuralOperatorTransformer(nn.Module):
     def __init__(self, attention: str = "galerkin", scheme: str = "strang", *, d_model: int = 64, heads: int = 4,
                  n_steps: int = 4, T: float | None = None, modes: int = 16, d_ff: int = 128, n_freq: int = 4,
                  hidden: int = 128, conv: bool = True, length: float = 1.0, in_channels: int = 1,
-                 out_channels: int = 1, output_scale: float = 1.0, generator: torch.Generator | None = None,
-                 device=None, dtype=None):
+                 out_channels: int = 1, output_scale: float = 1.0, nonlinearity: str = "ffn",
+                 head_dim: int | None = None, generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"NeuralOperatorTransformer.attention: expected one of {ATTENTIONS}, got {attention!r}")
         if scheme not in SCHEMES:
             raise ValueError(f"NeuralOperatorTransformer.scheme: expected one of {SCHEMES}, got {scheme!r}")
+        if nonlinearity not in NONLINEARITIES:
+            raise ValueError(f"NeuralOperatorTransformer.nonlinearity: expected one of {NONLINEARITIES}, got "
+                             f"{nonlinearity!r}")
         d = check_positive_int(d_model, "NeuralOperatorTransformer.d_model")
         H = check_positive_int(heads, "NeuralOperatorTransformer.heads")
-        if d % H:
-            raise ValueError(f"NeuralOperatorTransformer: d_model = {d} is not divisible by heads = {H}")
+        if head_dim is None:
+            if d % H:
+                raise ValueError(f"NeuralOperatorTransformer: d_model = {d} is not divisible by heads = {H}; "
+                                 "pass head_dim")
+            head_dim = d // H
+        head_dim = check_positive_int(head_dim, "NeuralOperatorTransformer.head_dim")
         n_t = check_positive_int(n_steps, "NeuralOperatorTransformer.n_steps (N_t)")
         T = float(n_t) if T is None else check_positive_float(T, "NeuralOperatorTransformer.T")
         modes = check_positive_int(modes, "NeuralOperatorTransformer.modes")
@@ -128,21 +147,27 @@ class NeuralOperatorTransformer(nn.Module):
         dtype = check_dtype_arg(dtype, "NeuralOperatorTransformer.dtype")
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.output_scale = check_positive_float(output_scale, "NeuralOperatorTransformer.output_scale")
-        self.attention_kind, self.scheme_kind = attention, scheme
+        self.attention_kind, self.scheme_kind, self.nonlinearity = attention, scheme, nonlinearity
         self.d_model, self.heads, self.modes, self.length = d, H, modes, length
         self.min_nodes = 2 * modes - 1 if conv else 1
         self.lifting = Lifting(in_channels, d, n_freq=n_freq, length=length, rule="left",
                                min_nodes=self.min_nodes, **fk)
         pieces = {"n_pieces": n_t, "t0": 0.0, "t1": T}
         if attention == "softmax":
-            att = MultiHeadAttention.create(d, H, scale=1.0 / math.sqrt(d // H), **pieces, **fk)
+            att = MultiHeadAttention.create(d, H, head_dim=head_dim, scale=1.0 / math.sqrt(head_dim), **pieces, **fk)
         else:
             cls = GalerkinAttention if attention == "galerkin" else FourierAttention
-            att = cls.create(d, H, **pieces, **fk)
-        # the attention last: Strang evaluates the middle term once per step and the outer
-        # ones twice, and the attention is the costliest term
-        terms = [SpectralConvolution.create(d, modes, **pieces, **fk)] if conv else []
-        terms += [FeedForward.create(d, d_ff, activation="gelu", **pieces, **fk), att]
+            att = cls.create(d, H, head_dim=head_dim, **pieces, **fk)
+        if nonlinearity == "ffn":
+            # the attention last: Strang evaluates the middle term once per step and the outer
+            # ones twice, and the attention is the costliest term
+            terms = [SpectralConvolution.create(d, modes, **pieces, **fk)] if conv else []
+            terms += [FeedForward.create(d, d_ff, activation="gelu", **pieces, **fk), att]
+        else:
+            # the convolution with its local part, the attention, then the activation map (a
+            # map substep: in the middle of a Strang step, applied once)
+            terms = [SpectralConvolution.create(d, modes, bias=True, local=True, **pieces, **fk), att,
+                     Activation("gelu")]
         grid = Grid(x=Interval(length=length, rule="left"), y=Interval.paper(d))
         for op in terms:  # one parameter per step (LayerwiseConstant): no full-size gradient per use
             _layerwise(op)
@@ -175,11 +200,10 @@ class NeuralOperatorTransformer(nn.Module):
             if isinstance(op, MultiHeadAttention):
                 for c in (op.WQ, op.WK, op.WV):
                     n_in, h, dk = c.shape
-                    eye = torch.eye(n_in, dtype=torch.float64).reshape(n_in, h, dk)
-                    c.fill_(uniform((c.n_pieces, *c.shape), 0.1 * math.sqrt(6.0 / (n_in + h * dk))) + 0.1 * eye)
+                    c.fill_(uniform((c.n_pieces, *c.shape), 0.1 * math.sqrt(6.0 / (n_in + h * dk))) + 0.1 * _eye(n_in, h, dk))
                 if op.WO is not None:
                     h, dk, n_out = op.WO.shape
-                    eye = torch.eye(n_out, dtype=torch.float64).reshape(h, dk, n_out)
+                    eye = _eye(n_out, h, dk).permute(1, 2, 0)
                     op.WO.fill_(uniform((op.WO.n_pieces, *op.WO.shape), 0.1 * math.sqrt(6.0 / (h * dk + n_out)))
                                 + 0.1 * eye)
                 for c in (op.bQ, op.bK, op.bV, op.bO):
@@ -192,6 +216,12 @@ class NeuralOperatorTransformer(nn.Module):
             elif isinstance(op, SpectralConvolution):
                 w = op.weight
                 w.fill_(rand((w.n_pieces, *w.shape)) / w.shape[-1] ** 2)
+                if op.local is not None:
+                    c = op.local
+                    c.fill_(uniform((c.n_pieces, *c.shape), 1.0 / math.sqrt(c.shape[0])))
+                if op.bias is not None:
+                    c = op.bias
+                    c.fill_(uniform((c.n_pieces, *c.shape), 1.0 / math.sqrt(c.shape[0])))
             elif isinstance(op, FeedForward):
                 for W, b, s in ((op.W1, op.b1, 1.0), (op.W2, op.b2, 0.1)):
                     W.fill_(uniform((W.n_pieces, *W.shape), s / math.sqrt(W.shape[0])))
