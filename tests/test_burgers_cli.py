@@ -84,8 +84,8 @@ def test_burgers_refusals_before_work(data_dir, capsys):
     assert not (data_dir / "cache").exists()  # nothing generated
 
 
-@pytest.mark.parametrize("attention", ["galerkin", "softmax"])
-def test_burgers_estimate_flops_match_flop_counter(attention):
+@pytest.mark.parametrize("attention,nonlinearity", [("galerkin", "ffn"), ("softmax", "ffn"), ("fourier", "map")])
+def test_burgers_estimate_flops_match_flop_counter(attention, nonlinearity):
     """The guard's matrix-product flops of one forward pass against FlopCounterMode (the
     FFTs, and softmax's fused CPU attention kernel, which the counter does not see, are left
     out of the comparison)."""
@@ -93,8 +93,8 @@ def test_burgers_estimate_flops_match_flop_counter(attention):
 
     from opsplit.cli import train_burgers as tb
 
-    m = dict(attention=attention, scheme="strang", d_model=16, heads=2, n_steps=2, modes=4, d_ff=32, n_freq=2,
-             seed=0)
+    m = dict(attention=attention, scheme="strang", d_model=16, heads=2, head_dim=4 if nonlinearity == "map" else 0,
+             nonlinearity=nonlinearity, n_steps=2, modes=4, d_ff=32, n_freq=2, seed=0)
     n = 64
     model = tb.build_model(m)
     u = torch.randn(3, n)

@@ -37,6 +37,7 @@ burgers.toml:
 
 ATTENTIONS = ("galerkin", "fourier", "softmax")
 SCHEMES = ("lie", "strang")
+NONLINEARITIES = ("ffn", "map")
 
 
 SCHEMA = {
@@ -48,7 +49,10 @@ SCHEMA = {
         "scheme": Field("str", "strang", "the splitting of convolution, feed-forward and attention",
                         choices=SCHEMES),
         "d_model": Field("int", 64, "features N_y of the state", at_least(1)),
-        "heads": Field("int", 4, "attention heads (a divisor of d_model)", at_least(1)),
+        "heads": Field("int", 4, "attention heads", at_least(1)),
+        "head_dim": Field("int", 0, "features per head (0: d_model / heads, which must then divide)", at_least(0)),
+        "nonlinearity": Field("str", "ffn", "the pointwise nonlinearity: a feed-forward term (ffn) or an activation "
+                              "map after the convolution and the attention (map)", choices=NONLINEARITIES),
         "n_steps": Field("int", 4, "time steps N_t (one weight set per step, dt = 1)", at_least(1)),
         "modes": Field("int", 16, "Fourier modes 0..M of the convolution kernel (M + 1 of them)", at_least(1)),
         "d_ff": Field("int", 128, "hidden width of the feed-forward term", at_least(1)),
@@ -95,8 +99,9 @@ def check(cfg) -> None:
     m, t, d = cfg["model"], cfg["train"], cfg["data"]
     if cfg[TOP]["task"] != "burgers":
         raise ConfigError(f"task: expected 'burgers' for this schema, got {cfg[TOP]['task']!r}")
-    if m["d_model"] % m["heads"]:
-        raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']}, got {m['heads']}")
+    if not m["head_dim"] and m["d_model"] % m["heads"]:
+        raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']} (or a model.head_dim), "
+                          f"got {m['heads']}")
     if d["points"] % 2:
         raise ConfigError(f"data.points: expected an even number of nodes, got {d['points']}")
     need = 2 * m["modes"] - 1
@@ -119,13 +124,19 @@ def forward_flops(m: dict, n: int) -> tuple[float, float]:
     attention (Q, K, V, output projections; Galerkin / Fourier: the d x d integral per head;
     softmax: the n x n scores) — the first two twice for Strang — then lifting and projection."""
     d, f, h, M = m["d_model"], m["d_ff"], m["heads"], m["modes"]
+    k = h * (m["head_dim"] or d // h)  # the heads' features together
     conv = 2 * 5.0 * n * math.log2(max(n, 2)) * d + 8.0 * M * d * d
-    ffn = 4.0 * n * d * f
-    attn = 8.0 * n * d * d + (4.0 * n * d * d / h if m["attention"] != "softmax" else 4.0 * n * n * d)
+    if m["nonlinearity"] == "map":
+        conv += 2.0 * n * d * d  # the local part
+    ffn = 4.0 * n * d * f if m["nonlinearity"] == "ffn" else 0.0
+    attn = 8.0 * n * d * k + (4.0 * n * k * k / h if m["attention"] != "softmax" else 4.0 * n * n * k)
     twice = 2 if m["scheme"] == "strang" else 1
-    per_step = twice * (conv + ffn) + attn
+    if m["nonlinearity"] == "ffn":  # convolution and feed-forward outer, the attention in the middle
+        per_step, calls = twice * (conv + ffn) + attn, 2 * twice + 1
+    else:  # convolution and attention outer, the activation map in the middle
+        per_step, calls = twice * (conv + attn), 2 * twice + 1
     edge = 2.0 * n * (1 + 2 * m["n_freq"]) * d + 2.0 * n * d * 128 + 2.0 * n * 128
-    return m["n_steps"] * per_step + edge, float(m["n_steps"] * (2 * twice + 1) + 2)
+    return m["n_steps"] * per_step + edge, float(m["n_steps"] * calls + 2)
 
 
 def estimate(cfg) -> Estimate:
@@ -173,6 +184,7 @@ def build_model(m: dict):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(m["seed"])
             return NeuralOperatorTransformer(m["attention"], m["scheme"], d_model=m["d_model"], heads=m["heads"],
+                                             head_dim=m["head_dim"] or None, nonlinearity=m["nonlinearity"],
                                              n_steps=m["n_steps"], modes=m["modes"], d_ff=m["d_ff"],
                                              n_freq=m["n_freq"], generator=torch.Generator().manual_seed(m["seed"]))
     except (ValueError, TypeError) as e:
