@@ -128,7 +128,7 @@ def loadavg() -> str:
         return "n/a"
 
 
-def calibrate(model, train, batch: int, steps: int = 6) -> float:
+def calibrate(model, train, batch: int, steps: int = 12) -> float:
     """CPU seconds per optimizer step (forward, backward, Adam), the median of ``steps``."""
     opt = torch.optim.Adam(model.parameters(), lr=0.0)
     times = []
