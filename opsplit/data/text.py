@@ -50,7 +50,7 @@ from torch import Tensor
 from .base import TensorData
 
 __all__ = ["CORPORA", "UNKNOWN", "CharVocab", "TextCorpus", "load_text", "char_corpus", "sample_windows",
-           "text_windows", "bits_per_char"]
+           "text_windows", "bits_per_char", "corpus_chars"]
 
 CORPORA = ("pydoc_topics", "stdlib")
 #: how the unknown id 0 decodes
@@ -210,7 +210,9 @@ def _pydoc_topics() -> dict:
     return {k: topics[k] for k in sorted(topics)}
 
 
-def _stdlib_sources(max_chars: int | None) -> dict:
+def _stdlib_files() -> list:
+    """``(relative path, path)`` of the standard library's ``.py`` sources that
+    ``load_text("stdlib")`` reads, in name order."""
     import sysconfig
 
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -222,8 +224,40 @@ def _stdlib_sources(max_chars: int | None) -> dict:
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not (rel == Path(".") and d.startswith("test")))
             files += [(rel / f, Path(top) / f) for f in names if f.endswith(".py")]
         files.sort()
+    return files
+
+
+def corpus_chars(corpus: str = "pydoc_topics", max_chars: int | None = None) -> int:
+    """How many characters :func:`load_text` reads for ``corpus`` and ``max_chars``, without
+    reading them: ``pydoc_data.topics``' lengths (exact), or the standard library's file
+    sizes in bytes (an upper bound: UTF-8 takes at least a byte per character).  0 when the
+    corpus is missing (``load_text`` says why).  For the size guards of a job that will
+    load the corpus."""
+    if corpus not in CORPORA:
+        raise ValueError(f"corpus_chars.corpus: expected one of {CORPORA}, got {corpus!r}")
+    if corpus == "pydoc_topics":
+        try:
+            sizes = [len(d) for d in _pydoc_topics().values()]
+        except RuntimeError:
+            return 0
+    else:
+        sizes = []
+        for _, p in _stdlib_files():
+            try:
+                sizes.append(p.stat().st_size)
+            except OSError:
+                continue
+    n = 0
+    for k in sizes:  # the first documents up to max_chars, as load_text keeps them
+        if max_chars is not None and n >= max_chars:
+            break
+        n += k
+    return n
+
+
+def _stdlib_sources(max_chars: int | None) -> dict:
     docs, n = {}, 0
-    for rel, p in files:
+    for rel, p in _stdlib_files():
         try:
             text = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
