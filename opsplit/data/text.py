@@ -25,9 +25,10 @@ contributes to both.  A split's text is its documents joined by ``"\n"``.
 unknown token (id ``0``, shown as ``"\ufffd"``).  Validation text is encoded with
 unknown characters mapped to id 0 (:attr:`TextCorpus.val_unknown` counts them); a
 *prompt* (``CharVocab.encode(..., errors="strict")``, the default) is refused with a
-``ValueError`` naming the characters the model never saw: the embedding row of the
-unknown id is never trained (no training character maps to it), so silently conditioning
-a generation on it would be conditioning on noise.
+``ValueError`` naming the characters the model never saw: the unknown id is never a
+training input (no training character maps to it) — its embedding row is trained only as an
+output row of the tied read-out, pushed down as a class that never occurs — so conditioning
+a generation on it would condition on a vector no input taught.
 
 **Windows.**  A language-model sample is a window of ``context`` ids and the same window
 shifted by one (next-character targets): :func:`sample_windows` draws ``batch_size``
@@ -121,8 +122,8 @@ class CharVocab:
         if unknown:
             raise ValueError(
                 f"{name}: character(s) {_show(unknown)} are not in the vocabulary of {len(self.chars)} characters "
-                f"built from the training text; remove or replace them (the unknown token is never trained, "
-                f"so a prompt is not mapped to it)"
+                f"built from the training text; remove or replace them (the unknown token is never a training "
+                f"input, so a prompt is not mapped to it)"
             )
         return text
 
