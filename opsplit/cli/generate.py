@@ -90,8 +90,12 @@ def run_generate(a) -> str:
     seed = a.seed if a.seed is not None else g["seed"]
     temperature = a.temperature if a.temperature is not None else g["temperature"]
     model = load_model(cfg, vocab, ckpt).eval()
-    with torch.no_grad():
-        first = model(ids, n_steps=n_t).logits[0, -1]
+    try:
+        with torch.no_grad():
+            first = model(ids, n_steps=n_t).logits[0, -1]
+    except ValueError as e:  # the model's own checks (an overflowing attention score, ...)
+        raise ConfigError(f"folder: the model of {str(ckpt)!r} cannot be solved at the prompt at N_t = {n_t}: "
+                          f"{e}") from None
     if not bool(torch.isfinite(first).all()):
         raise ConfigError(f"folder: the model of {str(ckpt)!r} gives non-finite logits at the prompt at N_t = {n_t} "
                           f"(its weights are finite: the solve overflows); expected another --n-t or checkpoint")

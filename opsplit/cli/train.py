@@ -284,8 +284,8 @@ def _cli_key(change, run_keys: dict) -> str:
 
 def _cli_change(change, run_keys: dict) -> str:
     if change.where != "TrainConfig":
-        return f"the model's {change.where + ': ' if change.where else ''}{change.key} = {change.checkpoint!r} in " \
-               f"the checkpoint, {change.model!r} now (a [model] key was edited)"
+        return f"the model ([model] edited): {change.where + '.' if change.where else ''}{change.key} = " \
+               f"{change.checkpoint!r} in the checkpoint, {change.model!r} now"
     return f"{_cli_key(change, run_keys)} = {change.checkpoint!r} in the checkpoint, {change.model!r} in config.toml"
 
 

@@ -840,8 +840,9 @@ def _plan_optimizer(ckpt: Checkpoint, optimizer, allow_nonfinite: bool = False) 
             if key in g and isinstance(val, tuple) and isinstance(g[key], list):
                 g[key] = tuple(g[key])
     params = [p for grp in optimizer.param_groups for p in grp["params"]]
-    bad = [] if allow_nonfinite else nonfinite_tensors(
-        {k: v for k, v in ckpt.tensors.items() if k.startswith("optimizer.")})
+    bad = [] if allow_nonfinite else sorted(nonfinite_tensors(
+        {k: v for k, v in ckpt.tensors.items() if k.startswith("optimizer.")}),
+        key=lambda k: (int(k.split(".")[1]), k))  # optimizer.<index>.<state>, in parameter order
     if bad:
         raise CheckpointError(
             f"checkpoint {str(ckpt.path)!r}: the optimizer state {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''} "
