@@ -153,6 +153,16 @@ def forward_flops(m: dict, n_steps: int, tokens: int | None = None, vocab: int =
     return n_steps * per_step + 2.0 * N * d * vocab, float(n_steps * calls)
 
 
+def decode_flops(m: dict, n_steps: int, n: int, vocab: int = 110) -> tuple[float, float]:
+    """``(flops, calls)`` of one decode step with the key/value cache holding up to ``n``
+    tokens: the new token through every step, and its attention over the cache (softmax:
+    4 n d per attention substep; sliced: the decode sums, ~4 n d per head)."""
+    f, c = forward_flops(m, n_steps, tokens=1, vocab=vocab)
+    twice = 2 if m["scheme"] == "strang" else 1
+    heads = m["heads"] if m["attention"] != "softmax" else 1
+    return f + n_steps * twice * 4.0 * n * m["d_model"] * heads, c
+
+
 def _corpus_chars(corpus: str, max_chars: int) -> int:
     from ..data import corpus_chars
 
@@ -162,9 +172,8 @@ def _corpus_chars(corpus: str, max_chars: int) -> int:
 def estimate(cfg) -> Estimate:
     """Training (forward and backward: 3 forward passes' flops), the evaluations at
     ``eval_n_steps`` on the validation windows of the corpus (its real size:
-    :func:`opsplit.data.corpus_chars`), and the sampled characters (one forward pass of the
-    whole sequence per character for sliced attention — an upper bound of its cached decode
-    —, one token for softmax); memory: the corpus (its string and ids while it is encoded),
+    :func:`opsplit.data.corpus_chars`), and the sampled characters (one decode step each
+    with the key/value cache: :func:`decode_flops`); memory: the corpus (its string and ids while it is encoded),
     the training windows (``steps x batch_size`` of ``context + 1`` ids, three int64 copies
     while they are cut), parameters with gradients and AdamW state, and the activations of a
     batch."""
@@ -181,7 +190,7 @@ def estimate(cfg) -> Estimate:
         f_n, c_n = forward_flops(m, n)
         work += Estimate(windows * f_n, math.ceil(windows / 64) * c_n)
     for n in t["eval_n_steps"]:  # one sample per N_t
-        per = forward_flops(m, n, tokens=N if m["attention"] != "softmax" else 1)
+        per = decode_flops(m, n, len(g["prompt"]) + g["max_new_tokens"])
         work += Estimate(g["max_new_tokens"] * per[0], g["max_new_tokens"] * per[1])
     twice = 2 if m["scheme"] == "strang" else 1
     sliced = m["attention"] != "softmax"
@@ -502,16 +511,16 @@ def check_temperature(v, name: str = "--temperature") -> float:
 
 
 def generate_estimate(m: dict, vocab: int, prompt: int, new: int, n_t: int) -> Estimate:
-    """``opsplit generate``: the prompt's forward pass and ``new`` decode steps with the
-    key/value cache at N_t = ``n_t`` (softmax: one token and its attention over the cache per
-    step; sliced: bounded by the whole sequence's pass); memory: the parameters, the controls
-    evaluated at every step (the decode steps), the cache (keys and values of every
-    attention substep) and the time grid."""
+    """``opsplit generate``: the prompt's forward pass (twice: the check of its logits and
+    the generation's first step) and ``new`` decode steps with the key/value cache at N_t =
+    ``n_t`` (:func:`decode_flops`); memory: the parameters, the controls evaluated at every
+    step (the decode steps), the cache (keys and values of every attention substep) and
+    the time grid."""
     d, twice = m["d_model"], 2 if m["scheme"] == "strang" else 1
     n = prompt + new
     f0, c0 = forward_flops(m, n_t, tokens=prompt, vocab=vocab)
-    f1, c1 = forward_flops(m, n_t, tokens=1 if m["attention"] == "softmax" else n, vocab=vocab)
-    f1 += n_t * twice * 4.0 * n * d
+    f0, c0 = 2 * f0, 2 * c0
+    f1, c1 = decode_flops(m, n_t, n, vocab)
     params = m["layers"] * 14.0 * d * d + (m["context"] + vocab) * d
     held = params + n_t * 14.0 * d * d + n_t * twice * 4.0 * n * d
     return Estimate(f0 + new * f1, c0 + new * c1, 4.0 * held + 32.0 * (n_t + 1))
