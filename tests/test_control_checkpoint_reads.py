@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 import torch
-
 from _train_helpers import TinyClassifier, rewrite_checkpoint, tiny_config, tiny_data
+
 from opsplit.control import CheckpointError, Objective, Trainer, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")

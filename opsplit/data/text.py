@@ -211,12 +211,16 @@ def _pydoc_topics() -> dict:
     return {k: topics[k] for k in sorted(topics)}
 
 
+def _stdlib_root() -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
 def _stdlib_files() -> list:
     """``(relative path, path)`` of the standard library's ``.py`` sources that
     ``load_text("stdlib")`` reads, in name order."""
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = _stdlib_root()
     files = []
     if root.is_dir():
         for top, dirs, names in os.walk(root):
@@ -270,7 +274,7 @@ def _stdlib_sources(max_chars: int | None) -> dict:
         if max_chars is not None and n >= max_chars:
             break
     if not docs:
-        raise RuntimeError(f"load_text('stdlib'): no Python sources under {str(root)!r} (this distribution ships "
+        raise RuntimeError(f"load_text('stdlib'): no Python sources under {str(_stdlib_root())!r} (this distribution ships "
                            "only compiled modules); use corpus='pydoc_topics'")
     return docs
 

@@ -400,11 +400,16 @@ def first_weight(value):
     return edit
 
 
-def scaled_weights(factor):
+def all_weights(fn):
+    """Every floating tensor of the model's state as ``fn(tensor)``."""
     def edit(t):
-        return {k: v * factor if k.startswith("model.") and v.is_floating_point() else v for k, v in t.items()}
+        return {k: fn(v) if k.startswith("model.") and v.is_floating_point() else v for k, v in t.items()}
 
     return edit
+
+
+def scaled_weights(factor):
+    return all_weights(lambda v: v * factor)
 
 
 def check_run_row(row: RunRow, run: Path, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -474,12 +479,17 @@ DIGITS_ROWS = run_rows(
 )
 
 
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("digits")
-    (tmp / "c.toml").write_text(DIGITS)
+def finished_run(tmp_path_factory, config: str) -> Path:
+    """The folder of a finished ``opsplit train`` run of ``config`` (for the rows to copy)."""
+    tmp = tmp_path_factory.mktemp("run")
+    (tmp / "c.toml").write_text(config)
     assert main(["train", "--config", str(tmp / "c.toml"), "--out", str(tmp / "run"), "--no-progress"]) == 0
     return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    return finished_run(tmp_path_factory, DIGITS)
 
 
 @pytest.mark.parametrize("row", DIGITS_ROWS)

@@ -83,9 +83,11 @@ from .test_cli import (  # noqa: E402  (the CLI table's row checks)
     _check,
     _setup,
     _tree,
+    all_weights,
     check_run_row,
     checkpoint_edit,
     config_edit,
+    finished_run,
     first_weight,
     rows,
     run_rows,
@@ -232,8 +234,7 @@ RUN_ROWS = run_rows(
     ("resume-nan-weight", RESUME, "hold(s) NaN/inf; a diverged model is not loaded, as save_checkpoint does not "
      "write one. Nothing was loaded; start a new run with --out", checkpoint_edit(first_weight(float("nan")))),
     ("resume-int-weight", RESUME, "is torch.int64 in the checkpoint, torch.float32 in the model; a tensor of another "
-     "kind (integer for floating) is not cast", checkpoint_edit(
-         lambda t: {k: v.long() if k.startswith("model.") and v.is_floating_point() else v for k, v in t.items()})),
+     "kind (integer for floating) is not cast", checkpoint_edit(all_weights(torch.Tensor.long))),
     ("resume-inf-exp_avg_sq", RESUME, "the optimizer state optimizer.0.exp_avg_sq", checkpoint_edit(
         lambda t: {k: v.clone().fill_(float("inf")) if k.endswith("exp_avg_sq") else v for k, v in t.items()})),
     ("resume-negative-step", RESUME, "meta.trainer.step: expected >= 0, got -5",
@@ -250,8 +251,8 @@ RUN_ROWS = run_rows(
     ("gen-nan-weights-greedy", (*GEN, "--greedy"), "hold(s) NaN/inf; a diverged model is not loaded",
      checkpoint_edit(first_weight(float("nan")))),
     ("gen-inf-weights", GEN, "hold(s) NaN/inf", checkpoint_edit(first_weight(float("inf")))),
-    ("gen-int-weights", GEN, "a tensor of another kind (integer for floating) is not cast", checkpoint_edit(
-        lambda t: {k: v.long() if k.startswith("model.") and v.is_floating_point() else v for k, v in t.items()})),
+    ("gen-int-weights", GEN, "a tensor of another kind (integer for floating) is not cast",
+     checkpoint_edit(all_weights(torch.Tensor.long))),
     ("gen-truncated", GEN, "state.safetensors has 1000 bytes", checkpoint_edit(size=1000)),
     ("gen-overflowing-weights", (*GEN, "--greedy"), "cannot be solved at the prompt at N_t = 2: GroupedQueryAttention: "
      "the attention scores", checkpoint_edit(scaled_weights(1e30))),
@@ -262,12 +263,7 @@ RUN_ROWS = run_rows(
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("text")
-    (tmp / "c.toml").write_text(TEXT)
-    from opsplit.cli import main
-
-    assert main(["train", "--config", str(tmp / "c.toml"), "--out", str(tmp / "run"), "--no-progress"]) == 0
-    return tmp / "run"
+    return finished_run(tmp_path_factory, TEXT)
 
 
 @pytest.mark.usefixtures("one_thread")
