@@ -41,7 +41,8 @@ keys (not with a cache).
 **Layouts** (head-major): ``WQ`` ``(N_y, H, d)``, ``WK, WV`` ``(N_y, H_kv, d)``, ``WO``
 ``(H, d, N_y)``, ``bQ`` ``(H, d)``, ``bK, bV`` ``(H_kv, d)``, ``bO`` ``(N_y,)``.
 Computation: three GEMMs (one, on the three kernels side by side, when autograd does not
-record: a copy of them is kept per time piece and parameter version), the rotation, ``F.scaled_dot_product_attention`` (through the
+record: a view of one buffer after :meth:`GroupedQueryAttention.share_storage`, else a copy
+made at the call; :func:`~opsplit.operators._linear.side_by_side`), the rotation, ``F.scaled_dot_product_attention`` (through the
 overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
 needed, with the :math:`g` query heads of a group as :math:`g` queries of their
 key/value head for a single query (a decode step: no copy of the cache), else on the
@@ -60,7 +61,7 @@ from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
 from ._heads import check_head_controls, control_shape
-from ._linear import linear_y, side_by_side
+from ._linear import linear_y, share_pieces, side_by_side
 from ._masks import attention_log_weights
 from ._sdpa import attention, bound_from, max_abs, values_unchecked
 from .base import Operator
@@ -123,7 +124,6 @@ class GroupedQueryAttention(Operator):
                 raise TypeError(f"{n}.{name}: expected the name (str) of a grid context input, got {type(key).__name__}")
         self.key_padding_mask, self.positions, self.cache = key_padding_mask, positions, cache
         self._check_static_shapes()
-        self._fused: dict = {}  # t -> (versions, W, b): the three kernels side by side, without autograd
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -234,10 +234,21 @@ class GroupedQueryAttention(Operator):
         biases (one GEMM), and :math:`W^O` as ``(H d, N_y)`` with the head weights folded in."""
         return self._in_kernel(t, grid) + self._out_kernel(t, grid)
 
+    def share_storage(self) -> None:
+        """Store :math:`W^Q, W^K, W^V` (and :math:`b^Q, b^K, b^V` when all three exist) of
+        each time piece side by side in one buffer, the parameters views of it, so that the
+        kernel of a call without autograd is that buffer, not a copy
+        (:func:`~opsplit.operators._linear.side_by_side`; only for
+        :class:`~opsplit.controls.LayerwiseConstant` controls, others are left as they
+        are).  The values do not change."""
+        share_pieces([self.WQ, self.WK, self.WV])
+        if None not in (self.bQ, self.bK, self.bV):
+            share_pieces([self.bQ, self.bK, self.bV], rows=1)
+
     def _in_kernel(self, t, grid: Grid) -> tuple:
         WQ, WK, WV = self.WQ(t, grid), self.WK(t, grid), self.WV(t, grid)
         bias = [None if c is None else c(t, grid).reshape(-1) for c in (self.bQ, self.bK, self.bV)]
-        W, b = side_by_side(self._fused, t, (WQ, WK, WV), bias)
+        W, b = side_by_side((WQ, WK, WV), bias)
         return W, b, (WQ.shape[1], WK.shape[1], WQ.shape[2])
 
     def _qkv(self, t, u: Tensor, grid: Grid, past: int, W: Tensor, b: Tensor | None, H: int, Hkv: int,
