@@ -186,11 +186,11 @@ def measure(kind: str, args) -> list:
 
     if "generate" not in args.skip:
         prompt = torch.randint(3, args.vocab, (args.gen_B, args.prompt), generator=g)
-        a = ours.generate(prompt, args.new)
+        a = ours.generate(prompt, args.new, eos_token_id=None)
         b = hf.generate(prompt, max_new_tokens=args.new, do_sample=False, eos_token_id=None, pad_token_id=0)
         same = torch.equal(a, b)
         n_tok = args.gen_B * args.new
-        ta, tb, rat = paired(lambda: ours.generate(prompt, args.new),
+        ta, tb, rat = paired(lambda: ours.generate(prompt, args.new, eos_token_id=None),
                              lambda: hf.generate(prompt, max_new_tokens=args.new, do_sample=False,
                                                  eos_token_id=None, pad_token_id=0),
                              args.repeats, args.warmup)

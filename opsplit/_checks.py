@@ -272,8 +272,9 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
         for n, t in list(module.named_parameters()) + list(module.named_buffers())
         if t.is_floating_point() and t.numel() > 0
     ]
-    key = tuple((id(t), t._version, t.data_ptr()) for _, t in named)
-    if getattr(module, "_opsplit_checked_parameters", None) == key:
+    # (inference tensors keep no version counter: a module holding one is checked every time)
+    key = None if any(t.is_inference() for _, t in named) else tuple((id(t), t._version, t.data_ptr()) for _, t in named)
+    if key is not None and getattr(module, "_opsplit_checked_parameters", None) == key:
         return
     if named:
         with torch.no_grad():
@@ -306,9 +307,9 @@ def check_positive_values(owner, values: Tensor | None, name: str, what: str = "
     if values is None or skip_value_checks():
         return
     slot = "_opsplit_checked_positive_" + name
-    key = (values._version, values.data_ptr())
+    key = None if values.is_inference() else (values._version, values.data_ptr())
     hit = owner.__dict__.get(slot)
-    if hit is not None and hit[0] is values and hit[1] == key:  # (the tensor is kept: its id is not reused)
+    if key is not None and hit is not None and hit[0] is values and hit[1] == key:  # (the tensor is kept: its id is not reused)
         return
     if not bool((values > 0).all()):
         raise ValueError(f"{name}: expected {what} > 0, got min {float(values.detach().min()):g}")

@@ -294,6 +294,8 @@ class DecoderLM(nn.Module):
         if c.lm_head and not c.tie_embeddings:
             self.head = nn.Parameter(torch.empty(c.vocab_size, E, **fk))  # (vocab, d_model), as nn.Linear
         self.check_finite_input = True
+        #: generate's defaults for eos_token_id / pad_token_id (from_hf: the HF generation config's)
+        self.generation_defaults: dict = {}
         self.reset_parameters(generator)
         self.share_storage()
 
