@@ -398,6 +398,10 @@ def decoder_from_hf(model) -> DecoderLM:
 
 def _decoder_from_hf(model) -> DecoderLM:
     cls = type(model).__name__
+    meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if meta:
+        raise ValueError(f"from_hf: {cls}: {meta[0]} (and {len(meta) - 1} more) on the meta device hold no values to "
+                         "convert; materialise the model first (model.to_empty(device=...) and load its weights)")
     parts = _gpt2_parts(model) if cls in GPT2_CLASSES else _llama_parts(model)
     dtype, device = _one_dtype_device(model, cls)
     config = parts["config"]
