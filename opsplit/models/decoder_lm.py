@@ -297,26 +297,6 @@ class DecoderLM(nn.Module):
         #: generate's defaults for eos_token_id / pad_token_id (from_hf: the HF generation config's)
         self.generation_defaults: dict = {}
         self.reset_parameters(generator)
-        self.share_storage()
-
-    def share_storage(self) -> None:
-        """Keep the kernels that a call without autograd applies side by side (:math:`W^Q,
-        W^K, W^V`; gate and up) in one buffer per layer, the parameters views of it
-        (``share_storage`` of :class:`~opsplit.operators.GroupedQueryAttention` and
-        :class:`~opsplit.operators.GatedFeedForward`): inference then reads the parameters
-        themselves, never a copy that a later write could leave stale.  Done at construction
-        and after every ``.to()`` / ``.double()`` / ``.cuda()`` (:meth:`_apply`); a write that
-        replaces a parameter's storage (``p.data = ...``) makes those calls concatenate the
-        kernels instead (:func:`~opsplit.operators._linear.side_by_side`)."""
-        for op in (self.attention, self.ffn):
-            share = getattr(op, "share_storage", None)
-            if share is not None:
-                share()
-
-    def _apply(self, fn, recurse=True):
-        out = super()._apply(fn, recurse)
-        self.share_storage()  # .to() gives each parameter a storage of its own
-        return out
 
     def _norm(self, weight, bias) -> list:
         c = self.config

@@ -20,8 +20,8 @@ projection (:mod:`opsplit.operators.activation`); the product makes :math:`F` qu
 It is :class:`~opsplit.operators.FeedForward` (``W1, b1`` the gate, ``W2, b2`` the down
 transform, same hidden grid, quadrature and dropout on the hidden activation) with the up
 transform as a second factor.  When autograd does not record, the gate and up kernels are
-applied as one GEMM (side by side, :func:`~opsplit.operators._linear.side_by_side`: a view of
-the parameters after :meth:`GatedFeedForward.share_storage`, else a copy made at the call).
+applied as one GEMM (side by side, :func:`~opsplit.operators._linear.side_by_side`: a copy
+made at the call, never kept).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .._checks import check_positive_int
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
 from ._fused import frozen_output
-from ._linear import linear_y, share_pieces, side_by_side
+from ._linear import linear_y, side_by_side
 from .activation import activation_fn
 from .feedforward import FeedForward, _shape
 
@@ -113,20 +113,9 @@ class GatedFeedForward(FeedForward):
             return self.output(t, h, grid)
         return self.output(t, self._gated(u, grid, *self._gate_up(t, grid)), grid)
 
-    def share_storage(self) -> None:
-        """Store :math:`W_g, W_\\uparrow` (and :math:`b_g, b_\\uparrow` when both exist) of each
-        time piece side by side in one buffer, the parameters views of it, so that the kernel
-        of a call without autograd is that buffer, not a copy
-        (:func:`~opsplit.operators._linear.side_by_side`; only for
-        :class:`~opsplit.controls.LayerwiseConstant` controls).  The values do not change."""
-        share_pieces([self.W1, self.W_up])
-        if self.b1 is not None and self.b_up is not None:
-            share_pieces([self.b1, self.b_up], rows=1)
-
     def _gate_up(self, t, grid: Grid) -> tuple:
-        """Without autograd: the gate and up kernels side by side (one GEMM; a view of the
-        parameters after :meth:`share_storage`, else a copy made here), their biases and
-        :math:`N_z`."""
+        """Without autograd: the gate and up kernels side by side (one GEMM; a copy made here
+        from the current values), their biases and :math:`N_z`."""
         Wg, Wu = self.W1(t, grid), self.W_up(t, grid)
         bg = None if self.b1 is None else self.b1(t, grid)
         bu = None if self.b_up is None else self.b_up(t, grid)

@@ -41,9 +41,8 @@ keys (not with a cache).
 **Layouts** (head-major): ``WQ`` ``(N_y, H, d)``, ``WK, WV`` ``(N_y, H_kv, d)``, ``WO``
 ``(H, d, N_y)``, ``bQ`` ``(H, d)``, ``bK, bV`` ``(H_kv, d)``, ``bO`` ``(N_y,)``.
 Computation: three GEMMs (one, on the three kernels side by side, when autograd does not
-record: a view of one buffer after :meth:`GroupedQueryAttention.share_storage`, else a copy
-made at the call; :func:`~opsplit.operators._linear.side_by_side`), the rotation, ``F.scaled_dot_product_attention`` (through the
-overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
+record: a copy made at the call, :func:`~opsplit.operators._linear.side_by_side`), the
+rotation, ``F.scaled_dot_product_attention`` (through the overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
 needed, with the :math:`g` query heads of a group as :math:`g` queries of their
 key/value head for a single query (a decode step: no copy of the cache), else on the
 key/value heads repeated over their groups — and one GEMM for :math:`W^O`.
@@ -61,7 +60,7 @@ from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
 from ._heads import check_head_controls, control_shape
-from ._linear import linear_y, share_pieces, side_by_side
+from ._linear import linear_y, side_by_side
 from ._masks import attention_log_weights
 from ._sdpa import attention, bound_from, max_abs, values_unchecked
 from .base import Operator
@@ -233,17 +232,6 @@ class GroupedQueryAttention(Operator):
         b_O)`` with :math:`W^Q, W^K, W^V` side by side ``(N_y, (H + 2 H_kv) d)`` and their
         biases (one GEMM), and :math:`W^O` as ``(H d, N_y)`` with the head weights folded in."""
         return self._in_kernel(t, grid) + self._out_kernel(t, grid)
-
-    def share_storage(self) -> None:
-        """Store :math:`W^Q, W^K, W^V` (and :math:`b^Q, b^K, b^V` when all three exist) of
-        each time piece side by side in one buffer, the parameters views of it, so that the
-        kernel of a call without autograd is that buffer, not a copy
-        (:func:`~opsplit.operators._linear.side_by_side`; only for
-        :class:`~opsplit.controls.LayerwiseConstant` controls, others are left as they
-        are).  The values do not change."""
-        share_pieces([self.WQ, self.WK, self.WV])
-        if None not in (self.bQ, self.bK, self.bV):
-            share_pieces([self.bQ, self.bK, self.bV], rows=1)
 
     def _in_kernel(self, t, grid: Grid) -> tuple:
         WQ, WK, WV = self.WQ(t, grid), self.WK(t, grid), self.WV(t, grid)
