@@ -8,16 +8,17 @@ wrong, each against an independent reference (Hugging Face's model rebuilt with
   q/k/v and gate/up kernels side by side, and must read the current weights.
 * ``to_hf`` of an untied read-out whose config says tied; ``from_hf`` of a model whose rotary
   frequencies disagree with its config; conversion inside ``torch.inference_mode()``;
-  ``generate`` with a huge ``max_new_tokens`` and an eos; HF's generation defaults (eos from
-  the generation config, the mask inferred from ``pad_token_id``); the float32 gradient rule
-  with a hidden width of 1.
+  ``generate`` with a huge ``max_new_tokens`` and an eos; ``opsplit convert`` with
+  ``new_tokens = 0``; HF's generation defaults (eos from the generation config, the mask
+  inferred from ``pad_token_id``).  (The float32 gradient rule with a hidden width of 1 is
+  tested in ``tests/test_llm_hf.py``, the clear errors in ``tests/bad_input/test_llm_hardening.py``.)
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _llm_configs import build, left_padded, transformers  # noqa: E402
+from _llm_configs import transformers  # noqa: E402
 
 from opsplit.models import from_hf, to_hf  # noqa: E402
 from opsplit.operators import KVCache  # noqa: E402

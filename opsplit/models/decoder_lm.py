@@ -70,7 +70,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_parameters_finite, check_positive_float, check_positive_int, check_probability
+from .._checks import (
+    check_parameters_finite,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
 from ..controls import LayerwiseConstant, PositionTable
 from ..grid import Grid
 from ..operators import (
