@@ -23,32 +23,36 @@ from _llm_configs import transformers  # noqa: E402
 from opsplit.models import from_hf, to_hf  # noqa: E402
 from opsplit.operators import KVCache  # noqa: E402
 
+SMALL = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=40, hidden_size=12, intermediate_size=10, num_hidden_layers=2, num_attention_heads=3,
+        num_key_value_heads=1, head_dim=4, attention_bias=True, mlp_bias=True, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, max_position_embeddings=64)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(
+        vocab_size=40, n_embd=12, n_layer=2, n_head=3, n_positions=40, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)),
+}
 
-def _small_llama(**kw):
-    cfg = dict(vocab_size=40, hidden_size=12, intermediate_size=10, num_hidden_layers=2, num_attention_heads=3,
-               num_key_value_heads=1, head_dim=4, attention_bias=True, mlp_bias=True, bos_token_id=None,
-               eos_token_id=None, pad_token_id=None, max_position_embeddings=64)
-    cfg.update(kw)
+
+def _small(family, **kw):
+    """A small HF causal LM built from a config (no eos/pad ids unless given), weights
+    perturbed by 0.3 N(0, 1), eval mode."""
+    config, cls, cfg = SMALL[family]
     torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    hf = getattr(transformers, cls)(getattr(transformers, config)(**{**cfg, **kw})).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=g))
     return hf
+
+
+def _small_llama(**kw):
+    return _small("llama", **kw)
 
 
 def _small_gpt2(**kw):
-    cfg = dict(vocab_size=40, n_embd=12, n_layer=2, n_head=3, n_positions=40, resid_pdrop=0.0, embd_pdrop=0.0,
-               attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    cfg.update(kw)
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**cfg)).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=g))
-    return hf
+    return _small("gpt2", **kw)
 
 
 IDS = torch.tensor([[5, 9, 3, 17, 21, 8], [11, 4, 30, 2, 6, 19]])
