@@ -314,7 +314,7 @@ def without_api_advice(e: Exception) -> str:
     return re.sub(r"\s*\(pass (?:allow_nonfinite|resample)=[^)]*\)", "", str(e)).rstrip(" .;")
 
 
-def check_checkpoint(cfg, plan, folder: Path, allow, *, trainer, total_steps: int, run_keys: dict,
+def check_checkpoint(plan, folder: Path, allow, *, trainer, total_steps: int, run_keys: dict,
                      data_keys) -> None:
     """Before anything of a resumed run is written: the folder's latest checkpoint is read,
     checked against ``trainer`` (the model of ``config.toml`` and its run, ``total_steps``
@@ -329,7 +329,8 @@ def check_checkpoint(cfg, plan, folder: Path, allow, *, trainer, total_steps: in
     if ck_path is None:
         return  # nothing saved yet: the run starts from step 0
     names = _allowed_names(allow, run_keys, data_keys)
-    older = sorted(p for p in ck_path.parent.iterdir() if p.name.startswith("step-") and p < ck_path)
+    older = sorted(p for p in ck_path.parent.iterdir()
+                   if p.name.startswith("step-") and p < ck_path and (p / "meta.json").is_file())
     earlier = (f"; remove {str(ck_path)!r} to resume from the earlier {str(older[-1])!r}" if older else
                "; start a new run with --out")
     try:
@@ -551,7 +552,7 @@ def check_resumed(cfg, plan, folder: Path, allow=None) -> None:
     c = train_config(cfg, progress=False)
     n = len(_train_split(cfg["data"])[0])
     total = -(-n // c.batch_size) * c.epochs
-    check_checkpoint(cfg, plan, folder, allow, trainer=Trainer(plan["model"], Objective("cross_entropy"), c),
+    check_checkpoint(plan, folder, allow, trainer=Trainer(plan["model"], Objective("cross_entropy"), c),
                      total_steps=min(total, c.max_steps) if c.max_steps else total, run_keys=RUN_KEYS,
                      data_keys=DATA_KEYS)
 

@@ -173,10 +173,10 @@ def estimate(cfg) -> Estimate:
     """Training (forward and backward: 3 forward passes' flops), the evaluations at
     ``eval_n_steps`` on the validation windows of the corpus (its real size:
     :func:`opsplit.data.corpus_chars`), and the sampled characters (one decode step each
-    with the key/value cache: :func:`decode_flops`); memory: the corpus (its string and ids while it is encoded),
-    the training windows (``steps x batch_size`` of ``context + 1`` ids, three int64 copies
-    while they are cut), parameters with gradients and AdamW state, and the activations of a
-    batch."""
+    with the key/value cache: :func:`decode_flops`); memory: the corpus (its string and ids
+    while it is encoded), the training windows (``steps x batch_size`` of ``context + 1``
+    ids, three int64 copies while they are cut), parameters with gradients and AdamW state,
+    and the activations of a batch."""
     m, t, d, g = cfg["model"], cfg["train"], cfg["data"], cfg["generate"]
     N, dm = m["context"], m["d_model"]
     mean_n = sum(t["n_steps"]) / len(t["n_steps"])
@@ -278,7 +278,7 @@ def check_resumed(cfg, plan, folder: Path, allow=None) -> None:
     from ..control import Objective, Trainer
 
     trainer = Trainer(plan["model"], Objective(lm_loss, output="logits"), train_config(cfg, progress=False))
-    _digits.check_checkpoint(cfg, plan, folder, allow, trainer=trainer, total_steps=cfg["train"]["steps"],
+    _digits.check_checkpoint(plan, folder, allow, trainer=trainer, total_steps=cfg["train"]["steps"],
                              run_keys=RUN_KEYS, data_keys=DATA_KEYS)
 
 
