@@ -21,7 +21,7 @@ def run(tmp_path_factory):
     """A finished 12-step run with checkpoints at steps 5, 10 and 12."""
     out = tmp_path_factory.mktemp("ck") / "run"
     cfg = tiny_config(epochs=4, save_every=5, keep_checkpoints=10, extra={"data.split_seed": 0})
-    Trainer(TinyClassifier(), Objective("cross_entropy"), cfg).fit(tiny_data(), out_dir=out)
+    Trainer(TinyClassifier(), Objective("cross_entropy"), cfg).fit(tiny_data(), out_dir=out, plot=False)
     return out / "checkpoints" / "step-00000005", cfg
 
 

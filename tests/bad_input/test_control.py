@@ -133,7 +133,7 @@ def _trained() -> Path:
     TrainConfig.extra)."""
     d = Path(tempfile.mkdtemp())
     Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(epochs=1, extra={"data.split_seed": 0})).fit(
-        tiny_data(), out_dir=d / "run")
+        tiny_data(), out_dir=d / "run", plot=False)
     return latest_checkpoint(d / "run")
 
 
