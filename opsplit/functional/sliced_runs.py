@@ -35,14 +35,15 @@ so every operation is a tensor operation over (row, run[, probe]); only the bina
 run as one ``searchsorted`` per run.
 
 **Storage** (per row, i.e. per batch element and head, for :math:`n` keys of width
-:math:`D`): the sorted scores and weights (dtype), the values :math:`x = (v - c_v)\,2^{-e_v}`
-(dtype, :math:`D` each), and prefix tables every :data:`BLOCK` keys (:math:`2D` in the
-dtype and 2 in float64 per block); a prefix is a block's table plus an in-block sum of at
-most :data:`BLOCK` keys, so the tables cost :math:`2D / \mathrm{BLOCK}` per key: in all
-:math:`(1 + 2/\mathrm{BLOCK})\,D + 2 + 2/\mathrm{BLOCK}` numbers per key (float32,
-``BLOCK = 8``: :math:`5D + 10` bytes), in buffers of geometric capacity.  Layout: run after
-run, each run a contiguous ``(rows, length)`` block (so that each binary search reads a
-contiguous array).
+:math:`D`): the sorted scores (dtype), the weights and weighted shifted scores in each run's
+units (:math:`w' = w\,2^{-e_w}`, :math:`w'z' = w'(z - c_z)\,2^{-e_z}`, float64), the values
+:math:`x = (v - c_v)\,2^{-e_v}` (dtype, :math:`D` each; 0 at keys of weight 0), and prefix
+tables every :data:`BLOCK` keys (:math:`2D` in the dtype and 2 in float64 per block); a
+prefix is a block's table plus an in-block sum of at most :data:`BLOCK` keys, so the tables
+cost :math:`2D / \mathrm{BLOCK}` per key: in float32 with ``BLOCK = 8``, :math:`5D + 22`
+bytes per key and head, in buffers of geometric capacity (at most twice that).  Layout: run
+after run, each run a contiguous ``(rows, length)`` block, so that each binary search reads
+a contiguous array and one gather reads every run.
 
 **Conditioning and magnitudes.**  As in the forward kernels, scores and values are shifted
 by those of the row's first key of positive weight (:math:`c_z, c_v`), and each run keeps
@@ -51,7 +52,7 @@ values and weights to :math:`[\tfrac12, 1)`; a run's sums are exact multiples of
 :math:`2^{e_w + e_z + e_v}` etc., so the runs combine in float64 with exact power-of-two
 factors, relative to the largest of them per query.  Float32 scores, values and weights of
 any magnitude (1e-38 .. 3e38, weights spread over the whole range) keep their relative
-precision; so do float64 ones within float64's range.  Eq. 7 with a bandwidth far below the
+precision; so do float64 ones between :math:`2^{-1000}` and :math:`2^{1000}`.  Eq. 7 with a bandwidth far below the
 spread of a run's scores (spread / b beyond :data:`~opsplit.functional._windows.KAPPA_FAST`,
 where the table differences cancel) is summed pair by pair over the keys inside the windows
 (exact; the cost is the number of such keys).
@@ -68,16 +69,22 @@ from torch import Tensor
 
 from ._inputs import bandwidth_rows, check_centered
 from ._inputs import key_weights as combine_key_weights
-from ._scale import exponents
 from ._windows import KAPPA_FAST
 from .sliced_causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 
-__all__ = ["SlicedDecodeCache", "BLOCK"]
+__all__ = ["SlicedDecodeCache", "BLOCK", "TAIL"]
 
 #: keys per block of the prefix tables
 BLOCK = 8
+_LOG_BLOCK = 3
 #: exponent of a run (or query) without any key of positive weight: its factors vanish
 _NONE = -(1 << 20)
+#: exponents are clamped to +-_EMAX (then 2^-e is a normal float64; a clamped exponent only
+#: leaves numbers below 2^-1000 unnormalised)
+_EMAX = 1000
+#: keys kept unsorted after the runs (summed directly by each query) until they are merged
+#: into the runs all at once
+TAIL = 32
 #: largest number of runs (2^64 keys)
 _MAX_RUNS = 64
 #: queries x keys x features per slice of the dense in-chunk sums
@@ -85,17 +92,14 @@ _CHUNK_ELEMS = 1 << 22
 
 
 def _exp(m: Tensor) -> Tensor:
-    """int64 exponents of non-negative float64 maxima (0 where ``m = 0``)."""
-    return exponents(m)
+    """int64 exponents ``e`` of non-negative maxima: ``m 2^-e`` in ``[1/2, 1)``, clamped to
+    ``+-_EMAX`` (0 where ``m = 0``)."""
+    return torch.frexp(m.double())[1].to(torch.int64).clamp_(-_EMAX, _EMAX)
 
 
-def _pow2(x: Tensor, e: Tensor) -> Tensor:
-    """``x 2^e`` for float64 ``x`` and int64 ``e`` (broadcastable), exactly: two factors,
-    each a normal float64; ``e`` is clamped to +-2000 (beyond, the result is 0 or inf
-    anyway).  No host synchronisation (unlike :func:`~opsplit.functional._scale.ldexp`)."""
-    e = e.clamp(-2000, 2000)
-    e1 = torch.div(e, 2, rounding_mode="floor")
-    return x * torch.exp2(e1.double()) * torch.exp2((e - e1).double())
+def _p2(e: Tensor) -> Tensor:
+    """``2^e`` in float64 for int64 ``e`` (0 below ``2^-1074``)."""
+    return torch.exp2(e.clamp(-1100, 1100).double())
 
 
 class SlicedDecodeCache:
@@ -112,69 +116,72 @@ class SlicedDecodeCache:
     * :meth:`step_relu`, :meth:`step_bump` ``(zq, zk, v, ..., key_weights=None)``: the causal
       attention of ``m`` new tokens (query :math:`i` sees the cached keys and the new keys
       up to its own), then their keys appended: a decode step.  On an empty cache this is
-      the causal forward (:func:`~opsplit.functional.causal_sliced_relu_attention`); after
-      it, :math:`O(D \log^2 n)` per new token for the cached keys plus the
-      :math:`O(m^2 D)` sums among the new ones.
+      the causal forward (:func:`~opsplit.functional.causal_sliced_relu_attention`); one
+      new token is appended first and then queries every run, :math:`O(D \log^2 n)`; more
+      new tokens query the runs and sum among themselves (:math:`O(m^2 D)`) before they are
+      appended.
     """
 
     def __init__(self):
-        self.n = 0
-        self.B = self.H = self.D = None
+        self.n = 0  # keys in the runs
+        self.nt = 0  # keys in the tail
+        self.B = self.H = self.D = self.R = None
         self.dtype = self.device = None
         self.runs: list[tuple[int, int]] = []  # (offset, length), in position order
         self.cap = 0
 
     # -- public ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self.n
+        return self.n + self.nt
 
     @property
     def length(self) -> int:
         """The number of cached keys."""
-        return self.n
+        return self.n + self.nt
 
     def __repr__(self) -> str:
-        return (f"SlicedDecodeCache(n={self.n}, runs={[L for _, L in self.runs]}, "
+        return (f"SlicedDecodeCache(n={self.length}, runs={[L for _, L in self.runs]}, tail={self.nt}, "
                 f"B={self.B}, H={self.H}, D={self.D}, dtype={self.dtype})")
 
     def nbytes(self, allocated: bool = False) -> int:
-        """Bytes held for the ``n`` cached keys (``allocated``: the whole capacity)."""
-        if self.n == 0:
+        """Bytes held for the cached keys (``allocated``: for the whole capacity), without the
+        per-run constants (``O(log n)``)."""
+        if self.R is None:
             return 0
         keys = self.cap if allocated else self.n
-        R, D, es = self.R, self.D, self.z.element_size()
-        per_key = 2 * es + D * es  # z, w, x
-        per_block = 2 * 8 + 2 * D * es  # Ps (float64), Pv (dtype)
-        return R * (keys * per_key + -(-keys // BLOCK) * per_block)
+        es = self.tz.element_size()
+        per_key = es + 8 + 8 + self.D * es  # z, w', w'z', x
+        per_block = 2 * 8 + 2 * self.D * es  # Ps (float64), Pv (dtype)
+        tail = (TAIL if allocated else self.nt) * (2 + self.D) * es
+        return self.R * (keys * per_key + (keys // BLOCK) * per_block + tail)
 
     def append(self, zk: Tensor, v: Tensor, key_weights: Tensor | None = None) -> None:
         """Add keys: scores ``zk`` ``(B, H, m)``, values ``v`` ``(B, H, m, D)``, key weights
         broadcastable to ``(B, H, m)`` (``None``: 1)."""
-        fn = "SlicedDecodeCache.append"
-        z, x, w = self._check_keys(fn, zk, v, key_weights)
+        z, x, w = self._check_keys("SlicedDecodeCache.append", zk, v, key_weights)
         if z.shape[1]:
-            self._append_rows(z, x, w)
+            self._add(z, x, w)
 
     def relu(self, zq: Tensor, *, centered: bool = True) -> Tensor:
         """Eq. 3 (eq. 2 if not ``centered``) of queries ``zq`` ``(B, H, M)`` over every cached
         key -> ``(B, H, M, D)``."""
         fn = "SlicedDecodeCache.relu"
         centered = check_centered(fn, centered)
-        q = self._check_queries(fn, zq, need_keys=True)
-        return self._out(self._combine_relu([self._runs_relu(q)], centered), zq.shape)
+        q = self._check_queries(fn, zq)
+        return self._out(self._combine_relu(self._parts(q, None, centered=centered), centered), zq.shape)
 
     def bump(self, zq: Tensor, bandwidth) -> Tensor:
         """Eq. 7 of queries ``zq`` ``(B, H, M)`` over every cached key -> ``(B, H, M, D)``."""
         fn = "SlicedDecodeCache.bump"
-        q = self._check_queries(fn, zq, need_keys=True)
+        q = self._check_queries(fn, zq)
         b = self._bandwidth(fn, bandwidth)
-        return self._out(self._combine_bump([self._runs_bump(q, b)]), zq.shape)
+        return self._out(self._combine_bump(self._parts(q, None, b=b)), zq.shape)
 
     def step_relu(self, zq: Tensor, zk: Tensor, v: Tensor, *, key_weights: Tensor | None = None,
                   centered: bool = True) -> Tensor:
         """The causal eq. 3 (eq. 2) of ``m`` new tokens (queries ``zq`` ``(B, H, m)``, keys
         ``zk``, values ``v``, weights as :meth:`append`) over the cached and the new keys;
-        then the new keys are appended.  ``(B, H, m, D)``."""
+        the new keys are appended.  ``(B, H, m, D)``."""
         fn = "SlicedDecodeCache.step_relu"
         centered = check_centered(fn, centered)
         return self._step(fn, zq, zk, v, key_weights, centered=centered)
@@ -186,34 +193,38 @@ class SlicedDecodeCache:
 
     def select(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` (e.g. after dropping finished sequences)."""
-        if self.n == 0 and self.B is None:
+        if self.R is None:
             return
-        index = index.to(self.device)
+        index = torch.as_tensor(index, device=self.device)
         rows = (index.unsqueeze(1) * self.H + torch.arange(self.H, device=self.device)).reshape(-1)
         R, Rn = self.R, rows.numel()
-        newz = self.z.new_empty(Rn * self.cap)
-        neww = self.w.new_empty(Rn * self.cap)
-        newx = self.x.new_empty(Rn * self.cap, self.D)
-        nb = self.cap // BLOCK
-        newPs = self.Ps.new_empty(Rn * nb, 2)
-        newPv = self.Pv.new_empty(Rn * nb, 2, self.D)
-        for o, L in self.runs:
-            newz[Rn * o: Rn * (o + L)] = self.z[R * o: R * (o + L)].view(R, L)[rows].reshape(-1)
-            neww[Rn * o: Rn * (o + L)] = self.w[R * o: R * (o + L)].view(R, L)[rows].reshape(-1)
-            newx[Rn * o: Rn * (o + L)] = self.x[R * o: R * (o + L)].view(R, L, -1)[rows].reshape(-1, self.D)
-            if L >= BLOCK:
-                bo, bl = o // BLOCK, L // BLOCK
-                newPs[Rn * bo: Rn * (bo + bl)] = self.Ps[R * bo: R * (bo + bl)].view(R, bl, 2)[rows].reshape(-1, 2)
-                newPv[Rn * bo: Rn * (bo + bl)] = self.Pv[R * bo: R * (bo + bl)].view(R, bl, 2, -1)[rows] \
-                    .reshape(-1, 2, self.D)
-        self.z, self.w, self.x, self.Ps, self.Pv = newz, neww, newx, newPs, newPv
-        for name in ("ez", "ev", "ew", "Ts", "Tv", "cz", "cv", "has_ref"):
+        if self.n:
+            new = {}
+            for name in ("z", "w1", "wz", "x", "Ps", "Pv"):
+                buf = getattr(self, name)
+                per = buf.shape[0] // R  # positions (or blocks) per row
+                out = buf.new_empty(Rn * per, *buf.shape[1:])
+                for o, L in self.runs:
+                    if name in ("Ps", "Pv"):
+                        if L < BLOCK:
+                            continue
+                        o, L = o >> _LOG_BLOCK, L >> _LOG_BLOCK
+                    out[Rn * o: Rn * (o + L)] = buf[R * o: R * (o + L)].view(R, L, *buf.shape[1:])[rows] \
+                        .reshape(-1, *buf.shape[1:])
+                new[name] = out
+            for name, t in new.items():
+                setattr(self, name, t)
+        for name in ("E", "F", "Tv", "cz", "cv", "has_ref", "tz", "tw", "tv"):
             setattr(self, name, getattr(self, name)[rows])
         self.B, self.R = index.numel(), Rn
+        self._rows = torch.arange(Rn, device=self.device).view(Rn, 1, 1)
         self._all_ref = bool(self.has_ref.all())
+        if self.n:
+            self._refresh()
 
     # -- checks -----------------------------------------------------------------------------
-    def _check_grad(self, fn, *xs):
+    @staticmethod
+    def _check_grad(fn, *xs):
         if torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad for x in xs):
             raise RuntimeError(
                 f"{fn}: the sorted runs are built in place and are not differentiable; call under "
@@ -221,7 +232,7 @@ class SlicedDecodeCache:
                 "KVCache does so when autograd records)"
             )
 
-    def _check_same(self, fn: str, name: str, x: Tensor, what: str):
+    def _check_same(self, fn: str, name: str, x: Tensor):
         if self.B is None:
             return
         B, H = x.shape[0], x.shape[1]
@@ -244,12 +255,18 @@ class SlicedDecodeCache:
             raise ValueError(f"{fn}: {name}: expected shape {shape}, got {tuple(x.shape)}")
 
     @staticmethod
-    def _check_finite(fn: str, name: str, x: Tensor, what: str):
-        if x.numel() and not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all()):
-            n_bad = int((~torch.isfinite(x)).sum())
-            raise ValueError(f"{fn}: {name}: expected finite {what}, found {n_bad} NaN/inf entries")
+    def _check_finite(fn: str, *named):
+        """``named``: ``(name, tensor, what)``; one reduction for all in the common case."""
+        total = sum(x.sum() for _, x, _ in named if x.numel())
+        if isinstance(total, Tensor) and not bool(torch.isfinite(total)):
+            for name, x, what in named:
+                if not bool(torch.isfinite(x).all()):
+                    n_bad = int((~torch.isfinite(x)).sum())
+                    raise ValueError(f"{fn}: {name}: expected finite {what}, found {n_bad} NaN/inf entries")
 
-    def _check_keys(self, fn, zk, v, key_weights):
+    def _check_keys(self, fn, zk, v, key_weights, zq=None):
+        if zq is not None:
+            self._check_tensor(fn, "zq", zq, 3, "(B, H, m)")
         self._check_tensor(fn, "zk", zk, 3, "(B, H, m)")
         self._check_tensor(fn, "v", v, 4, "(B, H, m, D)")
         if v.shape[:3] != zk.shape:
@@ -258,30 +275,35 @@ class SlicedDecodeCache:
         if v.dtype != zk.dtype or v.device != zk.device:
             raise TypeError(f"{fn}: zk and v must share one dtype and device, got {zk.dtype} on {zk.device} "
                             f"and {v.dtype} on {v.device}")
-        self._check_grad(fn, zk, v, key_weights)
-        self._check_same(fn, "zk", zk, "keys")
+        if zq is not None and zq.shape != zk.shape:
+            raise ValueError(f"{fn}: zq: expected the shape of zk {tuple(zk.shape)} (one query per new "
+                             f"token), got {tuple(zq.shape)}")
+        self._check_grad(fn, zq, zk, v, key_weights)
+        self._check_same(fn, "zk", zk)
+        if zq is not None:
+            self._check_same(fn, "zq", zq)
         if self.D is not None and v.shape[3] != self.D:
             raise ValueError(f"{fn}: v: {v.shape[3]} features, the cache holds D = {self.D}")
         if v.shape[3] == 0 or zk.shape[0] == 0 or zk.shape[1] == 0:
             raise ValueError(f"{fn}: v: expected B, H, D >= 1, got {tuple(v.shape)}")
-        self._check_finite(fn, "zk", zk, "scores")
-        self._check_finite(fn, "v", v, "values")
+        named = [("zk", zk, "scores"), ("v", v, "values")]
+        self._check_finite(fn, *([("zq", zq, "scores")] if zq is not None else []), *named)
         w = combine_key_weights(fn, None, key_weights, zk.shape, zk.dtype, zk.device)
         if self.B is None:
             self._init(zk, v)
         R, m = self.R, zk.shape[2]
         z = zk.reshape(R, m)
         x = v.reshape(R, m, self.D)
-        w = torch.ones_like(z) if w is None else w.reshape(R, m)
+        w = None if w is None else w.reshape(R, m)
         return z, x, w
 
-    def _check_queries(self, fn, zq, need_keys: bool):
+    def _check_queries(self, fn, zq):
         self._check_tensor(fn, "zq", zq, 3, "(B, H, M)")
         self._check_grad(fn, zq)
-        if need_keys and self.n == 0:
+        if self.length == 0:
             raise ValueError(f"{fn}: zq: a query before any key: the cache is empty (append keys first)")
-        self._check_same(fn, "zq", zq, "queries")
-        self._check_finite(fn, "zq", zq, "scores")
+        self._check_same(fn, "zq", zq)
+        self._check_finite(fn, ("zq", zq, "scores"))
         return zq.reshape(self.R, zq.shape[2])
 
     def _bandwidth(self, fn, bandwidth) -> Tensor:
@@ -290,21 +312,27 @@ class SlicedDecodeCache:
     # -- storage ----------------------------------------------------------------------------
     def _init(self, zk: Tensor, v: Tensor):
         self.B, self.H, self.D = zk.shape[0], zk.shape[1], v.shape[3]
-        self.R = self.B * self.H
+        self.R = R = self.B * self.H
         self.dtype, self.device = zk.dtype, zk.device
-        R, dev = self.R, self.device
-        i64 = dict(dtype=torch.int64, device=dev)
-        self.ez = torch.zeros(R, _MAX_RUNS, **i64)
-        self.ev = torch.zeros(R, _MAX_RUNS, **i64)
-        self.ew = torch.full((R, _MAX_RUNS), _NONE, **i64)
-        self.Ts = torch.zeros(R, _MAX_RUNS, 2, dtype=torch.float64, device=dev)
-        self.Tv = torch.zeros(R, _MAX_RUNS, 2, self.D, dtype=torch.float64, device=dev)
-        self.cz = torch.zeros(R, dtype=torch.float64, device=dev)
-        self.cv = torch.zeros(R, self.D, dtype=torch.float64, device=dev)
-        self.has_ref = torch.zeros(R, dtype=torch.bool, device=dev)
+        f64 = dict(dtype=torch.float64, device=self.device)
+        # per row and run: the exponents [e_w, e_z, e_v] (a run without weight: [_NONE,
+        # -_EMAX, -_EMAX]), [2^-e_z, c_z 2^-e_z, min z, max z, W', K'] and the totals of w'x,
+        # w'z'x
+        self.E = torch.tensor([_NONE, -_EMAX, -_EMAX], dtype=torch.int64, device=self.device) \
+            .repeat(R, _MAX_RUNS, 1)
+        self.F = torch.zeros(R, _MAX_RUNS, 6, **f64)
+        self.Tv = torch.zeros(R, _MAX_RUNS, 2, self.D, **f64)
+        self.cz = torch.zeros(R, **f64)
+        self.cv = torch.zeros(R, self.D, **f64)
+        self.has_ref = torch.zeros(R, dtype=torch.bool, device=self.device)
         self._all_ref = False
-        self.cap = 0
-        self.z = self.w = self.x = self.Ps = self.Pv = None
+        self.z = self.w1 = self.wz = self.x = self.Ps = self.Pv = None
+        # the tail: the newest keys, not yet in a run (raw scores, weights, values)
+        self.tz = zk.new_empty(R, TAIL)
+        self.tw = zk.new_empty(R, TAIL)
+        self.tv = v.new_empty(R, TAIL, self.D)
+        self._arange_s = torch.arange(BLOCK, device=self.device)
+        self._rows = torch.arange(R, device=self.device).view(R, 1, 1)
 
     def _reserve(self, n: int, keep: int):
         """Capacity for ``n`` keys; the first ``keep`` positions (whole runs) are kept."""
@@ -312,260 +340,228 @@ class SlicedDecodeCache:
             return
         cap = max(BLOCK, -(-2 * n // BLOCK) * BLOCK)
         R, D, dt, dev = self.R, self.D, self.dtype, self.device
-        z = torch.empty(R * cap, dtype=dt, device=dev)
-        w = torch.empty(R * cap, dtype=dt, device=dev)
-        x = torch.empty(R * cap, D, dtype=dt, device=dev)
-        Ps = torch.empty(R * (cap // BLOCK), 2, dtype=torch.float64, device=dev)
-        Pv = torch.empty(R * (cap // BLOCK), 2, D, dtype=dt, device=dev)
-        if keep:
-            z[: R * keep] = self.z[: R * keep]
-            w[: R * keep] = self.w[: R * keep]
-            x[: R * keep] = self.x[: R * keep]
-            kb = R * (keep // BLOCK)
-            Ps[:kb] = self.Ps[:kb]
-            Pv[:kb] = self.Pv[:kb]
-        self.z, self.w, self.x, self.Ps, self.Pv, self.cap = z, w, x, Ps, Pv, cap
+        f64 = dict(dtype=torch.float64, device=dev)
+        new = {"z": torch.empty(R * cap, dtype=dt, device=dev), "w1": torch.empty(R * cap, **f64),
+               "wz": torch.empty(R * cap, **f64), "x": torch.empty(R * cap, D, dtype=dt, device=dev),
+               "Ps": torch.zeros(R * (cap // BLOCK), 2, **f64),
+               "Pv": torch.zeros(R * (cap // BLOCK), 2, D, dtype=dt, device=dev)}
+        for name, buf in new.items():
+            k = R * (keep // BLOCK if name in ("Ps", "Pv") else keep)
+            if k:
+                buf[:k] = getattr(self, name)[:k]
+            setattr(self, name, buf)
+        self.cap = cap
 
-    def _set_refs(self, z: Tensor, x: Tensor, w: Tensor):
+    def _set_refs(self, z: Tensor, v: Tensor, w: Tensor | None):
         """The score and value of each row's first key of positive weight (once per row)."""
         if self._all_ref:
             return
-        pos = w > 0
-        need = ~self.has_ref & pos.any(1)
-        if bool(need.any()):
+        if w is None:
+            need = ~self.has_ref
+            first = torch.zeros(self.R, dtype=torch.int64, device=self.device)
+        else:
+            pos = w > 0
+            need = ~self.has_ref & pos.any(1)
             first = pos.to(torch.int8).argmax(1)
-            r = torch.nonzero(need).flatten()
+        r = torch.nonzero(need).flatten()
+        if r.numel():
             self.cz[r] = z[r, first[r]].double()
-            self.cv[r] = x[r, first[r]].double()
+            self.cv[r] = v[r, first[r]].double()
             self.has_ref[r] = True
         self._all_ref = bool(self.has_ref.all())
 
+    def _refresh(self):
+        """Index bases of the current runs, for :meth:`_prefix` and :meth:`_window_pairs`."""
+        nr = len(self.runs)
+        ol = torch.tensor(self.runs, dtype=torch.int64, device=self.device).view(1, nr, 2)
+        offs, lens = ol[..., :1], ol[..., 1:]
+        self._base = offs * self.R + self._rows * lens  # (R, nr, 1): a run's first key, per row
+        self._base_blk = (offs >> _LOG_BLOCK) * self.R + self._rows * (lens >> _LOG_BLOCK)
+        self._big = lens >= BLOCK
+        self._last = (lens - 1).unsqueeze(-1)
+
     # -- appending: the binary counter ---------------------------------------------------------
-    def _append_rows(self, z: Tensor, v: Tensor, w: Tensor):
-        """``z (R, m)``, ``v (R, m, D)`` (raw values), ``w (R, m)``."""
+    def _append_rows(self, z: Tensor, v: Tensor, w: Tensor | None):
+        """``z (R, m)``, ``v (R, m, D)`` (raw values), ``w (R, m)`` or ``None`` (all 1)."""
         self._set_refs(z, v, w)
         n, m = self.n, z.shape[1]
         n2 = n + m
         h = (n ^ n2).bit_length() - 1  # the highest bit in which n and n + m differ
-        keep = [(o, L) for o, L in self.runs if L > (1 << h)]
-        s = sum(L for _, L in keep)  # runs of n above bit h stay
+        nkeep = sum(1 for _, L in self.runs if L > (1 << h))
+        s = sum(L for _, L in self.runs[:nkeep])  # the runs of n above bit h stay
         R, D = self.R, self.D
-        # the old tail [s, n) and its exponents, read before the buffers are overwritten
-        tail = self.runs[len(keep):]
-        if tail:
-            tz = self.z[R * s: R * n]
-            tw = self.w[R * s: R * n]
-            tx = self.x[R * s: R * n]
-            parts_z, parts_w, parts_x, parts_ev = [], [], [], []
-            for i, (o, L) in enumerate(tail):
-                a = R * (o - s)
-                parts_z.append(tz[a: a + R * L].view(R, L))
-                parts_w.append(tw[a: a + R * L].view(R, L))
-                parts_x.append(tx[a: a + R * L].view(R, L, D))
-                parts_ev.append(self.ev[:, len(keep) + i: len(keep) + i + 1].expand(R, L))
-            oz = torch.cat(parts_z, 1)
-            ow = torch.cat(parts_w, 1)
-            ox = torch.cat(parts_x, 1)
-            oev = torch.cat(parts_ev, 1)  # (R, n - s): each old key's value exponent
+        old = None
+        if nkeep < len(self.runs):  # the old tail [s, n), copied before the buffers are rewritten
+            a, b = R * s, R * n
+            tail = self.runs[nkeep:]
+            lens = torch.tensor([L for _, L in tail], device=self.device)
+            views = [(R * (o - s), L) for o, L in tail]
+            cat = lambda buf, *sh: torch.cat([buf[a + i: a + i + R * L].view(R, L, *sh) for i, L in views], 1)  # noqa: E731
+            old = (cat(self.z), cat(self.w1), cat(self.x, D),
+                   torch.repeat_interleave(self.E[:, nkeep: len(self.runs)], lens, dim=1))
+            del b
         self._reserve(n2, s)
-        self.runs = keep
+        self.runs = self.runs[:nkeep]
         # the new runs: the set bits of n + m at and below h, in decreasing size
-        sizes = [1 << k for k in range(h, -1, -1) if (n2 >> k) & 1]
-        used = 0  # new tokens consumed
-        off = s
-        for i, L in enumerate(sizes):
-            if i == 0 and tail:
-                take = L - (n - s)
-                self._build(len(self.runs), off, L, z[:, :take], v[:, :take], w[:, :take],
-                            old=(oz, ow, ox, oev))
-            else:
-                take = L
-                self._build(len(self.runs), off, L, z[:, used: used + take], v[:, used: used + take],
-                            w[:, used: used + take])
+        used, off = 0, s
+        for k in range(h, -1, -1):
+            if not (n2 >> k) & 1:
+                continue
+            L = 1 << k
+            take = L - (n - s) if old is not None else L
+            self._build(off, L, z[:, used: used + take], v[:, used: used + take],
+                        None if w is None else w[:, used: used + take], old)
+            old = None
             used += take
             off += L
         self.n = n2
+        self._refresh()
 
-    def _build(self, idx: int, off: int, L: int, z: Tensor, v: Tensor, w: Tensor, old=None):
-        """Run ``idx`` at positions ``[off, off + L)`` from new keys ``(z, v, w)`` (raw values)
-        and, with ``old``, keys of old runs ``(z, w, x, e_v)`` (scaled values)."""
-        R, D = self.R, self.D
-        pos = w > 0
-        dv = torch.where(pos.unsqueeze(-1), v.double() - self.cv.unsqueeze(1), 0.0)  # (R, k, D)
-        ev = _exp(dv.abs().amax((1, 2)) if dv.numel() else torch.zeros(R, dtype=torch.float64, device=self.device))
+    def _build(self, off: int, L: int, z: Tensor, v: Tensor, w: Tensor | None, old):
+        """The next run, at positions ``[off, off + L)``, from new keys ``(z, v, w)`` (raw) and
+        ``old = (z, w', x, E)`` keys of old runs (in their runs' units) or ``None``."""
+        R, D, dt = self.R, self.D, self.dtype
+        idx = len(self.runs)
+        w64 = torch.ones_like(z, dtype=torch.float64) if w is None else w.double()
+        pos = w64 > 0
+        # exponents of the new keys: weights, shifted scores, and the values with c_v (so that
+        # v 2^-e_v and c_v 2^-e_v are exact and x is rounded once, as the forward kernels shift)
+        vmag = v.abs().amax(2) if w is None else torch.where(pos, v.abs().amax(2), 0)
+        wmax = w64.amax(1)
+        e_new = torch.stack([torch.where(wmax > 0, _exp(wmax), _NONE),
+                             _exp(torch.where(pos, (z.double() - self.cz.unsqueeze(1)).abs(), 0.0).amax(1)),
+                             _exp(torch.maximum(vmag.amax(1).double(), self.cv.abs().amax(1))) + 1], 1)
+        if w is not None:
+            e_new[:, 1:] = torch.where((wmax > 0).unsqueeze(1), e_new[:, 1:], -_EMAX)
         if old is not None:
-            oz, ow, ox, oev = old
-            has = (ow > 0).any(1)
-            ev = torch.where(has, torch.maximum(ev, torch.where(ow > 0, oev, -(1 << 30)).amax(1)), ev)
-            xo = _pow2(ox.double(), (oev - ev.unsqueeze(1)).unsqueeze(-1)).to(self.dtype)
-            xo = torch.where((ow > 0).unsqueeze(-1), xo, torch.zeros((), dtype=xo.dtype, device=xo.device))
-            xn = _pow2(dv, -ev.view(R, 1, 1)).to(self.dtype)
-            zz = torch.cat([oz, z], 1)
-            ww = torch.cat([ow, w], 1)
-            xx = torch.cat([xo, xn], 1)
+            oz, ow1, ox, oE = old
+            oE = torch.where((ow1 > 0).unsqueeze(-1), oE, oE.new_tensor([_NONE, -_EMAX, -_EMAX]))
+            E = torch.maximum(e_new, oE.amax(1))
         else:
-            zz, ww, xx = z, w, _pow2(dv, -ev.view(R, 1, 1)).to(self.dtype)
-        zs, order = torch.sort(zz, dim=1, stable=True)
-        ws = ww.gather(1, order)
-        xs = xx.gather(1, order.unsqueeze(-1).expand(R, L, D))
+            E = e_new
+        ew, ez, ev = E[:, 0:1], E[:, 1:2], E[:, 2:3]
+        sv = _p2(-ev).to(dt).unsqueeze(-1)
+        x = v * sv - self.cv.to(dt).unsqueeze(1) * sv
+        if w is not None:
+            x = torch.where(pos.unsqueeze(-1), x, 0)
+        w1 = w64 * torch.where(ew > _NONE, _p2(-ew), 0.0)
+        if old is not None:
+            w1 = torch.cat([ow1 * _p2((oE[..., 0] - ew).clamp_max(0)), w1], 1)
+            xo = ox * _p2((oE[..., 2] - ev).clamp_max(0)).to(dt).unsqueeze(-1)
+            z, x = torch.cat([oz, z], 1), torch.cat([xo, x], 1)
+        if L > 1:
+            z, order = torch.sort(z, dim=1, stable=True)
+            w1 = w1.gather(1, order)
+            x = x.reshape(R * L, D).index_select(0, (order + self._rows.view(R, 1) * L).reshape(-1)).view(R, L, D)
+        fz = _p2(-torch.where(ew > _NONE, ez, 0))  # a run without weight: 1 (its sums are 0)
+        wz = torch.where(w1 > 0, w1 * ((z.double() - self.cz.unsqueeze(1)) * fz), 0.0)
         a = R * off
-        self.z[a: a + R * L] = zs.reshape(-1)
-        self.w[a: a + R * L] = ws.reshape(-1)
-        self.x[a: a + R * L] = xs.reshape(-1, D)
-        # exponents of the run: weights, shifted scores (positive weights only)
-        pw = ws > 0
-        wmax = ws.amax(1).double()
-        ew = torch.where(wmax > 0, _exp(wmax), torch.full_like(ev, _NONE))
-        dz = torch.where(pw, zs.double() - self.cz.unsqueeze(1), 0.0)
-        ez = _exp(dz.abs().amax(1))
-        self.ez[:, idx], self.ev[:, idx], self.ew[:, idx] = ez, ev, ew
-        # prefix tables every BLOCK keys, and the totals (float64)
-        w1 = torch.where(pw, _pow2(ws.double(), -ew.unsqueeze(1)), 0.0)  # (R, L)
-        z1 = _pow2(dz, -ez.unsqueeze(1))
-        wz = w1 * z1
-        x64 = xs.double()
+        self.z[a: a + R * L] = z.reshape(-1)
+        self.w1[a: a + R * L] = w1.reshape(-1)
+        self.wz[a: a + R * L] = wz.reshape(-1)
+        self.x[a: a + R * L] = x.reshape(-1, D)
+        # prefix tables every BLOCK keys (exclusive, at each block's start) and the totals
         if L >= BLOCK:
-            nb = L // BLOCK
-            sc = torch.stack([w1, wz], -1).view(R, nb, BLOCK, 2).sum(2)  # (R, nb, 2)
-            vc = torch.stack([torch.einsum("rbs,rbsd->rbd", w1.view(R, nb, BLOCK), x64.view(R, nb, BLOCK, D)),
-                              torch.einsum("rbs,rbsd->rbd", wz.view(R, nb, BLOCK), x64.view(R, nb, BLOCK, D))],
-                             2)  # (R, nb, 2, D)
-            cs = torch.cumsum(sc, 1)
-            cv = torch.cumsum(vc, 1)
-            b0 = R * (off // BLOCK)
+            nb = L >> _LOG_BLOCK
+            Wb = torch.stack([w1.view(R * nb, BLOCK), wz.view(R * nb, BLOCK)], 1)  # (R nb, 2, S)
+            vb = torch.bmm(Wb.to(dt), x.view(R * nb, BLOCK, D)).view(R, nb, 2, D).double()
+            cs, cvs = torch.cumsum(Wb.sum(-1).view(R, nb, 2), 1), torch.cumsum(vb, 1)
+            b0 = R * (off >> _LOG_BLOCK)
             Ps = self.Ps[b0: b0 + R * nb].view(R, nb, 2)
             Pv = self.Pv[b0: b0 + R * nb].view(R, nb, 2, D)
             Ps[:, 0] = 0
             Pv[:, 0] = 0
             if nb > 1:
                 Ps[:, 1:] = cs[:, :-1]
-                Pv[:, 1:] = cv[:, :-1].to(self.dtype)
-            self.Ts[:, idx] = cs[:, -1]
-            self.Tv[:, idx] = cv[:, -1]
+                Pv[:, 1:] = cvs[:, :-1]
+            tot, totv = cs[:, -1], cvs[:, -1]
         else:
-            self.Ts[:, idx] = torch.stack([w1.sum(1), wz.sum(1)], -1)
-            self.Tv[:, idx, 0] = torch.einsum("rs,rsd->rd", w1, x64)
-            self.Tv[:, idx, 1] = torch.einsum("rs,rsd->rd", wz, x64)
+            W2 = torch.stack([w1, wz], 1)  # (R, 2, L)
+            tot, totv = W2.sum(-1), W2 @ x.double()
+        self.E[:, idx] = E
+        self.F[:, idx] = torch.cat([fz, self.cz.unsqueeze(1) * fz, z[:, :1].double(), z[:, -1:].double(), tot], 1)
+        self.Tv[:, idx] = totv
         self.runs.append((off, L))
 
     # -- queries over the runs ------------------------------------------------------------------
     def _ranks(self, probes: list[tuple[Tensor, str]]) -> Tensor:
-        """``(R, n_runs, P)`` counts of keys ``<`` (``"left"``) or ``<=`` (``"right"``) each probe
-        ``(R, M)`` in every run (``P`` = probes x M), by one binary search per run."""
+        """``(R, n_runs, K)`` counts of the keys ``<`` (``"left"``) or ``<=`` (``"right"``) the
+        probes in every run: ``probes`` lists ``(values (R, M), side)``, their columns follow
+        each other in ``K``.  One binary search per run and probe."""
         R = self.R
+        probes = [(p.contiguous(), side) for p, side in probes]
         out = []
         for o, L in self.runs:
             zr = self.z[R * o: R * (o + L)].view(R, L)
-            ranks = []
-            for p, side in probes:
-                ranks.append(torch.searchsorted(zr, p, side=side))
-            out.append(torch.cat(ranks, 1))
+            parts = [torch.searchsorted(zr, p, side=side) for p, side in probes]
+            out.append(parts[0] if len(parts) == 1 else torch.cat(parts, 1))
         return torch.stack(out, 1)
 
     def _prefix(self, p: Tensor):
-        """Prefix sums of the first ``p`` keys of every run, ``p (R, n_runs, P)``: scalars
-        ``(R, n_runs, P, 2)`` (of :math:`w', w'z'`) and vectors ``(R, n_runs, P, 2, D)`` (of
-        :math:`w'x, w'z'x`), float64, in each run's units."""
-        R, S = self.R, BLOCK
-        dev = self.device
-        nr = len(self.runs)
-        offs = torch.tensor([o for o, _ in self.runs], device=dev)
-        lens = torch.tensor([L for _, L in self.runs], device=dev)
-        big = (lens >= S).view(1, nr, 1)
-        rows = torch.arange(R, device=dev).view(R, 1, 1)
-        blk = torch.div(p - 1, S, rounding_mode="floor").clamp_min(0)
-        use = big & (p > 0)
-        lo = torch.where(big, blk * S, 0)
-        bidx = torch.div(offs, S, rounding_mode="floor").view(1, nr, 1) * R \
-            + rows * torch.div(lens, S, rounding_mode="floor").view(1, nr, 1) + blk
-        bidx = torch.where(use, bidx, 0)
-        ps = self.Ps[bidx] * use.unsqueeze(-1)
-        pv = self.Pv[bidx].double() * use.view(*use.shape, 1, 1)
-        j = lo.unsqueeze(-1) + torch.arange(S, device=dev)  # (R, nr, P, S) local positions
-        valid = j < p.unsqueeze(-1)
-        flat = (offs.view(1, nr, 1, 1) * R + rows.unsqueeze(-1) * lens.view(1, nr, 1, 1)
-                + torch.minimum(j, lens.view(1, nr, 1, 1) - 1))
-        zj, wj, xj = self.z[flat], self.w[flat], self.x[flat]  # (R, nr, P, S[, D])
-        ew = self.ew[:, :nr].view(R, nr, 1, 1)
-        ez = self.ez[:, :nr].view(R, nr, 1, 1)
-        pw = valid & (wj > 0)
-        w1 = torch.where(pw, _pow2(wj.double(), -ew), 0.0)
-        z1 = torch.where(pw, _pow2(zj.double() - self.cz.view(R, 1, 1, 1), -ez), 0.0)
-        wz = w1 * z1
-        x64 = xj.double()
-        ps = ps + torch.stack([w1.sum(-1), wz.sum(-1)], -1)
-        pv = pv + torch.stack([torch.einsum("rkps,rkpsd->rkpd", w1, x64),
-                               torch.einsum("rkps,rkpsd->rkpd", wz, x64)], -2)
-        return ps, pv
+        """The prefix sums of the first ``p`` keys of every run, ``p (R, n_runs, K)``: scalars
+        ``(R, n_runs, K, 2)`` (of :math:`w', w'z'`) and vectors ``(R, n_runs, K, 2, D)`` (of
+        :math:`w'x, w'z'x`), float64, in each run's units: a block table plus the keys of the
+        block before the ``p``-th."""
+        blk = (p - 1).clamp_min_(0) >> _LOG_BLOCK
+        use = self._big & (p > 0)
+        bidx = torch.where(use, self._base_blk + blk, 0)
+        ps = torch.where(use.unsqueeze(-1), self.Ps[bidx], 0.0)
+        pv = torch.where(use.view(*use.shape, 1, 1), self.Pv[bidx].double(), 0.0)
+        j = torch.where(self._big, blk << _LOG_BLOCK, 0).unsqueeze(-1) + self._arange_s  # (R, nr, K, S)
+        flat = self._base.unsqueeze(-1) + torch.minimum(j, self._last)
+        W2 = torch.where((j < p.unsqueeze(-1)).unsqueeze(-2), torch.stack([self.w1[flat], self.wz[flat]], -2), 0.0)
+        return ps + W2.sum(-1), pv + W2 @ self.x[flat].double()
 
-    def _queries_scaled(self, q: Tensor) -> Tensor:
+    def _scaled_queries(self, q64: Tensor) -> Tensor:
         """``(q - c_z) 2^-e_z`` per run: ``(R, n_runs, M)`` float64."""
-        nr = len(self.runs)
-        return _pow2(q.double().unsqueeze(1) - self.cz.view(-1, 1, 1), -self.ez[:, :nr].unsqueeze(-1))
+        F = self.F[:, :len(self.runs)]
+        return q64.unsqueeze(1) * F[..., 0:1] - F[..., 1:2]
 
     def _runs_relu(self, q: Tensor) -> dict:
         """The eq. 2/3 moments of queries ``q (R, M)`` over every run (module docstring)."""
-        nr, M = len(self.runs), q.shape[1]
-        p = self._ranks([(q.contiguous(), "left")])  # (R, nr, M)
-        ps, pv = self._prefix(p)
-        Q = self._queries_scaled(q)  # (R, nr, M)
-        Ts, Tv = self.Ts[:, :nr].unsqueeze(2), self.Tv[:, :nr].unsqueeze(2)  # (R, nr, 1, 2[, D])
+        nr = len(self.runs)
+        ps, pv = self._prefix(self._ranks([(q, "left")]))  # ranks (R, nr, M)
+        Q = self._scaled_queries(q.double())
+        F = self.F[:, :nr, None]  # (R, nr, 1, 6)
         Wl, Kl = ps[..., 0], ps[..., 1]
-        A, Bv = pv[..., 0, :], pv[..., 1, :]
-        return {
-            "N": Q.unsqueeze(-1) * A - Bv,
-            "Rm": Q * Wl - Kl,
-            "den": Q * (2 * Wl - Ts[..., 0]) - (2 * Kl - Ts[..., 1]),
-            "W": Ts[..., 0].expand(-1, -1, M),
-            "S": Tv[..., 0, :].expand(-1, -1, M, -1),
-            "ew": self.ew[:, :nr].unsqueeze(-1), "ez": self.ez[:, :nr].unsqueeze(-1),
-            "ev": self.ev[:, :nr].unsqueeze(-1),
-        }
+        return {"N": Q.unsqueeze(-1) * pv[..., 0, :] - pv[..., 1, :], "Rm": Q * Wl - Kl,
+                "den": Q * (2 * Wl - F[..., 4]) - (2 * Kl - F[..., 5]),
+                "W": F[..., 4], "S": self.Tv[:, :nr, None, 0], "E": self.E[:, :nr, None]}
 
     def _runs_bump(self, q: Tensor, b: Tensor) -> dict:
         """The eq. 7 moments of queries ``q (R, M)`` with bandwidths ``b (R,)`` over every run."""
         R, nr, M = self.R, len(self.runs), q.shape[1]
         q64, b64 = q.double(), b.double().unsqueeze(1)
-        lo = (q64 - b64).to(self.dtype).contiguous()
-        hi = (q64 + b64).to(self.dtype).contiguous()
-        q = q.contiguous()
-        r = self._ranks([(lo, "right"), (q, "left"), (q, "right"), (hi, "left")])  # (R, nr, 4M)
+        r = self._ranks([((q64 - b64).to(self.dtype), "right"), (q, "left"), (q, "right"),
+                         ((q64 + b64).to(self.dtype), "left")])
         r0, rlt, rle, r2 = r.split(M, -1)
         r0 = torch.minimum(r0, rlt)
         r2 = torch.maximum(r2, rle)
-        ew = self.ew[:, :nr].unsqueeze(-1)
-        ez = self.ez[:, :nr].unsqueeze(-1)
-        ev = self.ev[:, :nr].unsqueeze(-1)
-        W = self.Ts[:, :nr, 0].unsqueeze(-1).expand(-1, -1, M)
         if self._well_conditioned(q64, b64):
             ps, pv = self._prefix(torch.cat([r0, rle, r2], -1))
             (s0, s1, s2), (v0, v1, v2) = ps.split(M, 2), pv.split(M, 2)
-            Q = self._queries_scaled(q)
-            beta = _pow2(b64.view(R, 1, 1), -ez)  # b 2^-e_z
-            lo_c, hi_c = (beta - Q).unsqueeze(-1), (beta + Q).unsqueeze(-1)
+            Q = self._scaled_queries(q64)
+            beta = b64.view(R, 1, 1) * self.F[:, :nr, 0:1]  # b 2^-e_z
+            lo, hi = beta - Q, beta + Q
             # beta sum_window w' hat x = (beta - Q)(A1 - A0) + (B1 - B0) + (beta + Q)(A2 - A1) - (B2 - B1)
-            Mv = (lo_c * (v1[..., 0, :] - v0[..., 0, :]) + (v1[..., 1, :] - v0[..., 1, :])
-                  + hi_c * (v2[..., 0, :] - v1[..., 0, :]) - (v2[..., 1, :] - v1[..., 1, :]))
-            Ms = (lo_c[..., 0] * (s1[..., 0] - s0[..., 0]) + (s1[..., 1] - s0[..., 1])
-                  + hi_c[..., 0] * (s2[..., 0] - s1[..., 0]) - (s2[..., 1] - s1[..., 1]))
-            Mv = Mv / beta.unsqueeze(-1)
-            Ms = Ms / beta
+            d1, d2 = v1 - v0, v2 - v1
+            Mv = lo.unsqueeze(-1) * d1[..., 0, :] + d1[..., 1, :] + hi.unsqueeze(-1) * d2[..., 0, :] - d2[..., 1, :]
+            e1, e2 = s1 - s0, s2 - s1
+            Ms = lo * e1[..., 0] + e1[..., 1] + hi * e2[..., 0] - e2[..., 1]
+            Mv, Ms = Mv / beta.unsqueeze(-1), Ms / beta
         else:
             Mv, Ms = self._window_pairs(q64, b64, r0, r2)
-        return {"M": Mv, "mass": Ms, "W": W, "ew": ew, "ev": ev}
+        return {"M": Mv, "mass": Ms, "W": self.F[:, :nr, None, 4], "E": self.E[:, :nr, None]}
 
     def _well_conditioned(self, q64: Tensor, b64: Tensor) -> bool:
         """Whether every run's spread of scores (with the queries) over the bandwidth is at most
         ``KAPPA_FAST`` of the dtype, and ``b`` at least 8 ulps of the largest score (else the
         window differences of the tables cancel: :mod:`~opsplit.functional._windows`)."""
-        R = self.R
-        zmin = torch.stack([self.z[R * o: R * (o + L)].view(R, L)[:, 0] for o, L in self.runs], 1).double()
-        zmax = torch.stack([self.z[R * o: R * (o + L)].view(R, L)[:, -1] for o, L in self.runs], 1).double()
-        hi = torch.maximum(zmax, q64.amax(1, keepdim=True))
-        lo = torch.minimum(zmin, q64.amin(1, keepdim=True))
-        kappa = (hi - lo) / b64
+        F = self.F[:, :len(self.runs)]
+        hi = torch.maximum(F[..., 3], q64.amax(1, keepdim=True))
+        lo = torch.minimum(F[..., 2], q64.amin(1, keepdim=True))
         big = torch.maximum(hi.abs(), lo.abs())
-        ok = (kappa <= KAPPA_FAST[self.dtype]) & (b64 >= big * (8 * torch.finfo(self.dtype).eps))
+        ok = ((hi - lo) <= KAPPA_FAST[self.dtype] * b64) & (b64 >= big * (8 * torch.finfo(self.dtype).eps))
         return bool(ok.all())
 
     def _window_pairs(self, q64: Tensor, b64: Tensor, r0: Tensor, r2: Tensor):
@@ -575,142 +571,164 @@ class SlicedDecodeCache:
         units (as the table path)."""
         R, D, nr, M = self.R, self.D, len(self.runs), q64.shape[1]
         dev = self.device
-        offs = torch.tensor([o for o, _ in self.runs], device=dev).view(1, nr, 1)
-        lens = torch.tensor([L for _, L in self.runs], device=dev).view(1, nr, 1)
-        rows = torch.arange(R, device=dev).view(R, 1, 1)
         cnt = (r2 - r0).reshape(-1)
         F_ = cnt.numel()
         fq = torch.repeat_interleave(torch.arange(F_, device=dev), cnt)
         first = torch.cumsum(cnt, 0) - cnt
         k = torch.arange(fq.numel(), device=dev) - first[fq]
-        base = (offs * R + rows * lens).expand(R, nr, M).reshape(-1)
-        flat = base[fq] + r0.reshape(-1)[fq] + k
-        zj = self.z[flat].double()
-        wj = self.w[flat]
-        xj = self.x[flat].double()
+        flat = self._base.expand(R, nr, M).reshape(-1)[fq] + r0.reshape(-1)[fq] + k
         rq = torch.div(fq, nr * M, rounding_mode="floor")  # row of each pair
-        rk = torch.div(fq, M, rounding_mode="floor") % nr  # run of each pair
-        qi = q64.reshape(-1)[rq * M + fq % M]
-        hat = torch.relu(1 - (qi - zj).abs() / b64.view(-1)[rq])
-        w1 = torch.where(wj > 0, _pow2(wj.double(), -self.ew[rq, rk]), 0.0) * hat
-        Mv = torch.zeros(F_, D, dtype=torch.float64, device=dev).index_add_(0, fq, w1.unsqueeze(-1) * xj)
+        hat = torch.relu(1 - (q64.reshape(-1)[rq * M + fq % M] - self.z[flat].double()).abs() / b64.view(-1)[rq])
+        w1 = self.w1[flat] * hat
+        Mv = torch.zeros(F_, D, dtype=torch.float64, device=dev).index_add_(
+            0, fq, w1.unsqueeze(-1) * self.x[flat].double())
         Ms = torch.zeros(F_, dtype=torch.float64, device=dev).index_add_(0, fq, w1)
         return Mv.view(R, nr, M, D), Ms.view(R, nr, M)
 
     # -- the new keys among themselves -------------------------------------------------------------
-    def _chunk(self, q: Tensor, z: Tensor, v: Tensor, w: Tensor, b: Tensor | None):
-        """Moments of the new queries ``q (R, M)`` over the new keys ``(z, v, w)`` ``(R, m)``
-        (query ``i`` sees keys ``j <= i + m - M``), by dense sums in float64, in the units of
-        one part: its own exponents, the weights per query."""
+    def _chunk(self, q: Tensor, z: Tensor, v: Tensor, w: Tensor, b: Tensor | None, causal: bool = True):
+        """Moments of the queries ``q (R, M)`` over the keys ``(z, v, w)`` ``(R, m)`` of the
+        tail and the new tokens (query ``i`` sees keys ``j <= i + m - M``, or all if not
+        ``causal``), by dense sums in float64, as one part.  Float32 inputs are summed as they
+        are (products of three float32 numbers and their sums lie far inside float64's
+        range: exponents 0); float64 inputs in the part's own units, the weights per query."""
         R, D = self.R, self.D
         M, m = q.shape[1], z.shape[1]
-        pos = w > 0
+        scaled = self.dtype != torch.float32
+        w64 = w.double()
+        pos = w64 > 0
         dz = torch.where(pos, z.double() - self.cz.unsqueeze(1), 0.0)
         dv = torch.where(pos.unsqueeze(-1), v.double() - self.cv.unsqueeze(1), 0.0)
-        ez = _exp(dz.abs().amax(1))
-        ev = _exp(dv.abs().amax((1, 2)))
-        z1 = _pow2(dz, -ez.unsqueeze(1))
-        x = _pow2(dv, -ev.view(R, 1, 1))
-        Q = _pow2(q.double() - self.cz.unsqueeze(1), -ez.unsqueeze(1))
+        Qs = q.double() - self.cz.unsqueeze(1)
+        if scaled:
+            ez, ev = _exp(dz.abs().amax(1)), _exp(dv.abs().amax((1, 2)))
+            fz = _p2(-ez).unsqueeze(1)
+            dz, Qs, dv = dz * fz, Qs * fz, dv * _p2(-ev).view(R, 1, 1)
         step = max(1, _CHUNK_ELEMS // max(1, m * D))
-        keys = {k: [] for k in ("N", "Rm", "den", "W", "S", "M", "mass", "ew")}
-        vis_all = torch.ones(M, m, dtype=torch.bool, device=self.device).tril_(m - M)
+        out = []
         for i0 in range(0, M, step):
             i1 = min(M, i0 + step)
-            Wq = torch.where(vis_all[i0:i1], w.double().unsqueeze(1), 0.0)  # (R, k, m)
-            wmax = Wq.amax(-1)
-            ew = torch.where(wmax > 0, _exp(wmax), torch.full_like(wmax, _NONE, dtype=torch.int64))
-            W1 = _pow2(Wq, -torch.where(wmax > 0, ew, 0).unsqueeze(-1))
-            keys["ew"].append(ew)
-            keys["W"].append(W1.sum(-1))
-            keys["S"].append(W1 @ x)
+            Wq = w64.unsqueeze(1).expand(R, i1 - i0, m)
+            if causal:
+                Wq = torch.where(torch.ones(i1 - i0, m, dtype=torch.bool, device=self.device).tril_(m - M + i0),
+                                 Wq, 0.0)
+            if scaled:
+                wmax = Wq.amax(-1)
+                ew = torch.where(wmax > 0, _exp(wmax), _NONE)
+                Wq = Wq * torch.where(wmax > 0, _p2(-ew), 0.0).unsqueeze(-1)
             if b is None:
-                d = Q[:, i0:i1].unsqueeze(-1) - z1.unsqueeze(1)
-                K = W1 * torch.relu(d)
-                keys["N"].append(K @ x)
-                keys["Rm"].append(K.sum(-1))
-                keys["den"].append((W1 * d.abs()).sum(-1))
+                d = Qs[:, i0:i1].unsqueeze(-1) - dz.unsqueeze(1)
+                K = Wq * torch.relu(d)
+                sc = torch.stack([K.sum(-1), (Wq * d.abs()).sum(-1), Wq.sum(-1)], -1)  # R, den, W
+                vec = torch.stack([K, Wq], -2) @ dv.unsqueeze(1)  # (R, k, 2, D): N, S
             else:
                 hat = torch.relu(1 - (q[:, i0:i1].double().unsqueeze(-1) - z.double().unsqueeze(1)).abs()
                                  / b.double().view(R, 1, 1))
-                K = W1 * hat
-                keys["M"].append(K @ x)
-                keys["mass"].append(K.sum(-1))
-        out = {k: torch.cat(t, 1).unsqueeze(1) for k, t in keys.items() if t}
-        out["ev"] = ev.view(R, 1, 1)
+                K = Wq * hat
+                sc = torch.stack([K.sum(-1), Wq.sum(-1)], -1)  # mass, W
+                vec = K @ dv  # M
+            E = torch.stack([ew, torch.where(ew > _NONE, ez.view(R, 1), -_EMAX),
+                             torch.where(ew > _NONE, ev.view(R, 1), -_EMAX)], -1) if scaled else None
+            out.append((sc, vec, E))
+        sc, vec = torch.cat([o[0] for o in out], 1).unsqueeze(1), torch.cat([o[1] for o in out], 1).unsqueeze(1)
+        E = torch.cat([o[2] for o in out], 1).unsqueeze(1) if scaled else \
+            torch.zeros(R, 1, 1, 3, dtype=torch.int64, device=self.device)
         if b is None:
-            out["ez"] = ez.view(R, 1, 1)
-        return out
+            return {"Rm": sc[..., 0], "den": sc[..., 1], "W": sc[..., 2], "N": vec[..., 0, :], "S": vec[..., 1, :],
+                    "E": E}
+        return {"mass": sc[..., 0], "W": sc[..., 1], "M": vec, "E": E}
 
     # -- combining the parts ---------------------------------------------------------------------------
     @staticmethod
-    def _cat(parts: list, key: str, M: int):
-        R = parts[0]["ew"].shape[0]
+    def _cat(parts: list, key: str, M: int) -> Tensor:
+        if len(parts) == 1:
+            return parts[0][key]
         xs = []
         for p in parts:
             t = p[key]
-            xs.append(t.expand(R, t.shape[1], M) if t.dim() == 3 else t)
+            xs.append(t.expand(t.shape[0], t.shape[1], M, *t.shape[3:]))
         return torch.cat(xs, 1)
 
     def _factors(self, parts: list, M: int):
-        """Per part and query the factors ``2^(e - E)`` of the weights, scores (``None`` for
-        eq. 7, whose moments carry no score unit) and values, ``E`` the largest exponent of
-        the query's parts, and the values' ``E`` ``(R, M)``."""
-        ew = self._cat(parts, "ew", M)
-        ev = self._cat(parts, "ev", M)
-        fw = torch.exp2((ew - ew.amax(1, keepdim=True)).clamp_min(-4000).double())
-        Ev = ev.amax(1, keepdim=True)
-        fv = torch.exp2((ev - Ev).clamp_min(-4000).double())
-        fz = None
-        if "ez" in parts[0]:
-            ez = self._cat(parts, "ez", M)
-            fz = torch.exp2((ez - ez.amax(1, keepdim=True)).clamp_min(-4000).double())
-        return fw, fz, fv, Ev.squeeze(1)
+        """Per part and query the factors ``2^(e - E)`` ``(R, P, 1|M, 3)`` of the weights,
+        scores and values, ``E`` the largest exponent over the parts (those without weight
+        carry the smallest), and ``2^E`` of the values ``(R, 1|M, 1)``."""
+        E = self._cat(parts, "E", M)
+        Emax = E.amax(1, keepdim=True)
+        return _p2(E - Emax), _p2(Emax[:, 0, :, 2:3])
 
     def _combine_relu(self, parts: list, centered: bool) -> Tensor:
         M = parts[0]["den"].shape[2]
-        fw, fz, fv, Ev = self._factors(parts, M)
-        N = (self._cat(parts, "N", M) * (fw * fz * fv).unsqueeze(-1)).sum(1)  # (R, M, D)
-        Rm = (self._cat(parts, "Rm", M) * fw * fz).sum(1)
-        den = (self._cat(parts, "den", M) * fw * fz).sum(1)
+        f, scale = self._factors(parts, M)
+        fw, fz, fv = f[..., 0], f[..., 1], f[..., 2]
+        gR = fw * fz
+        N = (self._cat(parts, "N", M) * (gR * fv).unsqueeze(-1)).sum(1)  # (R, M, D)
+        Rm = (self._cat(parts, "Rm", M) * gR).sum(1)
+        den = (self._cat(parts, "den", M) * gR).sum(1)
         ok = den > 0
-        inv = torch.where(ok, 1.0 / torch.where(ok, den, 1.0), 0.0)
+        inv = torch.where(ok, 1.0 / torch.where(ok, den, 1.0), 0.0).unsqueeze(-1)
         if centered:
             W = (self._cat(parts, "W", M) * fw).sum(1)
             Sv = (self._cat(parts, "S", M) * (fw * fv).unsqueeze(-1)).sum(1)
-            mean = torch.where((W > 0).unsqueeze(-1), Sv / torch.where(W > 0, W, 1.0).unsqueeze(-1), 0.0)
-            out = _pow2((N - Rm.unsqueeze(-1) * mean) * inv.unsqueeze(-1), Ev.unsqueeze(-1))
-        else:
-            out = _pow2(N * inv.unsqueeze(-1), Ev.unsqueeze(-1)) + (Rm * inv).unsqueeze(-1) * self.cv.unsqueeze(1)
-        return out
+            mean = Sv / torch.where(W > 0, W, 1.0).unsqueeze(-1)
+            return (N - Rm.unsqueeze(-1) * mean) * (inv * scale)
+        return N * (inv * scale) + (Rm.unsqueeze(-1) * inv) * self.cv.unsqueeze(1)
 
     def _combine_bump(self, parts: list) -> Tensor:
         M = parts[0]["mass"].shape[2]
-        fw, _, fv, Ev = self._factors(parts, M)
+        f, scale = self._factors(parts, M)
+        fw, fv = f[..., 0], f[..., 2]
         Mv = (self._cat(parts, "M", M) * (fw * fv).unsqueeze(-1)).sum(1)
         mass = (self._cat(parts, "mass", M) * fw).sum(1)
         W = (self._cat(parts, "W", M) * fw).sum(1)
         ok = W > 0
-        inv = torch.where(ok, 1.0 / torch.where(ok, W, 1.0), 0.0)
-        return _pow2(Mv * inv.unsqueeze(-1), Ev.unsqueeze(-1)) + (mass * inv).unsqueeze(-1) * self.cv.unsqueeze(1)
+        inv = torch.where(ok, 1.0 / torch.where(ok, W, 1.0), 0.0).unsqueeze(-1)
+        return Mv * (inv * scale) + (mass.unsqueeze(-1) * inv) * self.cv.unsqueeze(1)
 
     def _out(self, o: Tensor, shape) -> Tensor:
         return o.to(self.dtype).view(*shape, self.D)
 
     # -- a decode step -------------------------------------------------------------------------------
+    def _parts(self, q: Tensor, new, *, centered: bool = True, b: Tensor | None = None) -> list:
+        """The moments of queries ``q (R, M)`` over the runs and, by direct sums, over the tail
+        and the ``new = (z, v, w)`` keys (or ``None``), which the queries see causally
+        (bottom-right aligned)."""
+        parts = []
+        if self.n:
+            parts.append(self._runs_relu(q) if b is None else self._runs_bump(q, b))
+        t = self.nt
+        if new is not None or t:
+            z, v, w = self.tz[:, :t], self.tv[:, :t], self.tw[:, :t]
+            if new is not None:
+                nz, nv, nw = new
+                z, v = torch.cat([z, nz], 1), torch.cat([v, nv], 1)
+                w = torch.cat([w, torch.ones_like(nz) if nw is None else nw], 1)
+            parts.append(self._chunk(q, z, v, w, b, causal=new is not None))
+        return parts
+
+    def _add(self, z: Tensor, v: Tensor, w: Tensor | None):
+        """New keys into the tail, or, when it overflows, the tail and them into the runs."""
+        self._set_refs(z, v, w)
+        t, m = self.nt, z.shape[1]
+        if t + m <= TAIL:
+            self.tz[:, t: t + m] = z
+            self.tv[:, t: t + m] = v
+            self.tw[:, t: t + m] = 1 if w is None else w
+            self.nt = t + m
+            return
+        if t:
+            z = torch.cat([self.tz[:, :t], z], 1)
+            v = torch.cat([self.tv[:, :t], v], 1)
+            w = torch.cat([self.tw[:, :t], torch.ones_like(z[:, t:]) if w is None else w], 1)
+            self.nt = 0
+        self._append_rows(z, v, w)
+
     def _step(self, fn, zq, zk, v, key_weights, *, centered=True, bandwidth=None):
-        self._check_tensor(fn, "zq", zq, 3, "(B, H, m)")
-        self._check_grad(fn, zq)
-        z, x, w = self._check_keys(fn, zk, v, key_weights)
-        if zq.shape != zk.shape:
-            raise ValueError(f"{fn}: zq: expected the shape of zk {tuple(zk.shape)} (one query per new "
-                             f"token), got {tuple(zq.shape)}")
-        self._check_same(fn, "zq", zq, "queries")
-        self._check_finite(fn, "zq", zq, "scores")
+        z, x, w = self._check_keys(fn, zk, v, key_weights, zq=zq)
         b = None if bandwidth is None else self._bandwidth(fn, bandwidth)
         shape = zq.shape
-        if self.n == 0:  # the prefill: the causal forward kernel, then the runs
-            kw = None if key_weights is None else w.view(shape)
+        if self.length == 0:  # the prefill: the causal forward kernel, then the runs
+            kw = None if w is None else w.view(shape)
             if b is None:
                 out = causal_sliced_relu_attention(zq, zk, v, centered=centered, key_weights=kw)
             else:
@@ -719,9 +737,7 @@ class SlicedDecodeCache:
             return out
         q = zq.reshape(self.R, shape[2])
         self._set_refs(z, x, w)
-        if b is None:
-            o = self._combine_relu([self._runs_relu(q), self._chunk(q, z, x, w, None)], centered)
-        else:
-            o = self._combine_bump([self._runs_bump(q, b), self._chunk(q, z, x, w, b)])
-        self._append_rows(z, x, w)
+        parts = self._parts(q, (z, x, w), b=b)
+        o = self._combine_relu(parts, centered) if b is None else self._combine_bump(parts)
+        self._add(z, x, w)
         return self._out(o, shape)
