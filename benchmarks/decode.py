@@ -16,8 +16,9 @@ less than wall-clock time; ``--wall`` for wall-clock) interleaved, new / old / s
 warm-up: the medians per kind and the medians of the paired ratios old/new and softmax/new.
 The new cache's median step does not merge large runs (it appends to a tail of 32 keys and
 merges it into the runs every 32 steps); ``--mean-steps`` consecutive steps are timed as well
-(their mean includes the merges of that stretch), and the time of the worst merge (all runs
-into one, at a power of two) is reported per n.  Memory: bytes per cached token and layer
+(their mean includes the merges of that stretch), and the time to build the runs, per key
+and layer, is reported: the step at which all runs merge into one of :math:`2^k` keys (once
+per power of two) costs about :math:`2^k` times that.  Memory: bytes per cached token and layer
 (used, not the geometric capacity) of each cache.
 
 Reported: the table, the exponents of the new step's time (log t(64K)/t(4K) / log 16 and

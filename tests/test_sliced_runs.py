@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sliced_reference import causal, causal_rescaled, naive_sliced_bump, naive_sliced_relu
+from sliced_reference import causal_rescaled, naive_sliced_bump, naive_sliced_relu
 
 from opsplit.functional import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 from opsplit.functional.sliced_runs import BLOCK, TAIL, SlicedDecodeCache
@@ -200,7 +200,7 @@ def test_runs_are_the_binary_decomposition_and_memory():
     with torch.no_grad():
         cache.append(zk, v)
         assert [L for _, L in cache.runs] == [512, 256, 128, 64, 32, 8] and cache.nt == 0
-        for t in range(40):
+        for _ in range(40):
             cache.append(torch.randn(1, 4, 1), torch.randn(1, 4, 1, 64))
         assert cache.length == 1040 and cache.n + cache.nt == 1040 and cache.nt <= TAIL
         assert [L for _, L in cache.runs] == [1 << k for k in range(10, -1, -1) if (cache.n >> k) & 1]

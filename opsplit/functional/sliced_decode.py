@@ -27,10 +27,11 @@ needs the values rescaled too: its kernel values are at most 1, but a sum of 300
 3e38 overflows float32.  The inputs are checked first (types, shapes, finite scores and
 values, key weights, bandwidth), each error naming the argument.
 
-A sub-linear step would keep the cached keys sorted with prefix sums of :math:`w v` and
-:math:`w z v` (a query is then one binary search and two table reads, Prop. 2.1), but every
-append would shift those tables (:math:`O(n D)`) unless they live in a balanced tree; opsplit
-does not implement that.
+These direct sums are the differentiable decode (a :class:`~opsplit.operators.KVCache` uses
+them under autograd, with concatenated scores and values) and the reference of the
+sub-linear one: :class:`~opsplit.functional.sliced_runs.SlicedDecodeCache` keeps the cached
+keys as sorted runs with prefix tables (the logarithmic method), :math:`O(D \log^2 n)` per
+step, which generation uses.
 """
 
 from __future__ import annotations

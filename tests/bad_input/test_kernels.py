@@ -28,6 +28,7 @@ from opsplit.functional.sliced_decode import (
     decode_sliced_relu_attention,
     decode_sliced_relu_bump_attention,
 )
+from opsplit.functional.sliced_runs import SlicedDecodeCache
 from opsplit.operators import KernelAttention, SlicedReLUAttention, SlicedReLUBumpAttention
 
 _PKG = os.path.dirname(os.path.abspath(opsplit.__file__))
@@ -45,6 +46,30 @@ def R(*shape, dtype=F64, fill=None):
 SR, SB, NW = sliced_relu_attention, sliced_relu_bump_attention, nadaraya_watson_attention
 SC, SCB = causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 DEC, DECB = decode_sliced_relu_attention, decode_sliced_relu_bump_attention
+
+
+def _runs():
+    """A sorted-run decode cache of 6 keys, B = 2, H = 3, D = 4, float64."""
+    c = SlicedDecodeCache()
+    with torch.no_grad():
+        c.append(R(2, 3, 6), R(2, 3, 6, 4))
+    return c
+
+
+def _append(**kw):
+    return _runs().append(**kw)
+
+
+def _relu(**kw):
+    return _runs().relu(**kw)
+
+
+def _bump(**kw):
+    return _runs().bump(**kw)
+
+
+def _step(**kw):
+    return _runs().step_relu(**kw)
 QK = {"zq": R(2, 3, 5), "zk": R(2, 3, 6), "v": R(2, 3, 6, 4)}  # valid sliced inputs
 NWQ = {"q": R(2, 5, 3), "k": R(2, 6, 3), "v": R(2, 6, 4)}  # valid kernel-attention inputs
 
@@ -175,6 +200,33 @@ ROWS = [
     ("op-ka-kernel", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "kernel": "tri"}, ValueError, r"KernelAttention.kernel: expected one of"),
     ("op-ka-h-nan", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "bandwidth": NAN}, ValueError, r"KernelAttention.bandwidth: expected a number > 0"),
     ("op-ka-h-neg-tensor", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "bandwidth": torch.tensor(-1.0)}, ValueError, r"KernelAttention.bandwidth: expected finite values > 0"),
+    # -- the sorted-run decode cache (issue 27): a cache of B = 2, H = 3, D = 4, float64 --------
+    ("runs-append-batch", _append, {"zk": R(3, 3, 1), "v": R(3, 3, 1, 4)}, ValueError, r"SlicedDecodeCache.append: zk: batch size 3, the cache holds 2"),
+    ("runs-append-heads", _append, {"zk": R(2, 4, 1), "v": R(2, 4, 1, 4)}, ValueError, r"zk: 4 heads, the cache holds 3"),
+    ("runs-append-dtype", _append, {"zk": R(2, 3, 1, dtype=F32), "v": R(2, 3, 1, 4, dtype=F32)}, TypeError, r"zk: dtype torch.float32, the cache holds torch.float64"),
+    ("runs-append-features", _append, {"zk": R(2, 3, 1), "v": R(2, 3, 1, 5)}, ValueError, r"v: 5 features, the cache holds D = 4"),
+    ("runs-append-zk-nan", _append, {"zk": R(2, 3, 2, fill=NAN), "v": R(2, 3, 2, 4)}, ValueError, r"zk: expected finite scores, found 1 NaN/inf"),
+    ("runs-append-v-inf", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4, fill=INF)}, ValueError, r"v: expected finite values"),
+    ("runs-append-v-shape", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 3, 4)}, ValueError, r"v: expected shape \(B, H, m, D\)"),
+    ("runs-append-zk-rank", _append, {"zk": R(2, 3), "v": R(2, 3, 1, 4)}, ValueError, r"zk: expected shape \(B, H, m\)"),
+    ("runs-append-zk-int", _append, {"zk": torch.ones(2, 3, 1, dtype=torch.int64), "v": R(2, 3, 1, 4)}, TypeError, r"zk: expected a float32 or float64 tensor"),
+    ("runs-append-zk-list", _append, {"zk": [[[1.0]]], "v": R(2, 3, 1, 4)}, TypeError, r"zk: expected a torch.Tensor"),
+    ("runs-append-weights-neg", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4), "key_weights": -torch.ones(2, 1, 2, dtype=F64)}, ValueError, r"key_weights: expected finite weights >= 0"),
+    ("runs-append-weights-nan", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4), "key_weights": torch.full((2, 1, 2), NAN, dtype=F64)}, ValueError, r"key_weights: expected finite weights"),
+    ("runs-append-weights-shape", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4), "key_weights": torch.ones(3, dtype=F64)}, ValueError, r"key_weights: expected a shape broadcastable"),
+    ("runs-append-grad", _append, {"zk": R(2, 3, 1).requires_grad_(), "v": R(2, 3, 1, 4)}, RuntimeError, r"append: the sorted runs are built in place and are not differentiable"),
+    ("runs-relu-before-keys", lambda **kw: SlicedDecodeCache().relu(**kw), {"zq": R(2, 3, 1)}, ValueError, r"relu: zq: a query before any key: the cache is empty"),
+    ("runs-bump-before-keys", lambda **kw: SlicedDecodeCache().bump(**kw), {"zq": R(2, 3, 1), "bandwidth": 1.0}, ValueError, r"bump: zq: a query before any key"),
+    ("runs-relu-zq-nan", _relu, {"zq": R(2, 3, 1, fill=NAN)}, ValueError, r"relu: zq: expected finite scores"),
+    ("runs-relu-batch", _relu, {"zq": R(1, 3, 1)}, ValueError, r"zq: batch size 1, the cache holds 2"),
+    ("runs-relu-heads", _relu, {"zq": R(2, 2, 1)}, ValueError, r"zq: 2 heads, the cache holds 3"),
+    ("runs-relu-dtype", _relu, {"zq": R(2, 3, 1, dtype=F32)}, TypeError, r"zq: dtype torch.float32, the cache holds torch.float64"),
+    ("runs-relu-centered-str", _relu, {"zq": R(2, 3, 1), "centered": "no"}, TypeError, r"centered: expected a bool"),
+    ("runs-bump-b-zero", _bump, {"zq": R(2, 3, 1), "bandwidth": 0.0}, ValueError, r"bandwidth: expected finite values > 0"),
+    ("runs-bump-b-shape", _bump, {"zq": R(2, 3, 1), "bandwidth": torch.ones(4, dtype=F64)}, ValueError, r"bandwidth: expected a number or a shape broadcastable"),
+    ("runs-step-zq-shape", _step, {"zq": R(2, 3, 2), "zk": R(2, 3, 1), "v": R(2, 3, 1, 4)}, ValueError, r"step_relu: zq: expected the shape of zk"),
+    ("runs-step-zq-inf", _step, {"zq": R(2, 3, 1, fill=INF), "zk": R(2, 3, 1), "v": R(2, 3, 1, 4)}, ValueError, r"step_relu: zq: expected finite scores"),
+    ("runs-step-zk-nan-empty", lambda **kw: SlicedDecodeCache().step_relu(**kw), {"zq": R(2, 3, 4), "zk": R(2, 3, 4, fill=NAN), "v": R(2, 3, 4, 4)}, ValueError, r"zk: expected finite scores"),
 ]
 
 
