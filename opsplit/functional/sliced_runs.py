@@ -286,6 +286,8 @@ class SlicedDecodeCache:
             raise ValueError(f"{fn}: v: {v.shape[3]} features, the cache holds D = {self.D}")
         if v.shape[3] == 0 or zk.shape[0] == 0 or zk.shape[1] == 0:
             raise ValueError(f"{fn}: v: expected B, H, D >= 1, got {tuple(v.shape)}")
+        if zq is not None and zk.shape[2] == 0:
+            raise ValueError(f"{fn}: zk: expected at least one new token (m >= 1), got shape {tuple(zk.shape)}")
         named = [("zk", zk, "scores"), ("v", v, "values")]
         self._check_finite(fn, *([("zq", zq, "scores")] if zq is not None else []), *named)
         w = combine_key_weights(fn, None, key_weights, zk.shape, zk.dtype, zk.device)
@@ -383,6 +385,8 @@ class SlicedDecodeCache:
     # -- appending: the binary counter ---------------------------------------------------------
     def _append_rows(self, z: Tensor, v: Tensor, w: Tensor | None):
         """``z (R, m)``, ``v (R, m, D)`` (raw values), ``w (R, m)`` or ``None`` (all 1)."""
+        if z.shape[1] == 0:
+            return
         self._set_refs(z, v, w)
         n, m = self.n, z.shape[1]
         n2 = n + m
@@ -710,6 +714,8 @@ class SlicedDecodeCache:
         """New keys into the tail, or, when it overflows, the tail and them into the runs."""
         self._set_refs(z, v, w)
         t, m = self.nt, z.shape[1]
+        if m == 0:
+            return
         if t + m <= TAIL:
             self.tz[:, t: t + m] = z
             self.tv[:, t: t + m] = v

@@ -226,6 +226,7 @@ ROWS = [
     ("runs-bump-b-shape", _bump, {"zq": R(2, 3, 1), "bandwidth": torch.ones(4, dtype=F64)}, ValueError, r"bandwidth: expected a number or a shape broadcastable"),
     ("runs-step-zq-shape", _step, {"zq": R(2, 3, 2), "zk": R(2, 3, 1), "v": R(2, 3, 1, 4)}, ValueError, r"step_relu: zq: expected the shape of zk"),
     ("runs-step-zq-inf", _step, {"zq": R(2, 3, 1, fill=INF), "zk": R(2, 3, 1), "v": R(2, 3, 1, 4)}, ValueError, r"step_relu: zq: expected finite scores"),
+    ("runs-step-no-tokens", _step, {"zq": R(2, 3, 0), "zk": R(2, 3, 0), "v": R(2, 3, 0, 4)}, ValueError, r"step_relu: zk: expected at least one new token"),
     ("runs-step-zk-nan-empty", lambda **kw: SlicedDecodeCache().step_relu(**kw), {"zq": R(2, 3, 4), "zk": R(2, 3, 4, fill=NAN), "v": R(2, 3, 4, 4)}, ValueError, r"zk: expected finite scores"),
 ]
 
