@@ -28,8 +28,10 @@ rebuilds the runs below the highest bit in which :math:`n` and :math:`n + m` dif
 binary counter (one token: the runs of sizes :math:`1, 2, \dots, 2^{h-1}` of the trailing
 ones of :math:`n` and the new token become one run of :math:`2^h`): amortised
 :math:`O(D \log^2 n)` per token (each key is re-sorted :math:`O(\log n)` times), worst
-case :math:`O(n D)` at the steps where :math:`n + 1` is a power of two.  A query is a
-binary search and a few table reads per run: :math:`O(D \log n)` per head, plus
+case :math:`O(n D \log n)` at the steps where all runs merge into one.  The newest
+:data:`TAIL` keys wait unsorted in a *tail*, which every query sums directly
+(:math:`O(\mathrm{TAIL}\,D)`), and join the runs all at once: most steps merge nothing.  A
+query is a binary search and a few table reads per run: :math:`O(D \log n)` per head, plus
 :math:`O(\log^2 n)` for the searches.  All rows (batch x head) share the run boundaries,
 so every operation is a tensor operation over (row, run[, probe]); only the binary searches
 run as one ``searchsorted`` per run.
@@ -52,8 +54,8 @@ values and weights to :math:`[\tfrac12, 1)`; a run's sums are exact multiples of
 :math:`2^{e_w + e_z + e_v}` etc., so the runs combine in float64 with exact power-of-two
 factors, relative to the largest of them per query.  Float32 scores, values and weights of
 any magnitude (1e-38 .. 3e38, weights spread over the whole range) keep their relative
-precision; so do float64 ones between :math:`2^{-1000}` and :math:`2^{1000}`.  Eq. 7 with a bandwidth far below the
-spread of a run's scores (spread / b beyond :data:`~opsplit.functional._windows.KAPPA_FAST`,
+precision; so do float64 ones between :math:`2^{-1000}` and :math:`2^{1000}`.  Eq. 7 with a
+bandwidth far below the spread of a run's scores (spread / b beyond :data:`~opsplit.functional._windows.KAPPA_FAST`,
 where the table differences cancel) is summed pair by pair over the keys inside the windows
 (exact; the cost is the number of such keys).
 

@@ -141,7 +141,8 @@ class KVCache:
         return st[2]
 
     def entries(self) -> list:
-        """``(operator, t, tensors, dim)`` of every entry (``tensors``: the cached tokens)."""
+        """``(operator, t, tensors, dim)`` of every tensor entry (``tensors``: the cached
+        tokens; the objects kept through :meth:`state` are not listed)."""
         return [(op, t, tuple(b.narrow(dim, 0, n) for b in bufs), dim) for op, t, bufs, dim, n, _ in self._entries.values()]
 
     def update(self, op, t, *tensors: Tensor, dim: int = 2, key_max: float | None = None) -> tuple[Tensor, ...]:
