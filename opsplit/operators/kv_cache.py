@@ -40,6 +40,8 @@ keys the first time it is asked for; dropped when an append does not give it, an
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -80,6 +82,33 @@ class KVCache:
         self._states: dict = {}  # key -> [op, t, object with .length and .select(index)]
         self._touched: set = set()
         self._fed = 0  # tokens announced by begin()
+        self._use = None  # (weakref to the model, batch size, N_t, dtype, device) of the calls so far
+
+    def check_use(self, model, batch_size: int, n_steps: int, dtype, device) -> None:
+        """Validate a call of ``model`` that reads and extends the cache, before any compute:
+        a cache holds the tokens of one batch of ``batch_size`` sequences of one model, solved
+        with one :math:`N_t` (``n_steps``: its entries belong to those step times) in one
+        dtype and device.  The first call records them; a later call that differs is refused
+        with a ``ValueError`` naming the argument (``cache``, ``input_ids``, ``n_steps``).
+        :meth:`select` changes the batch size it expects."""
+        use = self._use
+        if use is None or (not self._entries and self._fed == 0):
+            self._use = (weakref.ref(model), batch_size, n_steps, dtype, device)
+            return
+        ref, b, n, dt, dev = use
+        if ref() is not model:
+            raise ValueError(f"cache: this KVCache holds the keys and values of another model; a cache serves one "
+                             f"model ({type(model).__name__}): use a new KVCache")
+        if batch_size != b:
+            raise ValueError(f"input_ids: a batch of {batch_size} sequences, but the cache holds {b} (a KVCache "
+                             "continues the sequences it was filled with: use a new KVCache, or KVCache.select)")
+        if n_steps != n:
+            raise ValueError(f"n_steps: the cache was filled solving with N_t = {n} steps, this call solves with "
+                             f"N_t = {n_steps} (its keys and values belong to the other steps' times): use a new "
+                             "KVCache")
+        if (dtype, device) != (dt, dev):
+            raise ValueError(f"cache: it holds {dt} keys and values on {dev}, the model now computes in {dtype} on "
+                             f"{device}: use a new KVCache")
 
     def __len__(self) -> int:
         return self.length
@@ -199,6 +228,8 @@ class KVCache:
             e[5] = None  # the kept maximum may belong to a dropped row
         for st in self._states.values():
             st[2].select(index)
+        if self._use is not None:
+            self._use = (self._use[0], int(index.numel()), *self._use[2:])
 
     def __repr__(self) -> str:
         return f"KVCache(entries={len(self._entries) + len(self._states)}, length={self.length})"
