@@ -49,8 +49,9 @@ continuous model with another attention term or another splitting.  ``attention=
 paper 004, eqs. 3 and 8, MLP projection, :math:`O(N_x \log^2 N_x)`) in the place of
 :math:`A` — no rotary positions (it has no query/key heads to rotate), no attention biases
 or dropout; left padding is a key-padding mask (the pads get key weight 0 in the causal
-sums) and a generation step with the :class:`~opsplit.operators.KVCache` is the
-:math:`O(n\,D)` sum over the cached scores and values (:mod:`opsplit.functional.sliced_decode`);
+sums) and a generation step with the :class:`~opsplit.operators.KVCache` reads the cached
+keys as sorted runs, :math:`O(D \log^2 n)` per head (:mod:`opsplit.functional.sliced_runs`;
+under autograd the :math:`O(n\,D)` sums of :mod:`opsplit.functional.sliced_decode`);
 ``scheme="strang"`` advances
 :math:`A` over half steps around a full step of :math:`F` (:class:`~opsplit.schemes.Strang`;
 first order with these explicit-Euler substeps, and no longer GPT-2's layer at

@@ -34,10 +34,12 @@ mean none, as in HF.
 
 **Cost of one decode step** with the cache, context length :math:`n`, per layer: the
 projections and the feed-forward of one token (independent of :math:`n`) plus the attention
-of one query against :math:`n` cached keys — :math:`O(n\,d)` per head for softmax attention;
-the cache append is a copy of the layer's :math:`O(n\,d)` keys and values (as Hugging
-Face's ``DynamicCache``).  Without the cache a step is a full forward pass,
-:math:`O(n^2 d)` attention and :math:`n` feed-forward evaluations per layer.
+of one query against :math:`n` cached keys — :math:`O(n\,d)` per head for softmax attention,
+:math:`O(D \log^2 n)` for causal sliced attention (sorted runs,
+:mod:`opsplit.functional.sliced_runs`); the softmax cache's append writes the new keys and
+values in place (amortised :math:`O(d)`; buffers of geometric capacity).  Without the cache a
+step is a full forward pass, :math:`O(n^2 d)` attention and :math:`n` feed-forward
+evaluations per layer.
 
 **Checks once per call.**  Every argument, the prompt (ids in range, the mask, the
 positions against a learned table, including the ``max_new_tokens`` it will reach), the
