@@ -155,12 +155,23 @@ def forward_flops(m: dict, n_steps: int, tokens: int | None = None, vocab: int =
 
 def decode_flops(m: dict, n_steps: int, n: int, vocab: int = 110) -> tuple[float, float]:
     """``(flops, calls)`` of one decode step with the key/value cache holding up to ``n``
-    tokens: the new token through every step, and its attention over the cache (softmax:
-    4 n d per attention substep; sliced: the decode sums, ~4 n d per head)."""
+    tokens: the new token through every step, and its attention over the cache per
+    attention substep (softmax: 4 n d; sliced: the sorted runs of
+    :class:`~opsplit.functional.SlicedDecodeCache`, a search and a table row per run and the
+    unsorted tail of at most 32 keys, ~(8 log2 n + 128) d per head)."""
     f, c = forward_flops(m, n_steps, tokens=1, vocab=vocab)
-    twice = 2 if m["scheme"] == "strang" else 1
-    heads = m["heads"] if m["attention"] != "softmax" else 1
-    return f + n_steps * twice * 4.0 * n * m["d_model"] * heads, c
+    twice, d = 2 if m["scheme"] == "strang" else 1, m["d_model"]
+    per = 4.0 * n * d if m["attention"] == "softmax" else m["heads"] * (8.0 * math.log2(n + 2) + 128.0) * d
+    return f + n_steps * twice * per, c
+
+
+def cache_bytes(m: dict, n_steps: int, n: int) -> float:
+    """Bytes of the key/value cache of ``n`` tokens at N_t = ``n_steps`` (float32; buffers
+    of geometric capacity: twice the content): softmax keys and values, 8 d bytes per token
+    and attention substep; sliced sorted runs, H (5 d + 22) (docs/sliced_causal.md)."""
+    twice, d = 2 if m["scheme"] == "strang" else 1, m["d_model"]
+    per = 8.0 * d if m["attention"] == "softmax" else m["heads"] * (5.0 * d + 22.0)
+    return 2.0 * n_steps * twice * n * per
 
 
 def _corpus_chars(corpus: str, max_chars: int) -> int:
@@ -516,11 +527,10 @@ def generate_estimate(m: dict, vocab: int, prompt: int, new: int, n_t: int) -> E
     ``n_t`` (:func:`decode_flops`); memory: the parameters, the controls evaluated at every
     step (the decode steps), the cache (keys and values of every attention substep) and
     the time grid."""
-    d, twice = m["d_model"], 2 if m["scheme"] == "strang" else 1
-    n = prompt + new
+    d, n = m["d_model"], prompt + new
     f0, c0 = forward_flops(m, n_t, tokens=prompt, vocab=vocab)
     f0, c0 = 2 * f0, 2 * c0
     f1, c1 = decode_flops(m, n_t, n, vocab)
     params = m["layers"] * 14.0 * d * d + (m["context"] + vocab) * d
-    held = params + n_t * 14.0 * d * d + n_t * twice * 4.0 * n * d
-    return Estimate(f0 + new * f1, c0 + new * c1, 4.0 * held + 32.0 * (n_t + 1))
+    held = 4.0 * (params + n_t * 14.0 * d * d) + cache_bytes(m, n_t, n)
+    return Estimate(f0 + new * f1, c0 + new * c1, held + 32.0 * (n_t + 1))
