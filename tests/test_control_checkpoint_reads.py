@@ -126,3 +126,19 @@ def test_evaluate_refuses_an_n_t_whose_time_grid_cannot_be_allocated():
     with pytest.raises(ValueError, match=r"Trainer\.evaluate\.n_steps: N_t = 1000000000000 steps need a time grid"):
         tr.evaluate(tiny_data(), n_steps=10**12)
     assert tr.evaluate(tiny_data(), n_steps=3)["loss"] > 0
+
+
+def test_generation_defaults_are_not_a_setting_of_the_map(tmp_path):
+    """A decoder's ``generation_defaults`` (the ids generate stops and pads with) do not
+    change its logits: a checkpoint written before decoders had them (a text run of
+    opsplit train) loads, and so does one with other defaults."""
+    from opsplit.models import DecoderConfig, DecoderLM
+
+    cfg = DecoderConfig(vocab_size=7, d_model=8, n_layers=1, n_heads=2, d_ff=16, norm="layer", mlp="plain",
+                        activation="gelu", positions="learned", max_positions=8, tie_embeddings=True)
+    m = DecoderLM(cfg)
+    m.generation_defaults = {"eos_token_id": 3, "pad_token_id": None}
+    ck = save_checkpoint(tmp_path / "ck", m)
+    load_checkpoint(ck, DecoderLM(cfg))
+    rewrite_checkpoint(ck, meta=lambda meta: meta["model"]["settings"][""].pop("generation_defaults", None))
+    load_checkpoint(ck, DecoderLM(cfg))

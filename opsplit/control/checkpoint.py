@@ -170,10 +170,11 @@ def model_metadata(model: nn.Module) -> dict:
     }
 
 
-#: attributes that say how a map is computed or trained, not which map it is (gradient
-#: modes, memory, batching, dropout): never compared
+#: attributes that say how a map is computed, trained or decoded, not which map it is
+#: (gradient modes, memory, batching, dropout, the token ids ``generate`` stops and pads
+#: with): never compared
 _NOT_SETTINGS = frozenset({"training", "checkpoint_every", "checkpoint_snapshots", "batch", "dropout", "p",
-                           "inplace", "gradient_checkpointing", "n_evals"})
+                           "inplace", "gradient_checkpointing", "n_evals", "generation_defaults"})
 
 
 def _setting_value(v, depth: int = 0):
