@@ -157,9 +157,19 @@ class ODESolve(Solver):
         from torchdiffeq._impl.odeint import SOLVERS
 
         order = int(getattr(SOLVERS[self.method], "order", 5))
+        if ts[1] < ts[0]:
+            # a backward substep (a composition's negative coefficient): torchdiffeq solves it
+            # in the reversed time s -> -s with the field -f(-s, u), and its first step is a
+            # step of that forward solve (> 0); the heuristic is run on the same field
+            def g(s, y):
+                return -func(-s, y)
+
+            f0, s0 = g, -ts[0]
+        else:
+            f0, s0 = func, ts[0]
         with torch.no_grad():
-            h0 = _select_initial_step(func, ts[0], u, order - 1, self.rtol, self.atol, _rms_norm)
-        return float(min(float(h0), float(ts[1] - ts[0])))
+            h0 = _select_initial_step(f0, s0, u, order - 1, self.rtol, self.atol, _rms_norm)
+        return float(min(float(h0), abs(float(ts[1] - ts[0]))))
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         import torchdiffeq

@@ -81,7 +81,7 @@ SOLVE = cases(
     ("adaptive-module-rtol", lambda: AdaptivePropagator(Strang([ffn()]), t1=1.0, rtol=-1.0), ValueError, r"rtol: expected a finite number > 0"),
     ("adaptive-module-estimator", lambda: AdaptivePropagator(Strang([ffn()]), t1=1.0, estimator=3), TypeError, r"estimator: expected 'doubling'"),
     ("max-steps-reached", lambda: solve(controller=PIController(rtol=1e-12, atol=1e-14, max_steps=2)), AdaptiveStepError, r"max_steps = 2 attempts reached at t = .* raise max_steps or loosen rtol/atol"),
-    ("step-underflow-min-step", lambda: solve(controller=PIController(rtol=1e-12, atol=1e-14, min_step=0.3)), AdaptiveStepError, r"step size underflow at t = .* below min_step 0.3"),
+    ("step-underflow-min-step", lambda: solve(controller=PIController(rtol=1e-12, atol=1e-14, min_step=0.3, first_step=0.5)), AdaptiveStepError, r"step size underflow at t = .* below min_step 0.3"),
 )
 
 COMPOSITIONS = cases(
