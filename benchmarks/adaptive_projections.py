@@ -88,7 +88,8 @@ def refused(rows: list) -> None:
         for kind in ("lie", "strang", "parallel", "hybrid", "triple_jump", "blanes_moan"):
             why = adaptive_obstacle(p.scheme(kind, "rk4"))
             rows.append({"model": name, "scheme": kind, "refused": why})
-            print(f"{name:<10} {kind:<12} {'accepted' if why is None else 'refused: ' + why.split(':')[0]}")
+            verdict = "accepted" if why is None else "refused: " + why.split(" (")[0]
+            print(f"{name:<10} {kind:<12} {verdict}")
 
 
 def main():

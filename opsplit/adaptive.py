@@ -14,7 +14,11 @@ steps err by :math:`2 C (h/2)^{p+1} + O(h^{p+2})`, so
 an estimate of the local error of the propagated value :math:`w` that is asymptotically
 exact (the estimate has the order :math:`p + 1` of the error it estimates).  It works for
 every scheme (Lie, Strang, parallel, hybrid, the compositions) with the scheme's
-``effective_order`` as :math:`p`, keeps the structure of the scheme (the propagated
+``effective_order`` as :math:`p` whose step tends to a smooth map that is the identity on
+the states the solve visits; the models where it does not (a projection with a kink, the
+ReLU; a map applied once per step; two projections; a projection averaged in a parallel
+group) are refused before compute (:func:`adaptive_obstacle`).  It keeps the structure of
+the scheme (the propagated
 value is a splitting solution: no affine combination that would leave :math:`S_1`), and
 costs three steps per attempt (the full step's work is 1/3: 50% over the two half steps
 it accepts).  The propagated value is not extrapolated.
@@ -54,8 +58,21 @@ reaching it raises :class:`AdaptiveStepError` (default) or, with
 ``on_failure="return"``, returns the state where the solve stopped with
 ``stats.success = False`` and the reason in ``stats.message``.  A non-finite error
 estimate rejects the step (the state left the float range, or the step was too large for
-the substeps); a step size below ``min_step`` or below
-:math:`16\,\epsilon\max(1, |t|)` (underflow) raises :class:`AdaptiveStepError` at once.
+the substeps); a step size below ``min_step`` or below the round-off limit (float64's :math:`16\,\epsilon\,|t|`
+(the times' own round-off), and :math:`16\,\epsilon\,(t_1 - t_0)` in the state's
+dtype) raises :class:`AdaptiveStepError` at once.  Time arithmetic is relative to the
+interval, not to :math:`|t|` (:func:`time_tolerance`).  What can be refused before compute
+is: the controller's arguments against the interval and the dtype
+(:meth:`PIController.check_solve`: ``rtol`` below :func:`min_rtol`, a first step below
+``min_step`` or the round-off limit, a ``max_step`` that cannot cover the interval in
+``max_steps`` steps), the model (:func:`adaptive_obstacle`), and a composition whose
+substeps read the controls outside a step without room before ``t0`` or after ``t1``
+(otherwise each step is capped to keep them inside); :func:`check_adaptive` runs all of
+them.
+
+**Layers.**  Step control reads a scheme and an interval; it does not import the
+propagator (:class:`~opsplit.AdaptivePropagator` and :meth:`~opsplit.Propagator.solve`
+live in :mod:`opsplit.propagator` and call :func:`solve_adaptive`).
 
 **Per sample** (``per_sample=True``): each sample of the batch is solved alone, with its
 own accepted steps (so its output equals the solve of that sample alone, and an easy
@@ -104,7 +121,7 @@ __all__ = [
 ON_FAILURE = ("raise", "return")
 #: the smallest rtol a dtype can meet: MIN_RTOL_EPS * eps (float64 2.2e-14, float32 1.2e-5)
 MIN_RTOL_EPS = 100.0
-#: the step-size floor in spacings of the time values and in eps of the interval
+#: the step-size floor in eps: of float64 times |t|, and of the state's dtype times the interval
 _FLOOR = 16.0
 _EPS64 = float(torch.finfo(torch.float64).eps)
 
@@ -137,7 +154,7 @@ def _count(x, name: str) -> int:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or type(x).__name__ == "bool_":
         raise ValueError(f"{name}: expected an integer >= 1, got {type(x).__name__} {x!r}")
     if int(x) < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {x!r}")
+        raise ValueError(f"{name}: expected an integer >= 1, got {int(x)}")
     return int(x)
 
 
@@ -155,8 +172,9 @@ def _interval(t0: float, t1: float) -> str:
 
 
 def _step_floor(t: float, span: float, dtype) -> tuple[float, str]:
-    """The smallest step the arithmetic resolves at time ``t`` and its reason: 16 spacings of
-    the float64 times near :math:`|t|`, and 16 eps of the state's dtype times the interval
+    """The smallest step the arithmetic resolves at time ``t`` and its reason: 16 eps of
+    float64 times :math:`|t|` (the times' own round-off), and 16 eps of the state's dtype
+    times the interval
     (a step that small changes the state by less than its round-off)."""
     a = _FLOOR * _EPS64 * abs(t)
     b = _FLOOR * float(torch.finfo(dtype).eps) * span
@@ -260,6 +278,8 @@ class PIController:
         floor, why = max(_step_floor(t0, span, dtype), _step_floor(t1, span, dtype))
         first = self.first_step if self.first_step is not None else span / 16.0
         src = "first_step" if self.first_step is not None else "the default first step (t1 - t0)/16"
+        if first > span:
+            first, src = span, "the interval t1 - t0"
         if self.min_step > first:
             raise ValueError(
                 f"min_step: expected min_step <= the first step, got min_step = {self.min_step:g} > "
@@ -486,9 +506,9 @@ def adaptive_obstacle(scheme: Scheme) -> str | None:
                 )
                 return (
                     f"its {where} is not a smooth map of the state ({kind}: {what}): where entries reach "
-                    "the kink one step and two half steps do not differ by a power of the step (with the S1 "
-                    "projection too they differ by O(1) whatever the step), so the error estimate cannot "
-                    "guide the step size"
+                    "the kink one step and two half steps differ by O(h), not O(h^(p+1)), and with a second "
+                    "projection (S1) by O(1) whatever the step, so the error estimate cannot guide the step "
+                    "size"
                 )
             if getattr(inner, "is_map", False) and not is_projection(inner):
                 return (
@@ -733,7 +753,7 @@ def solve_adaptive(
         raise TypeError(f"prop: expected a Propagator (with an opsplit Scheme), got {type(prop).__name__}")
     if not isinstance(f, Tensor) or not f.is_floating_point() or f.dim() != 3:
         raise TypeError("f: expected a floating tensor of shape (B, N_x, N_y)")
-    if per_sample not in (True, False):
+    if not isinstance(per_sample, bool):
         raise TypeError(f"per_sample: expected True or False, got {per_sample!r}")
     ctl = controller if controller is not None else PIController()
     t0, t1 = float(prop.t0), float(prop.t1)

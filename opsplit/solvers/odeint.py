@@ -18,6 +18,13 @@ its own interval.  Adaptive methods are asked to end a step exactly at
 :math:`t + \Delta t` (torchdiffeq's ``step_t`` option) rather than overshoot it and
 interpolate back.
 
+**Backward substeps.** A composition of order :math:`\ge 3` advances substeps over
+negative time steps (:mod:`opsplit.schemes.composition`); torchdiffeq solves
+:math:`[t, t + \Delta t]` with :math:`\Delta t < 0` in the reversed time
+:math:`s \mapsto -s` (the field :math:`-A(-s; u)`), so an adaptive method's first step is
+a step of that forward solve: the initial-step heuristic is run on the reversed field
+and returns a positive step (``ODESolve`` is reversible for every method).
+
 **Order.** A fixed-grid method has its own order, torchdiffeq's ``order`` attribute
 (``step_size`` in ``options`` subdivides the substep without changing it); torchdiffeq
 starts its multistep methods with RK4 steps, so ``explicit_adams`` / ``implicit_adams``
