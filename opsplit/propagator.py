@@ -348,10 +348,9 @@ class AdaptivePropagator(Propagator):
         self.controller = PIController(**controller)
         if per_sample not in (True, False):
             raise TypeError(f"per_sample: expected True or False, got {per_sample!r}")
-        # validated now, not at the first call (the state's dtype is checked again by each solve)
-        dtypes = [p.dtype for p in (*scheme.parameters(), *scheme.buffers()) if p.is_floating_point()]
-        check_adaptive(scheme, self.t0, self.t1, self.controller, dtypes[0] if dtypes else torch.float64,
-                       estimator, on_failure)
+        # validated now, not at the first call; the dtype's own limits (rtol, the round-off
+        # step) are checked by each solve, with the state's dtype (a module may be cast later)
+        check_adaptive(scheme, self.t0, self.t1, self.controller, torch.float64, estimator, on_failure)
         self.estimator, self.per_sample, self.on_failure = estimator, per_sample, on_failure
         self.last_stats = None
 
