@@ -206,11 +206,15 @@ class Propagator(nn.Module):
         return f, g, unbatched
 
     def _check_output(self, u: Tensor) -> None:
-        check_finite(
-            u, f"{type(self).__name__} output",
-            f"produced from a finite input and finite parameters: an intermediate value "
-            f"left the range of {u.dtype}; scale the input down or use float64",
-        )
+        try:
+            check_finite(
+                u, f"{type(self).__name__} output",
+                f"produced from a finite input and finite parameters: an intermediate value "
+                f"left the range of {u.dtype}; scale the input down or use float64",
+            )
+        except ValueError:  # a NaN written through p.data escapes the cached parameter check: read them all
+            check_parameters_finite(self, type(self).__name__, fresh=True)
+            raise
 
     def solve(
         self,

@@ -169,7 +169,8 @@ CASES = rows(
     ("convert-llama-bias-int", ["convert", "--models", "llama", *CFG, *OUT], "llama.attention_bias: expected true or false, got 1", toml("[llama]\nattention_bias = 1\n")),
     ("convert-llama-act", ["convert", "--models", "llama", *CFG, *OUT], "llama.hidden_act: expected one of", toml('[llama]\nhidden_act = "relu6"\n')),
     ("convert-llama-seq-len", ["convert", "--models", "llama", *CFG, *OUT], "llama.seq_len: expected a value >= 1, got 0", toml("[llama]\nseq_len = 0\n")),
-    ("convert-llama-new-tokens", ["convert", "--models", "llama", *CFG, *OUT], "llama.new_tokens: expected a value >= 0, got -2", toml("[llama]\nnew_tokens = -2\n")),
+    ("convert-llama-new-tokens", ["convert", "--models", "llama", *CFG, *OUT], "llama.new_tokens: expected a value >= 1, got -2", toml("[llama]\nnew_tokens = -2\n")),
+    ("convert-llama-new-tokens-zero", ["convert", "--models", "llama", *CFG, "--print-config"], "llama.new_tokens: expected a value >= 1, got 0", toml("[llama]\nnew_tokens = 0\n")),
     ("convert-llama-vocab", ["convert", "--models", "llama", *CFG, *OUT], "llama.vocab_size: expected a value >= 2, got 1", toml("[llama]\nvocab_size = 1\n")),
     ("convert-llama-theta-str", ["convert", "--models", "llama", *CFG, *OUT], "llama.rope_theta: expected a finite number, got '1e4' (str)", toml('[llama]\nrope_theta = "1e4"\n')),
     # -- the size and cost guard (memory: beyond any machine; time: beyond an hour) ----------------------
