@@ -33,8 +33,9 @@ SCHEMA = {
     "model": study.MODEL_SCHEMA,
     "compare": {
         "schemes": Field("str_list", ["lie", "strang", "parallel", "hybrid"], "splitting schemes",
-                         choices=study.SCHEMES),
-        "solvers": Field("str_list", ["euler", "heun"], "substep solvers", choices=study.SOLVERS),
+                         study.distinct, choices=study.SCHEMES),
+        "solvers": Field("str_list", ["euler", "heun"], "substep solvers", study.distinct,
+                         choices=study.SOLVERS),
         "n_t": Field("int_list", [4, 8, 16, 32], "time steps N_t (>= 1; at least two)",
                      lambda v: None if min(v) >= 1 and len(set(v)) >= 2
                      else "at least two distinct values >= 1"),
@@ -90,7 +91,8 @@ def prepare(cfg) -> dict:
     n_t = sorted(set(c["n_t"]))
     g = [(c["n_x"], c["n_y"])]
     for solver in c["solvers"]:
-        study.preflight(cfg["model"], g, n_t, c["schemes"], solver, c["reference"], "compare")
+        study.preflight(cfg["model"], g, n_t, c["schemes"], solver, c["reference"], "compare",
+                        rtol=c["rtol"], atol=c["atol"])
     return {"grids": g, "n_t": n_t}
 
 
@@ -98,8 +100,9 @@ def local_orders(st) -> str:
     """log2 of the error ratios of successive N_t (log of the ratio over log of the step
     ratio), as text: ``"0.38, 0.50, 0.72"``."""
     h, e = list(st.h), list(st.errors)
-    out = [math.log(e[i] / e[i + 1]) / math.log(h[i] / h[i + 1]) for i in range(len(e) - 1)]
-    return ", ".join(f"{x:.2f}" for x in out)
+    out = [math.log(e[i] / e[i + 1]) / math.log(h[i] / h[i + 1])
+           if h[i] != h[i + 1] and e[i] > 0 and e[i + 1] > 0 else math.nan for i in range(len(e) - 1)]
+    return ", ".join("-" if math.isnan(x) else f"{x:.2f}" for x in out)
 
 
 def parallel_note(m: dict) -> str:

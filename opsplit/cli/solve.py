@@ -30,7 +30,7 @@ SCHEMA = {
     "model": study.MODEL_SCHEMA,
     "solve": {
         "schemes": Field("str_list", ["lie", "strang", "parallel", "hybrid"], "splitting schemes",
-                         choices=study.SCHEMES),
+                         study.distinct, choices=study.SCHEMES),
         "solver": Field("str", "heun", "substep solver of the smooth terms", choices=study.SOLVERS),
         "n_t": Field("int_list", [4, 8, 16, 32], "time steps N_t (>= 1)", at_least(1)),
         "n_x": Field("int_list", [8, 16, 32], "nodes N_x on Omega_x (zipped with n_y)", at_least(1)),
@@ -83,7 +83,8 @@ def prepare(cfg) -> dict:
     c = cfg["solve"]
     gs = study.grids(c["n_x"], c["n_y"], "solve")
     n_t = sorted(set(c["n_t"]))
-    study.preflight(cfg["model"], gs, n_t, c["schemes"], c["solver"], c["reference"], "solve")
+    study.preflight(cfg["model"], gs, n_t, c["schemes"], c["solver"], c["reference"], "solve",
+                    rtol=c["rtol"], atol=c["atol"])
     return {"grids": sorted(set(gs)), "n_t": n_t}
 
 
