@@ -295,6 +295,10 @@ def write_report(folder, max_rows: int = 60) -> Path:
 
 
 def relpath(p) -> str:
+    """``p`` as the command shows it: an absolute path (an absolute ``--out``) as it is; a
+    relative one relative to the current folder, or absolute if it leads out of it."""
+    if Path(p).is_absolute():
+        return str(p)
     try:
         r = os.path.relpath(p)
     except ValueError:  # pragma: no cover - another drive on Windows
