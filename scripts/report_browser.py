@@ -43,8 +43,9 @@ CHECK_JS = r"""
   await Promise.all(imgs.map(i => i.complete ? null :
     new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
   await Promise.all(imgs.map(i => (i.complete && i.naturalWidth > 0 && i.decode) ? i.decode().catch(() => null) : null));
-  const broken = imgs.filter(i => !(i.complete && i.naturalWidth > 0))
-                     .map(i => i.getAttribute('data-file') || i.getAttribute('src').slice(0, 100));
+  const broken = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => {
+    const s = i.getAttribute('src') || '';
+    return s.startsWith('data:') ? 'embedded ' + (i.getAttribute('data-file') || 'image') : s.slice(0, 200); });
   const de = document.documentElement;
   const overflow = () => de.scrollWidth - de.clientWidth;
   const findings = document.getElementById('findings');

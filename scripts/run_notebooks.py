@@ -6,12 +6,13 @@
 
 Each notebook runs top to bottom in a fresh kernel (``scripts/build_docs.execute``: this
 checkout's opsplit, ``OPSPLIT_QUICK=0``, one torch thread unless ``OMP_NUM_THREADS`` says
-otherwise), and is written back with its outputs (figures included; each notebook seeds its
-own random draws), a closing note of the machine and the time it took, and in its metadata
-(``metadata.opsplit``) the SHA-256 of its code cells.  tests/test_notebooks.py fails when a
-stored notebook's code cells no longer have that hash -- a cell was edited after the
-outputs were stored -- so the outputs on a code host or in the docs cannot silently go
-stale: edit a notebook, then rerun this script on it.
+otherwise), and is written back with its outputs (each notebook seeds its own random draws;
+figures as PNG in a 256-colour palette, to keep the repository small), a closing note of
+the machine and the time it took, and in its metadata (``metadata.opsplit``) the SHA-256
+of its code cells.  tests/test_notebooks.py fails when a stored notebook's code cells no
+longer have that hash -- a cell was edited after the outputs were stored -- so the outputs
+on a code host or in the docs cannot silently go stale: edit a notebook, then rerun this
+script on it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,26 @@ def stale(nb) -> str | None:
     return None
 
 
+def shrink_figures(nb) -> None:
+    """Store each PNG figure with a 256-colour palette (a plot's colours fit; about a third
+    of the bytes of matplotlib's RGBA file, the same pixels count), when that is smaller."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            data = o.get("data", {})
+            if "image/png" not in data:
+                continue
+            raw = base64.b64decode(data["image/png"])
+            buf = io.BytesIO()
+            Image.open(io.BytesIO(raw)).convert("RGB").quantize(256).save(buf, "PNG", optimize=True)
+            if buf.tell() < len(raw):
+                data["image/png"] = base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -90,6 +111,7 @@ def store(path: Path, verbose: bool = True) -> float:
     seconds = time.perf_counter() - t0
     for c in nb.cells:  # no per-cell timestamps: a rerun changes only what the code prints
         c.metadata.pop("execution", None)
+    shrink_figures(nb)
     nb.cells = [c for c in nb.cells if NOTE_TAG not in c.metadata.get("tags", [])]
     meta = {"code_sha256": code_hash(nb), "name": path.stem, "seconds": round(seconds, 1),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}

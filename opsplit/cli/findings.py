@@ -108,41 +108,43 @@ def _orders(t, page, rows, label, what: str, also=()) -> list:
     scheme; else local orders still rising say pre-asymptotic)."""
     items = []
     for r in rows:
-        order, hi = t.number(r, "order"), t.number(r, "ci95_high")
-        theory = t.number(r, "theory")
-        if not (_finite(order) and _finite(theory)):
-            continue
-        items.append((label(r), r, order, hi, theory, order_verdict(order, hi, theory)))
+        order, hi, theory = t.number(r, "order"), t.number(r, "ci95_high"), t.number(r, "theory")
+        if _finite(order) and _finite(theory):
+            items.append({"label": label(r), "row": r, "order": order, "ci95_high": hi, "theory": theory,
+                          "verdict": order_verdict(order, hi, theory),
+                          "local_orders": _local_orders(r.get("local orders", ""))})
+
+    def numbers(group):
+        return {i["label"]: {k: i[k] for k in ("order", "ci95_high", "theory", "verdict", "local_orders")}
+                for i in group}
+
     out = []
-    met = [i for i in items if i[5] == "met"]
+    met = [i for i in items if i["verdict"] == "met"]
     if met:
         out.append(Finding(
             f"Fitted order {what} against theory, met: "
-            + ", ".join(f"{lab} {fmt(r['order'])} (theory {fmt(r['theory'])})" for lab, r, *_ in met) + ".",
-            t.file, {lab: {"order": o, "ci95_high": h, "theory": th, "verdict": v} for lab, r, o, h, th, v in met},
-            also))
+            + ", ".join(f"{i['label']} {fmt(i['row']['order'])} (theory {fmt(i['row']['theory'])})" for i in met)
+            + ".", t.file, numbers(met), also))
     below: dict = {}
-    for lab, r, o, h, th, v in items:
-        if v != "below":
+    for i in items:
+        if i["verdict"] != "below":
             continue
-        local = _local_orders(r.get("local orders", ""))
-        note = page.note(f"{lab.split(' / ')[0]}-note")
+        local = i["local_orders"]
+        note = page.note(f"{i['label'].split(' / ')[0]}-note")
         if note is not None and note.get("summary"):
             reason, link = note["summary"], (note["anchor"],)
         elif len(local) >= 2 and all(a < b for a, b in zip(local, local[1:])):
             reason, link = "the local orders still rise towards the theory (pre-asymptotic)", ()
         else:
             reason, link = "", ()
-        below.setdefault((reason, link), []).append((lab, r, o, h, th, v, local))
+        below.setdefault((reason, link), []).append(i)
     for (reason, link), group in below.items():
-        parts = []
-        for lab, r, o, h, th, v, local in group:
-            extra = f"; local orders {r['local orders']}" if local else ""
-            parts.append(f"{lab} {fmt(r['order'])} (theory {fmt(r['theory'])}{extra})")
+        parts = [f"{i['label']} {fmt(i['row']['order'])} (theory {fmt(i['row']['theory'])}"
+                 + (f"; local orders {i['row']['local orders']}" if i["local_orders"] else "") + ")"
+                 for i in group]
         out.append(Finding(
-            f"Fitted order {what} against theory, below: " + ", ".join(parts) + (f": {reason}" if reason else "") + ".",
-            t.file, {lab: {"order": o, "ci95_high": h, "theory": th, "verdict": v, "local_orders": local}
-                     for lab, r, o, h, th, v, local in group}, (*also, *link)))
+            f"Fitted order {what} against theory, below: " + ", ".join(parts) + (f": {reason}" if reason else "")
+            + ".", t.file, numbers(group), (*also, *link)))
     return out
 
 

@@ -263,7 +263,7 @@ def _arranged(blocks: list):
 
 def _links(page: Page, finding, md: bool) -> str:
     out = []
-    for i, f in enumerate((finding.target, *finding.also)):
+    for f in (finding.target, *finding.also):
         a = page.anchor_of(f) if f else None
         if a is None:
             continue
