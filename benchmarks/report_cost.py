@@ -11,9 +11,10 @@ Each repeat runs ``python -m opsplit --no-progress --out <tmp>`` (the README's f
 command; one torch thread, ``OMP_WAIT_POLICY=PASSIVE``, the command's default) once with
 each checkout first on ``PYTHONPATH``, alternating which goes first (A B B A ...), each in a
 fresh process, so that a load that changes during the benchmark affects both alike.
-Prints each pair with the 1-minute load average, the median wall time of each side, the
-median of the paired ratios (this / base), and the seconds the job itself reports ("done in
-N s"), and the time of writing the report alone (``opsplit report`` on the last folder).
+Prints each pair with the 1-minute load average; the median wall time and CPU time (user +
+system of the process, less sensitive to the machine's load) of each side and the seconds
+the job itself reports ("done in N s"); the medians of the paired ratios (this / base); and
+the time of writing the report alone (``write_report`` on the last folder).
 """
 
 from __future__ import annotations
@@ -30,17 +31,33 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def run(tree: str, args: list, out: str) -> tuple[float, float]:
+def run(tree: str, args: list, out: str) -> tuple[float, float, float]:
+    """``(wall seconds, CPU seconds of the process, the job's own "done in" seconds)``."""
     env = dict(os.environ, PYTHONPATH=tree, OMP_WAIT_POLICY="PASSIVE")
     env.pop("OMP_NUM_THREADS", None)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "opsplit", "--no-progress", *args, "--out", out], env=env,
-                       capture_output=True, text=True, cwd=tempfile.gettempdir())
+    proc = subprocess.Popen([sys.executable, "-m", "opsplit", "--no-progress", *args, "--out", out], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+    stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"{tree}: exit {r.returncode}\n{r.stderr[-2000:]}")
-    m = re.search(r"done in (\d+) s", r.stdout)
-    return wall, float(m.group(1)) if m else float("nan")
+    if proc.returncode != 0:
+        raise SystemExit(f"{tree}: exit {proc.returncode}\n{stderr[-2000:]}")
+    cpu = _cpu_of(proc)
+    m = re.search(r"done in (\d+) s", stdout)
+    return wall, cpu, float(m.group(1)) if m else float("nan")
+
+
+_CHILDREN = [0.0]
+
+
+def _cpu_of(proc) -> float:
+    """CPU seconds (user + system) of the child just reaped (the growth of RUSAGE_CHILDREN)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = r.ru_utime + r.ru_stime
+    cpu, _CHILDREN[0] = total - _CHILDREN[0], total
+    return cpu
 
 
 def main(argv=None) -> int:
@@ -54,8 +71,9 @@ def main(argv=None) -> int:
     trees = {"this": os.path.abspath(a.this), "base": os.path.abspath(a.base)}
     args = ["--quick"] if a.quick else []
     walls = {k: [] for k in trees}
+    cpus = {k: [] for k in trees}
     inner = {k: [] for k in trees}
-    ratios = []
+    ratios, cpu_ratios = [], []
     with tempfile.TemporaryDirectory(prefix="opsplit-report-cost-") as tmp:
         for i in range(a.repeats):
             order = ["this", "base"] if i % 2 == 0 else ["base", "this"]
@@ -63,11 +81,14 @@ def main(argv=None) -> int:
             for k in order:
                 got[k] = run(trees[k], args, os.path.join(tmp, f"{k}-{i}"))
                 walls[k].append(got[k][0])
-                inner[k].append(got[k][1])
+                cpus[k].append(got[k][1])
+                inner[k].append(got[k][2])
             ratios.append(got["this"][0] / got["base"][0])
+            cpu_ratios.append(got["this"][1] / got["base"][1])
             load = os.getloadavg()[0]
-            print(f"pair {i + 1}: this {got['this'][0]:.1f} s, base {got['base'][0]:.1f} s, ratio "
-                  f"{ratios[-1]:.3f} (load {load:.1f})", flush=True)
+            print(f"pair {i + 1}: wall this {got['this'][0]:.1f} s, base {got['base'][0]:.1f} s, ratio "
+                  f"{ratios[-1]:.3f}; CPU this {got['this'][1]:.1f} s, base {got['base'][1]:.1f} s, ratio "
+                  f"{cpu_ratios[-1]:.3f} (load {load:.1f})", flush=True)
         last = os.path.join(tmp, f"this-{a.repeats - 1}")
         env = dict(os.environ, PYTHONPATH=trees["this"])
         t0 = time.perf_counter()
@@ -76,10 +97,11 @@ def main(argv=None) -> int:
                         "print(time.perf_counter() - t)", last], env=env, check=True, capture_output=True)
         report_s = time.perf_counter() - t0
     for k in trees:
-        print(f"{k}: median wall {statistics.median(walls[k]):.1f} s, job's own 'done in' median "
-              f"{statistics.median(inner[k]):.0f} s over {a.repeats} runs")
-    print(f"median of the paired ratios this / base: {statistics.median(ratios):.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+        print(f"{k}: median wall {statistics.median(walls[k]):.1f} s, CPU {statistics.median(cpus[k]):.1f} s, "
+              f"job's own 'done in' median {statistics.median(inner[k]):.0f} s over {a.repeats} runs")
+    print(f"median of the paired ratios this / base: wall {statistics.median(ratios):.3f} "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f}); CPU {statistics.median(cpu_ratios):.3f} "
+          f"(min {min(cpu_ratios):.3f}, max {max(cpu_ratios):.3f})")
     print(f"writing the report alone (opsplit.cli.output.write_report, with Python start-up): {report_s:.2f} s")
     return 0
 

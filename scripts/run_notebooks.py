@@ -102,12 +102,13 @@ def _note(meta: dict) -> str:
             f"{m['torch']}. Timings printed above are of that machine.*")
 
 
-def store(path: Path, verbose: bool = True) -> float:
-    """Execute ``path`` in full and write it back with its outputs; returns the seconds."""
+def store(path: Path, verbose: bool = True, timeout: int = 3600) -> float:
+    """Execute ``path`` in full and write it back with its outputs; returns the seconds.
+    ``timeout``: seconds one cell may take (a training cell on a loaded machine is slow)."""
     import nbformat
 
     t0 = time.perf_counter()
-    nb = build_docs.execute(path, quick=False)
+    nb = build_docs.execute(path, timeout=timeout, quick=False)
     seconds = time.perf_counter() - t0
     for c in nb.cells:  # no per-cell timestamps: a rerun changes only what the code prints
         c.metadata.pop("execution", None)
@@ -133,6 +134,7 @@ def main(argv=None) -> int:
     p.add_argument("names", nargs="*", help="notebooks by name (a_convergence or examples/a_convergence.ipynb); "
                    "default: all")
     p.add_argument("--check", action="store_true", help="only report stale notebooks")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds one cell may take (default 3600)")
     a = p.parse_args(argv)
     paths = build_docs.notebooks()
     if a.names:
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the timings a notebook prints: one thread, as the CLI
     print(f"executing {len(paths)} notebook(s) in full ...", flush=True)
     for q in paths:
-        store(q)
+        store(q, timeout=a.timeout)
     return 0
 
 

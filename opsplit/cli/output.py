@@ -218,7 +218,7 @@ class Output:
         import matplotlib.pyplot as plt
 
         path = self.folder / f"{name}.png"
-        fig.savefig(path, dpi=DPI)
+        fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.08)  # a margin round the labels
         plt.close(fig)
         b = {"type": "figure", "file": path.name, "caption": caption}
         if kind is not None:

@@ -63,7 +63,7 @@ def training_curve(steps: list, epochs: list):
     a1.set_xlabel("optimizer step")
     a1.set_ylabel("cross-entropy (nats)")
     a1.set_title("loss", fontsize=11)
-    a1.legend(fontsize=8, loc="upper right", framealpha=0.9)
+    a1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, fontsize=8, frameon=False)  # below the axes
     a2.set_xlabel("optimizer step")
     a2.set_ylabel("test accuracy (fraction correct)")
     a2.set_title("held-out accuracy per evaluated epoch", fontsize=11)
@@ -78,8 +78,10 @@ def accuracy_vs_n_t(evals: list, trained_at: int):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=SIZE, layout="constrained")
-    ax.semilogx([r["n_t"] for r in evals], [r["test_accuracy"] for r in evals], "o-", base=2,
-                label="test accuracy")
+    ns = [r["n_t"] for r in evals]
+    ax.semilogx(ns, [r["test_accuracy"] for r in evals], "o-", base=2, label="test accuracy")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.minorticks_off()
     ax.axvline(trained_at, color="gray", ls=":", label=f"trained at N_t = {trained_at}")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
