@@ -90,6 +90,7 @@ def machine() -> dict:
     import torch
 
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS", ""),
+            "load": round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None,
             "system": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
             "torch": torch.__version__}
 
@@ -99,7 +100,8 @@ def _note(meta: dict) -> str:
     return (f"*Stored outputs: executed top to bottom by `python scripts/run_notebooks.py "
             f"{meta['name']}` on {meta['date']} in {meta['seconds']:.0f} s: {m['cpu']}, {m['cores']} cores, "
             f"{m['threads'] or 'default'} torch thread(s), {m['system']}, Python {m['python']}, torch "
-            f"{m['torch']}. Timings printed above are of that machine.*")
+            f"{m['torch']}; load average {m.get('load')} when it started (other work on the machine). Timings "
+            f"printed above are of that machine at that load.*")
 
 
 def store(path: Path, verbose: bool = True, timeout: int = 3600) -> float:
@@ -107,6 +109,7 @@ def store(path: Path, verbose: bool = True, timeout: int = 3600) -> float:
     ``timeout``: seconds one cell may take (a training cell on a loaded machine is slow)."""
     import nbformat
 
+    started = machine()
     t0 = time.perf_counter()
     nb = build_docs.execute(path, timeout=timeout, quick=False)
     seconds = time.perf_counter() - t0
@@ -115,7 +118,7 @@ def store(path: Path, verbose: bool = True, timeout: int = 3600) -> float:
     shrink_figures(nb)
     nb.cells = [c for c in nb.cells if NOTE_TAG not in c.metadata.get("tags", [])]
     meta = {"code_sha256": code_hash(nb), "name": path.stem, "seconds": round(seconds, 1),
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": started}
     nb.cells.append(nbformat.v4.new_markdown_cell(_note(meta), metadata={"tags": [NOTE_TAG]}))
     nb.metadata[KEY] = meta
     nb.metadata.pop("widgets", None)
