@@ -52,6 +52,7 @@ CHECK_JS = r"""
   const details = Array.from(document.querySelectorAll('details'));
   const wasOpen = details.map(d => d.open);
   const overflowFolded = overflow();
+  const heightFolded = de.scrollHeight;
   details.forEach(d => d.open = true);
   const overflowUnfolded = overflow();
   const firstTable = document.querySelector('table');
@@ -73,7 +74,8 @@ CHECK_JS = r"""
       .map(a => decodeURIComponent(a.getAttribute('href').slice(1)))
       .filter(id => id && !document.getElementById(id)),
     viewport: [window.innerWidth, window.innerHeight],
-    pageHeight: de.scrollHeight,
+    pageHeight: heightFolded,
+    pageHeightUnfolded: de.scrollHeight,
   };
   details.forEach((d, k) => d.open = wasOpen[k]);
   return result;
@@ -247,6 +249,20 @@ def problems(result: dict) -> list:
     return out
 
 
+def shrink_png(path) -> None:
+    """Store a screenshot in a 256-colour palette (a page's colours fit; about half the
+    bytes), when that is smaller."""
+    import io
+
+    from PIL import Image
+
+    raw = Path(path).read_bytes()
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(raw)).convert("RGB").quantize(256).save(buf, "PNG", optimize=True)
+    if buf.tell() < len(raw):
+        Path(path).write_bytes(buf.getvalue())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--page", type=Path, help="check this report.html instead of running a job")
@@ -264,6 +280,8 @@ def main(argv=None) -> int:
             page = folder / "report.html"
         shots = {a.out / "report_top.png": None, a.out / "report_training.png": "s-training"}
         result = check_page(page, shots)
+    for shot in shots:
+        shrink_png(shot)  # committed in docs/figures: keep the repository small
     print(json.dumps(result, indent=1))
     bad = problems(result)
     for x in bad:
