@@ -91,11 +91,16 @@ def order_verdict(order: float, ci_high: float, theory: float) -> str:
     return "met" if best >= theory - TOL else "below"
 
 
-def _local_orders(text: str):
-    try:
-        return [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        return []
+def _local_orders(text: str) -> list:
+    """The local orders of a comparison row ("0.38, 0.50, -": NaN where undefined)."""
+    out = []
+    for x in str(text).split(","):
+        if x.strip():
+            try:
+                out.append(float(x))
+            except ValueError:
+                out.append(float("nan"))
+    return out
 
 
 def _greek(variable: str) -> str:
