@@ -672,8 +672,6 @@ def fit(cfg, model, folder: Path, progress: bool = True, allow=False):
 
 
 def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
-    import matplotlib.pyplot as plt
-
     m, t = cfg["model"], cfg["train"]
     model = plan["model"]
     sub = out.folder / f"{prefix}train"
@@ -701,32 +699,7 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
     )
     epochs = [{k: r.get(k) for k in ("epoch", "step", "train_loss", "eval_loss", "eval_accuracy",
                                      "time")} for r in history.epochs]
-    out.table(f"{prefix}train_epochs", epochs, title="training history (per evaluated epoch)")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
-    steps = history.steps
-    a1.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8, label="training loss J")
-    if epochs:
-        a1.plot([r["step"] for r in epochs], [r["eval_loss"] for r in epochs], "o-",
-                label="test loss")
-    a1.set_xlabel("optimizer step")
-    a1.set_ylabel("cross-entropy")
-    a1.legend()
-    a1.set_title("training curve")
-    if epochs:
-        a2.plot([r["epoch"] for r in epochs], [r["eval_accuracy"] for r in epochs], "o-")
-    a2.set_xlabel("epoch")
-    a2.set_ylabel("test accuracy")
-    a2.set_title("held-out accuracy")
-    out.figure(fig, f"{prefix}training_curve", "the training curve: loss per step, test loss "
-               "and accuracy per evaluated epoch")
-    out.link(f"{sub.name}/curves.png", "the trainer's own plot of its history (opsplit.control)")
-    out.table(f"{prefix}eval_n_t", evals, title=f"test accuracy at other N_t (trained at N_t = "
-              f"{m['n_steps']})")
-    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    ax.semilogx([r["n_t"] for r in evals], [r["test_accuracy"] for r in evals], "o-", base=2)
-    ax.axvline(m["n_steps"], color="gray", ls=":", label=f"trained at N_t = {m['n_steps']}")
-    ax.set_xlabel("N_t at evaluation")
-    ax.set_ylabel("test accuracy")
-    ax.legend()
-    out.figure(fig, f"{prefix}accuracy_vs_n_t", "the trained model evaluated at other N_t")
+    from .train_report import report_training
+
+    report_training(out, prefix, sub.name, history.steps, epochs, evals, m["n_steps"])
     return trainer, history, evals

@@ -229,6 +229,11 @@ CASES = rows(
     ("report-block-escapes", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].file: expected a path inside the folder, got '../x.csv'", manifest({"blocks": [{"type": "table", "file": "../x.csv"}]})),
     ("report-csv-binary", ["report", "{tmp}/r"], "r/t.csv: expected a CSV table (UTF-8 text), found byte 0xff", {"r/t.csv": b"a,b\n\xff,1\n"}),
     ("report-block-caption", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].caption: expected a string, got 7", manifest({"blocks": [{"type": "figure", "file": "p.png", "caption": 7}]})),
+    ("report-block-kind", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].kind: expected a string, got 1", manifest({"blocks": [{"type": "table", "file": "t.csv", "kind": 1}]})),
+    ("report-block-anchor", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].anchor: expected a name of letters, digits", manifest({"blocks": [{"type": "text", "text": "a", "anchor": "a b"}]})),
+    ("report-block-notes", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].notes: expected an object of column -> sentence", manifest({"blocks": [{"type": "table", "file": "t.csv", "notes": ["x"]}]})),
+    ("report-block-key", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].key: expected true or false, got 'yes'", manifest({"blocks": [{"type": "table", "file": "t.csv", "key": "yes"}]})),
+    ("report-block-files", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].files: expected a list of paths inside the folder", manifest({"blocks": [{"type": "files", "text": "", "files": ["/etc/passwd"]}]})),
 )
 
 
