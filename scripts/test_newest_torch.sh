@@ -3,8 +3,6 @@
 # scripts/test.sh, which tests the pinned torch==2.13.0): a fresh virtualenv in
 # .venv-newest-torch/, torch installed from the range itself (pip picks the newest release it
 # can get), then scripts/test.sh there. Arguments go to pytest.
-# OPSPLIT_PREPARE_ONLY=1 prepares the virtualenv (torch, opsplit and its test dependencies) and
-# stops before the suite (.ci/run does that first, then runs the two suites side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,8 +16,4 @@ PY
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet "$RANGE"
 "$VENV/bin/python" -c "import torch; print('newest torch in the range $RANGE:', torch.__version__)"
-if [ -n "${OPSPLIT_PREPARE_ONLY:-}" ]; then
-  PYTHON="$VENV/bin/python" bash scripts/install.sh test
-  exit 0
-fi
 PYTHON="$VENV/bin/python" bash scripts/test.sh "$@"
