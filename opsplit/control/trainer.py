@@ -68,6 +68,7 @@ from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
 from .objective import Objective
 from .paths import check_out_dir, check_path
+from .resolution import draw_n_steps
 
 __all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
 
@@ -162,6 +163,7 @@ class Trainer:
             raise TypeError(f"Trainer.config: expected a TrainConfig or a dict, got {type(config).__name__}")
         # the trainer's own copy, frozen: the optimizer and the schedule are built from it
         self.config = config.replace(**overrides)
+        self.config.check_consistent()
         self.config._freeze("Trainer")
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -521,8 +523,7 @@ class Trainer:
             x = self.augment(x, self.generator)
         kw = {}
         if c.train_n_steps is not None:
-            pick = int(torch.randint(len(c.train_n_steps), (), generator=self.generator))
-            kw["n_steps"] = c.train_n_steps[pick]
+            kw["n_steps"] = draw_n_steps(c.train_n_steps, c.train_n_steps_weights, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
         loss_ok = bool(torch.isfinite(val.total))
