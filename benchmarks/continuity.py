@@ -60,6 +60,9 @@ VARIANTS = {
     "pl_multi_cost_2_16": {"control": "piecewise_linear", "train_n_steps": (2, 4, 8, 16), "weights": "cost"},
     "heun2": {"solver": "heun", "train_n_steps": (2,), "reference": 2},
     "multi_cost_2_16_kin0.1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 0.1},
+    "multi_cost_2_16_kin0.3": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 0.3},
+    "multi_cost_2_16_kin1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 1.0},
+    "kin0.3": {"kinetic": 0.3},
     "multi_cost_2_16_acc0.1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "acceleration": 0.1},
 }
 
@@ -138,7 +141,7 @@ def summary(res: dict) -> str:
     cells = " ".join(f"{n}:{100 * acc(tr, n):.2f}" for n in ns)
     return (f"{res['variant']:>24} e{res['epochs']} s{res['split']}  train {res['train_s']:6.1f}s  "
             f"ref {100 * ref:.2f}  [{cells}]  heun@N {100 * acc('heun', 4):.2f} rk4@N {100 * acc('rk4', 4):.2f} "
-            f"rk4@16 {100 * acc('rk4', 16):.2f}  order {c['order']:.2f}  err {['%.2g' % e for e in c['errors']]}")
+            f"rk4@16 {100 * acc('rk4', 16):.2f}  order {c['order']:.2f}  err {[f'{e:.2g}' for e in c['errors']]}")
 
 
 def timing(args, names, pairs: int) -> dict:

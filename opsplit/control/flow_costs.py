@@ -39,7 +39,7 @@ import contextlib
 import torch
 from torch import Tensor, nn
 
-__all__ = ["FlowRecorder", "record_flow", "FLOW_COSTS"]
+__all__ = ["FlowRecorder", "record_flow", "FLOW_COSTS", "check_flow_costs"]
 
 #: the state running costs (weights of :class:`~opsplit.control.Objective`)
 FLOW_COSTS = ("kinetic", "acceleration")
@@ -120,6 +120,24 @@ class FlowRecorder:
             ref = next(iter(p.parameters()), None)
             return torch.zeros((), dtype=ref.dtype if ref is not None else torch.get_default_dtype())
         return total
+
+
+def check_flow_costs(objective, model: nn.Module) -> None:
+    """Before training: an objective with a flow cost needs a propagator in ``model`` and the
+    plain time loop (the checkpointed loop would record its recomputed steps again)."""
+    from ..propagator import Propagator
+
+    active = [k for k in FLOW_COSTS if getattr(objective, k, 0.0)]
+    if not active:
+        return
+    props = [m for m in model.modules() if isinstance(m, Propagator)]
+    if not props:
+        raise ValueError(f"Objective.{active[0]}: the model holds no opsplit Propagator whose trajectory the flow "
+                         "cost could measure")
+    if any(p.checkpoint_every for p in props):
+        raise ValueError(f"Objective.{active[0]}: a flow cost reads every step of the forward solve, and the "
+                         "checkpointed time loop (gradient='checkpoint', or 'adjoint' with snapshots) recomputes "
+                         "steps; train with gradient='backprop'")
 
 
 @contextlib.contextmanager

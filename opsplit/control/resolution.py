@@ -49,7 +49,9 @@ def check_weights(w, n: int | None, name: str):
         return None
     if w == "cost":
         return "cost"
-    if isinstance(w, (str, bytes)) or not isinstance(w, (tuple, list)) or not w:
+    if isinstance(w, str):
+        raise ValueError(f"{name}: expected None, 'uniform', 'cost' or a list of weights > 0, got {w!r}")
+    if isinstance(w, bytes) or not isinstance(w, (tuple, list)) or not w:
         raise TypeError(f"{name}: expected None, 'uniform', 'cost' or a list of weights > 0, got {w!r}")
     out = []
     for x in w:

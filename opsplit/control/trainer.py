@@ -64,6 +64,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig, check_int, config_changes
 from .distributed import any_rank, check_data_parallel
+from .flow_costs import check_flow_costs
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
 from .objective import Objective
@@ -437,6 +438,7 @@ class Trainer:
                 out = check_out_dir(out_dir, "Trainer.fit.out_dir")
             previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
                                          snapshots=c.checkpoint_snapshots)
+            check_flow_costs(self.objective, self.model)
             if resume is not None:
                 self.load(resume, allow_changes=allow, _total_steps=self._total_steps)
             else:
