@@ -63,6 +63,15 @@ VARIANTS = {
     "multi_cost_2_16_kin0.3": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 0.3},
     "multi_cost_2_16_kin1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 1.0},
     "kin0.3": {"kinetic": 0.3},
+    "kin1_def1": {"kinetic": 1.0, "defect": 1.0},
+    "mc216_kin0.3_def1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 0.3, "defect": 1.0},
+    "mc216_kin1_def1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 1.0, "defect": 1.0},
+    "mc248_kin1": {"train_n_steps": (2, 4, 8), "weights": "cost", "kinetic": 1.0},
+    "kin3": {"kinetic": 3.0},
+    "defect0.1": {"defect": 0.1},
+    "defect1": {"defect": 1.0},
+    "multi_cost_2_16_defect0.1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "defect": 0.1},
+    "multi_cost_2_16_defect1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "defect": 1.0},
     "multi_cost_2_16_acc0.1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "acceleration": 0.1},
 }
 
@@ -80,7 +89,8 @@ def build(args, v: dict):
 
 def objective(v: dict) -> Objective:
     return Objective("cross_entropy", smoothness=v.get("smoothness", 0.0), kinetic=v.get("kinetic", 0.0),
-                     acceleration=v.get("acceleration", 0.0))
+                     acceleration=v.get("acceleration", 0.0), defect=v.get("defect", 0.0),
+                     defect_fraction=v.get("defect_fraction", 0.25))
 
 
 def train_config(args, v: dict) -> TrainConfig:
@@ -144,26 +154,30 @@ def summary(res: dict) -> str:
             f"rk4@16 {100 * acc('rk4', 16):.2f}  order {c['order']:.2f}  err {[f'{e:.2g}' for e in c['errors']]}")
 
 
-def timing(args, names, pairs: int) -> dict:
-    """One training step of each variant on the same batch, interleaved, ``pairs`` rounds;
-    median of the per-round ratios to the first variant (the baseline)."""
+def timing(args, names, rounds: int, chunk: int = 23) -> dict:
+    """Training cost of each variant against the first (the baseline): each round runs
+    ``chunk`` optimizer steps (one epoch of the recipe: 23 batches of 64) of every variant
+    in turn on the same batches, each variant drawing its own N_t; the median over
+    ``rounds`` of the per-round time ratios to the first variant."""
+    from opsplit.data import TensorData
+
     a = td.settings(epochs=1, split_seed=args.split, seed=args.seed)
     train, _ = load_digits(seed=args.split)
-    x, y = train[torch.arange(a.batch)]
     runs = {}
     for name in names:
         v = VARIANTS[name]
         m = build(a, v)
         tr = Trainer(m, objective(v), train_config(a, v), augment=td.augment(a))
-        runs[name] = (tr, x, y)
+        tr.model.train()
+        runs[name] = tr
+    batches = [torch.arange(i * a.batch, (i + 1) * a.batch) % len(train) for i in range(chunk)]
+    data = TensorData(train.inputs, train.targets)
     times = {k: [] for k in runs}
-    for _ in range(pairs + 1):
-        for k, (tr, x, y) in runs.items():
-            from opsplit.data import TensorData
-
-            d = TensorData(x, y)
+    for _ in range(rounds + 1):
+        for k, tr in runs.items():
             t = time.perf_counter()
-            tr._train_step(d, torch.arange(len(y)))
+            for idx in batches:
+                tr._train_step(data, idx)
             times[k].append(time.perf_counter() - t)
     base = names[0]
     out = {}
@@ -184,12 +198,27 @@ def main(argv=None):
     p.add_argument("--schemes", nargs="+", default=["trained"])
     p.add_argument("--out", default="benchmarks/out/continuity")
     p.add_argument("--report", action="store_true")
+    p.add_argument("--reanalyse", action="store_true", help="recompute the continuity tables of the saved runs "
+                   "of --variants (--epochs, --split) from their weights")
     p.add_argument("--timing", type=int, default=0, help="paired step timing, this many rounds")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.report:
         for f in sorted(Path(args.out).glob("*.json")):
             print(summary(json.loads(f.read_text())))
+        return
+    if args.reanalyse:
+        for name in args.variants:
+            v = VARIANTS[name]
+            stem = str(Path(args.out) / f"{name}_e{args.epochs}_s{args.split}")
+            res = json.loads(Path(stem + ".json").read_text())
+            a = td.settings(epochs=args.epochs, split_seed=args.split, seed=args.seed)
+            model = build(a, v)
+            model.load_state_dict(torch.load(stem + ".pt"))
+            args.n_steps = v.get("reference", a.n_steps)
+            res["continuity"] = analyse(model, load_digits(seed=args.split)[1], args)
+            Path(stem + ".json").write_text(json.dumps(res, indent=1))
+            print(summary(res), flush=True)
         return
     if args.timing:
         print(json.dumps(timing(args, args.variants, args.timing), indent=1), f"load {os.getloadavg()}")

@@ -111,8 +111,9 @@ class Propagator(nn.Module):
         self._step_hooks: OrderedDict = OrderedDict()
 
     def register_step_hook(self, hook):
-        """Call ``hook(propagator, t, dt, u_before, u_after)`` after every step of
-        :meth:`forward`'s time loop (fixed steps; not the adaptive solve): what a running
+        """Call ``hook(propagator, t, dt, u_before, u_after, grid)`` after every step of
+        :meth:`forward`'s time loop (fixed steps; not the adaptive solve; ``grid`` is the grid
+        of ``u_after``): what a running
         cost on the trajectory reads (:mod:`opsplit.control.flow_costs`), recorded by
         autograd like the step itself.  A propagator with step hooks refuses the
         checkpointed time loop (its recomputation would call them again).  Returns a handle
@@ -195,7 +196,7 @@ class Propagator(nn.Module):
                 u, g = self.scheme.advance(times[n], times[n + 1] - times[n], u, g)
                 if hooks:
                     for hook in list(hooks.values()):
-                        hook(self, times[n], times[n + 1] - times[n], before, u)
+                        hook(self, times[n], times[n + 1] - times[n], before, u, g)
                 if traj is not None:
                     traj.append(u)
         if check_finite_input:

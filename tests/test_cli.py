@@ -355,9 +355,14 @@ def test_train_tiny_config(tmp_path):
     assert main(["train", "--config", _toml(tmp_path, TRAIN), "--out", str(out), "--no-progress"]) == 0
     steps = _rows(out / "train" / "steps.csv")
     assert len(steps) == 2 * 4  # 64 images / 16 per step, 2 epochs
-    evals = _rows(out / "eval_n_t.csv")
-    assert [int(r["n_t"]) for r in evals] == [1, 2, 4]
-    assert all(0.0 <= float(r["test_accuracy"]) <= 1.0 for r in evals)
+    evals = _rows(out / "continuity.csv")  # the solver-swap table (opsplit.analysis.continuity)
+    own = [r for r in evals if r["solver"] == "euler"]
+    assert [int(r["n_t"]) for r in own] == [1, 2, 4]
+    assert [r["training grid"] for r in own] == ["", "yes", ""]
+    assert {(r["solver"], int(r["n_t"])) for r in evals if r["solver"] != "euler"} == \
+        {("heun", 2), ("heun", 4), ("rk4", 2), ("rk4", 4)}
+    assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in evals)
+    assert (out / "continuity.png").stat().st_size > 1000
     assert (out / "training_curve.png").stat().st_size > 1000
     assert "training_curve.png" in (out / "report.md").read_text()
 

@@ -14,7 +14,7 @@ from opsplit.analysis import continuity, solved_with, strang_of
 from opsplit.data import TensorData
 from opsplit.operators import FFNIntegral
 from opsplit.schemes import Hybrid, Lie, Strang
-from opsplit.solvers import RK4, ExplicitEuler, Heun, Substep
+from opsplit.solvers import ExplicitEuler, Heun, Substep
 
 D = torch.float64
 E = torch.linalg.matrix_exp
@@ -106,7 +106,19 @@ def test_two_terms_lie_first_order_strang_heun_second_order():
     assert c2.reference["solver"] == "heun" and c2.reference["scheme"] == "strang"
 
 
-def test_swap_reaches_a_hybrid_parallel_group_and_strang_of_hybrid_is_the_symmetric_composition():
+def _rk4(u, A, h):
+    k1 = u @ A
+    k2 = (u + h / 2 * k1) @ A
+    k3 = (u + h / 2 * k2) @ A
+    k4 = (u + h * k3) @ A
+    return u + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+
+def test_solver_swap_of_a_hybrid_scheme_advances_each_group_unsplit():
+    """RK4 in place of Euler: each parallel group's terms advanced together by RK4 (their sum),
+    the groups in sequence; Euler in place of Heun: the group's scaled copies follow (the
+    parallel group with Euler substeps is Euler on the sum); Strang of the hybrid scheme:
+    half a step of the group, a step of the rest, half again."""
     W1, W2, W3 = _mats(3, seed=7)
     f = _data(W1 + W2 + W3).inputs
 
@@ -116,11 +128,18 @@ def test_swap_reaches_a_hybrid_parallel_group_and_strang_of_hybrid_is_the_symmet
 
     model = hybrid(ExplicitEuler())
     before = model(f)
+    h = 1.0 / 5
+    want = f
+    for _ in range(5):
+        want = _rk4(_rk4(want, W1 + W2, h), W3, h)
     with torch.no_grad(), solved_with(model, solver="rk4"):
-        swapped = model(f, n_steps=5)
-    torch.testing.assert_close(swapped, hybrid(RK4())(f, n_steps=5), rtol=0, atol=0)
-    torch.testing.assert_close(model(f), before, rtol=0, atol=0)  # restored, the group's copies too
-    # Strang of the hybrid scheme: half a parallel step of {W1, W2}, a step of W3, half again
+        torch.testing.assert_close(model(f, n_steps=5), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model(f), before, rtol=0, atol=0)  # restored
+    assert type(model.scheme) is Hybrid
+    heun = hybrid(Heun())
+    with torch.no_grad(), solved_with(heun, solver="euler"):
+        torch.testing.assert_close(heun(f, n_steps=4), hybrid(ExplicitEuler())(f, n_steps=4), rtol=0, atol=0)
+    assert all(type(s.solver) is Heun for s in heun.scheme.substeps)
     h = 1.0 / 3
     u = f
     for _ in range(3):

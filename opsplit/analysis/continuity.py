@@ -103,22 +103,66 @@ def _as_solver(solver, where: str):
     raise ValueError(f"{where}: expected one of {SOLVERS} or an opsplit Solver, got {solver!r}")
 
 
-def strang_of(scheme: nn.Module):
-    """The Strang splitting of the terms of ``scheme``, on the same substeps (shared
-    operators, controls and solvers): a Lie, parallel or Strang scheme's substeps in their
-    order; a hybrid scheme's groups as the terms (a group of several substeps advanced by
-    one parallel step of its own, :class:`~opsplit.schemes.SchemeFlow`).  Other schemes
+def _groups(scheme):
+    """The parallel groups of a hybrid or parallel scheme (index tuples), else ``None``."""
+    from ..schemes import Hybrid, Parallel
+
+    if type(scheme) is Hybrid:
+        if any(scheme._transfers):
+            raise ValueError("solved_with: a hybrid scheme with grid transfers cannot be rebuilt")
+        return [tuple(g) for g in scheme.groups]
+    if type(scheme) is Parallel:
+        return [tuple(range(len(scheme.substeps)))]
+    return None
+
+
+def _units(scheme, solver):
+    """The terms of a hybrid / parallel ``scheme`` as sequential units: each group of several
+    substeps one substep of all its operators advanced together by ``solver`` (the unsplit
+    group: their fields summed), a single substep with ``solver``; ``None`` when ``solver``
+    cannot advance a group's operators together (explicit Euler takes one: there the
+    parallel group *is* Euler on the sum, eq. 59) or a group holds a substep without a field
+    solver."""
+    from ..solvers import Substep
+
+    units = []
+    for g in _groups(scheme):
+        subs = [scheme.substeps[i] for i in g]
+        if any(getattr(s.solver, "requires", None) != "field" for s in subs):
+            if len(subs) > 1:
+                return None
+            units.append(subs[0])
+            continue
+        terms = tuple(op for s in subs for op in s.terms)
+        try:
+            solver.check(terms)
+        except ValueError:
+            return None
+        units.append(Substep(terms, solver))
+    return units
+
+
+def strang_of(scheme: nn.Module, solver=None):
+    """The Strang splitting of the terms of ``scheme``, on the same operators (shared
+    controls): a Lie, parallel or Strang scheme's substeps in their order; a hybrid scheme's
+    groups as the terms — a group of several substeps advanced by one parallel step of its
+    own (:class:`~opsplit.schemes.SchemeFlow`), or, with a multi-term ``solver``, its
+    operators advanced together by ``solver`` (:func:`solved_with`).  Other schemes
     (compositions, stages, relaxations) are refused."""
     from ..schemes import Hybrid, Lie, Parallel, SchemeFlow, Strang
     from ..solvers import Exact, Substep
 
     if isinstance(scheme, Strang):
         return scheme
+    units = _units(scheme, solver) if solver is not None and _groups(scheme) is not None else None
+    if units is not None:
+        if len(units) == 1:
+            raise ValueError("schemes: 'strang' needs a scheme of at least two terms")
+        return Strang(units)
     if type(scheme) in (Lie, Parallel):
         return Strang(list(scheme.substeps))
     if type(scheme) is Hybrid:
-        if any(scheme._transfers):
-            raise ValueError("schemes: 'strang' cannot rebuild a hybrid scheme with grid transfers")
+        _groups(scheme)  # refuses grid transfers
         units = []
         for g in scheme.groups:
             subs = [scheme.substeps[i] for i in g]
@@ -135,11 +179,25 @@ def strang_of(scheme: nn.Module):
 @contextlib.contextmanager
 def solved_with(model: nn.Module, *, solver=None, scheme: str | None = None):
     """Solve every propagator of ``model`` with another substep ``solver`` (``"euler"``,
-    ``"heun"``, ``"rk4"`` or a :class:`~opsplit.solvers.Solver`; replaces the solver of every
-    substep that integrates an explicit field) and/or ``scheme="strang"`` (:func:`strang_of`)
-    inside the block; everything is restored on exit.  Checked before anything changes: a
-    model without a propagator, a solver that cannot run a term, a scheme that cannot be
-    rebuilt."""
+    ``"heun"``, ``"rk4"`` or a :class:`~opsplit.solvers.Solver`) and/or ``scheme="strang"``
+    (:func:`strang_of`) inside the block; everything is restored on exit.
+
+    **What "another solver" means.**  Every substep that integrates an explicit field gets
+    ``solver``; projections, implicit steps and exact flows keep theirs.  A *parallel group*
+    of a hybrid or parallel scheme (eq. 59: every term from the same state with its field
+    scaled by the group size :math:`K`, then the average) is, with explicit-Euler substeps,
+    exactly one Euler step of the sum of its fields; with a higher-order solver the average
+    of :math:`K` scaled solves is not (each stage is taken :math:`K` times too far, and the
+    group stays a first-order splitting).  A more accurate solve of the same continuous
+    model advances the group's terms together, so a solver that takes several terms
+    (Heun, RK4, ``ODESolve``) replaces each group by one substep of all its operators, and
+    the groups run in sequence (a Lie scheme of the groups, or Strang with
+    ``scheme="strang"``); explicit Euler keeps the groups as they are (the same map).
+
+    Checked before anything changes: a model without a propagator, a solver that cannot run
+    a term, a scheme that cannot be rebuilt."""
+    from ..schemes import Lie, Strang
+
     if not isinstance(model, nn.Module):
         raise TypeError(f"solved_with.model: expected an nn.Module, got {type(model).__name__}")
     props = _propagators(model)
@@ -148,11 +206,17 @@ def solved_with(model: nn.Module, *, solver=None, scheme: str | None = None):
     new = None if solver is None else _as_solver(solver, "solved_with.solver")
     if scheme not in (None, "trained", "strang"):
         raise ValueError(f"solved_with.scheme: expected 'trained' or 'strang', got {scheme!r}")
-    subs = []
+    schemes, subs = {}, []
     for p in props:
+        units = _units(p.scheme, new) if new is not None and _groups(p.scheme) is not None else None
+        if units is not None:
+            schemes[p] = Strang(units) if scheme == "strang" else Lie(units)
+            continue
         subs += [s for s in _field_substeps(p.scheme) if s not in subs]
+        if scheme == "strang":
+            schemes[p] = strang_of(p.scheme)
     if new is not None:
-        if not subs:
+        if not subs and not schemes:
             raise ValueError(f"solved_with.solver: no substep of the model integrates an explicit field, so there is "
                              f"no solver to replace by {solver_name(new)!r}")
         for s in subs:
@@ -161,10 +225,6 @@ def solved_with(model: nn.Module, *, solver=None, scheme: str | None = None):
             except ValueError as e:
                 raise ValueError(f"solved_with.solver: {solver_name(new)!r} cannot run the term "
                                  f"{type(s.terms[0]).__name__}: {e}") from None
-    schemes = {}
-    if scheme == "strang":
-        for p in props:
-            schemes[p] = strang_of(p.scheme)
     old_solvers = [(s, s.solver) for s in subs] if new is not None else []
     old_schemes = {p: p.scheme for p in schemes}
     try:
@@ -531,7 +591,7 @@ def _scheme_evals(scheme) -> float:
         inner = [op for op in s.terms if isinstance(op, SchemeFlow)]
         if inner:
             return sum(_scheme_evals(op.scheme) for op in inner)
-        return float(_STAGES.get(type(s.solver).__name__, 1))
+        return float(_STAGES.get(type(s.solver).__name__, 1)) * len(s.terms)
 
     subs = [s for s in scheme.substeps if isinstance(s, Substep)]
     if isinstance(scheme, Strang):

@@ -11,7 +11,10 @@ scheme's own local error estimate summed over the steps.
 
 Both are read off the steps :math:`u^n \to u^{n+1}` of every propagator of the model
 (:meth:`opsplit.Propagator.register_step_hook`), at the cost of a few reductions: no extra
-field evaluation.  With :math:`\delta^n = u^{n+1} - u^n` and :math:`\Delta t_n` the step,
+field evaluation.  A third, the **defect** (:meth:`FlowRecorder.defect`), is the
+embedded local error estimate of each step — the step taken once more from its end point
+with the same controls, Heun's second stage for the whole splitting step — and costs one
+extra step on the fraction ``defect_fraction`` of the batch it is estimated on.  With :math:`\delta^n = u^{n+1} - u^n` and :math:`\Delta t_n` the step,
 
 .. math::
 
@@ -42,7 +45,7 @@ from torch import Tensor, nn
 __all__ = ["FlowRecorder", "record_flow", "FLOW_COSTS", "check_flow_costs"]
 
 #: the state running costs (weights of :class:`~opsplit.control.Objective`)
-FLOW_COSTS = ("kinetic", "acceleration")
+FLOW_COSTS = ("kinetic", "acceleration", "defect")
 
 
 def _sq(v: Tensor, scale: Tensor | None) -> Tensor:
@@ -58,7 +61,7 @@ class FlowRecorder:
     """The steps of every propagator of a model during one forward call, and the state
     running costs computed from them (module docstring).  Use :func:`record_flow`."""
 
-    def __init__(self, model: nn.Module, *, relative: bool = True, eps: float = 1e-5):
+    def __init__(self, model: nn.Module, *, relative: bool = True, eps: float = 1e-5, defect_fraction: float = 0.0):
         from ..propagator import Propagator
 
         self.props = [m for m in model.modules() if isinstance(m, Propagator)]
@@ -67,10 +70,18 @@ class FlowRecorder:
                              "trajectory they could measure")
         self.relative, self.eps = bool(relative), float(eps)
         self.steps: dict = {id(p): [] for p in self.props}
+        self.defect_fraction = float(defect_fraction)
+        self.defects: list = []
         self._handles = []
 
-    def _hook(self, prop, t, dt, before, after):
+    def _hook(self, prop, t, dt, before, after, grid):
         self.steps[id(prop)].append((float(dt), before, after))
+        if self.defect_fraction and before.shape == after.shape:
+            # the scheme's own step again from the Euler end point, with the same controls (time t):
+            # Heun's second stage at the level of the whole splitting step, on a part of the batch
+            m = max(1, int(round(self.defect_fraction * after.shape[0])))
+            w = prop.scheme.step(t, dt, after[:m], grid)
+            self.defects.append((float(dt), before[:m], after[:m], w))
 
     def __enter__(self):
         for p in self.props:
@@ -121,6 +132,20 @@ class FlowRecorder:
             return torch.zeros((), dtype=ref.dtype if ref is not None else torch.get_default_dtype())
         return total
 
+    def defect(self) -> Tensor:
+        r""":math:`\sum_n \Delta t_n \|(\delta_*^n - \delta^n)/\Delta t_n^2\|_r^2` with
+        :math:`\delta_*^n = \Psi_{\Delta t_n}(u^{n+1}; t_n) - u^{n+1}` one more step of the
+        scheme from the step's end with the step's own controls: twice the difference of
+        Heun's (trapezoidal) step and Euler's, i.e. the embedded local error estimate of the
+        step, on the first ``defect_fraction`` of the batch."""
+        total = None
+        for dt, a, b, w in self.defects:
+            term = _sq(((w - b) - (b - a)) / (dt * dt), self._scale(b)) * dt
+            total = term if total is None else total + term
+        if total is None:
+            raise ValueError("flow costs: no step to estimate the defect of (defect_fraction = 0, or no step made)")
+        return total
+
 
 def check_flow_costs(objective, model: nn.Module) -> None:
     """Before training: an objective with a flow cost needs a propagator in ``model`` and the
@@ -141,9 +166,9 @@ def check_flow_costs(objective, model: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def record_flow(model: nn.Module, *, relative: bool = True, eps: float = 1e-5):
-    """``with record_flow(model) as rec: out = model(x)``, then ``rec.kinetic()`` and
-    ``rec.acceleration()`` (differentiable)."""
-    rec = FlowRecorder(model, relative=relative, eps=eps)
+def record_flow(model: nn.Module, *, relative: bool = True, eps: float = 1e-5, defect_fraction: float = 0.0):
+    """``with record_flow(model) as rec: out = model(x)``, then ``rec.kinetic()``,
+    ``rec.acceleration()`` and (``defect_fraction > 0``) ``rec.defect()`` (differentiable)."""
+    rec = FlowRecorder(model, relative=relative, eps=eps, defect_fraction=defect_fraction)
     with rec:
         yield rec

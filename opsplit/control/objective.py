@@ -53,6 +53,7 @@ class ObjectiveValue:
     outputs: Tensor
     kinetic: Tensor | None = None
     acceleration: Tensor | None = None
+    defect: Tensor | None = None
 
     def as_floats(self) -> dict:
         out = {"loss": float(self.total.detach()), "data": float(self.data.detach())}
@@ -60,7 +61,7 @@ class ObjectiveValue:
             out["smoothness"] = float(self.smoothness.detach())
         if self.energy is not None:
             out["energy"] = float(self.energy.detach())
-        for k in ("kinetic", "acceleration"):
+        for k in ("kinetic", "acceleration", "defect"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = float(v.detach())
@@ -106,6 +107,9 @@ class Objective(nn.Module):
         kinetic: :math:`\kappa \ge 0`, weight of the flow's kinetic energy
             :math:`\int\|u_t\|_r^2 dt` (:mod:`opsplit.control.flow_costs`).
         acceleration: :math:`\gamma \ge 0`, weight of :math:`\int\|u_{tt}\|_r^2 dt`.
+        defect: weight :math:`\ge 0` of the steps' embedded local error estimate
+            (:meth:`~opsplit.control.flow_costs.FlowRecorder.defect`), estimated on the
+            fraction ``defect_fraction`` of each batch (one extra step there).
         flow_relative: the flow costs' norm relative to each token's centred state
             (default) or absolute.
         output: what of the model's output the loss reads: ``None`` (the output is a
@@ -115,7 +119,8 @@ class Objective(nn.Module):
     """
 
     def __init__(self, loss="mse", *, smoothness: float = 0.0, energy: float = 0.0, output=None,
-                 controls=None, kinetic: float = 0.0, acceleration: float = 0.0, flow_relative: bool = True):
+                 controls=None, kinetic: float = 0.0, acceleration: float = 0.0, defect: float = 0.0,
+                 defect_fraction: float = 0.25, flow_relative: bool = True):
         super().__init__()
         if isinstance(loss, str):
             if loss not in LOSSES:
@@ -124,7 +129,7 @@ class Objective(nn.Module):
             raise TypeError(f"Objective.loss: expected a name {LOSSES} or a callable, got {type(loss).__name__}")
         self.loss = loss
         for name, v in (("smoothness", smoothness), ("energy", energy), ("kinetic", kinetic),
-                        ("acceleration", acceleration)):
+                        ("acceleration", acceleration), ("defect", defect)):
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"Objective.{name}: expected a number (a weight >= 0), got {v!r}")
             if not math.isfinite(v) or v < 0:
@@ -133,6 +138,12 @@ class Objective(nn.Module):
         self.energy = float(energy)
         self.kinetic = float(kinetic)
         self.acceleration = float(acceleration)
+        self.defect = float(defect)
+        if isinstance(defect_fraction, bool) or not isinstance(defect_fraction, (int, float)) or \
+                not 0 < defect_fraction <= 1:
+            raise ValueError(f"Objective.defect_fraction: expected a number in (0, 1] (the part of the batch the "
+                             f"defect is estimated on), got {defect_fraction!r}")
+        self.defect_fraction = float(defect_fraction)
         if not isinstance(flow_relative, bool):
             raise TypeError(f"Objective.flow_relative: expected true or false, got {flow_relative!r}")
         self.flow_relative = flow_relative
@@ -218,12 +229,14 @@ class Objective(nn.Module):
         module whose controls the running costs read (default ``model``; pass the bare
         model when ``model`` is a wrapper such as DistributedDataParallel).
         """
-        kin = acc = None
-        if self.kinetic or self.acceleration:
-            with record_flow(costs_model if costs_model is not None else model, relative=self.flow_relative) as rec:
+        kin = acc = dfc = None
+        if self.kinetic or self.acceleration or self.defect:
+            with record_flow(costs_model if costs_model is not None else model, relative=self.flow_relative,
+                             defect_fraction=self.defect_fraction if self.defect else 0.0) as rec:
                 outputs = self.select(model(inputs, **forward_kwargs))
             kin = rec.kinetic() if self.kinetic else None
             acc = rec.acceleration() if self.acceleration else None
+            dfc = rec.defect() if self.defect else None
         else:
             outputs = self.select(model(inputs, **forward_kwargs))
         data = self.data_term(outputs, targets)
@@ -237,9 +250,12 @@ class Objective(nn.Module):
             total = total + self.kinetic * kin
         if acc is not None:
             total = total + self.acceleration * acc
-        return ObjectiveValue(total, data, smooth, energy, outputs, kin, acc)
+        if dfc is not None:
+            total = total + self.defect * dfc
+        return ObjectiveValue(total, data, smooth, energy, outputs, kin, acc, dfc)
 
     def extra_repr(self) -> str:
         loss = self.loss if isinstance(self.loss, str) else getattr(self.loss, "__name__", "callable")
-        flow = "".join(f", {k}={getattr(self, k):g}" for k in ("kinetic", "acceleration") if getattr(self, k))
+        flow = "".join(f", {k}={getattr(self, k):g}" for k in ("kinetic", "acceleration", "defect")
+                       if getattr(self, k))
         return f"loss={loss!r}, smoothness={self.smoothness:g}, energy={self.energy:g}{flow}"
