@@ -68,6 +68,10 @@ VARIANTS = {
     "mc216_kin1_def1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 1.0, "defect": 1.0},
     "mc248_kin1": {"train_n_steps": (2, 4, 8), "weights": "cost", "kinetic": 1.0},
     "kin3": {"kinetic": 3.0},
+    "kin1_m248w": {"train_n_steps": (2, 4, 8), "weights": (1, 4, 1), "kinetic": 1.0},
+    "kin1_m24w": {"train_n_steps": (2, 4), "weights": (1, 3), "kinetic": 1.0},
+    "kin1_smooth0.01": {"kinetic": 1.0, "smoothness": 0.01},
+    "kin1_smooth0.1": {"kinetic": 1.0, "smoothness": 0.1},
     "defect0.1": {"defect": 0.1},
     "defect1": {"defect": 1.0},
     "multi_cost_2_16_defect0.1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "defect": 0.1},
@@ -98,7 +102,8 @@ def train_config(args, v: dict) -> TrainConfig:
     tns = tuple(tns) if tns else None
     return TrainConfig(epochs=args.epochs, batch_size=args.batch, lr=args.lr, weight_decay=args.wd,
                        schedule="cosine", warmup_steps=args.warmup, grad_clip=1.0, seed=args.seed, eval_every=10**6,
-                       progress=False, train_n_steps=tns, train_n_steps_weights=v.get("weights") if tns else None)
+                       progress=False, train_n_steps=tns, train_n_steps_weights=(tuple(v["weights"]) if isinstance(v.get("weights"), (list, tuple))
+                                              else v.get("weights")) if tns else None)
 
 
 def analyse(model, test, args) -> dict:

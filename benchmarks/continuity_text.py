@@ -115,7 +115,12 @@ def summary(res) -> str:
             f"order {c['order']:.2f}")
 
 
-def main(argv=None):
+def main_args(argv=None):
+    """The settings (the defaults with ``argv``)."""
+    return parser().parse_args(argv)
+
+
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=["one"], choices=sorted(VARIANTS))
     p.add_argument("--context", type=int, default=128)
@@ -137,7 +142,11 @@ def main(argv=None):
     p.add_argument("--out", default="benchmarks/out/continuity_text")
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--report", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     torch.set_num_threads(1)
     if args.report:
         for f in sorted(Path(args.out).glob("*.json")):

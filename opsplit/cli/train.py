@@ -234,6 +234,11 @@ def check(cfg) -> None:
     if SIDE % m["patch"]:
         raise ConfigError(f"model.patch: expected a divisor of {SIDE} (the digits are {SIDE} x {SIDE} "
                           f"images), got {m['patch']}")
+    if t["gradient"] == "adjoint" and m["solver"] == "euler":
+        raise ConfigError("train.gradient: 'adjoint' solves the substeps' ODEs backwards by "
+                          "torchdiffeq, and model.solver = 'euler' has none (each substep is one "
+                          "explicit Euler step); expected model.solver = 'rk4' with 'adjoint', or "
+                          "train.gradient = 'backprop' or 'checkpoint'")
     for key in ("train_n_steps", "eval_n_steps"):
         seen = [n for i, n in enumerate(t[key]) if n in t[key][:i]]
         if seen:
@@ -243,11 +248,6 @@ def check(cfg) -> None:
         raise ConfigError(f"train.{flows[0]}: a flow cost reads every step of the forward solve, which "
                           f"train.gradient = {t['gradient']!r} recomputes; expected train.gradient = 'backprop' "
                           f"(or train.{flows[0]} = 0)")
-    if t["gradient"] == "adjoint" and m["solver"] == "euler":
-        raise ConfigError("train.gradient: 'adjoint' solves the substeps' ODEs backwards by "
-                          "torchdiffeq, and model.solver = 'euler' has none (each substep is one "
-                          "explicit Euler step); expected model.solver = 'rk4' with 'adjoint', or "
-                          "train.gradient = 'backprop' or 'checkpoint'")
     try:
         import sklearn  # noqa: F401
     except ImportError:
