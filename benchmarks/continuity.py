@@ -68,6 +68,11 @@ VARIANTS = {
     "mc216_kin1_def1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 1.0, "defect": 1.0},
     "mc248_kin1": {"train_n_steps": (2, 4, 8), "weights": "cost", "kinetic": 1.0},
     "kin3": {"kinetic": 3.0},
+    "mc248_heun_kin0.3": {"train_n_steps": (2, 4, 8), "weights": "cost", "solvers": ("euler", "heun"),
+                           "solver_weights": "cost", "kinetic": 0.3},
+    "mc248_kin0.3": {"train_n_steps": (2, 4, 8), "weights": "cost", "kinetic": 0.3},
+    "mc216_heun_kin0.3": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "solvers": ("euler", "heun"),
+                          "solver_weights": "cost", "kinetic": 0.3},
     "kin1_m248w": {"train_n_steps": (2, 4, 8), "weights": (1, 4, 1), "kinetic": 1.0},
     "kin1_m24w": {"train_n_steps": (2, 4), "weights": (1, 3), "kinetic": 1.0},
     "kin1_smooth0.01": {"kinetic": 1.0, "smoothness": 0.01},
@@ -100,7 +105,9 @@ def objective(v: dict) -> Objective:
 def train_config(args, v: dict) -> TrainConfig:
     tns = v.get("train_n_steps")
     tns = tuple(tns) if tns else None
-    return TrainConfig(epochs=args.epochs, batch_size=args.batch, lr=args.lr, weight_decay=args.wd,
+    sol = tuple(v["solvers"]) if v.get("solvers") else None
+    return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None,
+                       epochs=args.epochs, batch_size=args.batch, lr=args.lr, weight_decay=args.wd,
                        schedule="cosine", warmup_steps=args.warmup, grad_clip=1.0, seed=args.seed, eval_every=10**6,
                        progress=False, train_n_steps=tns, train_n_steps_weights=(tuple(v["weights"]) if isinstance(v.get("weights"), (list, tuple))
                                               else v.get("weights")) if tns else None)
@@ -159,6 +166,29 @@ def summary(res: dict) -> str:
             f"rk4@16 {100 * acc('rk4', 16):.2f}  order {c['order']:.2f}  err {[f'{e:.2g}' for e in c['errors']]}")
 
 
+def markdown(results: list[dict]) -> str:
+    """The comparison table of docs/continuity.md: per run, the test accuracy at every N_t with
+    the model's own solver, with Heun and RK4 at the training grid, the worst refined setting
+    (N_t >= the training grid, any solver) and the logits' fitted order."""
+    lines = ["| variant | N_t = 2 | **N_t = 4** | 8 | 16 | 32 | 64 | Heun (4) | RK4 (4) | worst refined | order |",
+             "|---" * 11 + "|"]
+    for res in results:
+        c = res["continuity"]
+        ref = c["reference"]
+        own = {r["n_steps"]: r["accuracy"] for r in c["rows"] if r["solver"] == ref["solver"]
+               and r["scheme"] == ref["scheme"]}
+        at = {(r["solver"], r["n_steps"]): r["accuracy"] for r in c["rows"]}
+        refined = [r for r in c["rows"] if r["n_steps"] >= ref["n_steps"] and not r["reference"]]
+        worst = min(refined, key=lambda r: r["delta"])
+        cells = [f"{100 * own.get(n, float('nan')):.2f}" for n in (2, 4, 8, 16, 32, 64)]
+        cells[1] = f"**{cells[1]}**"
+        cells += [f"{100 * at.get(('heun', ref['n_steps']), float('nan')):.2f}",
+                  f"{100 * at.get(('rk4', ref['n_steps']), float('nan')):.2f}",
+                  f"{100 * worst['delta']:+.2f} ({worst['solver']}, {worst['n_steps']})", f"{c['order']:.2f}"]
+        lines.append(f"| {res['variant']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def timing(args, names, rounds: int, chunk: int = 23) -> dict:
     """Training cost of each variant against the first (the baseline): each round runs
     ``chunk`` optimizer steps (one epoch of the recipe: 23 batches of 64) of every variant
@@ -209,8 +239,13 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.report:
-        for f in sorted(Path(args.out).glob("*.json")):
-            print(summary(json.loads(f.read_text())))
+        results = [json.loads(f.read_text()) for f in sorted(Path(args.out).glob(f"*_e{args.epochs}_s{args.split}.json"))]
+        order = {k: i for i, k in enumerate(VARIANTS)}
+        results.sort(key=lambda r: order.get(r["variant"], 999))
+        for r in results:
+            print(summary(r))
+        print()
+        print(markdown(results))
         return
     if args.reanalyse:
         for name in args.variants:

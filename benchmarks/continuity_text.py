@@ -107,6 +107,38 @@ def run_one(name, args, corpus, val_dedup):
     return res
 
 
+def timing(args, names, rounds: int, chunk: int) -> dict:
+    """Training cost of each variant against the first: each round runs ``chunk`` optimizer
+    steps of every variant in turn (the same windows; each variant draws its own N_t), the
+    median over ``rounds`` of the per-round time ratios to the first variant (one warm-up
+    round not counted)."""
+    corpus = load_text(seed=args.split_seed, val_fraction=args.val_fraction)
+    train = text_windows(corpus.train, args.context, chunk * args.batch, seed=args.seed, name="train")
+    runs = {}
+    for name in names:
+        v = VARIANTS[name]
+        model = build(args, corpus.vocab.size)
+        obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
+                        acceleration=v.get("acceleration", 0.0))
+        tr = Trainer(model, obj, config(args, v))
+        tr.model.train()
+        runs[name] = tr
+    batches = [torch.arange(i * args.batch, (i + 1) * args.batch) for i in range(chunk)]
+    times = {k: [] for k in runs}
+    for _ in range(rounds + 1):
+        for k, tr in runs.items():
+            t = time.perf_counter()
+            for idx in batches:
+                tr._train_step(train, idx)
+            times[k].append(time.perf_counter() - t)
+    out = {}
+    for k in runs:
+        r = [a / b for a, b in zip(times[k][1:], times[names[0]][1:])]
+        out[k] = {"median_s": statistics.median(times[k][1:]), "ratio_median": statistics.median(r),
+                  "ratio_min": min(r), "ratio_max": max(r)}
+    return out
+
+
 def summary(res) -> str:
     c = res["continuity"]
     cells = " ".join(f"{r['solver']}@{r['n_steps']}:{r['bits']:.3f}" for r in c["rows"])
@@ -142,6 +174,9 @@ def parser():
     p.add_argument("--out", default="benchmarks/out/continuity_text")
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--report", action="store_true")
+    p.add_argument("--timing", type=int, default=0, help="paired training cost of --variants against the first: "
+                   "this many rounds")
+    p.add_argument("--chunk", type=int, default=10, help="optimizer steps per variant per timing round")
     return p
 
 
@@ -152,6 +187,10 @@ def main(argv=None):
         for f in sorted(Path(args.out).glob("*.json")):
             if f.name != "ngram.json":
                 print(summary(json.loads(f.read_text())))
+        return
+    if args.timing:
+        print(json.dumps({"timing": timing(args, args.variants, args.timing, args.chunk),
+                          "load": os.getloadavg()}, indent=1))
         return
     corpus, tr, va, dd, val_dedup, info = data(args)
     print(f"{corpus}; deduplicated validation text: {info}", flush=True)

@@ -126,3 +126,34 @@ def test_cost_weighted_draws():
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     assert [draw_n_steps((2, 4, 8), None, g1) for _ in range(20)] == \
         [(2, 4, 8)[int(torch.randint(3, (), generator=g2))] for _ in range(20)]
+
+
+def test_train_solvers_draws_the_solver_of_each_step_and_restores_the_model():
+    from opsplit.control.resolution import draw_solver, expected_stages
+    from opsplit.models import ImageClassifier, SplitEncoder
+    from opsplit.solvers import Heun as _Heun
+
+    assert expected_stages(("euler", "heun"), "cost") == pytest.approx(4 / 3)
+    assert expected_stages(("euler", "rk4")) == pytest.approx(2.5)
+    g = torch.Generator().manual_seed(0)
+    draws = [draw_solver(("euler", "heun"), "cost", g) for _ in range(3000)]
+    assert draws.count("heun") / 3000 == pytest.approx(1 / 3, abs=0.03)
+    enc = SplitEncoder(8, 2, 8, n_steps=2, generator=torch.Generator().manual_seed(0))
+    model = ImageClassifier(4, 2, 1, 3, enc)
+    x = torch.randn(16, 1, 4, 4)
+    y = torch.arange(16) % 3
+    cfg = TrainConfig(epochs=2, batch_size=4, progress=False, train_n_steps=[1, 2], train_solvers=["euler", "heun"])
+    tr = Trainer(model, Objective("cross_entropy", kinetic=0.1), cfg)
+    tr.fit((x, y))
+    rows = tr.history.steps
+    assert {r.get("solver", "euler") for r in rows} == {"euler", "heun"}  # Euler (the model's own): no swap
+    assert all(type(s.solver).__name__ == "ExplicitEuler" for s in enc.scheme.substeps)  # restored
+    assert type(enc.scheme).__name__ == "Hybrid"
+    # a step drawn with Heun is the step of the model solved with Heun (one group unsplit, as the analysis)
+    from opsplit.analysis import solved_with
+
+    with torch.no_grad(), solved_with(model, solver=_Heun()):
+        a = model(x[:2], n_steps=2)
+    with torch.no_grad():
+        b = model(x[:2], n_steps=2)
+    assert not torch.allclose(a, b)

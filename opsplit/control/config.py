@@ -75,6 +75,14 @@ def _weights(v, name):
     return check_weights(v, None, name)
 
 
+def _solvers(v, name):
+    if v is None:
+        return None
+    from .swap import check_solver_names
+
+    return check_solver_names(v, name)
+
+
 def _extra(v, name):
     if not isinstance(v, dict):
         raise TypeError(f"{name}: expected a dict, got {type(v).__name__}")
@@ -118,6 +126,8 @@ _CHECKS = {
     "checkpoint_snapshots": _i(1, allow_none=True),
     "train_n_steps": _train_n_steps,
     "train_n_steps_weights": _weights,
+    "train_solvers": _solvers,
+    "train_solvers_weights": _weights,
     "seed": _seed,
     "shuffle": _bool,
     "drop_last": _bool,
@@ -166,6 +176,13 @@ class TrainConfig:
             (:mod:`opsplit.control.resolution`): ``None`` uniformly, ``"cost"`` with
             probabilities proportional to 1/N_t (each resolution the same compute; the mean
             cost of a step is the harmonic mean of the list), or one weight > 0 per entry.
+        train_solvers: every optimizer step also draws the substep solver the model is solved
+            with, from these names (``"euler"``, ``"heun"``, ``"rk4"``;
+            :func:`opsplit.control.swap.solved_with`): the solver-swap test as a part of the
+            objective (``None``: the model's own solvers).
+        train_solvers_weights: how they are drawn: ``None`` uniformly, ``"cost"`` with
+            probability proportional to 1 / (field evaluations per substep), or one weight per
+            entry.  Drawn independently of ``train_n_steps``.
         seed: seeds the parameters' RNG use during training, the data order and the
             augmentation generator.
         shuffle: reshuffle the training data every epoch (seeded).
@@ -204,6 +221,8 @@ class TrainConfig:
     checkpoint_snapshots: int | None = DEFAULT_SNAPSHOTS
     train_n_steps: tuple | None = None
     train_n_steps_weights: str | tuple | None = None
+    train_solvers: tuple | None = None
+    train_solvers_weights: str | tuple | None = None
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
@@ -224,6 +243,12 @@ class TrainConfig:
                              "weigh)")
         if isinstance(w, tuple):
             check_weights(w, len(self.train_n_steps), "TrainConfig.train_n_steps_weights")
+        w = self.train_solvers_weights
+        if w is not None and self.train_solvers is None:
+            raise ValueError("TrainConfig.train_solvers_weights: weights without train_solvers (the solvers they "
+                             "weigh)")
+        if isinstance(w, tuple):
+            check_weights(w, len(self.train_solvers), "TrainConfig.train_solvers_weights")
 
     def __setattr__(self, name, value):
         # every assignment is checked, at construction and after it: a config stays valid
@@ -248,8 +273,9 @@ class TrainConfig:
         d["betas"] = list(self.betas)
         if self.train_n_steps is not None:
             d["train_n_steps"] = list(self.train_n_steps)
-        if isinstance(self.train_n_steps_weights, tuple):
-            d["train_n_steps_weights"] = list(self.train_n_steps_weights)
+        for k in ("train_n_steps_weights", "train_solvers", "train_solvers_weights"):
+            if isinstance(getattr(self, k), tuple):
+                d[k] = list(getattr(self, k))
         return d
 
     @classmethod
@@ -276,7 +302,8 @@ def _refuse_unknown(d: dict) -> None:
 #: run neither of the two runs: the optimizer's rates (restored from the checkpoint), the
 #: data order and batches (restored step counter), the gradient clipping and the N_t draws
 _RESUME_FIXED = ("optimizer", "lr", "weight_decay", "betas", "momentum", "schedule", "warmup_steps", "min_lr_ratio",
-                 "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps", "train_n_steps_weights")
+                 "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps", "train_n_steps_weights",
+                 "train_solvers", "train_solvers_weights")
 
 
 def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size: int = 1, world_size: int = 1,

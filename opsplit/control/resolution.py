@@ -14,6 +14,11 @@ the probabilities:
 
 The controls, functions of :math:`t`, are then fit at several step sizes at once: what the
 continuous model is, not one discrete map (:mod:`opsplit.analysis.continuity` measures it).
+
+``TrainConfig.train_solvers`` draws the substep solver of every step too (independently;
+``train_solvers_weights="cost"``: probability proportional to 1/stages, so Heun, two field
+evaluations per substep, is drawn half as often as Euler): the solver-swap test as a part
+of the objective (:func:`opsplit.control.swap.solved_with`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import math
 
 import torch
 
-__all__ = ["n_steps_probabilities", "expected_n_steps", "draw_n_steps", "check_n_steps_list"]
+__all__ = ["n_steps_probabilities", "expected_n_steps", "draw_n_steps", "check_n_steps_list", "draw_solver",
+           "expected_stages"]
 
 
 def check_n_steps_list(v, name: str) -> tuple[int, ...]:
@@ -86,3 +92,26 @@ def draw_n_steps(n_steps, weights, generator: torch.Generator) -> int:
         return n_steps[int(torch.randint(len(n_steps), (), generator=generator))]
     p = torch.tensor(n_steps_probabilities(n_steps, weights), dtype=torch.float64)
     return n_steps[int(torch.multinomial(p, 1, generator=generator))]
+
+
+def _solver_probabilities(solvers, weights) -> list[float]:
+    from .swap import STAGES
+
+    if weights is None:
+        return [1.0 / len(solvers)] * len(solvers)
+    w = [1.0 / STAGES[s] for s in solvers] if weights == "cost" else list(weights)
+    return [x / sum(w) for x in w]
+
+
+def expected_stages(solvers, weights=None) -> float:
+    """The mean field evaluations per substep of a solver draw."""
+    from .swap import STAGES
+
+    return sum(p * STAGES[s] for p, s in zip(_solver_probabilities(solvers, weights), solvers))
+
+
+def draw_solver(solvers, weights, generator: torch.Generator) -> str:
+    """One solver name of ``solvers`` drawn with ``generator`` (``weights``: ``None``,
+    ``"cost"``: probability proportional to 1 / stages, or a list)."""
+    p = torch.tensor(_solver_probabilities(solvers, weights), dtype=torch.float64)
+    return solvers[int(torch.multinomial(p, 1, generator=generator))]

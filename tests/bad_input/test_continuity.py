@@ -45,6 +45,20 @@ class Wrapped(nn.Module):
         return self.p(x, n_steps=n_steps).flatten(1)
 
 
+class TwoTerms(nn.Module):
+    """Tokens (B, 5, 8) -> one substep of two linear terms advanced together by Heun -> (B, 5, 8)."""
+
+    def __init__(self):
+        super().__init__()
+        from opsplit.solvers import Heun
+
+        W1, W2 = (nn.Parameter(torch.eye(8) / 8) for _ in range(2))
+        self.p = Propagator(Lie([Substep((FFNIntegral(W1), FFNIntegral(W2)), Heun())]), 2, t1=1.0)
+
+    def forward(self, x, n_steps=None):
+        return self.p(x, n_steps=n_steps)
+
+
 DATA = TensorData(torch.randn(4, 2, 3), torch.tensor([0, 1, 2, 3]))
 
 
@@ -66,8 +80,11 @@ def fit_in_empty_dir(**kw):
         objective = kw.pop("objective")
         model = kw.pop("model", None) or TinyClassifier()
         tr = Trainer(model, objective, TrainConfig(epochs=1, batch_size=8, progress=False, **kw))
+        data = tiny_data()
+        if objective.loss == "mse":
+            data = TensorData(data.inputs, data.inputs.clone())
         try:
-            tr.fit(tiny_data(), out_dir=d / "run")
+            tr.fit(data, out_dir=d / "run")
         finally:
             assert not (d / "run").exists(), "a refused run wrote its folder"
             assert tr.step == 0
@@ -96,6 +113,19 @@ CASES = cases(
      r"TrainConfig\.train_n_steps_weights: expected None, 'uniform', 'cost'"),
     ("weights-int", lambda: TrainConfig(train_n_steps=[2, 4], train_n_steps_weights=3), TypeError,
      r"TrainConfig\.train_n_steps_weights"),
+    ("train_solvers-unknown", lambda: TrainConfig(train_solvers=["euler", "midpoint"]), ValueError,
+     r"TrainConfig\.train_solvers: expected solver names from \('euler', 'heun', 'rk4'\), got 'midpoint'"),
+    ("train_solvers-repeated", lambda: TrainConfig(train_solvers=["heun", "heun"]), ValueError,
+     r"TrainConfig\.train_solvers: solver 'heun' is listed twice"),
+    ("train_solvers-str", lambda: TrainConfig(train_solvers="heun"), TypeError, r"TrainConfig\.train_solvers"),
+    ("train_solvers-weights-alone", lambda: TrainConfig(train_solvers_weights="cost"), ValueError,
+     r"TrainConfig\.train_solvers_weights: weights without train_solvers"),
+    ("train_solvers-weights-nan", lambda: TrainConfig(train_solvers=["euler", "heun"],
+                                                      train_solvers_weights=[1.0, NAN]), ValueError,
+     r"TrainConfig\.train_solvers_weights: expected finite weights > 0"),
+    ("train_solvers-cannot-run-fit", lambda: fit_in_empty_dir(objective=Objective("mse"), model=TwoTerms(),
+                                                              train_solvers=["euler"]), ValueError,
+     r"solved_with\.solver: 'euler' cannot run the term FFNIntegral: ExplicitEuler advances 1 operator"),
     # flow-cost weights
     ("kinetic-negative", lambda: Objective("mse", kinetic=-0.1), ValueError,
      r"Objective\.kinetic: expected a finite weight >= 0, got -0\.1"),
