@@ -45,6 +45,10 @@ VARIANTS = {
     "mc216": {"train_n_steps": (2, 4, 8, 16), "weights": "cost"},
     "mc248_kin0.1": {"train_n_steps": (2, 4, 8), "weights": "cost", "kinetic": 0.1},
     "mc216_kin0.1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 0.1},
+    "kin0.03": {"kinetic": 0.03},
+    "mc248_heun_kin0.1": {"train_n_steps": (2, 4, 8), "weights": "cost", "solvers": ("euler", "heun"),
+                          "solver_weights": "cost", "kinetic": 0.1},
+    "heun_kin0.1": {"solvers": ("euler", "heun"), "solver_weights": "cost", "kinetic": 0.1},
 }
 
 
@@ -60,7 +64,8 @@ def data(args):
 
 def config(args, v) -> TrainConfig:
     tns = tuple(v["train_n_steps"]) if v.get("train_n_steps") else None
-    return TrainConfig(epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
+    sol = tuple(v["solvers"]) if v.get("solvers") else None
+    return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None, epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
                        weight_decay=args.weight_decay, betas=(0.9, 0.99), schedule="cosine",
                        warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio, grad_clip=1.0, seed=args.seed,
                        shuffle=False, train_n_steps=tns, train_n_steps_weights=v.get("weights") if tns else None,
