@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_text as tt  # noqa: E402
-from ngram import best_baseline  # noqa: E402
+from ngram import best_baseline, dev_selected  # noqa: E402
 
 from opsplit.analysis import continuity  # noqa: E402
 from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
@@ -203,10 +203,16 @@ def main(argv=None):
         t = time.perf_counter()
         b = best_baseline(tr, dd, corpus.vocab.size)
         b["full_val"] = best_baseline(tr, va, corpus.vocab.size)
+        sel = dev_selected(tr, corpus.vocab.size)
+        ch = sel["choice"]
+        sel["val_dedup_bpc"] = next(r["val_bpc"] for r in b["rows"] if (r["method"], r["order"]) ==
+                                    (ch["method"], ch["order"]))
+        b["dev_selected"] = sel
         b["seconds"] = time.perf_counter() - t
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "ngram.json").write_text(json.dumps(b, indent=1))
-        print(json.dumps(b["best"]), json.dumps(b["full_val"]["best"]))
+        print(json.dumps(b["best"]), json.dumps(b["full_val"]["best"]), json.dumps(sel["choice"]),
+              sel["val_dedup_bpc"])
         return
     for name in args.variants:
         print(summary(run_one(name, args, corpus, val_dedup)), flush=True)

@@ -91,3 +91,19 @@ def best_baseline(train: str, val: str, vocab_size: int, orders=range(2, 9)) -> 
                          "val_bpc": NGram(k, method).fit(train, vocab_size).bits_per_char(val)})
     best = min(rows, key=lambda r: r["val_bpc"])
     return {"rows": rows, "best": best}
+
+
+def dev_selected(train: str, vocab_size: int, orders=range(2, 9), dev_fraction: float = 0.1, k: int = 40) -> dict:
+    """The baseline chosen without the validation text: the last ``dev_fraction`` of the
+    training text, deduplicated against the rest as the validation text is against the whole
+    (``opsplit.data.dedup``), picks the method and order fitted on the rest; returns them
+    (refit on the whole training text by the caller) with the development figures."""
+    from opsplit.data.dedup import deduplicate
+
+    cut = int(len(train) * (1 - dev_fraction))
+    cut = train.rfind("\n\n", 0, cut) + 2 or cut  # at a paragraph boundary
+    fit_part, dev = train[:cut], train[cut:]
+    dev, info = deduplicate(dev, fit_part, k=k)
+    rows = [{"method": m, "order": n, "dev_bpc": NGram(n, m).fit(fit_part, vocab_size).bits_per_char(dev)}
+            for m in METHODS for n in orders]
+    return {"choice": min(rows, key=lambda r: r["dev_bpc"]), "rows": rows, "dev_chars": len(dev), "dedup": info}

@@ -82,8 +82,12 @@ SCHEMA = {
         "save_every": Field("int", 20, "checkpoint every this many steps (for --resume)",
                             at_least(1)),
         "seed": seed_field("seed of the data order, augmentation and dropout"),
-        "train_n_steps": Field("int_list", [2, 4, 8, 16], "multi-resolution training: every step solves the "
+        "train_n_steps": Field("int_list", [2, 4, 8], "multi-resolution training: every step solves the "
                                "model at an N_t drawn from this list ([model.n_steps]: one N_t)", at_least(1)),
+        "train_solvers": Field("str_list", ["euler", "heun"], "every step also draws the substep solver from this "
+                               "list ([model.solver]: its own only)", choices=("euler", "heun", "rk4")),
+        "solvers_weights": Field("str", "cost", "how the solvers are drawn: cost (probability proportional to "
+                                 "1/stages) or uniform", choices=("cost", "uniform")),
         "n_steps_weights": Field("str", "cost", "how the N_t of train_n_steps are drawn: cost (probability "
                                  "proportional to 1/N_t: each resolution the same compute) or uniform",
                                  choices=("cost", "uniform")),
@@ -239,10 +243,14 @@ def check(cfg) -> None:
                           "torchdiffeq, and model.solver = 'euler' has none (each substep is one "
                           "explicit Euler step); expected model.solver = 'rk4' with 'adjoint', or "
                           "train.gradient = 'backprop' or 'checkpoint'")
-    for key in ("train_n_steps", "eval_n_steps"):
+    for key in ("train_n_steps", "eval_n_steps", "train_solvers", "eval_solvers"):
         seen = [n for i, n in enumerate(t[key]) if n in t[key][:i]]
         if seen:
-            raise ConfigError(f"train.{key}: expected distinct N_t, got {seen[0]} twice in {t[key]}")
+            what = "N_t" if key.endswith("n_steps") else "solvers"
+            raise ConfigError(f"train.{key}: expected distinct {what}, got {seen[0]} twice in {t[key]}")
+    if m["solver"] != "euler" and t["train_solvers"] != [m["solver"]]:
+        raise ConfigError(f"train.train_solvers: the drawn solvers replace explicit-Euler substeps; with model.solver "
+                          f"= {m['solver']!r} expected [{m['solver']!r}] (its own only), got {t['train_solvers']}")
     flows = [k for k in ("kinetic", "acceleration", "defect") if t[k]]
     if flows and t["gradient"] != "backprop":
         raise ConfigError(f"train.{flows[0]}: a flow cost reads every step of the forward solve, which "
@@ -320,7 +328,11 @@ def estimate(cfg) -> Estimate:
 
     # training: the mean cost of a step over the draws of train.train_n_steps
     draws = t["train_n_steps"]
+    from ..control.resolution import expected_stages
+
     n_draw = expected_n_steps(draws, "cost" if t["n_steps_weights"] == "cost" else None)
+    n_draw *= expected_stages(t["train_solvers"], "cost" if t["solvers_weights"] == "cost" else None) / \
+        {"euler": 1, "rk4": 4}[m["solver"]] if t["train_solvers"] != [m["solver"]] else 1.0
     fwd, calls = forward_flops(m, m["n_steps"])
     f_draw, c_draw = (fwd * n_draw / m["n_steps"], calls * n_draw / m["n_steps"])
     passes = 3 if t["gradient"] == "backprop" else 4
@@ -407,12 +419,15 @@ def train_config(cfg, progress: bool = True):
 
     t = cfg["train"]
     tns = tuple(t["train_n_steps"]) if t["train_n_steps"] != [cfg["model"]["n_steps"]] else None
+    sol = tuple(t["train_solvers"]) if t["train_solvers"] != [cfg["model"]["solver"]] else None
     return TrainConfig(epochs=t["epochs"], max_steps=t["max_steps"] or None,
                        batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
                        schedule="cosine", warmup_steps=t["warmup_steps"], grad_clip=1.0,
                        gradient=t["gradient"], seed=t["seed"], save_every=t["save_every"],
                        train_n_steps=tns,
                        train_n_steps_weights=("cost" if t["n_steps_weights"] == "cost" else None) if tns else None,
+                       train_solvers=sol, train_solvers_weights=("cost" if t["solvers_weights"] == "cost" else None)
+                       if sol else None,
                        progress=progress)
 
 
@@ -556,6 +571,8 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
         f"test images), AdamW, {t['gradient']} gradients, {trainer.step} steps"
         + (f", each at an N_t drawn from {t['train_n_steps']} ({t['n_steps_weights']} weights)"
            if len(t["train_n_steps"]) > 1 else "")
+        + (f" with a substep solver drawn from {t['train_solvers']} ({t['solvers_weights']} weights)"
+           if t["train_solvers"] != [m["solver"]] else "")
         + "".join(f", {k} cost weight {t[k]:g}" for k in ("kinetic", "acceleration", "defect") if t[k])
         + (" (resumed from a checkpoint)" if resumed else "") + ". "
         "The trained controls are functions of t, so the model is also solved at other N_t and with other "
