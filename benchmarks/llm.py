@@ -20,6 +20,10 @@ tokens/s) are judged on the median of the paired ratios.
 ``--exactness`` prints instead the worst differences to Hugging Face (logits and every
 parameter's gradient, float32 and float64) over the configurations of ``tests/test_llm_hf.py``.
 
+``--copy-cost`` measures instead what the copy of the q/k/v and gate/up kernels side by side,
+made at every call without autograd, costs the forward (paired against the same forward
+reading copies made beforehand).
+
 ``--decode-cost`` measures instead the time of one decode step (one new token, key/value
 cache of ``n`` tokens) against the context length ``n`` for opsplit's own causal decoders
 (``AttentionDecoder`` + ``TokenClassifier``: d_model 64, 4 heads, 2 layers, with softmax,
@@ -34,6 +38,7 @@ Usage::
     OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py [--repeats 9] [--threads 2] [--models llama gpt2]
     OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --threads 1 --cpu-time --skip forward backward
     OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --decode-cost [--sizes 1024 4096 16384 65536]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/llm.py --copy-cost --threads 1 --cpu-time --repeats 15
     python benchmarks/llm.py --exactness
 """
 
@@ -90,6 +95,47 @@ def paired(fa, fb, repeats: int, warmup: int):
             ta.append(t1 - t0)
             tb.append(t2 - t1)
     return ta, tb, [a / b for a, b in zip(ta, tb)]
+
+
+def copy_cost(args):
+    """What making the q/k/v and gate/up kernels side by side at every call costs a forward
+    without autograd (eval, ``--B`` x ``--N`` tokens): the forward as it runs, paired with the
+    same forward reading concatenations made beforehand (what a kept copy would save; the
+    weights do not change between the runs, so both compute the same logits)."""
+    print("\n| model | forward, copy at each call (median) | forward, copies made before (median) | "
+          "paired ratio (median) |")
+    print("|---|---|---|---|")
+    for kind in args.models:
+        ta, tb, rat = _copy_cost_one(kind, args)
+        print(f"| {kind} | {statistics.median(ta) * 1e3:.1f} ms | {statistics.median(tb) * 1e3:.1f} ms | "
+              f"{statistics.median(rat):.3f} |")
+
+
+def _copy_cost_one(kind: str, args):
+    import opsplit.operators.gated_ffn as gf
+    import opsplit.operators.grouped_attention as ga
+    from opsplit.operators._linear import side_by_side
+
+    model = from_hf(build(kind, args.vocab))
+    ids = torch.randint(0, args.vocab, (args.B, args.N), generator=torch.Generator().manual_seed(1))
+    made = {}
+
+    def kept(kernels, biases):
+        key = tuple(id(w) for w in (*kernels, *biases))
+        if key not in made:
+            made[key] = side_by_side(kernels, biases)
+        return made[key]
+
+    def run(f):
+        ga.side_by_side = gf.side_by_side = f
+        try:
+            with torch.no_grad():
+                return model(ids).logits
+        finally:
+            ga.side_by_side = gf.side_by_side = side_by_side
+
+    assert torch.equal(run(side_by_side), run(kept))
+    return paired(lambda: run(side_by_side), lambda: run(kept), args.repeats, args.warmup)
 
 
 def decode_cost(sizes, repeats: int, vocab: int):
@@ -186,11 +232,11 @@ def measure(kind: str, args) -> list:
 
     if "generate" not in args.skip:
         prompt = torch.randint(3, args.vocab, (args.gen_B, args.prompt), generator=g)
-        a = ours.generate(prompt, args.new)
+        a = ours.generate(prompt, args.new, eos_token_id=None)
         b = hf.generate(prompt, max_new_tokens=args.new, do_sample=False, eos_token_id=None, pad_token_id=0)
         same = torch.equal(a, b)
         n_tok = args.gen_B * args.new
-        ta, tb, rat = paired(lambda: ours.generate(prompt, args.new),
+        ta, tb, rat = paired(lambda: ours.generate(prompt, args.new, eos_token_id=None),
                              lambda: hf.generate(prompt, max_new_tokens=args.new, do_sample=False,
                                                  eos_token_id=None, pad_token_id=0),
                              args.repeats, args.warmup)
@@ -273,6 +319,9 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--skip", nargs="*", default=[], choices=["forward", "backward", "generate"])
     ap.add_argument("--decode-cost", action="store_true")
+    ap.add_argument("--copy-cost", action="store_true",
+                    help="time the no-grad forward with the kernels side by side copied at each call against the "
+                         "same forward reading copies made beforehand")
     ap.add_argument("--exactness", action="store_true",
                     help="print the worst differences to HF (logits, gradients) over the configurations of "
                          "tests/test_llm_hf.py instead of timing")
@@ -294,6 +343,9 @@ def main(argv=None):
         return
     if args.exactness:
         exactness()
+        return
+    if args.copy_cost:
+        copy_cost(args)
         return
     rows = []
     for kind in args.models:

@@ -694,6 +694,7 @@ def main(argv=None):
             gen_full, ids = sample_peer(peer, prompt, args)
             models[run] = peer
             n_par = sum(q.numel() for q in peer.parameters())
+            unknown = None
         else:
             attention = "sliced_relu" if run.startswith("sliced") else "softmax"
             scheme = "strang" if "strang" in run else "lie"
@@ -702,6 +703,7 @@ def main(argv=None):
             src = NanoGPT(vocab.size, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
             src.load_state_dict(init)
             copy_peer_weights(src, model)
+            norms0 = _row_norms(model)
             multi = tuple(args.multi) if run.endswith("multi") else None
             tr = Trainer(model, Objective(lm_loss, output="logits"), train_config(args, multi))
             tr.fit(train, None, out_dir=out / run, plot=False)
@@ -715,11 +717,13 @@ def main(argv=None):
                 ids = ids_full
             models[run] = (model, tr)
             n_par = sum(q.numel() for q in model.parameters())
+            unknown = {"initial": norms0, "trained": _row_norms(model)}
         train_s = rows[-1]["time"]
         results[run] = {"run": run, "params": n_par, "val_bpc": bpc, "train_tok_s": tokens / train_s,
                         "train_s": train_s, "final_train_bpc": bits_per_char(statistics.mean(r["loss"] for r in rows[-10:])),
                         "gen_tok_s_cache": gen_cache, "gen_tok_s_recompute": gen_full,
                         "sample": vocab.decode(ids[0]), "wall_s": time.perf_counter() - t0,
+                        "embedding_row_norms": unknown,
                         "loadavg": Path("/proc/loadavg").read_text().split()[:3] if load0 else None}
         print(json.dumps({k: v for k, v in results[run].items() if k != "sample"}), flush=True)
 
@@ -762,6 +766,14 @@ def main(argv=None):
     (out / "results.json").write_text(json.dumps(saved, indent=1))
     report(saved, args)
     return results
+
+
+def _row_norms(model: DecoderLM) -> dict:
+    """The 2-norm of the unknown id's embedding row (id 0: no training character maps to it,
+    so it is never an input; the tied read-out trains it as an output row) and the median
+    norm of the other rows."""
+    w = model.embedding.weight.detach().norm(dim=1)
+    return {"unknown": float(w[0]), "median_other": float(w[1:].median())}
 
 
 def _setup(args) -> dict:

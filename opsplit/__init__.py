@@ -9,8 +9,9 @@ eq. 7).  opsplit's pieces, in the order data flows through them:
 - :mod:`opsplit.operators`  what moves u: the terms of the equation
 - :mod:`opsplit.solvers`    how one substep is advanced
 - :mod:`opsplit.schemes`    in what order: splitting schemes
+- :mod:`opsplit.adaptive`   step control: adaptive time steps (error estimate, PI controller)
 - :class:`opsplit.Propagator`  the composed map f -> u(T); ``solve`` returns a Solution with statistics
-- :mod:`opsplit.adaptive`   adaptive time steps (error estimate, PI controller)
+  (fixed or adaptive steps; :class:`opsplit.AdaptivePropagator`)
 - :mod:`opsplit.models`     named discretisations (the paper's transformer, ...)
 - :mod:`opsplit.functional` attention kernels as functions (sliced ReLU, ReLU-bump, kernel)
 - :mod:`opsplit.analysis`   measuring: convergence orders, plots
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 _SUBPACKAGES = ("adaptive", "analysis", "controls", "functional", "grid", "models", "operators", "reference",
                 "schemes", "solvers")
 _NAMES = {"Grid": "grid", "ImageGrid": "grid", "Interval": "grid", "Propagator": "propagator",
-          "AdaptivePropagator": "adaptive"}
+          "AdaptivePropagator": "propagator"}
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from . import (
@@ -44,9 +45,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         schemes,
         solvers,
     )
-    from .adaptive import AdaptivePropagator
     from .grid import Grid, ImageGrid, Interval
-    from .propagator import Propagator
+    from .propagator import AdaptivePropagator, Propagator
 
 
 def __getattr__(name: str):

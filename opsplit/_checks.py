@@ -258,13 +258,15 @@ def check_like_module(x: Tensor, module: torch.nn.Module, name: str, what: str =
         )
 
 
-def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
+def check_parameters_finite(module: torch.nn.Module, what: str, *, fresh: bool = False) -> None:
     """Raise if a floating parameter or buffer of ``module`` holds NaN/inf, naming it.
 
     One reduction for all tensors, and only for tensors modified since the last check
     (their version counter or storage changed): a forward after an optimiser step
     checks the parameters once; repeated forwards with the same parameters check
-    nothing.  Skipped under ``torch.compile`` / ``torch.jit`` tracing."""
+    nothing.  A write through ``p.data`` changes neither, so a caller that found a
+    non-finite result asks again with ``fresh=True`` (every tensor read) before blaming
+    anything else.  Skipped under ``torch.compile`` / ``torch.jit`` tracing."""
     if skip_value_checks():
         return
     named = [
@@ -272,8 +274,10 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
         for n, t in list(module.named_parameters()) + list(module.named_buffers())
         if t.is_floating_point() and t.numel() > 0
     ]
-    key = tuple((id(t), t._version, t.data_ptr()) for _, t in named)
-    if getattr(module, "_opsplit_checked_parameters", None) == key:
+    # (inference tensors keep no version counter: a module holding one is checked every time)
+    key = None if any(t.is_inference() for _, t in named) else \
+        tuple((id(t), t._version, t.data_ptr()) for _, t in named)
+    if key is not None and not fresh and getattr(module, "_opsplit_checked_parameters", None) == key:
         return
     if named:
         with torch.no_grad():
@@ -292,7 +296,7 @@ def check_parameters_finite(module: torch.nn.Module, what: str) -> None:
             bad = [n for (n, _), ok in zip(named, flags.tolist()) if not ok]
             raise ValueError(
                 f"{what}: parameters must be finite, but {', '.join(bad)} hold(s) NaN/inf "
-                "(a diverged training step, or a non-finite value given at construction)"
+                "(a diverged training step, a write through .data, or a non-finite value given at construction)"
             )
     object.__setattr__(module, "_opsplit_checked_parameters", key)
 
@@ -306,9 +310,9 @@ def check_positive_values(owner, values: Tensor | None, name: str, what: str = "
     if values is None or skip_value_checks():
         return
     slot = "_opsplit_checked_positive_" + name
-    key = (values._version, values.data_ptr())
+    key = None if values.is_inference() else (values._version, values.data_ptr())
     hit = owner.__dict__.get(slot)
-    if hit is not None and hit[0] is values and hit[1] == key:  # (the tensor is kept: its id is not reused)
+    if key is not None and hit is not None and hit[0] is values and hit[1] == key:  # (the tensor is kept: its id is not reused)
         return
     if not bool((values > 0).all()):
         raise ValueError(f"{name}: expected {what} > 0, got min {float(values.detach().min()):g}")

@@ -14,7 +14,11 @@ steps err by :math:`2 C (h/2)^{p+1} + O(h^{p+2})`, so
 an estimate of the local error of the propagated value :math:`w` that is asymptotically
 exact (the estimate has the order :math:`p + 1` of the error it estimates).  It works for
 every scheme (Lie, Strang, parallel, hybrid, the compositions) with the scheme's
-``effective_order`` as :math:`p`, keeps the structure of the scheme (the propagated
+``effective_order`` as :math:`p` whose step tends to a smooth map that is the identity on
+the states the solve visits; the models where it does not (a projection with a kink, the
+ReLU; a map applied once per step; two projections; a projection averaged in a parallel
+group) are refused before compute (:func:`adaptive_obstacle`).  It keeps the structure of
+the scheme (the propagated
 value is a splitting solution: no affine combination that would leave :math:`S_1`), and
 costs three steps per attempt (the full step's work is 1/3: 50% over the two half steps
 it accepts).  The propagated value is not extrapolated.
@@ -54,8 +58,21 @@ reaching it raises :class:`AdaptiveStepError` (default) or, with
 ``on_failure="return"``, returns the state where the solve stopped with
 ``stats.success = False`` and the reason in ``stats.message``.  A non-finite error
 estimate rejects the step (the state left the float range, or the step was too large for
-the substeps); a step size below ``min_step`` or below
-:math:`16\,\epsilon\max(1, |t|)` (underflow) raises :class:`AdaptiveStepError` at once.
+the substeps); a step size below ``min_step`` or below the round-off limit (float64's :math:`16\,\epsilon\,|t|`
+(the times' own round-off), and :math:`16\,\epsilon\,(t_1 - t_0)` in the state's
+dtype) raises :class:`AdaptiveStepError` at once.  Time arithmetic is relative to the
+interval, not to :math:`|t|` (:func:`time_tolerance`).  What can be refused before compute
+is: the controller's arguments against the interval and the dtype
+(:meth:`PIController.check_solve`: ``rtol`` below :func:`min_rtol`, a first step below
+``min_step`` or the round-off limit, a ``max_step`` that cannot cover the interval in
+``max_steps`` steps), the model (:func:`adaptive_obstacle`), and a composition whose
+substeps read the controls outside a step without room before ``t0`` or after ``t1``
+(otherwise each step is capped to keep them inside); :func:`check_adaptive` runs all of
+them.
+
+**Layers.**  Step control reads a scheme and an interval; it does not import the
+propagator (:class:`~opsplit.AdaptivePropagator` and :meth:`~opsplit.Propagator.solve`
+live in :mod:`opsplit.propagator` and call :func:`solve_adaptive`).
 
 **Per sample** (``per_sample=True``): each sample of the batch is solved alone, with its
 own accepted steps (so its output equals the solve of that sample alone, and an easy
@@ -75,28 +92,38 @@ propagator's checkpointed loop; it computes the same numbers.  The adjoint mode'
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from .grid import Grid
-from .propagator import Propagator
+from .revolve import checkpointed_steps, revolve_steps
 from .schemes.base import Scheme, changes_grid
-from .solution import Solution, SolveStats, count_substep_calls
+from .schemes.composition import clock_reach, controls_interval
+from .solution import Solution, SolveStats, count_substep_calls, substep_labels
 
 __all__ = [
     "PIController",
     "StepDoubling",
     "EmbeddedPair",
     "AdaptiveStepError",
-    "AdaptivePropagator",
     "solve_adaptive",
+    "adaptive_obstacle",
+    "check_adaptive",
+    "time_tolerance",
+    "min_rtol",
     "ON_FAILURE",
 ]
 
 #: what happens when ``max_steps`` is reached
 ON_FAILURE = ("raise", "return")
+#: the smallest rtol a dtype can meet: MIN_RTOL_EPS * eps (float64 2.2e-14, float32 1.2e-5)
+MIN_RTOL_EPS = 100.0
+#: the step-size floor in eps: of float64 times |t|, and of the state's dtype times the interval
+_FLOOR = 16.0
+_EPS64 = float(torch.finfo(torch.float64).eps)
 
 
 class AdaptiveStepError(RuntimeError):
@@ -104,30 +131,84 @@ class AdaptiveStepError(RuntimeError):
     size underflowed)."""
 
 
-def _positive(x, name: str, *, allow_inf: bool = False) -> float:
-    if (
-        isinstance(x, bool)
-        or not isinstance(x, (int, float))
-        and not (isinstance(x, Tensor) and x.numel() == 1)
-    ):
+def _number(x, name: str) -> float:
+    """A real number: Python, numpy or a one-element tensor (not a bool)."""
+    if isinstance(x, Tensor):
+        if x.numel() != 1 or x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"{name}: expected a number, got a {x.dtype} tensor of shape {tuple(x.shape)}")
+        return float(x)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or type(x).__name__ == "bool_":
         raise TypeError(f"{name}: expected a number, got {type(x).__name__}")
-    v = float(x)
+    return float(x)
+
+
+def _positive(x, name: str, *, allow_inf: bool = False) -> float:
+    v = _number(x, name)
     if math.isnan(v) or v <= 0 or (math.isinf(v) and not allow_inf):
         raise ValueError(f"{name}: expected a finite number > 0, got {x!r}")
     return v
+
+
+def _count(x, name: str) -> int:
+    """A positive integer: Python or numpy (not a bool, not a float)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or type(x).__name__ == "bool_":
+        raise ValueError(f"{name}: expected an integer >= 1, got {type(x).__name__} {x!r}")
+    if int(x) < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {int(x)}")
+    return int(x)
+
+
+def time_tolerance(t0: float, t1: float) -> float:
+    """Two times of a solve over ``[t0, t1]`` closer than this are the same time: 1e-12 of
+    the interval, and at least 4 spacings of float64 numbers at the interval's magnitude
+    (times are relative to the interval, not to :math:`|t|`)."""
+    return max(1e-12 * (t1 - t0), 4.0 * math.ulp(max(abs(t0), abs(t1))))
+
+
+def _interval(t0: float, t1: float) -> str:
+    """``[t0, t1]`` for a message, with enough digits to tell the ends apart."""
+    a, b = f"{t0:g}", f"{t1:g}"
+    return f"[{a}, {b}]" if a != b else f"[{t0!r}, {t1!r}]"
+
+
+def _step_floor(t: float, span: float, dtype) -> tuple[float, str]:
+    """The smallest step the arithmetic resolves at time ``t`` and its reason: 16 eps of
+    float64 times :math:`|t|` (the times' own round-off), and 16 eps of the state's dtype
+    times the interval
+    (a step that small changes the state by less than its round-off)."""
+    a = _FLOOR * _EPS64 * abs(t)
+    b = _FLOOR * float(torch.finfo(dtype).eps) * span
+    if a > b:
+        return a, f"the round-off limit of the times (16 eps |t|: float64 times near {abs(t):.3g} are {math.ulp(abs(t)):.3g} apart)"
+    return b, f"the round-off limit of {str(dtype).replace('torch.', '')} (16 eps (t1 - t0))"
+
+
+def min_rtol(dtype) -> float:
+    """The smallest ``rtol`` an adaptive solve accepts for states of ``dtype``:
+    ``MIN_RTOL_EPS`` eps (float64 2.2e-14, float32 1.2e-5).  Below it the error estimate is
+    round-off (one step's estimate carries a few eps of noise, and the global error
+    accumulates round-off over the steps): the controller would shrink the step until it
+    underflows or ``max_steps`` is spent."""
+    return MIN_RTOL_EPS * float(torch.finfo(dtype).eps)
 
 
 @dataclass(frozen=True)
 class PIController:
     """Tolerances and the PI step-size controller (see the module docstring).
 
+    Numbers may be Python, numpy or one-element tensor scalars.
+
     Args:
-        rtol, atol: relative and absolute tolerance, finite and > 0.
+        rtol, atol: relative and absolute tolerance, finite and > 0 (``rtol`` at least
+            :func:`min_rtol` of the state's dtype: checked when a solve starts).
         first_step: the first step size; ``None``: a sixteenth of the interval (and never
             beyond the first output time or breakpoint).
         min_step: a smaller step size raises :class:`AdaptiveStepError` (``0``: only the
-            round-off limit :math:`16\\,\\epsilon\\max(1, |t|)`).
-        max_step: the largest step size (``inf``: no limit).
+            round-off limit :math:`16\\,\\epsilon` of the times and of the interval); at most
+            the first step.
+        max_step: the largest step size (``inf``: no limit); at least the round-off limit,
+            and few enough steps must cover the interval (``(t1 - t0) / max_step <=
+            max_steps``; checked when a solve starts).
         max_steps: the largest number of attempts (accepted + rejected).
         safety, factor_min, factor_max: :math:`s`, :math:`f_\\min`, :math:`f_\\max`.
         pcoeff, icoeff: the PI coefficients (diffrax's names; ``pcoeff = icoeff = 0``
@@ -151,34 +232,75 @@ class PIController:
         object.__setattr__(self, "atol", _positive(self.atol, "atol"))
         if self.first_step is not None:
             object.__setattr__(self, "first_step", _positive(self.first_step, "first_step"))
-        if (
-            isinstance(self.min_step, bool)
-            or not isinstance(self.min_step, (int, float))
-            or not (math.isfinite(self.min_step) and self.min_step >= 0)
-        ):
+        min_step = _number(self.min_step, "min_step")
+        if not (math.isfinite(min_step) and min_step >= 0):
             raise ValueError(f"min_step: expected a finite number >= 0, got {self.min_step!r}")
+        object.__setattr__(self, "min_step", min_step)
         object.__setattr__(self, "max_step", _positive(self.max_step, "max_step", allow_inf=True))
         if self.min_step > self.max_step:
             raise ValueError(
                 f"min_step: expected min_step <= max_step, got {self.min_step} > {self.max_step}"
             )
-        if (
-            isinstance(self.max_steps, bool)
-            or not isinstance(self.max_steps, int)
-            or self.max_steps < 1
-        ):
-            raise ValueError(f"max_steps: expected an integer >= 1, got {self.max_steps!r}")
+        if self.first_step is not None and self.min_step > self.first_step:
+            raise ValueError(
+                f"min_step: expected min_step <= first_step, got {self.min_step} > {self.first_step}"
+            )
+        object.__setattr__(self, "max_steps", _count(self.max_steps, "max_steps"))
+        for name in ("safety", "factor_min", "factor_max", "pcoeff", "icoeff"):
+            object.__setattr__(self, name, _number(getattr(self, name), name))
         if not 0 < self.safety <= 1:
             raise ValueError(f"safety: expected 0 < safety <= 1, got {self.safety!r}")
-        if not 0 < self.factor_min < 1 < self.factor_max:
+        if not 0 < self.factor_min < 1 < self.factor_max or not math.isfinite(self.factor_max):
             raise ValueError(
-                f"factor_min, factor_max: expected 0 < factor_min < 1 < factor_max, got "
+                f"factor_min, factor_max: expected 0 < factor_min < 1 < factor_max < inf, got "
                 f"{self.factor_min!r}, {self.factor_max!r}"
             )
         for name in ("pcoeff", "icoeff"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
+
+    def check_solve(self, t0: float, t1: float, dtype) -> None:
+        """Raise ``ValueError`` naming the argument, before compute, where this controller
+        cannot solve over ``[t0, t1]`` with states of ``dtype``: ``rtol`` below
+        :func:`min_rtol`, a first step below ``min_step`` or below the round-off limit,
+        ``max_step`` below the round-off limit or too small to cover the interval in
+        ``max_steps`` steps."""
+        span = t1 - t0
+        name = str(dtype).replace("torch.", "")
+        lo = min_rtol(dtype)
+        if self.rtol < lo:
+            raise ValueError(
+                f"rtol: {self.rtol:g} is below what {name} can meet ({MIN_RTOL_EPS:g} eps = {lo:.3g}: "
+                f"below it the error estimate is round-off); expected rtol >= {lo:.3g}"
+                + (", or float64 states" if dtype != torch.float64 else "")
+            )
+        floor, why = max(_step_floor(t0, span, dtype), _step_floor(t1, span, dtype))
+        first = self.first_step if self.first_step is not None else span / 16.0
+        src = "first_step" if self.first_step is not None else "the default first step (t1 - t0)/16"
+        if first > span:
+            first, src = span, "the interval t1 - t0"
+        if self.min_step > first:
+            raise ValueError(
+                f"min_step: expected min_step <= the first step, got min_step = {self.min_step:g} > "
+                f"{src} = {first:g} on [t0, t1] = {_interval(t0, t1)}"
+            )
+        if first < floor:
+            arg = "first_step" if self.first_step is not None else "t0, t1"
+            raise ValueError(
+                f"{arg}: {src} = {first:.3g} is below {why} = {floor:.3g} on [t0, t1] = {_interval(t0, t1)}"
+                + ("" if self.first_step is not None else "; shift the time origin (a shorter |t|) or lengthen the interval")
+            )
+        if self.max_step < floor:
+            raise ValueError(
+                f"max_step: {self.max_step:.3g} is below {why} = {floor:.3g} on [t0, t1] = {_interval(t0, t1)}"
+            )
+        if span / self.max_step > self.max_steps:
+            raise ValueError(
+                f"max_step: {self.max_step:.3g} needs at least (t1 - t0)/max_step = {span / self.max_step:.3g} "
+                f"steps over {_interval(t0, t1)}, more than max_steps = {self.max_steps}; expected max_step >= "
+                f"{span / self.max_steps:.3g} (or more max_steps)"
+            )
 
     def error_norm(self, err: Tensor, u0: Tensor, u1: Tensor) -> Tensor:
         """Per-sample RMS of ``err / (atol + rtol max(|u0|, |u1|))`` (detached, float64)."""
@@ -327,7 +449,7 @@ def _estimator(scheme, estimator):
 
 
 def _stops(t0: float, t1: float, t_eval, breakpoints) -> tuple[list[float], list[float]]:
-    tol = 1e-12 * max(1.0, abs(t0), abs(t1))
+    tol = time_tolerance(t0, t1)
     outs = []
     if t_eval is not None:
         try:
@@ -346,6 +468,107 @@ def _stops(t0: float, t1: float, t_eval, breakpoints) -> tuple[list[float], list
     return stops, outs
 
 
+def adaptive_obstacle(scheme: Scheme) -> str | None:
+    """Why the local error of ``scheme``'s steps cannot be estimated by comparing steps of
+    different sizes (step doubling, an embedded pair), or ``None`` if it can.
+
+    The estimate needs one step and two half steps to differ by a power of the step: the
+    step must tend to a smooth map that is the identity on the states the solve visits.
+    That fails for a substep that is not smooth (a projection onto a set with corners: the
+    ReLU), for a map applied once per step (two half steps apply it twice), for two
+    projections onto different sets (one step alternates them once, two half steps twice)
+    and for a projection averaged with other substeps in a parallel group (a relaxation
+    towards the set).  A projection alone (S1: smooth near its manifold, idempotent) is
+    fine."""
+    from .schemes.parallel import ParallelGroup, ScaledOperator
+    from .solvers import Substep
+    from .solvers.catch_up import is_projection
+
+    labels = substep_labels(scheme)
+    subs = []
+    for m in scheme.modules():
+        if isinstance(m, Substep):
+            subs.append(m)
+        elif isinstance(m, ParallelGroup):  # its scaled substeps (K A_k) are not registered modules
+            subs += [s for s in m._scaled if s not in subs]
+    by_op = {id(op): lab for sub, lab in labels.items() for op in sub.terms}
+    sets: dict = {}
+    for m in subs:
+        for op in m.terms:
+            inner = op.op if isinstance(op, ScaledOperator) else op
+            kind = type(inner).__name__
+            label = labels.get(m) or by_op.get(id(inner))
+            where = f"substep {label}" if label else f"substep ({kind})"
+            if not getattr(inner, "smooth", True):
+                what = (
+                    "the projection onto {u >= 0} (the ReLU), with a kink where an entry is 0"
+                    if is_projection(inner) else "declared not smooth (smooth = False)"
+                )
+                return (
+                    f"its {where} is not a smooth map of the state ({kind}: {what}): where entries reach "
+                    "the kink one step and two half steps differ by O(h), not O(h^(p+1)), and with a second "
+                    "projection (S1) by O(1) whatever the step, so the error estimate cannot guide the step "
+                    "size"
+                )
+            if getattr(inner, "is_map", False) and not is_projection(inner):
+                return (
+                    f"its {where} is a map applied once per step, not a flow: two half steps "
+                    "apply it twice, so one step and two half steps differ by O(1) whatever the step"
+                )
+            if is_projection(inner):
+                sets.setdefault(id(inner), (where, kind))
+                if isinstance(op, ScaledOperator) and op.factor > 1:
+                    return (
+                        f"its {where} is a projection averaged with the other substeps of a "
+                        "parallel group (a relaxation towards the set, not idempotent): from a state off "
+                        "the set one step and two half steps differ by O(1) whatever the step"
+                    )
+    if len(sets) > 1:
+        w1, w2 = [w for w, _ in sets.values()][:2]
+        return (
+            f"its {w1} and {w2} project onto two different sets: one step alternates the "
+            "projections once, two half steps twice, and from a state off the sets' intersection they "
+            "differ by O(1) whatever the step"
+        )
+    return None
+
+
+def _step_cap(scheme: Scheme, t0: float, t1: float, tol: float):
+    """For a scheme whose substeps read the controls outside each step (negative
+    coefficients, the triple jump), the largest step from ``t`` that keeps them inside the
+    controls' interval: ``cap(t)`` (``None``: no cap).  Raises ``ValueError`` before compute
+    where no step fits at ``t0`` or none can end at ``t1``."""
+    lo, hi = clock_reach(scheme)
+    if lo >= -1e-14 and hi <= 1.0 + 1e-12:
+        return None
+    c0, c1 = controls_interval(scheme)
+    name = type(scheme).__name__
+    if lo < -1e-14 and c0 >= t0 - tol:
+        raise ValueError(
+            f"scheme: {name}'s substeps read the controls up to {-lo:.4g} h before each step of size h "
+            f"(negative coefficients), but a control starts at t0 = {t0:g}: no step fits; define the controls "
+            "on an interval that extends before t0 (a margin), or use BlanesMoan (its substeps stay inside "
+            "each step)"
+        )
+    if hi > 1.0 + 1e-12 and c1 <= t1 + tol:
+        raise ValueError(
+            f"scheme: {name}'s substeps read the controls up to {hi - 1:.4g} h after each step of size h "
+            f"(negative coefficients), but a control ends at t1 = {t1:g}: no step can end there; define the "
+            "controls on an interval that extends beyond t1 (a margin), or use BlanesMoan (its substeps stay "
+            "inside each step)"
+        )
+
+    def cap(t: float) -> float:
+        h = math.inf
+        if lo < -1e-14:
+            h = min(h, (t - c0) / -lo)
+        if hi > 1.0 + 1e-12:
+            h = min(h, (c1 - t) / hi)
+        return h
+
+    return cap
+
+
 def _one(
     est,
     ctl: PIController,
@@ -357,12 +580,15 @@ def _one(
     outs,
     on_failure: str,
     record: bool,
+    cap=None,
 ):
-    """The adaptive loop for one batch: ``(u, {t: state}, stats)``."""
+    """The adaptive loop for one batch: ``(u, {t: state}, stats)``.  Every comparison of
+    times is relative to the interval (:func:`time_tolerance`)."""
     k = est.order + 1
-    tol = 1e-12 * max(1.0, abs(t0), abs(t1))
+    span = t1 - t0
+    tol = time_tolerance(t0, t1)
     t, u = t0, f
-    h = ctl.first_step if ctl.first_step is not None else (t1 - t0) / 16.0
+    h = ctl.first_step if ctl.first_step is not None else span / 16.0
     h = min(h, ctl.max_step)
     prev = 1.0
     times = [t0]
@@ -371,10 +597,10 @@ def _one(
         saved[outs[0]] = f
     stats = SolveStats(times=times)
     si, e_last = 0, float("nan")
-    while t < t1 - tol:
+    while t1 - t > tol:
         if stats.n_steps >= ctl.max_steps:
             msg = (
-                f"max_steps = {ctl.max_steps} attempts reached at t = {t:.6g} of [{t0:g}, {t1:g}] "
+                f"max_steps = {ctl.max_steps} attempts reached at t = {t:.6g} of {_interval(t0, t1)} "
                 f"({stats.n_accepted} accepted, {stats.n_rejected} rejected, last step {h:.3g}); raise "
                 "max_steps or loosen rtol/atol"
             )
@@ -385,13 +611,21 @@ def _one(
         while stops[si] <= t + tol:
             si += 1
         stop = stops[si]
-        limit = max(16.0 * torch.finfo(f.dtype).eps * max(1.0, abs(t)), ctl.min_step)
+        capped = False
+        if cap is not None:
+            c = cap(t)
+            if c < h:
+                h, capped = c, True
+        limit, why = _step_floor(t, span, f.dtype)
+        if ctl.min_step >= limit and ctl.min_step > 0:
+            limit, why = ctl.min_step, "min_step"
         if h < limit:
+            if capped:
+                why += " (the step is capped where the substeps would read the controls outside their interval)"
             raise AdaptiveStepError(
-                f"adaptive solve: step size underflow at t = {t:.6g}: the step {h:.3g} is below "
-                f"{'min_step' if ctl.min_step >= limit and ctl.min_step > 0 else 'the round-off limit'} {limit:.3g} "
-                f"(last error norm {e_last:.3g}); the tolerance rtol={ctl.rtol:g}, atol={ctl.atol:g} cannot be "
-                "met (or the state left the float range)"
+                f"adaptive solve: step size underflow at t = {t:.6g}: the step {h:.3g} is below {why} "
+                f"{limit:.3g} (last error norm {e_last:.3g}); the tolerance rtol={ctl.rtol:g}, atol={ctl.atol:g} "
+                "cannot be met at this step (or the state left the float range)"
             )
         clipped = t + h >= stop - tol
         t_next = stop if clipped else t + h
@@ -420,7 +654,7 @@ def _one(
 
 
 class _AcceptedSteps(nn.Module):
-    """The accepted steps as a scheme for the propagator's checkpointed loops:
+    """The accepted steps as a scheme for the checkpointed loops:
     ``advance(t, dt)`` recomputes the estimator's propagated value over the accepted step
     that starts at ``t`` (its exact end time is looked up, not recomputed as ``t + dt``)."""
 
@@ -434,13 +668,12 @@ class _AcceptedSteps(nn.Module):
         return self.est.propagate(t, self.ends[t], u, grid), grid
 
 
-def _replay(prop, est, replay: list[float], f: Tensor, grid, outs):
-    """The accepted grid recomputed by the propagator's checkpointed loop (with a graph)."""
-    from .propagator import _checkpointed_steps
-    from .revolve import revolve_steps
-
+def _replay(est, replay: list[float], f: Tensor, grid, outs, every: int, snapshots):
+    """The accepted grid recomputed by the checkpointed loop (with a graph): blocks of
+    ``every`` steps (:func:`opsplit.revolve.checkpointed_steps`), or binomial checkpointing
+    with ``snapshots`` (:func:`opsplit.revolve.revolve_steps`)."""
     steps = _AcceptedSteps(est, replay)
-    tol = 1e-12 * max(1.0, abs(replay[0]), abs(replay[-1]))
+    tol = time_tolerance(replay[0], replay[-1])
     cuts = [0] + [i for i, s in enumerate(replay) if any(abs(s - o) <= tol for o in outs) and i > 0]
     if cuts[-1] != len(replay) - 1:
         cuts.append(len(replay) - 1)
@@ -451,16 +684,49 @@ def _replay(prop, est, replay: list[float], f: Tensor, grid, outs):
     u, g = f, grid
     for a, b in zip(cuts[:-1], cuts[1:]):
         seg = replay[a : b + 1]
-        if prop.checkpoint_snapshots is None:
-            u, g = _checkpointed_steps(steps, seg, u, g, int(prop.checkpoint_every))
+        if snapshots is None:
+            u, g = checkpointed_steps(steps, seg, u, g, every)
         else:
-            u, g = revolve_steps(
-                steps, seg, u, g, int(prop.checkpoint_every), int(prop.checkpoint_snapshots)
-            )
+            u, g = revolve_steps(steps, seg, u, g, every, int(snapshots))
         for o in outs:
             if abs(o - seg[-1]) <= tol:
                 saved[o] = u
     return u, saved
+
+
+def check_adaptive(scheme: Scheme, t0: float, t1: float, controller: PIController, dtype,
+                   estimator=None, on_failure: str = "raise"):
+    """Every check of an adaptive solve of ``scheme`` over ``[t0, t1]`` with states of
+    ``dtype`` that needs no state: raises ``ValueError``/``TypeError`` naming the argument,
+    before compute.  Returns ``(estimator, step cap)``."""
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme: expected an opsplit Scheme, got {type(scheme).__name__}")
+    if not isinstance(controller, PIController):
+        raise TypeError(f"controller: expected a PIController, got {type(controller).__name__}")
+    if on_failure not in ON_FAILURE:
+        raise ValueError(f"on_failure: expected one of {ON_FAILURE}, got {on_failure!r}")
+    if scheme.threads_grid and any(
+        changes_grid(s) for s in scheme.modules() if hasattr(s, "terms")
+    ):
+        raise ValueError(
+            f"adaptive steps: {type(scheme).__name__} moves the state to other grids (grid transfers); "
+            "adaptive steps need a scheme on one grid"
+        )
+    est = _estimator(scheme, estimator)
+    why = adaptive_obstacle(scheme)
+    if why is not None:
+        raise ValueError(
+            f"adaptive steps: {type(scheme).__name__} cannot be solved to a tolerance: {why}; solve with "
+            "fixed steps (n_steps), or keep such substeps out of the scheme (docs/adaptive.md)"
+        )
+    t0, t1 = float(t0), float(t1)
+    if not (math.isfinite(t0) and math.isfinite(t1) and t0 < t1):
+        raise ValueError(f"t0, t1: expected finite times t0 < t1, got [{t0!r}, {t1!r}]")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
+    controller.check_solve(t0, t1, dtype)
+    cap = _step_cap(scheme, t0, t1, time_tolerance(t0, t1))
+    return est, cap
 
 
 def solve_adaptive(
@@ -476,29 +742,27 @@ def solve_adaptive(
 ) -> Solution:
     """Adaptive solve of ``prop``'s scheme from ``f`` (batched, on a complete ``grid``) over
     ``[prop.t0, prop.t1]``; see the module docstring.  Called by
-    :meth:`opsplit.Propagator.solve` (which validates ``f`` and the grid)."""
+    :meth:`opsplit.Propagator.solve` (which validates ``f`` and the grid).  ``prop`` is read
+    for ``scheme``, ``t0``, ``t1`` and its checkpointing (``checkpoint_every``,
+    ``checkpoint_snapshots``): step control does not depend on the propagator class."""
     from .controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear
     from .controls.projection import time_breakpoints
 
-    scheme = prop.scheme
-    if scheme.threads_grid and any(
-        changes_grid(s) for s in scheme.modules() if hasattr(s, "terms")
-    ):
-        raise ValueError(
-            f"adaptive steps: {type(scheme).__name__} moves the state to other grids (grid transfers); "
-            "adaptive steps need a scheme on one grid"
-        )
+    scheme = getattr(prop, "scheme", None)
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"prop: expected a Propagator (with an opsplit Scheme), got {type(prop).__name__}")
+    if not isinstance(f, Tensor) or not f.is_floating_point() or f.dim() != 3:
+        raise TypeError("f: expected a floating tensor of shape (B, N_x, N_y)")
+    if not isinstance(per_sample, bool):
+        raise TypeError(f"per_sample: expected True or False, got {per_sample!r}")
     ctl = controller if controller is not None else PIController()
-    if not isinstance(ctl, PIController):
-        raise TypeError(f"controller: expected a PIController, got {type(ctl).__name__}")
-    if on_failure not in ON_FAILURE:
-        raise ValueError(f"on_failure: expected one of {ON_FAILURE}, got {on_failure!r}")
-    est = _estimator(scheme, estimator)
     t0, t1 = float(prop.t0), float(prop.t1)
+    est, cap = check_adaptive(scheme, t0, t1, ctl, f.dtype, estimator, on_failure)
     pieces = [m for m in scheme.modules() if isinstance(m, (PiecewiseConstant, PiecewiseLinear, LayerwiseConstant))]
     stops, outs = _stops(t0, t1, t_eval, sorted({b for m in pieces for b in time_breakpoints(m)}))
     grad = torch.is_grad_enabled()
-    checkpointed = bool(prop.checkpoint_every) and grad
+    every = int(getattr(prop, "checkpoint_every", 0) or 0)
+    checkpointed = bool(every) and grad
     samples = [f[i : i + 1] for i in range(f.shape[0])] if per_sample else [f]
     results = []
     with count_substep_calls(scheme) as calls:
@@ -516,11 +780,13 @@ def solve_adaptive(
                     outs,
                     on_failure,
                     record=grad and not checkpointed,
+                    cap=cap,
                 )
             stats.substep_calls = {k: calls[k] - before.get(k, 0) for k in calls}
             if checkpointed:
                 reached = [s for s in outs if s in saved]
-                u, saved = _replay(prop, est, stats.times, x, grid, reached)
+                u, saved = _replay(est, stats.times, x, grid, reached, every,
+                                   getattr(prop, "checkpoint_snapshots", None))
                 for k in calls:  # the replay is part of the forward work
                     stats.substep_calls[k] = calls[k] - before.get(k, 0)
             results.append((u, saved, stats))
@@ -540,96 +806,3 @@ def solve_adaptive(
         else:
             ys = torch.stack([torch.cat([r[1][s] for r in results], 0) for s in outs], 1)
     return Solution(u, outs or None, ys, stats)
-
-
-class AdaptivePropagator(Propagator):
-    """:math:`f \\mapsto u(t_1)` by adaptive steps of ``scheme``: a
-    :class:`~opsplit.Propagator` whose ``forward`` solves to a tolerance instead of with
-    :math:`N_t` steps (``forward(f, n_steps=N)`` still takes :math:`N` fixed steps).
-
-    Args:
-        scheme: the splitting scheme.
-        t0, t1: the time interval (``t1`` required).
-        grid: as :class:`~opsplit.Propagator`.
-        rtol, atol, and the other :class:`PIController` fields: the controller.
-        estimator: ``"doubling"`` (default), ``"extrapolate"``, or a companion scheme.
-        per_sample: each sample its own steps.
-
-    ``last_stats`` holds the :class:`~opsplit.solution.SolveStats` of the last adaptive
-    ``forward`` (``None`` before).  :meth:`from_propagator` shares an existing
-    propagator's scheme (its controls), interval and grid.  The gradient modes of
-    ``opsplit.control`` apply (it is a ``Propagator``).
-    """
-
-    def __init__(
-        self,
-        scheme: Scheme,
-        *,
-        t1: float,
-        t0: float = 0.0,
-        grid: Grid | None = None,
-        estimator="doubling",
-        per_sample: bool = False,
-        on_failure: str = "raise",
-        **controller,
-    ):
-        super().__init__(scheme, 1, t0=t0, t1=t1, grid=grid)
-        self.controller = PIController(**controller)
-        _estimator(scheme, estimator)  # validated now, not at the first call
-        if per_sample not in (True, False):
-            raise TypeError(f"per_sample: expected True or False, got {per_sample!r}")
-        if on_failure not in ON_FAILURE:
-            raise ValueError(f"on_failure: expected one of {ON_FAILURE}, got {on_failure!r}")
-        self.estimator, self.per_sample, self.on_failure = estimator, per_sample, on_failure
-        self.last_stats = None
-
-    @classmethod
-    def from_propagator(cls, prop: Propagator, **kwargs) -> AdaptivePropagator:
-        """An adaptive propagator on ``prop``'s scheme (shared, not copied), interval and grid."""
-        if not isinstance(prop, Propagator):
-            raise TypeError(f"prop: expected an opsplit Propagator, got {type(prop).__name__}")
-        kwargs.setdefault("t0", prop.t0)
-        kwargs.setdefault("t1", prop.t1)
-        kwargs.setdefault("grid", prop.grid)
-        return cls(prop.scheme, **kwargs)
-
-    def forward(
-        self,
-        f: Tensor,
-        *,
-        n_steps: int | None = None,
-        grid: Grid | None = None,
-        return_trajectory: bool = False,
-        check_finite_input: bool = True,
-    ):
-        if n_steps is not None:
-            return super().forward(
-                f,
-                n_steps=n_steps,
-                grid=grid,
-                return_trajectory=return_trajectory,
-                check_finite_input=check_finite_input,
-            )
-        if return_trajectory:
-            raise ValueError(
-                "return_trajectory: adaptive steps have no fixed grid to stack; use solve(f, t_eval=...) "
-                "(states at requested times), or forward(f, n_steps=N)"
-            )
-        sol = self.solve(
-            f,
-            grid=grid,
-            controller=self.controller,
-            estimator=self.estimator,
-            per_sample=self.per_sample,
-            on_failure=self.on_failure,
-            check_finite_input=check_finite_input,
-        )
-        self.last_stats = sol.stats
-        return sol.u
-
-    def extra_repr(self) -> str:
-        c = self.controller
-        return (
-            f"t=[{self.t0:g}, {self.t1:g}], rtol={c.rtol:g}, atol={c.atol:g}, estimator={self.estimator!r}, "
-            f"per_sample={self.per_sample}, grid={self.grid}"
-        )

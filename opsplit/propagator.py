@@ -27,11 +27,13 @@ from ._checks import (
     check_positive_int,
     check_tensor,
 )
+from .adaptive import PIController, _stops, check_adaptive, solve_adaptive, time_tolerance
 from .grid import Grid, check_grid
+from .revolve import checkpointed_steps as _checkpointed_steps
 from .revolve import revolve_steps
 from .schemes.base import Scheme, changes_grid
 
-__all__ = ["Propagator"]
+__all__ = ["Propagator", "AdaptivePropagator"]
 
 
 class Propagator(nn.Module):
@@ -233,11 +235,15 @@ class Propagator(nn.Module):
         return f, g, unbatched
 
     def _check_output(self, u: Tensor) -> None:
-        check_finite(
-            u, f"{type(self).__name__} output",
-            f"produced from a finite input and finite parameters: an intermediate value "
-            f"left the range of {u.dtype}; scale the input down or use float64",
-        )
+        try:
+            check_finite(
+                u, f"{type(self).__name__} output",
+                f"produced from a finite input and finite parameters: an intermediate value "
+                f"left the range of {u.dtype}; scale the input down or use float64",
+            )
+        except ValueError:  # a NaN written through p.data escapes the cached parameter check: read them all
+            check_parameters_finite(self, type(self).__name__, fresh=True)
+            raise
 
     def solve(
         self,
@@ -272,7 +278,6 @@ class Propagator(nn.Module):
         The same validation as :meth:`forward`.  Autograd records the solve (adaptive step
         sizes are not differentiated); the propagator's checkpointing applies.
         """
-        from .adaptive import PIController, solve_adaptive
         from .solution import Solution, SolveStats, count_substep_calls
 
         adaptive = rtol is not None or atol is not None or controller is not None
@@ -303,10 +308,8 @@ class Propagator(nn.Module):
             times = self.times(n_steps)
             idx = None
             if t_eval is not None:
-                from .adaptive import _stops
-
                 _, outs = _stops(times[0], times[-1], t_eval, ())
-                tol = 1e-12 * max(1.0, abs(times[0]), abs(times[-1]))
+                tol = time_tolerance(times[0], times[-1])
                 idx = []
                 for s in outs:
                     hit = [i for i, x in enumerate(times) if abs(x - s) <= tol]
@@ -343,23 +346,94 @@ class Propagator(nn.Module):
         return s
 
 
-def _checkpointed_steps(scheme: Scheme, times, u: Tensor, grid: Grid, k: int):
-    """The time loop with ``torch.utils.checkpoint`` around every block of ``k`` steps: the
-    backward pass stores one state per block and recomputes the block's steps.  Returns
-    ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (recorded when a block
-    runs; a recomputation records the same grid)."""
-    from torch.utils.checkpoint import checkpoint
+class AdaptivePropagator(Propagator):
+    """:math:`f \\mapsto u(t_1)` by adaptive steps of ``scheme``: a
+    :class:`~opsplit.Propagator` whose ``forward`` solves to a tolerance instead of with
+    :math:`N_t` steps (``forward(f, n_steps=N)`` still takes :math:`N` fixed steps).
 
-    out_grid = [grid]
+    Args:
+        scheme: the splitting scheme.
+        t0, t1: the time interval (``t1`` required).
+        grid: as :class:`~opsplit.Propagator`.
+        rtol, atol, and the other :class:`PIController` fields: the controller.
+        estimator: ``"doubling"`` (default), ``"extrapolate"``, or a companion scheme.
+        per_sample: each sample its own steps.
 
-    def block(u, a, b, g):
-        for n in range(a, b):
-            u, g = scheme.advance(times[n], times[n + 1] - times[n], u, g)
-        out_grid[0] = g
-        return u
+    ``last_stats`` holds the :class:`~opsplit.solution.SolveStats` of the last adaptive
+    ``forward`` (``None`` before).  :meth:`from_propagator` shares an existing
+    propagator's scheme (its controls), interval and grid.  The gradient modes of
+    ``opsplit.control`` apply (it is a ``Propagator``).
+    """
 
-    n = len(times) - 1
-    for a in range(0, n, k):
-        b = min(a + k, n)
-        u = checkpoint(block, u, a, b, out_grid[0], use_reentrant=False)
-    return u, out_grid[0]
+    def __init__(
+        self,
+        scheme: Scheme,
+        *,
+        t1: float,
+        t0: float = 0.0,
+        grid: Grid | None = None,
+        estimator="doubling",
+        per_sample: bool = False,
+        on_failure: str = "raise",
+        **controller,
+    ):
+        super().__init__(scheme, 1, t0=t0, t1=t1, grid=grid)
+        self.controller = PIController(**controller)
+        if per_sample not in (True, False):
+            raise TypeError(f"per_sample: expected True or False, got {per_sample!r}")
+        # validated now, not at the first call; the dtype's own limits (rtol, the round-off
+        # step) are checked by each solve, with the state's dtype (a module may be cast later)
+        check_adaptive(scheme, self.t0, self.t1, self.controller, torch.float64, estimator, on_failure)
+        self.estimator, self.per_sample, self.on_failure = estimator, per_sample, on_failure
+        self.last_stats = None
+
+    @classmethod
+    def from_propagator(cls, prop: Propagator, **kwargs) -> AdaptivePropagator:
+        """An adaptive propagator on ``prop``'s scheme (shared, not copied), interval and grid."""
+        if not isinstance(prop, Propagator):
+            raise TypeError(f"prop: expected an opsplit Propagator, got {type(prop).__name__}")
+        kwargs.setdefault("t0", prop.t0)
+        kwargs.setdefault("t1", prop.t1)
+        kwargs.setdefault("grid", prop.grid)
+        return cls(prop.scheme, **kwargs)
+
+    def forward(
+        self,
+        f: Tensor,
+        *,
+        n_steps: int | None = None,
+        grid: Grid | None = None,
+        return_trajectory: bool = False,
+        check_finite_input: bool = True,
+    ):
+        if n_steps is not None:
+            return super().forward(
+                f,
+                n_steps=n_steps,
+                grid=grid,
+                return_trajectory=return_trajectory,
+                check_finite_input=check_finite_input,
+            )
+        if return_trajectory:
+            raise ValueError(
+                "return_trajectory: adaptive steps have no fixed grid to stack; use solve(f, t_eval=...) "
+                "(states at requested times), or forward(f, n_steps=N)"
+            )
+        sol = self.solve(
+            f,
+            grid=grid,
+            controller=self.controller,
+            estimator=self.estimator,
+            per_sample=self.per_sample,
+            on_failure=self.on_failure,
+            check_finite_input=check_finite_input,
+        )
+        self.last_stats = sol.stats
+        return sol.u
+
+    def extra_repr(self) -> str:
+        c = self.controller
+        return (
+            f"t=[{self.t0:g}, {self.t1:g}], rtol={c.rtol:g}, atol={c.atol:g}, estimator={self.estimator!r}, "
+            f"per_sample={self.per_sample}, grid={self.grid}"
+        )

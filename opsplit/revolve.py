@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["binomial_reps", "revolve_cost", "revolve_steps"]
+__all__ = ["binomial_reps", "revolve_cost", "revolve_steps", "checkpointed_steps"]
 
 
 def binomial_reps(n_units: int, snapshots: int) -> int:
@@ -333,3 +333,26 @@ def revolve_steps(scheme, times, u: Tensor, grid, every: int, snapshots: int):
     params += [b for b in scheme.buffers() if b.requires_grad]
     out = _BinomialCheckpoint.apply(plan, u, *params)
     return out, plan.out_grid
+
+
+def checkpointed_steps(scheme, times, u: Tensor, grid, k: int):
+    """The time loop (:meth:`opsplit.Propagator.forward`, and the replay of an adaptive solve's
+    accepted steps) with ``torch.utils.checkpoint`` around every block of ``k`` steps: the
+    backward pass stores one state per block and recomputes the block's steps.  Returns
+    ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (recorded when a block
+    runs; a recomputation records the same grid)."""
+    from torch.utils.checkpoint import checkpoint
+
+    out_grid = [grid]
+
+    def block(u, a, b, g):
+        for n in range(a, b):
+            u, g = scheme.advance(times[n], times[n + 1] - times[n], u, g)
+        out_grid[0] = g
+        return u
+
+    n = len(times) - 1
+    for a in range(0, n, k):
+        b = min(a + k, n)
+        u = checkpoint(block, u, a, b, out_grid[0], use_reentrant=False)
+    return u, out_grid[0]

@@ -1,11 +1,12 @@
-"""Build the documentation site: execute the notebooks in examples/, convert them to
-Markdown pages in docs/notebooks/ (code, printed output, figures as PNG files), then run
-``mkdocs build --strict``.
+"""Build the documentation site: convert the notebooks in examples/ (stored with their
+outputs by scripts/run_notebooks.py) to Markdown pages in docs/notebooks/ (code, printed
+output, figures as PNG files), then run ``mkdocs build --strict``.
 
     python scripts/build_docs.py                  # notebooks + site (site/)
-    python scripts/build_docs.py --notebooks-only # execute and convert, no site
+    python scripts/build_docs.py --notebooks-only # convert, no site
     python scripts/build_docs.py --no-notebooks   # the site from the pages as they are
-    python scripts/build_docs.py --quick          # notebooks on smaller problems (as the tests)
+    python scripts/build_docs.py --execute        # execute the notebooks in full first (not stored)
+    python scripts/build_docs.py --quick          # execute them on smaller problems (as the tests)
 
 The conversion is a few lines here rather than nbconvert or mkdocs-jupyter: the pages need
 only markdown cells, code cells, text output and PNG figures, and one dependency fewer is
@@ -44,6 +45,9 @@ def execute(path: Path, timeout: int = 600, quick: bool = False):
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:  # a stored notebook's outputs are not kept: each cell makes its own
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "OPSPLIT_QUICK")}
     env_path = saved["PYTHONPATH"] or ""
     os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + env_path if env_path else "")
@@ -103,14 +107,27 @@ def to_markdown(nb, name: str, out_dir: Path) -> Path:
 
 
 def build_notebooks(out_dir: Path = ROOT / "docs" / "notebooks", verbose: bool = True,
-                    quick: bool = False) -> list[Path]:
+                    quick: bool = False, run: bool = False) -> list[Path]:
+    """The notebook pages: from the stored notebooks (their outputs as
+    scripts/run_notebooks.py stored them; a stale one is named), or executed here first
+    (``run``, or ``quick`` on smaller problems; nothing is written back to examples/)."""
+    import nbformat
+    from run_notebooks import stale
+
     pages = []
     for path in notebooks():
         t0 = time.perf_counter()
-        nb = execute(path, quick=quick)
+        if run or quick:
+            nb = execute(path, quick=quick)
+            how = f"executed in {time.perf_counter() - t0:.0f} s"
+        else:
+            nb = nbformat.read(path, as_version=4)
+            why = stale(nb)
+            how = "stored outputs" + (f" (STALE: {why}; rerun python scripts/run_notebooks.py {path.stem})"
+                                      if why else "")
         pages.append(to_markdown(nb, path.stem, out_dir))
         if verbose:
-            print(f"  {path.name}: executed in {time.perf_counter() - t0:.0f} s -> {pages[-1]}")
+            print(f"  {path.name}: {how} -> {pages[-1]}")
     return pages
 
 
@@ -138,12 +155,15 @@ def main(argv=None) -> int:
     p.add_argument("--notebooks-only", action="store_true")
     p.add_argument("--no-notebooks", action="store_true")
     p.add_argument("--site-dir", type=Path, default=None)
+    p.add_argument("--execute", action="store_true",
+                   help="execute the notebooks in full instead of using their stored outputs")
     p.add_argument("--quick", action="store_true",
-                   help="run the notebooks on smaller problems (OPSPLIT_QUICK=1, as the tests do)")
+                   help="execute the notebooks on smaller problems (OPSPLIT_QUICK=1, as the tests do)")
     a = p.parse_args(argv)
     if not a.no_notebooks:
-        print("executing the notebooks" + (" (quick)" if a.quick else "") + " ...")
-        build_notebooks(quick=a.quick)
+        print("converting the notebooks" + (" (executed quick)" if a.quick else " (executed)" if a.execute
+                                            else " (stored outputs)") + " ...")
+        build_notebooks(quick=a.quick, run=a.execute)
     if not a.notebooks_only:
         print("building the site (mkdocs build --strict) ...")
         build_site(a.site_dir)

@@ -75,10 +75,13 @@ BASE = {"gpt2": "GPT2Model", "llama": "LlamaModel", "qwen2": "Qwen2Model", "mist
 CONFIG = {"gpt2": gpt2_config, "llama": llama_config, "qwen2": qwen2_config, "mistral": mistral_config}
 
 
-def build(family: str, seed: int, *, dtype=torch.float64, lm: bool = True, scale: float = 0.3):
+def build(family: str, seed: int, *, dtype=torch.float64, lm: bool = True, scale: float = 0.3, width1: bool = False):
     """A Hugging Face model of ``family`` from the seeded config, in eval mode, its weights
-    perturbed by ``scale`` * N(0, 1) (so that attention is far from uniform)."""
+    perturbed by ``scale`` * N(0, 1) (so that attention is far from uniform); ``width1``: a
+    feed-forward hidden width of 1 (``n_inner`` / ``intermediate_size``)."""
     cfg = CONFIG[family](seed)
+    if width1:
+        setattr(cfg, "n_inner" if family == "gpt2" else "intermediate_size", 1)
     cls = getattr(transformers, (CAUSAL_LM if lm else BASE)[family])
     torch.manual_seed(seed)
     model = cls(cfg).to(dtype).eval()

@@ -57,3 +57,21 @@ def causal(naive, zq, zk, v, **kw):
         if t >= 0:
             out[..., i : i + 1, :] = naive(zq[..., i : i + 1], zk[..., : t + 1], v[..., : t + 1, :], **kw)
     return out
+
+
+def causal_rescaled(naive, zq, zk, v, key_weights, **kw):
+    """:func:`causal` with the key weights of every query divided by the largest weight it
+    sees (in float64; the outputs are of degree 0 in the weights, so this is the same
+    formula), so that weights spread over 1e-300 .. 1e300 neither overflow nor underflow
+    the reference's sums.  ``key_weights`` of the shape of ``zk``."""
+    Nq, Nk = zq.shape[-1], zk.shape[-1]
+    out = torch.zeros(*zq.shape, v.shape[-1], dtype=v.dtype, device=v.device)
+    for i in range(Nq):
+        t = i + Nk - Nq
+        if t >= 0:
+            w = key_weights[..., : t + 1]
+            m = w.amax(-1, keepdim=True)
+            w = torch.where(m > 0, w / torch.where(m > 0, m, 1.0), 0.0)
+            out[..., i : i + 1, :] = naive(zq[..., i : i + 1], zk[..., : t + 1], v[..., : t + 1, :],
+                                           key_weights=w, **kw)
+    return out

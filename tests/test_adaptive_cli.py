@@ -128,3 +128,53 @@ def test_bad_tolerances_and_schemes(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "x"), "--no-progress"]) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "x").exists()
+
+
+def _one_line_exit_2(argv, capsys, tmp_path, pattern):
+    import re
+
+    out = tmp_path / "x"
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(pattern, err), err
+    return out
+
+
+@pytest.mark.parametrize(
+    "config, argv, pattern",
+    [
+        # the tolerance a dtype cannot meet, refused before any work
+        ("[model]\ndtype = \"float32\"\n[solve]\nrtol = 1e-9\n", ["solve"],
+         r"opsplit solve: error: solve\.rtol = 1e-09: scheme 'lie' with heun substeps cannot be solved by adaptive "
+         r"steps: rtol: 1e-09 is below what float32 can meet"),
+        ("", ["solve", "--rtol", "1e-15"], r"solve\.rtol = 1e-15: .* rtol: 1e-15 is below what float64 can meet"),
+        # the projected model with the ReLU: no error estimate shrinks with the step
+        ("[model]\nrelu = true\n[solve]\nreference = \"finest\"\n", ["solve", "--rtol", "1e-4"],
+         r"solve\.rtol = 0\.0001: scheme 'lie' .* substep \d:ProjectionS2 is not a smooth map"),
+        ("", ["compare", "--schemes", "blanes_moan", "blanes_moan"],
+         r"compare\.schemes: expected distinct values \('blanes_moan' given more than once\)"),
+        ("", ["compare", "--solvers", "rk4", "rk4"], r"compare\.solvers: expected distinct values"),
+        ("", ["solve", "--schemes", "strang", "lie", "strang"], r"solve\.schemes: expected distinct values"),
+    ],
+    ids=["float32-rtol-1e-9", "rtol-1e-15", "relu-rtol-1e-4", "compare-schemes-twice", "compare-solvers-twice",
+         "solve-schemes-twice"],
+)
+def test_refused_adaptive_solves_print_one_line(config, argv, pattern, capsys, tmp_path):
+    cfg = ["--config", _toml(tmp_path, config)] if config else []
+    small = ["--n-t", "2", "4", "--n-x", "4", "--n-y", "4"]
+    out = _one_line_exit_2([*argv, *cfg, *small], capsys, tmp_path, pattern)
+    assert not out.exists()  # refused before the folder is written
+
+
+def test_an_adaptive_solve_that_fails_while_running_prints_one_line(monkeypatch, capsys, tmp_path):
+    from opsplit.adaptive import PIController
+    from opsplit.cli import study
+
+    # a controller that runs out of attempts (the command's own is checked before any work)
+    monkeypatch.setattr(study, "adaptive_controller",
+                        lambda model, n_t, rtol, atol: PIController(rtol=rtol, atol=1e-3 * rtol, max_steps=2))
+    argv = ["solve", "--config", _toml(tmp_path, SMOOTH), "--schemes", "strang", "--solver", "rk4", "--n-t", "2",
+            "4", "--n-x", "4", "--n-y", "4", "--rtol", "1e-8"]
+    _one_line_exit_2(argv, capsys, tmp_path, r"solve\.rtol = 1e-08: the adaptive solve of scheme 'strang' with rk4 "
+                     r"substeps failed: adaptive solve: max_steps = 2 attempts reached")

@@ -3,7 +3,9 @@
 (finding 5), torch.compile / torch.jit.trace (finding 8), gradcheck and gradgradcheck of
 every public kernel.  Issue 17: float32 kernels at extreme magnitudes and small bandwidths
 (finding 1) and the smaller kernel edges of finding 9 (weights with grad, ``centered``, the
-``(B, N_k)`` mask on 4-D scores, ``torch.func`` transforms).
+``(B, N_k)`` mask on 4-D scores, ``torch.func`` transforms).  Issue 24: causal kernels with
+key weights spread over many scales (item 13), the decode kernels at extreme magnitudes
+(item 14), kernel attention with keys far from their mean (item 15).
 
 Second derivatives are compared with autograd's second derivatives of the naive O(N^2)
 formulas (tests/sliced_reference.py), which follow the same conventions at ties
@@ -11,7 +13,7 @@ formulas (tests/sliced_reference.py), which follow the same conventions at ties
 
 import pytest
 import torch
-from sliced_reference import causal, naive_sliced_bump, naive_sliced_relu
+from sliced_reference import causal, causal_rescaled, naive_sliced_bump, naive_sliced_relu
 from torch.autograd import gradcheck, gradgradcheck
 
 from opsplit import Grid, Propagator
@@ -602,3 +604,135 @@ def test_issue17_bandwidth_routes():
     assert route(tied, tied, None, b(1e-12).double())[0] == "refuse"
     with pytest.raises(ValueError, match="bandwidth: b = 1e-12 is too small against the spread"):
         sliced_relu_bump_attention(tied, tied, tied.unsqueeze(-1), 1e-12)
+
+
+
+# -- issue 24, items 13-15: key weights over many scales, decode sums, distances ---------------
+from fractions import Fraction  # noqa: E402
+
+from opsplit.functional.sliced_decode import (  # noqa: E402
+    decode_sliced_relu_attention,
+    decode_sliced_relu_bump_attention,
+)
+
+
+@pytest.mark.parametrize("wmax", [1e20, 1e30], ids=["1e20", "1e30"])
+def test_issue24_causal_kernels_with_weights_1e_pm20(wmax):
+    """zq = [1, 1], zk = [0, 0.5], v = [1, 2], float32 key weights [1/wmax, wmax]: the first
+    query sees only the light key, so eq. 2 gives exactly 1, eq. 3 exactly 0 and eq. 7
+    (b = 2) exactly hat(1) = 0.5; the second is dominated by the heavy key (eq. 2: 2, eq. 7:
+    0.75 * 2 = 1.5 up to 1e-40).  One scale per row turned the light weight into 1e-40 (a
+    subnormal: NaN and inf at 1e20) or 0 (outputs 0 at 1e30)."""
+    zq, zk, v = torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 0.5]]), torch.tensor([[[1.0], [2.0]]])
+    w = torch.tensor([[1 / wmax, wmax]])
+    eq2 = causal_sliced_relu_attention(zq, zk, v, centered=False, key_weights=w)
+    eq3 = causal_sliced_relu_attention(zq, zk, v, key_weights=w)
+    eq7 = causal_sliced_relu_bump_attention(zq, zk, v, 2.0, key_weights=w)
+    torch.testing.assert_close(eq2.flatten(), torch.tensor([1.0, 2.0]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(eq3.flatten(), torch.tensor([0.0, 0.0]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(eq7.flatten(), torch.tensor([0.5, 1.5]), rtol=0, atol=1e-6)
+
+
+def _log_uniform_weights(shape, e, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return (10.0 ** (torch.rand(*shape, generator=g, dtype=F64) * 2 * e - e)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype, e, tol", [(torch.float32, 30, 1e-5), (F64, 300, 1e-12)], ids=["f32", "f64"])
+@pytest.mark.parametrize("kind", ["eq3", "eq2", "eq7"])
+def test_issue24_causal_kernels_with_log_uniform_weights(dtype, e, tol, kind):
+    """N = 100 keys of weights 10^U(-e, e) (float32: 1e-30 .. 1e30; float64: 1e-300 ..
+    1e300; one row in random order, one growing along the sequence): every causal output equals the direct sums with each query's weights divided by
+    the largest it sees (float64), within the dtype's tolerance of max |v|; gradients
+    likewise.  One scale per row gave non-finite outputs in float32 and errors of 0.26 max|v|
+    in float64."""
+    zq, zk, v = scores(2, 1, 100, 100, 3, ties=False, seed=24)
+    zq, zk, v = (x.to(dtype) for x in (zq, zk, v))
+    w = _log_uniform_weights((2, 1, 100), e, 5, dtype)
+    w[0] = w[0].sort(-1)[0]  # growing along the sequence: each prefix has its own scale
+    if kind == "eq7":
+        run = lambda a, b, c: causal_sliced_relu_bump_attention(a, b, c, 0.7, key_weights=w)  # noqa: E731
+        ref = lambda a, b, c: causal_rescaled(naive_sliced_bump, a, b, c, w.double(), bandwidth=0.7)  # noqa: E731
+    else:
+        cen = kind == "eq3"
+        run = lambda a, b, c: causal_sliced_relu_attention(a, b, c, centered=cen, key_weights=w)  # noqa: E731
+        ref = lambda a, b, c: causal_rescaled(naive_sliced_relu, a, b, c, w.double(), centered=cen)  # noqa: E731
+    ours = [x.clone().requires_grad_() for x in (zq, zk, v)]
+    refs = [x.detach().double().requires_grad_() for x in (zq, zk, v)]
+    out, r = run(*ours), ref(*refs)
+    assert bool(torch.isfinite(out).all())
+    assert float((out.detach().double() - r.detach()).abs().max()) <= tol * float(v.abs().max())
+    gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    (out * gout.to(dtype)).sum().backward()
+    (r * gout).sum().backward()
+    for a, b in zip(ours, refs, strict=True):
+        assert float((a.grad.double() - b.grad).abs().max()) <= 10 * tol * float(b.grad.abs().max())
+
+
+def test_issue24_decode_bump_of_300_values_3e38():
+    """300 float32 values of 3e38 under one window: eq. 7 is their weighted mean, 3e38
+    (the kernel values are at most 1, but the sum overflowed to inf)."""
+    v = torch.full((1, 300, 1), 3e38)
+    x = float(v[0, 0, 0])  # 3e38 rounded to float32
+    out = decode_sliced_relu_bump_attention(torch.zeros(1, 1), torch.zeros(1, 300), v, 1.0)
+    assert float(out) == pytest.approx(x, rel=1e-5)
+    w = _log_uniform_weights((1, 300), 30, 1, torch.float32)
+    out = decode_sliced_relu_attention(torch.ones(1, 1), torch.zeros(1, 300), v, centered=False, key_weights=w)
+    assert float(out) == pytest.approx(x, rel=1e-5)
+
+
+@pytest.mark.parametrize("fn", ["relu", "bump"])
+def test_issue24_decode_kernels_refuse_nan_scores(fn):
+    """A NaN query score gave 0.0 (ReLU decode) or NaN (bump decode): now a ValueError that
+    names zq (the bad-input sweep has the other arguments)."""
+    zq = torch.tensor([[float("nan")]])
+    call = (lambda: decode_sliced_relu_attention(zq, torch.zeros(1, 3), torch.ones(1, 3, 1))) if fn == "relu" \
+        else (lambda: decode_sliced_relu_bump_attention(zq, torch.zeros(1, 3), torch.ones(1, 3, 1), 1.0))
+    with pytest.raises(ValueError, match="zq: expected finite scores"):
+        call()
+
+
+def _nw_exact(q, k, v, kernel, h):
+    """Eq. (5) of paper 001 in exact rational arithmetic on the (rounded) inputs."""
+    out = []
+    for qi in q.tolist():
+        num, den = [Fraction(0)] * len(v[0]), Fraction(0)
+        for kj, vj in zip(k.tolist(), v.tolist(), strict=True):
+            r2 = sum((Fraction(a) - Fraction(b)) ** 2 for a, b in zip(qi, kj, strict=True)) / Fraction(h) ** 2
+            K = (Fraction(1, 2) if r2 <= 1 else 0) if kernel == "boxcar" else max(Fraction(0), 1 - r2) * Fraction(3, 4)
+            den += K
+            num = [n + K * Fraction(x) for n, x in zip(num, vj, strict=True)]
+        out.append([float(n / den) if den else 0.0 for n in num])
+    return torch.tensor(out, dtype=F64)
+
+
+@pytest.mark.parametrize("kernel, exact", [("boxcar", 3.0), ("epanechnikov", 2.877)])
+def test_issue24_kernel_attention_keys_far_from_their_mean(kernel, exact):
+    """float32 keys 0, 1e4, 1e4 + 0.7, query 1e4 + 0.2, values 1, 2, 4, h = 1: the query sees
+    the last two keys (boxcar: their mean 3.0; Epanechnikov: 2.877).  From expanded squares
+    both gave 2.0 (the distances lost to cancellation against |k - c|^2 ~ 1e7)."""
+    k = torch.tensor([[0.0], [1e4], [1e4 + 0.7]])
+    q = torch.tensor([[1e4 + 0.2]])
+    v = torch.tensor([[1.0], [2.0], [4.0]])
+    out = float(nadaraya_watson_attention(q, k, v, kernel=kernel, bandwidth=1.0))
+    assert out == pytest.approx(float(_nw_exact(q, k, v, kernel, 1.0)), rel=1e-6)
+    assert out == pytest.approx(exact, abs=1e-3)
+
+
+@pytest.mark.parametrize("kernel", ["boxcar", "epanechnikov", "gaussian"])
+def test_issue24_kernel_attention_two_clusters_1000_apart(kernel):
+    """Two 2-D key clusters 1000 apart, queries near the keys, float32: the outputs equal the
+    exact ones (rational arithmetic on the rounded inputs; Gaussian: float64 differences) to
+    1e-5 of max|v| (from expanded squares: errors up to 0.63 max|v|)."""
+    g = torch.Generator().manual_seed(15)
+    k = torch.cat([torch.randn(12, 2, generator=g, dtype=F64) - 500, torch.randn(12, 2, generator=g, dtype=F64) + 500])
+    q = k[::3] + 0.3 * torch.randn(8, 2, generator=g, dtype=F64)
+    v = torch.randn(24, 2, generator=g, dtype=F64)
+    q, k, v = q.float(), k.float(), v.float()
+    out = nadaraya_watson_attention(q, k, v, kernel=kernel, bandwidth=1.0).double()
+    if kernel == "gaussian":
+        d2 = ((q.double().unsqueeze(1) - k.double().unsqueeze(0)) ** 2).sum(-1)
+        ref = torch.softmax(-d2 / 2, -1) @ v.double()
+    else:
+        ref = _nw_exact(q, k, v, kernel, 1.0)
+    assert float((out - ref).abs().max()) <= 1e-5 * float(v.abs().max())

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "opsplit"
 LAYERS = {
     "_checks": 0,  # shared argument checks, used by every layer
     "_compile": 0,  # torch.compile markers that do not import dynamo at import time
+    "_memory": 0,  # the memory available to an allocation, for the size guards
     "functional": 1,  # attention kernels on plain tensors (no grid)
     "grid": 2,  # where
     "controls": 3,  # with what

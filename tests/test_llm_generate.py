@@ -29,16 +29,16 @@ def test_greedy_equals_hf_token_for_token(family, seed):
     ids, mask = left_padded(hf.config.vocab_size, 3, 5, seed)
     ref = _hf_generate(hf, ids, mask, 32, do_sample=False)
     assert ref.shape == (3, 37)
-    cached = ours.generate(ids, 32, attention_mask=mask)
+    cached = ours.generate(ids, 32, attention_mask=mask, eos_token_id=None)
     assert torch.equal(cached, ref)
-    assert torch.equal(ours.generate(ids, 32, attention_mask=mask, use_cache=False), ref)
+    assert torch.equal(ours.generate(ids, 32, attention_mask=mask, use_cache=False, eos_token_id=None), ref)
 
 
 def test_generated_tokens_vary():
     """The comparison above is not vacuous: the continuations are not one repeated token."""
     hf = build("llama", 0, dtype=torch.float32, scale=0.5)
     ids, mask = left_padded(hf.config.vocab_size, 3, 5, 0)
-    out = from_hf(hf).generate(ids, 32, attention_mask=mask)[:, 5:]
+    out = from_hf(hf).generate(ids, 32, attention_mask=mask, eos_token_id=None)[:, 5:]
     assert all(len(set(row.tolist())) >= 4 for row in out)
 
 
@@ -46,7 +46,7 @@ def test_eos_stops_and_pads_as_hf():
     hf = build("llama", 3, dtype=torch.float32, scale=0.5)
     ours = from_hf(hf)
     ids, mask = left_padded(hf.config.vocab_size, 3, 5, 3)
-    free = ours.generate(ids, 24, attention_mask=mask)
+    free = ours.generate(ids, 24, attention_mask=mask, eos_token_id=None)
     eos = int(free[0, 5 + 3])  # a token the first sequence emits at its 4th step
     ref = _hf_generate(hf, ids, mask, 24, do_sample=False, eos_token_id=eos, pad_token_id=7)
     out = ours.generate(ids, 24, attention_mask=mask, eos_token_id=eos, pad_token_id=7)
@@ -59,13 +59,13 @@ def test_seeded_sampling_reproducible_and_as_hf(family):
     hf = build(family, 1, dtype=torch.float64, scale=0.5)
     ours = from_hf(hf)
     ids, mask = left_padded(hf.config.vocab_size, 3, 4, 1)
-    kw = dict(do_sample=True, temperature=0.7, top_k=12, top_p=0.9)
+    kw = dict(do_sample=True, temperature=0.7, top_k=12, top_p=0.9, eos_token_id=None, pad_token_id=0)
     a = ours.generate(ids, 20, attention_mask=mask, generator=torch.Generator().manual_seed(3), **kw)
     b = ours.generate(ids, 20, attention_mask=mask, generator=torch.Generator().manual_seed(3), **kw)
     c = ours.generate(ids, 20, attention_mask=mask, generator=torch.Generator().manual_seed(4), **kw)
     assert torch.equal(a, b) and not torch.equal(a, c)
     torch.manual_seed(11)
-    ref = _hf_generate(hf, ids, mask, 20, **kw)
+    ref = hf.generate(ids, attention_mask=mask, max_new_tokens=20, **kw)
     torch.manual_seed(11)
     assert torch.equal(ours.generate(ids, 20, attention_mask=mask, **kw), ref)
 

@@ -42,12 +42,29 @@ def _rows(path):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def shown(tmp_path_factory):
+    """The finished run, trained with its progress bar, and what the command printed
+    (stdout, stderr), run from the folder above it with an absolute --out."""
+    import contextlib
+    import io
+    import os
+
     tmp = tmp_path_factory.mktemp("text")
     cfg = tmp / "text.toml"
     cfg.write_text(TEXT)
-    assert main(["train", "--config", str(cfg), "--out", str(tmp / "run"), "--no-progress"]) == 0
-    return tmp / "run"
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(tmp)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            assert main(["train", "--config", str(cfg), "--out", str(tmp / "run")]) == 0
+    finally:
+        os.chdir(here)
+    return tmp / "run", out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run(shown):
+    return shown[0]
 
 
 def test_text_run_folder(run):
@@ -153,3 +170,147 @@ def test_generate_refuses_before_any_work(run, capsys):
         assert main(["generate", str(run), "--prompt", "The ", *argv]) == 2
         out, err = capsys.readouterr()
         assert out == "" and match in err and err.count("\n") == 1, err
+
+
+# -- the command's rough edges ---------------------------------------------------------------------
+def test_progress_in_bits_and_absolute_out(shown):
+    """The progress bar shows the training loss in bits per character, as the report does
+    (before: the objective in nats); an absolute --out is printed absolute (before: relative
+    to the current folder)."""
+    run, out, err = shown
+    assert "bits/char" in err and "loss=4." not in err, err[-300:]
+    assert out.strip().splitlines()[-1] == f"opsplit train: results in {run}/ (report: {run / 'report.html'}, " \
+                                          f"{run / 'report.md'})"
+
+
+def test_train_help_names_both_tasks(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on the bundled digits;" not in out and "character-level GPT" in out
+    assert "train.n_steps (task = \"text\")" in out and "(the text task refuses it)" in out
+
+
+def test_sliced_run_samples_with_the_cache(tmp_path, capsys):
+    """A sliced-attention run samples with the key/value cache (report and generate),
+    giving the text of the argmax loop without it."""
+    from opsplit.cli.train_text import load_run
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TEXT.replace("layers = 2", 'layers = 2\nattention = "sliced_relu"').replace("steps = 6", "steps = 2")
+                   .replace("eval_n_steps = [1, 2, 4]", "eval_n_steps = [2]"))
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "s"), "--greedy", "--n-t", "3", "--max-new-tokens", "6"]) == 0
+    out, err = capsys.readouterr()
+    assert "sliced_relu attention with a key/value cache" in err
+    _, vocab, model = load_run(tmp_path / "s")
+    ids = vocab.encode("The ")[None]
+    with torch.no_grad():
+        for _ in range(6):
+            ids = torch.cat([ids, model.eval()(ids, n_steps=3).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert out.rstrip("\n") == vocab.decode(ids[0])
+
+
+def test_greedy_is_the_models_argmax(run, capsys):
+    """``--greedy`` prints the argmax of the model, never the unknown id (which is no
+    training target): an undertrained model repeats its most likely characters."""
+    from opsplit.cli.train_text import load_run
+
+    assert main(["generate", str(run), "--greedy", "--max-new-tokens", "12"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    _, vocab, model = load_run(run)
+    ids = vocab.encode(text)
+    assert (ids[4:] != 0).all() and text.startswith("The ")
+
+
+def test_a_prompt_with_a_newline_round_trips(tmp_path, capsys):
+    """``generate.prompt = "a\\nb"`` is written as valid TOML (before: raw, so that generate
+    and --resume failed with "not valid TOML") and reads back equal."""
+    from opsplit.cli import train_text
+    from opsplit.cli.config import dump_toml, load
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TEXT.replace("max_new_tokens = 12", 'max_new_tokens = 12\nprompt = "T\\nh\\"e"'))
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 0
+    printed = tmp_path / "printed.toml"
+    printed.write_text(capsys.readouterr().out)
+    back = load(train_text.SCHEMA, printed)
+    assert back["generate"]["prompt"] == 'T\nh"e' and back == load(train_text.SCHEMA, cfg)
+    every = "".join(map(chr, range(0x20))) + "\x7f\\\"é"
+    (tmp_path / "all.toml").write_text(dump_toml({"generate": {"prompt": every}}))
+    from opsplit.cli.config import read_toml
+
+    assert read_toml(tmp_path / "all.toml")["generate"]["prompt"] == every
+
+
+def _snapshot(folder):
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_with_an_edited_key_is_refused_before_anything_is_written(run, tmp_path, capsys):
+    """Before: a data.max_chars edit trained silently on other windows (and a refused edit,
+    train.lr, printed a CheckpointError traceback, exit 1, after rewriting config.toml,
+    vocab.json and manifest.json, advising allow_changes=['lr'], which the command lacks).
+    tests/bad_input/test_text.py has a row per key."""
+    import shutil
+
+    folder = shutil.copytree(run, tmp_path / "run")
+    (folder / "config.toml").write_text((folder / "config.toml").read_text().replace("max_chars = 20000",
+                                                                                     "max_chars = 30000"))
+    before = _snapshot(folder)
+    assert main(["train", "--resume", str(folder), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data.max_chars = 20000 in the checkpoint, 30000 in config.toml" in err, err
+    assert "allow_changes=" not in err and "--allow-changes data.max_chars" in err
+    assert _snapshot(folder) == before
+    with pytest.warns(UserWarning, match="accepted changed settings"):
+        assert main(["train", "--resume", str(folder), "--no-progress", "--allow-changes", "data.max_chars"]) == 0
+    assert len(_rows(folder / "train" / "steps.csv")) == 6
+
+
+def test_interrupt_during_the_final_evaluation_prints_the_resume_command(run, tmp_path, monkeypatch, capsys):
+    """A real SIGINT while the trained model is evaluated at eval_n_steps (here: a resumed
+    finished run, which evaluates again): exit 130 with the command that continues the run
+    (before: "interrupted", nothing else)."""
+    import os
+    import shutil
+    import signal
+
+    from opsplit.control import Trainer
+
+    real = Trainer.evaluate
+
+    def interrupted(self, data, **kw):
+        if kw.get("n_steps") == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, data, **kw)
+
+    folder = shutil.copytree(run, tmp_path / "run")
+    monkeypatch.setattr(Trainer, "evaluate", interrupted)
+    assert main(["train", "--resume", str(folder), "--no-progress"]) == 130
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"interrupted at step 6; the latest checkpoint is {folder / 'train' / 'checkpoints'}" in err
+    assert f"continue with: opsplit train --resume {folder}" in err
+
+
+def test_text_estimate_counts_the_corpus_and_the_windows():
+    """The guard's memory counts the training windows (context 2, batch 2000, 200 000
+    steps: 9.6 GB per int64 copy; before: 3 MB estimated, then a failed allocation) and
+    its time the real corpus (the standard library: about 11 million characters; before:
+    470 000 assumed)."""
+    from opsplit.cli import train_text
+    from opsplit.cli.config import load
+    from opsplit.data import corpus_chars
+
+    small = {"model": {"context": 2, "d_model": 8, "heads": 2, "layers": 1}, "generate": {"max_new_tokens": 0, "prompt": "a"},
+             "train": {"steps": 200_000, "batch_size": 2000, "n_steps": [1], "eval_n_steps": [1]}}
+    assert train_text.estimate(load(train_text.SCHEMA, data=small)).bytes > 2 * 9.6e9
+    std = load(train_text.SCHEMA, data={"data": {"corpus": "stdlib"}})
+    pydoc = load(train_text.SCHEMA, data={})
+    n = corpus_chars("stdlib")
+    assert n > 5e6 or n == 0  # a Python that ships its sources, or none
+    if n:
+        # the validation windows: 23 times as many (the training is the same)
+        assert train_text.estimate(std).seconds > 3 * train_text.estimate(pydoc).seconds
+    assert corpus_chars("pydoc_topics", 20000) < 40000

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from . import budget, compare, convert, default, generate, grid, report, solve, threads, train
 from .config import ConfigError, describe, dump_toml, load
@@ -107,6 +108,8 @@ def run_configured(mod, args) -> int:
     mod.check(cfg)
     budget.guard(f"opsplit {mod.NAME}", mod.SCHEMA, cfg, mod.estimate, args.force)
     plan = mod.prepare(cfg)
+    if resume is not None and hasattr(mod, "check_resumed"):  # the checkpoint, before anything is written
+        mod.check_resumed(cfg, plan, Path(resume), getattr(args, "allow_changes", None))
     if args.print_config:
         print(dump_toml(cfg), end="")
         return 0

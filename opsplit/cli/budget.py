@@ -25,11 +25,10 @@ enough to tell a job of minutes from one of days.
 from __future__ import annotations
 
 import copy
-import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._memory import available_memory, human_bytes
 from .config import ConfigError
 
 __all__ = ["Estimate", "guard", "available_memory", "FLOP_RATE", "CALL_SECONDS", "MAX_SECONDS"]
@@ -65,29 +64,6 @@ class Estimate:
     def times(self, k: float) -> Estimate:
         """``k`` repetitions (same peak memory)."""
         return Estimate(self.flops * k, self.calls * k, self.bytes)
-
-
-def available_memory() -> float:
-    """Bytes of memory available to a new allocation: ``MemAvailable`` of /proc/meminfo,
-    else the physical memory, else infinity (no memory guard)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return math.inf
-
-
-def human_bytes(b: float) -> str:
-    for unit, k in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= k:
-            return f"{b / k:.3g} {unit}" if b < 1e15 else f"{b:.2e} bytes"
-    return f"{b:.0f} bytes"
 
 
 def human_seconds(s: float) -> str:

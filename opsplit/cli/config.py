@@ -225,11 +225,22 @@ def read_top(path, key: str, default=None):
     return default if isinstance(value, dict) else value
 
 
+#: TOML's short escapes; every other control character is written as \uXXXX
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(v: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters (U+0000-U+001F,
+    U+007F: a newline in ``generate.prompt``) escaped, so that the text reads back equal."""
+    return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F else c)
+                         for c in v) + '"'
+
+
 def _toml_value(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _toml_string(v)
     if isinstance(v, float):
         return repr(v)
     if isinstance(v, list):

@@ -61,13 +61,14 @@ def write(out, c, *, prefix: str = "", what: str = "test accuracy") -> list[dict
                  f"{c.fit.order:.2f}.")
     out.text(text)
     out.table(f"{prefix}continuity", rows, title=f"{what} at other N_t, substep solvers and schemes (difference "
-              "to the training grid; cost: field evaluations relative to it)")
+              "to the training grid; cost: field evaluations relative to it)", kind="continuity", key=True)
     if c.levels:
         out.table(f"{prefix}continuity_convergence", c.convergence_table(),
-                  title="distance of the outputs to the finest solution and to the next level (relative L2)")
+                  title="distance of the outputs to the finest solution and to the next level (relative L2)",
+                  kind="continuity_convergence")
     fig = c.plot()
     out.figure(fig, f"{prefix}continuity", f"{what} against N_t for each substep solver, and the convergence of "
-               "the outputs")
+               "the outputs", kind="continuity")
     plt.close(fig)
     return rows
 

@@ -31,7 +31,7 @@ _CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", 
 def _tokens() -> dict:
     return {
         "seq_len": Field("int", 8, "prompt tokens per sequence (left-padded in a batch)", at_least(1)),
-        "new_tokens": Field("int", 16, "greedy tokens generated with the key/value cache", at_least(0)),
+        "new_tokens": Field("int", 16, "greedy tokens generated with the key/value cache", at_least(1)),
     }
 
 
@@ -231,7 +231,7 @@ def convert_decoder(name: str, s: dict, batch: int, seed: int, dtype) -> dict:
         worst = max(worst, float((ours[n] - g).abs().max()) / max(float(g.abs().max()), 1e-300))
     new = s["new_tokens"]
     with torch.no_grad():
-        a = model.generate(ids, new, attention_mask=mask)
+        a = model.generate(ids, new, attention_mask=mask, eos_token_id=None)
         b = ref.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=None,
                          pad_token_id=0)
     same = int((a[:, N:] == b[:, N:]).sum()) if a.shape == b.shape else 0

@@ -3,11 +3,15 @@ with ``task = "text"``, at an N_t chosen now (the controls are functions of time
 model trained at one N_t — or at several — is solved on any time grid).
 
 Everything is checked before the model is loaded: ``--n-t`` (>= 1), ``--temperature``
-(> 0), ``--max-new-tokens`` (>= 0), the folder (a text training run with its config,
-vocabulary and a checkpoint), the prompt (not empty; every character in the run's
-vocabulary — one that is not is refused by name, never mapped to the unknown id, whose
-embedding training never touched) and the prompt's length with the new characters against
-the model's learned positions.  The text goes to stdout, one line about the run to stderr."""
+(>= 1e-6), ``--max-new-tokens`` (>= 0), the folder (a text training run with its config,
+vocabulary and a checkpoint; another job's folder is named), the prompt (not empty; every
+character in the run's vocabulary — one that is not is refused by name, never mapped to the
+unknown id, which no training input ever was), the prompt's length with the new characters
+against the model's learned positions, and the size and cost guard (``--n-t 100000000``:
+the controls of every step and the key/value cache exceed the memory; ``--force``).  Then
+the checkpoint is loaded (refused if its weights hold NaN/inf) and the logits at the prompt
+must be finite.  Every run keeps a key/value cache (softmax and sliced attention).  The text
+goes to stdout, one line about the run to stderr."""
 
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ def add_arguments(p):
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the run's)")
     p.add_argument("--seed", type=int, help="seed of the sampling (default: the run's generate.seed)")
     p.add_argument("--greedy", action="store_true", help="take the most likely character (no sampling)")
+    p.add_argument("--force", action="store_true", help="run even when the estimated memory or time exceeds the "
+                   "machine's memory or an hour (opsplit.cli.budget)")
 
 
 def _check_flags(a) -> None:
@@ -41,6 +47,9 @@ def _check_flags(a) -> None:
     check_n_t(a.n_t)
     if a.temperature is not None:
         check_temperature(a.temperature)
+    if a.greedy and a.temperature is not None:
+        raise ConfigError(f"--temperature: --greedy takes the most likely character, no temperature applies; got "
+                          f"--temperature {a.temperature:g} with --greedy")
     if a.max_new_tokens is not None and a.max_new_tokens < 0:
         raise ConfigError(f"--max-new-tokens: expected an integer >= 0, got {a.max_new_tokens}")
     if a.seed is not None and not 0 <= a.seed <= MAX_SEED:
@@ -55,10 +64,12 @@ def run_generate(a) -> str:
 
     import torch
 
-    from .config import ConfigError
+    from .budget import guard
+    from .config import ConfigError, Field
+    from .train_text import generate_estimate, load_model
 
     _check_flags(a)
-    cfg, vocab, model = _checked_run(a)
+    cfg, vocab, ckpt = _checked_run(a)
     m, g = cfg["model"], cfg["generate"]
     prompt = a.prompt if a.prompt is not None else g["prompt"]
     try:
@@ -72,30 +83,42 @@ def run_generate(a) -> str:
                           f"exceed the model's {m['context']} learned positions (model.context); expected at most "
                           f"{max(room, 0)}" + ("" if a.max_new_tokens is not None else " (a shorter --prompt)"))
     n_t = a.n_t if a.n_t is not None else m["layers"]
+    flags = {"-": {"n-t": Field("int", m["layers"]), "max-new-tokens": Field("int", 0)}}
+    guard("opsplit generate", flags, {"-": {"n-t": n_t, "max-new-tokens": k}},
+          lambda c: generate_estimate(m, vocab.size, ids.shape[1], c["-"]["max-new-tokens"], c["-"]["n-t"]),
+          a.force)
     seed = a.seed if a.seed is not None else g["seed"]
     temperature = a.temperature if a.temperature is not None else g["temperature"]
-    model.eval()
-    cache = m["attention"] == "softmax"
+    model = load_model(cfg, vocab, ckpt).eval()
+    try:
+        with torch.no_grad():
+            first = model(ids, n_steps=n_t).logits[0, -1]
+    except ValueError as e:  # the model's own checks (an overflowing attention score, ...)
+        raise ConfigError(f"folder: the model of {str(ckpt)!r} cannot be solved at the prompt at N_t = {n_t}: "
+                          f"{e}") from None
+    if not bool(torch.isfinite(first).all()):
+        raise ConfigError(f"folder: the model of {str(ckpt)!r} gives non-finite logits at the prompt at N_t = {n_t} "
+                          f"(its weights are finite: the solve overflows); expected another --n-t or checkpoint")
     t0 = time.perf_counter()
     out = model.generate(ids, k, do_sample=not a.greedy, temperature=temperature,
-                         generator=torch.Generator().manual_seed(seed), use_cache=cache, n_steps=n_t)
+                         generator=torch.Generator().manual_seed(seed), use_cache=True, n_steps=n_t)
     dt = time.perf_counter() - t0
     how = "greedy" if a.greedy else f"sampled, temperature {temperature:g}, seed {seed}"
     print(f"opsplit generate: {k} characters at N_t = {n_t} (dt = {m['layers'] / n_t:g}; trained at N_t in "
-          f"{cfg['train']['n_steps']}), {how}, {m['attention']} attention"
-          f"{' with a key/value cache' if cache else ''}, {dt:.2f} s", file=sys.stderr)
+          f"{cfg['train']['n_steps']}), {how}, {m['attention']} attention with a key/value cache, {dt:.2f} s",
+          file=sys.stderr)
     return vocab.decode(out[0])
 
 
 def _checked_run(a):
-    """The run's config, vocabulary and model, after the prompt is checked against the
-    vocabulary (which comes from the folder before the checkpoint is read)."""
+    """The run's config, vocabulary and latest checkpoint, after the prompt is checked
+    against the vocabulary (which comes from the folder before the config is read)."""
     import json
     from pathlib import Path
 
     from ..data import CharVocab
     from .config import ConfigError
-    from .train_text import VOCAB, load_run
+    from .train_text import VOCAB, run_config
 
     folder = Path(a.folder)
     voc = folder / VOCAB
@@ -109,4 +132,4 @@ def _checked_run(a):
                 vocab.check(a.prompt, "--prompt")
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-    return load_run(folder)
+    return run_config(folder)

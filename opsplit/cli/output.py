@@ -1,17 +1,18 @@
 """An output folder: tables (CSV + Markdown), plots (PNG) and a report (Markdown + HTML)
 that embeds them.
 
-Each run appends blocks (headings, text, tables, figures) to a manifest
+Each run appends blocks (headings, text, tables, figures, linked files) to a manifest
 (``manifest.json``); :func:`write_report` turns the manifest of a folder into
-``report.md`` and ``report.html``.  A folder without a manifest (or with CSV/PNG files
-the manifest does not list) gets them listed in file-name order.
+``report.md`` and ``report.html`` (:mod:`opsplit.cli.page`: findings first, computed from
+the tables by :mod:`opsplit.cli.findings`, then each section's plots, its tables folded).
+A folder without a manifest (or with CSV/PNG files the manifest does not list) gets them
+listed in file-name order.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as _dt
-import html
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from .config import ConfigError
 
-__all__ = ["Output", "new_folder", "check_out", "write_report", "markdown_table", "read_csv", "fmt"]
+__all__ = ["Output", "new_folder", "check_out", "write_report", "markdown_table", "read_csv", "fmt", "cell"]
 
 MANIFEST = "manifest.json"
 
@@ -47,14 +48,47 @@ def fmt(v) -> str:
     return str(v)
 
 
-def _cell(v) -> str:
-    return fmt(v).replace("|", "\\|").replace("\n", " ")
+#: what a table shows in a cell that is not a number for a reason the table states (a
+#: confidence interval of a two-point fit, the error of the reference run itself)
+EMPTY = "—"
 
 
-def markdown_table(columns, rows) -> str:
+def is_nan(v) -> bool:
+    """A NaN cell, as a float or as its CSV text."""
+    if isinstance(v, float):
+        return math.isnan(v)
+    return isinstance(v, str) and v.strip().lower() == "nan"
+
+
+def cell(v, column: str = "", notes=None) -> str:
+    """A table cell as shown: :func:`fmt`, and :data:`EMPTY` for a NaN in a column whose
+    ``notes`` say why it is not a number."""
+    if notes and column in notes and is_nan(v):
+        return EMPTY
+    return fmt(v)
+
+
+def note_lines(columns, rows, notes) -> list[str]:
+    """The sentences that explain the :data:`EMPTY` cells of a table: one per note that
+    applies to a NaN cell, naming its columns."""
+    if not notes:
+        return []
+    used: dict[str, list[str]] = {}
+    for c in columns:
+        if c in notes and any(is_nan(r.get(c)) for r in rows):
+            used.setdefault(notes[c], []).append(c)
+    return [f"{EMPTY} in {', '.join(cs)}: {why}" for why, cs in used.items()]
+
+
+def _cell(v, column: str = "", notes=None) -> str:
+    return cell(v, column, notes).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(columns, rows, notes=None) -> str:
+    """A Markdown table; ``notes`` (column -> why) show a NaN there as :data:`EMPTY`."""
     head = "| " + " | ".join(_cell(c) for c in columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    body = ["| " + " | ".join(_cell(r.get(c), c, notes) for c in columns) + " |" for r in rows]
     return "\n".join([head, sep, *body])
 
 
@@ -135,14 +169,29 @@ class Output:
     def heading(self, text: str):
         self._add({"type": "heading", "text": text})
 
-    def text(self, text: str):
-        self._add({"type": "text", "text": text})
+    def text(self, text: str, *, anchor: str | None = None, summary: str | None = None):
+        """A paragraph; ``anchor`` names it (a finding links to it, ``#anchor``) and
+        ``summary`` is its gist in a few words, for a finding that cites it."""
+        b = {"type": "text", "text": text}
+        if anchor is not None:
+            b["anchor"] = _anchor_name(anchor, "anchor")
+        if summary is not None:
+            b["summary"] = summary
+        self._add(b)
 
     def code(self, text: str):
         self._add({"type": "code", "text": text})
 
-    def table(self, name: str, rows: list[dict], columns=None, title: str = "") -> Path:
-        """Write ``name.csv`` and ``name.md``; the report shows the table."""
+    def table(self, name: str, rows: list[dict], columns=None, title: str = "", *,
+              kind: str | None = None, notes: dict | None = None, key: bool = False) -> Path:
+        """Write ``name.csv`` and ``name.md``; the report shows the table.
+
+        ``kind`` says what the table is (``"comparison"``, ``"orders"``, ...): the report's
+        findings (:mod:`opsplit.cli.findings`) are computed from the tables of the kinds
+        they know.  ``notes`` (column -> a sentence) explain the NaN cells of a column: the
+        report shows them as "—" and the sentence under the table.  ``key``: a table the
+        report shows unfolded (a few rows that the findings summarise); the others are
+        folded."""
         columns = list(columns or (rows[0].keys() if rows else []))
         path = self.folder / f"{name}.csv"
         with open(path, "w", newline="") as fh:
@@ -150,32 +199,66 @@ class Output:
             w.writeheader()
             for r in rows:
                 w.writerow({c: r.get(c, "") for c in columns})
-        md = (f"**{title}**\n\n" if title else "") + markdown_table(columns, rows) + "\n"
+        md = (f"**{title}**\n\n" if title else "") + markdown_table(columns, rows, notes) + "\n"
+        md += "".join(f"\n{line}\n" for line in note_lines(columns, rows, notes))
         (self.folder / f"{name}.md").write_text(md)
-        self._add({"type": "table", "file": path.name, "title": title})
+        b = {"type": "table", "file": path.name, "title": title}
+        if kind is not None:
+            b["kind"] = kind
+        if notes:
+            b["notes"] = {str(k): str(v) for k, v in notes.items()}
+        if key:
+            b["key"] = True
+        self._add(b)
         return path
 
-    def figure(self, fig, name: str, caption: str = "") -> Path:
-        """Save a matplotlib figure as ``name.png`` (and close it)."""
+    def figure(self, fig, name: str, caption: str = "", *, kind: str | None = None) -> Path:
+        """Save a matplotlib figure as ``name.png`` (and close it); ``kind`` names what it
+        shows, for the findings that link to it."""
         import matplotlib.pyplot as plt
 
         path = self.folder / f"{name}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.08)  # a margin round the labels
         plt.close(fig)
-        self._add({"type": "figure", "file": path.name, "caption": caption})
+        b = {"type": "figure", "file": path.name, "caption": caption}
+        if kind is not None:
+            b["kind"] = kind
+        self._add(b)
         return path
 
     def link(self, file: str, caption: str = ""):
-        """A figure written by someone else (e.g. the trainer's ``curves.png``)."""
+        """A figure written by someone else (a PNG in the folder), shown as a figure."""
         self._add({"type": "figure", "file": file, "caption": caption})
+
+    def files(self, files, text: str = ""):
+        """Files of the folder the report links to without showing them (e.g. the trainer's
+        ``train/steps.csv``); ``text`` says what they are."""
+        self._add({"type": "files", "files": [str(f) for f in files], "text": text})
 
     def finish(self) -> Path:
         return write_report(self.folder)
 
 
+#: the resolution of the report's plots (dots per inch): about 700 x 500 pixels for a
+#: 6.4 x 4.4 in figure, sharp in a two-column grid on a laptop screen
+DPI = 110
+
+
+def _anchor_name(name, what: str) -> str:
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+        raise ValueError(f"{what}: expected a name of letters, digits, '-' and '_' (an HTML id), got {name!r}")
+    return name
+
+
 #: block type -> its required string keys
 _BLOCK_KEYS = {"heading": ("text",), "text": ("text",), "code": ("text",), "table": ("file",),
-               "figure": ("file",)}
+               "figure": ("file",), "files": ("text",)}
+
+
+def _inside(f: str) -> bool:
+    return not (Path(f).is_absolute() or ".." in Path(f).parts)
 
 
 def read_manifest(path: Path) -> tuple[str, list[dict]]:
@@ -206,12 +289,26 @@ def read_manifest(path: Path) -> tuple[str, list[dict]]:
         for k in _BLOCK_KEYS[b["type"]]:
             if not isinstance(b.get(k), str):
                 raise ConfigError(f"{where}.{k}: expected a string, got {b.get(k)!r}")
-        for k in ("title", "caption"):
+        for k in ("title", "caption", "kind", "summary"):
             if k in b and not isinstance(b[k], str):
                 raise ConfigError(f"{where}.{k}: expected a string, got {b[k]!r}")
+        if "anchor" in b:
+            try:
+                _anchor_name(b["anchor"], f"{where}.anchor")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        if "notes" in b and not (isinstance(b["notes"], dict)
+                                 and all(isinstance(v, str) for v in b["notes"].values())):
+            raise ConfigError(f"{where}.notes: expected an object of column -> sentence, got {b['notes']!r}"[:300])
+        if "key" in b and not isinstance(b["key"], bool):
+            raise ConfigError(f"{where}.key: expected true or false, got {b['key']!r}")
         f = b.get("file")
-        if f is not None and (Path(f).is_absolute() or ".." in Path(f).parts):
+        if f is not None and not _inside(f):
             raise ConfigError(f"{where}.file: expected a path inside the folder, got {f!r}")
+        if b["type"] == "files":
+            fs = b.get("files")
+            if not isinstance(fs, list) or not all(isinstance(x, str) and _inside(x) for x in fs):
+                raise ConfigError(f"{where}.files: expected a list of paths inside the folder, got {fs!r}"[:300])
     return title, list(blocks)
 
 
@@ -221,7 +318,7 @@ def _blocks(folder: Path) -> tuple[str, list[dict]]:
         title, blocks = read_manifest(path)
     else:
         title, blocks = f"opsplit report: {folder.name}", []
-    listed = {b.get("file") for b in blocks}
+    listed = {b.get("file") for b in blocks} | {f for b in blocks for f in b.get("files", [])}
     extra_csv = sorted(p for p in folder.rglob("*.csv") if str(p.relative_to(folder)) not in listed)
     extra_png = sorted(p for p in folder.rglob("*.png") if str(p.relative_to(folder)) not in listed)
     if extra_csv or extra_png:
@@ -233,68 +330,28 @@ def _blocks(folder: Path) -> tuple[str, list[dict]]:
     return title, blocks
 
 
-_CSS = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse;margin:1em 0;font-size:90%}"
-        "td,th{border:1px solid #bbb;padding:2px 8px;text-align:right}"
-        "th{background:#eee}img{max-width:100%}pre{background:#f4f4f4;padding:.5em}")
-
-
 def write_report(folder, max_rows: int = 60) -> Path:
     """Write ``report.md`` and ``report.html`` in ``folder`` from its manifest (see the
-    module docstring); returns the path of ``report.html``."""
+    module docstring; the page itself: :mod:`opsplit.cli.page`); returns the path of
+    ``report.html``."""
+    from .page import render
+
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"report: no such folder {str(folder)!r}")
     title, blocks = _blocks(folder)
-    md = [f"# {title}", ""]
-    ht = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-          f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
-    for b in blocks:
-        t = b["type"]
-        if t == "heading":
-            md += [f"## {b['text']}", ""]
-            ht.append(f"<h2>{html.escape(b['text'])}</h2>")
-        elif t == "text":
-            md += [b["text"], ""]
-            ht.append(f"<p>{html.escape(b['text'])}</p>")
-        elif t == "code":
-            md += ["```", b["text"], "```", ""]
-            ht.append(f"<pre>{html.escape(b['text'])}</pre>")
-        elif t == "table":
-            p = folder / b["file"]
-            if not p.is_file():
-                continue
-            cols, rows = read_csv(p)
-            more = len(rows) - max_rows
-            rows = rows[:max_rows]
-            if b.get("title"):
-                md += [f"**{b['title']}** ([{b['file']}]({b['file']}))", ""]
-                ht.append(f"<p><b>{html.escape(b['title'])}</b> "
-                          f"(<a href='{html.escape(b['file'])}'>{html.escape(b['file'])}</a>)</p>")
-            md += [markdown_table(cols, rows), ""]
-            ht.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
-            for r in rows:
-                ht.append("<tr>" + "".join(f"<td>{html.escape(fmt(r.get(c, '')))}</td>" for c in cols)
-                          + "</tr>")
-            ht.append("</table>")
-            if more > 0:
-                md += [f"({more} more rows in {b['file']})", ""]
-                ht.append(f"<p>({more} more rows in {html.escape(b['file'])})</p>")
-        elif t == "figure":
-            if not (folder / b["file"]).is_file():
-                continue
-            cap = b.get("caption", "")
-            md += [f"![{cap}]({b['file']})", ""] + ([f"*{cap}*", ""] if cap else [])
-            ht.append(f"<figure><img src='{html.escape(b['file'])}' alt='{html.escape(cap)}'>"
-                      f"<figcaption>{html.escape(cap)}</figcaption></figure>")
-    ht.append("</body></html>")
-    (folder / "report.md").write_text("\n".join(md))
+    md, ht = render(folder, title, blocks, max_rows)
+    (folder / "report.md").write_text(md)
     out = folder / "report.html"
-    out.write_text("\n".join(ht))
+    out.write_text(ht)
     return out
 
 
 def relpath(p) -> str:
+    """``p`` as the command shows it: an absolute path (an absolute ``--out``) as it is; a
+    relative one relative to the current folder, or absolute if it leads out of it."""
+    if Path(p).is_absolute():
+        return str(p)
     try:
         r = os.path.relpath(p)
     except ValueError:  # pragma: no cover - another drive on Windows

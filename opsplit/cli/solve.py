@@ -30,7 +30,7 @@ SCHEMA = {
     "model": study.MODEL_SCHEMA,
     "solve": {
         "schemes": Field("str_list", ["lie", "strang", "parallel", "hybrid"], "splitting schemes",
-                         choices=study.SCHEMES),
+                         study.distinct, choices=study.SCHEMES),
         "solver": Field("str", "heun", "substep solver of the smooth terms", choices=study.SOLVERS),
         "n_t": Field("int_list", [4, 8, 16, 32], "time steps N_t (>= 1)", at_least(1)),
         "n_x": Field("int_list", [8, 16, 32], "nodes N_x on Omega_x (zipped with n_y)", at_least(1)),
@@ -83,12 +83,19 @@ def prepare(cfg) -> dict:
     c = cfg["solve"]
     gs = study.grids(c["n_x"], c["n_y"], "solve")
     n_t = sorted(set(c["n_t"]))
-    study.preflight(cfg["model"], gs, n_t, c["schemes"], c["solver"], c["reference"], "solve")
+    study.preflight(cfg["model"], gs, n_t, c["schemes"], c["solver"], c["reference"], "solve",
+                    rtol=c["rtol"], atol=c["atol"])
     return {"grids": sorted(set(gs)), "n_t": n_t}
 
 
+#: why a run has no error (the report shows the cell empty, with this)
+REFERENCE_NOTE = "this run is the reference (the finest run, reference = 'finest')"
+GRID_NOTE = "the finest grid is the reference of the grid error"
+
+
 def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
-    from ..analysis import plot_convergence
+    from . import plots
+    from .compare import CI_NOTE
 
     c, m = cfg["solve"], cfg["model"]
     gs, n_t = plan["grids"], plan["n_t"]
@@ -111,7 +118,8 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
     )
     cols = ["scheme", "solver", "n_t", "n_x", "n_y", "dt", "dx", "dy", "substeps", "rel_error",
             "grid_error", "seconds"]
-    out.table(f"{prefix}runs", rows, cols, "every run")
+    out.table(f"{prefix}runs", rows, cols, "every run", kind="runs",
+              notes={"rel_error": REFERENCE_NOTE, "grid_error": GRID_NOTE})
     study.adaptive_table(out, ref, prefix)
     statistics_tables(out, rows, ref, prefix)
     t_st = study.studies(rows, "dt", {"n_x": fine[0], "n_y": fine[1]},
@@ -120,15 +128,20 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
     orders = study.order_rows(t_st, "dt") + study.order_rows(s_st, "max(dx, dy)")
     if orders:
         out.table(f"{prefix}orders", orders, title="fitted orders (least squares on "
-                  "log-log, 95% confidence interval; theory: the scheme's order with these substeps)")
+                  "log-log, 95% confidence interval; theory: the scheme's order with these substeps)",
+                  kind="orders", notes={"ci95_low": CI_NOTE, "ci95_high": CI_NOTE}, key=True)
     if t_st:
-        fig = plot_convergence(t_st, title=f"error vs Δt on the {fine[0]} x {fine[1]} grid")
+        fig = plots.convergence(t_st, plots.DT, plots.REL_ERROR,
+                                f"error vs Δt on the {fine[0]} x {fine[1]} grid")
         out.figure(fig, f"{prefix}convergence_time",
-                   "convergence in time: relative error against Δt, fitted orders in the legend")
+                   "convergence in time: relative error against Δt, fitted orders in the legend",
+                   kind="convergence_time")
     if s_st:
-        fig = plot_convergence(s_st, title=f"grid error vs max(Δx, Δy) at N_t = {max(n_t)}")
+        fig = plots.convergence(s_st, plots.H, plots.GRID_ERROR,
+                                f"grid error vs max(Δx, Δy) at N_t = {max(n_t)}")
         out.figure(fig, f"{prefix}convergence_space",
-                   "convergence in space: error against the finest grid, fitted orders")
+                   "convergence in space: error against the finest grid, fitted orders",
+                   kind="convergence_space")
     return rows
 
 

@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..adaptive import PIController
+from ..adaptive import AdaptiveStepError, PIController, check_adaptive
 from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
 from ..analysis.problems import SCHEMES, SOLVERS
 from .budget import Estimate
@@ -117,10 +117,24 @@ def check(model: dict, gs: list[tuple[int, int]], n_t: list[int], reference: str
             )
 
 
+def distinct(v):
+    """A check: no list element given twice."""
+    dup = sorted({x for x in v if v.count(x) > 1})
+    return None if not dup else f"distinct values ({', '.join(map(repr, dup))} given more than once)"
+
+
+def adaptive_controller(model: dict, n_t, rtol: float, atol: float) -> PIController:
+    """The controller of the command's adaptive solves: ``atol = 1e-3 rtol`` when 0, steps at
+    most the largest fixed step ``T / min(n_t)`` (the one :func:`preflight` checked)."""
+    return PIController(rtol=rtol, atol=atol or 1e-3 * rtol, max_step=model["T"] / min(n_t))
+
+
 def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, solver,
-              reference: str, section: str) -> None:
+              reference: str, section: str, rtol: float = 0.0, atol: float = 0.0) -> None:
     """The library's own checks, before the long work: the model can be evaluated on each
-    grid with each scheme, and its initial state can be projected onto S1."""
+    grid with each scheme, and its initial state can be projected onto S1; with ``rtol > 0``
+    each scheme can be solved adaptively (:func:`opsplit.adaptive.check_adaptive`: the
+    tolerance is one the dtype can meet, the scheme's error can be estimated)."""
     from ..operators.layernorm import constant_tokens
 
     check(model, gs, n_t, reference, section)
@@ -160,6 +174,15 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
                             f"dt = T / {min(n_t)} the controls must extend {out / min(n_t):.3g} T beyond [0, T]; "
                             f"expected model.margin >= {need:g}"
                         ) from None
+            if rtol > 0:
+                try:
+                    check_adaptive(prop.scheme, 0.0, model["T"], adaptive_controller(model, n_t, rtol, atol),
+                                   p.f.dtype)
+                except (ValueError, TypeError) as e:
+                    raise ConfigError(
+                        f"{section}.rtol = {rtol:g}: scheme {kind!r} with {solver} substeps cannot be solved by "
+                        f"adaptive steps: {e}"
+                    ) from None
 
 
 # -- the size and cost estimate (opsplit.cli.budget) -----------------------------------------
@@ -329,12 +352,16 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
         p = problems[g]
         prop = p.propagator(n or 1, s, v)
         # an adaptive step is at most the largest fixed step (the one preflight checked)
-        kw = {} if n is not None else {"controller": PIController(
-            rtol=rtol, atol=atol or 1e-3 * rtol, max_step=model["T"] / min(n_t))}
+        kw = {} if n is not None else {"controller": adaptive_controller(model, n_t, rtol, atol)}
         with torch.no_grad(), warnings.catch_warnings():
             # torch's vmap fallback for SDPA (parallel/hybrid terms batched): a speed note only
             warnings.filterwarnings("ignore", message="There is a performance drop")
-            sol, sec = _timed(lambda prop=prop, p=p, kw=kw: prop.solve(p.f, **kw), repeats)
+            try:
+                sol, sec = _timed(lambda prop=prop, p=p, kw=kw: prop.solve(p.f, **kw), repeats)
+            except AdaptiveStepError as e:  # one line on stderr, exit status 2 (opsplit.cli.app)
+                raise ConfigError(
+                    f"{desc}.rtol = {rtol:g}: the adaptive solve of scheme {s!r} with {v} substeps failed: {e}"
+                ) from None
         u = sol.u.to(torch.float64).cpu()
         if n is None:
             ref = refs[s, v].to(torch.float64).cpu()
@@ -448,5 +475,5 @@ def order_rows(sts, what: str):
     return rows
 
 
-__all__ += ["grids", "check", "check_tolerances", "adaptive_table", "studies", "order_rows", "SCHEMES", "SOLVERS", "run_estimate",
+__all__ += ["distinct", "adaptive_controller", "grids", "check", "check_tolerances", "adaptive_table", "studies", "order_rows", "SCHEMES", "SOLVERS", "run_estimate",
             "reference_estimate", "field_flops", "memory_bytes", "dopri5_evaluations"]

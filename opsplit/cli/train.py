@@ -8,22 +8,26 @@ that continues the run."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import signal
 import threading
 import warnings
 from pathlib import Path
 
 from .budget import Estimate
-from .config import TOP, ConfigError, Field, at_least, between, positive, read_top, seed_field
+from .config import TOP, ConfigError, Field, at_least, between, positive, read_toml, seed_field
 
 NAME = "train"
-SUMMARY = "train a model's controls (optimal control) on the bundled digits; resumable"
+SUMMARY = ("train a model's controls (optimal control): a ViT on the bundled digits, or a character-level GPT "
+           "with task = \"text\"; resumable")
 EXAMPLE = """\
 examples:
   opsplit train --epochs 10 --out runs/train
   opsplit train --resume runs/train        # continue an interrupted run from its folder
   opsplit train --config train.toml
   opsplit train --config text.toml      # task = "text": a character-level GPT (docs/text.md)
+  opsplit train --config text.toml --print-config   # the text task's keys and defaults
 
 train.toml:
   [model]                 # ImageClassifier(SplitEncoder): F, N_theta, G of paper 002, eq. 36
@@ -114,9 +118,13 @@ SCHEMA = {
 
 def select(a):
     """The module of the run's task: this one (digits) or :mod:`opsplit.cli.train_text`, by
-    the top-level ``task`` of ``--config`` (or of the ``--resume`` folder's config.toml); a
-    file that cannot be read, or an unknown task, is reported by this module's checks."""
+    the top-level ``task`` of ``--config`` (or of the ``--resume`` folder's config.toml).
+    A ``task`` that is not one of :data:`TASKS`, or a file without a task line whose keys
+    belong to the text task only, is refused naming ``task``; a file that cannot be read is
+    reported by this module's checks."""
     import sys
+
+    from . import train_text
 
     path = None
     if getattr(a, "resume", None) is not None:
@@ -125,26 +133,72 @@ def select(a):
     elif getattr(a, "config", None) is not None:
         path = a.config
     try:
-        task = "digits" if path is None else read_top(path, "task", "digits")
+        raw = {} if path is None else read_toml(path)
     except ConfigError:
+        raw = {}
+    task = raw.get("task", None)
+    if isinstance(task, dict):  # a [task] table: an unknown section, reported by the schema
+        task = None
+    if task is None:
+        text_only = _text_only_keys(raw)
+        if text_only:
+            raise ConfigError(
+                f"task: the config has no task line, so it is read as task = \"digits\", but "
+                f"{', '.join(text_only[:4])}{' ...' if len(text_only) > 4 else ''} belong(s) to task = \"text\"; "
+                f"expected task = \"text\" on the first line (before any [section]) for the character-level GPT")
         task = "digits"
-    if task == "text":
-        from . import train_text
+    if not isinstance(task, str) or isinstance(task, bool):
+        raise ConfigError(f"task: expected a string, one of {', '.join(map(repr, TASKS))}, got {task!r} "
+                          f"({type(task).__name__})")
+    if task not in TASKS:
+        hint = f" (task names are lower case: {task.lower()!r})" if task.lower() in TASKS else ""
+        raise ConfigError(f"task: expected one of {', '.join(map(repr, TASKS))}, got {task!r}{hint}")
+    return train_text if task == "text" else sys.modules[__name__]
 
-        return train_text
-    return sys.modules[__name__]
+
+def _text_only_keys(raw: dict) -> list[str]:
+    """The sections and keys of a raw config that the text task's schema has and this
+    (digits) one has not."""
+    from .train_text import SCHEMA as TEXT
+
+    out = []
+    for sec, v in raw.items():
+        if not isinstance(v, dict):
+            continue
+        if sec in TEXT and sec not in SCHEMA:
+            out.append(f"[{sec}]")
+        elif sec in TEXT:
+            out += [f"{sec}.{k}" for k in v if k in TEXT[sec] and k not in SCHEMA[sec]]
+    return out
 
 
 def add_arguments(p):
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its config.toml "
                    "and latest checkpoint)")
-    p.add_argument("--epochs", type=int, help="train.epochs")
-    p.add_argument("--n-steps", type=int, help="model.n_steps (N_t of training)")
-    p.add_argument("--scheme", help="model.scheme")
-    p.add_argument("--gradient", help="train.gradient: backprop, checkpoint or adjoint")
+    p.add_argument("--epochs", type=int, help="train.epochs (digits; the text task counts train.steps)")
+    p.add_argument("--n-steps", type=int, metavar="N", help="N_t of training: model.n_steps (digits) or "
+                   "train.n_steps (task = \"text\")")
+    p.add_argument("--scheme", help="model.scheme (digits: lie, strang, parallel, hybrid; text: lie, strang)")
+    p.add_argument("--gradient", help="train.gradient: backprop or checkpoint; adjoint for the digits with "
+                   "model.solver = 'rk4' (the text task refuses it)")
+    p.add_argument("--allow-changes", nargs="+", metavar="KEY", help="with --resume: continue although these "
+                   "keys of the folder's config.toml were edited since its checkpoint was written (train.lr, "
+                   "data.split_seed, ...; the optimizer and schedule follow the new values from the resumed step on)")
+
+
+def no_allow_changes(a) -> None:
+    """``--allow-changes`` belongs to ``--resume``."""
+    if getattr(a, "allow_changes", None) is not None:
+        raise ConfigError("--allow-changes: only with --resume (it names the keys of a resumed run's config.toml "
+                          "edited since its checkpoint); a new run takes any config")
 
 
 def overrides(a) -> dict:
+    no_allow_changes(a)
+    return _flag_values(a)
+
+
+def _flag_values(a) -> dict:
     return {"train.epochs": a.epochs, "model.n_steps": a.n_steps, "model.scheme": a.scheme,
             "train.gradient": a.gradient}
 
@@ -183,7 +237,7 @@ def check_resume(a) -> Path:
     if a.out is not None and Path(a.out).resolve() != folder.resolve():
         raise ConfigError(f"--out: cannot be combined with --resume {str(folder)!r} (a resumed run "
                           f"writes to its own folder), got --out {a.out!r}")
-    for key, value in overrides(a).items():
+    for key, value in _flag_values(a).items():
         if value is not None:
             raise ConfigError(f"{_FLAGS[key]}: cannot be combined with --resume (a resumed run continues "
                               f"with the settings of {str(folder / 'config.toml')!r}, {key} included; "
@@ -221,6 +275,108 @@ def check_new_folder(out, same_config: Path | None = None, cfg: dict | None = No
         raise ConfigError(f"--out: {str(out)!r} already holds a training run (checkpoints in "
                           f"{str(Path(out) / 'train' / 'checkpoints')!r}); continue it with "
                           f"opsplit train --resume {out}, or choose another folder")
+
+
+#: the keys that fix what a digits run trains on, beyond TrainConfig (TrainConfig.extra:
+#: recorded in the run's checkpoints; an edit is refused on --resume like one of train.lr)
+DATA_KEYS = ("data.test_fraction", "data.split_seed", "data.limit", "train.shift")
+#: the TrainConfig fields a resume compares (opsplit.control.config_changes) -> the config
+#: keys that set them; the others are fixed by the command
+RUN_KEYS = {"lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
+            "seed": "train.seed", "batch_size": "train.batch_size", "epochs": "train.epochs",
+            "max_steps": "train.max_steps"}
+
+
+def data_settings(cfg: dict, keys) -> dict:
+    """``{"section.key": value}`` of ``keys`` (TrainConfig.extra)."""
+    return {k: cfg[k.split(".")[0]][k.split(".", 1)[1]] for k in keys}
+
+
+def _cli_key(change, run_keys: dict) -> str:
+    base = change.key.split(" ")[0]
+    if change.where != "TrainConfig":
+        return "model"
+    names = [run_keys.get(k, k) for k in base.split("/")]
+    return "/".join(dict.fromkeys(names))
+
+
+def _cli_change(change, run_keys: dict) -> str:
+    if change.where != "TrainConfig":
+        return f"the model ([model] edited): {change.where + '.' if change.where else ''}{change.key} = " \
+               f"{change.checkpoint!r} in the checkpoint, {change.model!r} now"
+    return f"{_cli_key(change, run_keys)} = {change.checkpoint!r} in the checkpoint, {change.model!r} in config.toml"
+
+
+def _allowed_names(allow, run_keys: dict, data_keys) -> frozenset:
+    """``--allow-changes KEY ...`` (config keys) as the trainer's setting names."""
+    if not allow:
+        return frozenset()
+    back = {}
+    for field, key in run_keys.items():
+        back.setdefault(key, []).append(field)
+    known = sorted({*back, *data_keys})
+    out = set()
+    for k in allow:
+        if k in data_keys:
+            out.add(k)
+        elif k in back:
+            out.update(back[k])
+        else:
+            raise ConfigError(f"--allow-changes: expected keys that a resume compares ({', '.join(known)}), got {k!r}")
+    return frozenset(out)
+
+
+def without_api_advice(e: Exception) -> str:
+    """A checkpoint refusal without the library's advice, which names arguments of
+    ``load_checkpoint`` (``allow_nonfinite=``, ``resample=``) that the command does not offer."""
+    return re.sub(r"\s*\(pass (?:allow_nonfinite|resample)=[^)]*\)", "", str(e)).rstrip(" .;")
+
+
+def check_checkpoint(plan, folder: Path, allow, *, trainer, total_steps: int, run_keys: dict,
+                     data_keys) -> None:
+    """Before anything of a resumed run is written: the folder's latest checkpoint is read,
+    checked against ``trainer`` (the model of ``config.toml`` and its run, ``total_steps``
+    optimizer steps) and loaded — what :meth:`~opsplit.control.Trainer.fit` does when it
+    resumes, refused here as one :class:`ConfigError` that names the edited keys by their
+    config names, with the advice the command offers (``--allow-changes``, ``--out``).
+    The accepted names go to ``plan["allow_changes"]`` for the run."""
+    from ..control import checkpoint_differences, config_changes
+    from ..control.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
+
+    ck_path = latest_checkpoint(folder / "train")
+    if ck_path is None:
+        return  # nothing saved yet: the run starts from step 0
+    names = _allowed_names(allow, run_keys, data_keys)
+    older = sorted(p for p in ck_path.parent.iterdir()
+                   if p.name.startswith("step-") and p < ck_path and (p / "meta.json").is_file())
+    earlier = (f"; remove {str(ck_path)!r} to resume from the earlier {str(older[-1])!r}" if older else
+               "; start a new run with --out")
+    try:
+        ck = read_checkpoint(ck_path)
+        t = ck.trainer or {}
+        changes = checkpoint_differences(ck, trainer.model) + config_changes(
+            ck.config, trainer.config, saved_world_size=int(t.get("world_size", 1)), world_size=1,
+            saved_total_steps=t.get("total_steps"), total_steps=total_steps)
+    except CheckpointError as e:
+        raise ConfigError(f"--resume: {e}{earlier}") from None
+    bad = [c for c in changes if c.where != "TrainConfig" or not (
+        c.key.split(" ")[0] in names or any(k in names for k in c.key.split(" ")[0].split("/")))]
+    if bad:
+        keys = [_cli_key(c, run_keys) for c in bad if c.where == "TrainConfig"]
+        may = (f", or pass --allow-changes {' '.join(dict.fromkeys(keys))} to continue with the new value(s) "
+               "(the optimizer and schedule follow them from the resumed step on)") if len(keys) == len(bad) else ""
+        raise ConfigError(
+            f"--resume: {str(folder / 'config.toml')!r} differs from the run that wrote the checkpoint "
+            f"{str(ck_path)!r}: " + "; ".join(_cli_change(c, run_keys) for c in bad)
+            + ". A resume continues that run: restore the value(s) in config.toml, or start a new run with --out"
+            + may + ". Nothing was loaded or written")
+    try:
+        with warnings.catch_warnings():  # the accepted changes: warned about once, by the run
+            warnings.simplefilter("ignore")
+            trainer.load(ck_path, allow_changes=names, _total_steps=total_steps)
+    except CheckpointError as e:
+        raise ConfigError(f"--resume: {without_api_advice(e)}{earlier}") from None
+    plan["allow_changes"] = names
 
 
 def _digits_split(d: dict):
@@ -428,7 +584,30 @@ def train_config(cfg, progress: bool = True):
                        train_n_steps_weights=("cost" if t["n_steps_weights"] == "cost" else None) if tns else None,
                        train_solvers=sol, train_solvers_weights=("cost" if t["solvers_weights"] == "cost" else None)
                        if sol else None,
-                       progress=progress)
+                       progress=progress, extra=data_settings(cfg, DATA_KEYS))
+
+
+def _train_split(d: dict):
+    from ..data import TensorData
+
+    train, test = _digits_split(d)
+    if d["limit"]:
+        train = TensorData(train.inputs[: d["limit"]], train.targets[: d["limit"]],
+                           name="digits_train", info=train.info)
+    return train, test
+
+
+def check_resumed(cfg, plan, folder: Path, allow=None) -> None:
+    """``--resume``: the folder's checkpoint against this config, before anything is
+    written (:func:`check_checkpoint`)."""
+    from ..control import Trainer
+
+    c = train_config(cfg, progress=False)
+    n = len(_train_split(cfg["data"])[0])
+    total = -(-n // c.batch_size) * c.epochs
+    check_checkpoint(plan, folder, allow, trainer=Trainer(plan["model"], objective(cfg), c),
+                     total_steps=min(total, c.max_steps) if c.max_steps else total, run_keys=RUN_KEYS,
+                     data_keys=DATA_KEYS)
 
 
 def objective(cfg):
@@ -459,6 +638,19 @@ class Interrupted(KeyboardInterrupt):
                  f"saved a checkpoint at step {self.step}: {relpath(self.checkpoint)}")
         command = self.command or f"opsplit train --resume {relpath(self.folder) if self.folder else '<folder>'}"
         return f"interrupted at step {self.step}; {where}; continue with: {command}"
+
+
+@contextlib.contextmanager
+def resumable_after_training(trainer, folder: Path, sub: str = "train"):
+    """The evaluations after training: an interrupt (Ctrl-C) there is an :class:`Interrupted`
+    at the final step, whose checkpoint is saved, with the command that continues the run
+    (``--resume`` evaluates again)."""
+    from ..control.checkpoint import latest_checkpoint
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(trainer.step, latest_checkpoint(folder / sub), at_once=True, folder=folder) from None
 
 
 class _StopHere(Exception):
@@ -511,19 +703,14 @@ def _augment(shift: int):
     return lambda x, g: random_shift(x, g, max_shift=shift)
 
 
-def fit(cfg, model, folder: Path, progress: bool = True):
+def fit(cfg, model, folder: Path, progress: bool = True, allow=False):
     """Train ``model`` with the config's trainer settings; checkpoints and the trainer's
     history go to ``folder``, which is resumed from when it holds a checkpoint.  An interrupt
     stops at the end of the current step and saves a checkpoint there (:class:`Interrupted`)."""
     from ..control import Trainer
     from ..control.checkpoint import latest_checkpoint
-    from ..data import TensorData
 
-    d = cfg["data"]
-    train, test = _digits_split(d)
-    if d["limit"]:
-        train = TensorData(train.inputs[: d["limit"]], train.targets[: d["limit"]],
-                           name="digits_train", info=train.info)
+    train, test = _train_split(cfg["data"])
     stop = _InterruptAtStepEnd()
     trainer = Trainer(model, objective(cfg), train_config(cfg, progress),
                       augment=stop.wrap(_augment(cfg["train"]["shift"])))
@@ -533,7 +720,7 @@ def fit(cfg, model, folder: Path, progress: bool = True):
         with stop, warnings.catch_warnings():
             # torch's vmap fallback for SDPA (parallel/hybrid heads batched): a speed note only
             warnings.filterwarnings("ignore", message="There is a performance drop")
-            history = trainer.fit(train, test, out_dir=folder, resume=resume)
+            history = trainer.fit(train, test, out_dir=folder, resume=resume, allow_changes=allow)
     except _StopHere:
         # between two optimizer steps: model, optimizer, scheduler, generator and counters
         # are those after step trainer.step, as in a periodic checkpoint
@@ -547,20 +734,19 @@ def fit(cfg, model, folder: Path, progress: bool = True):
 
 
 def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
-    import matplotlib.pyplot as plt
-
     m, t = cfg["model"], cfg["train"]
     model = plan["model"]
     sub = out.folder / f"{prefix}train"
     try:
-        trainer, history, train, test, resumed = fit(cfg, model, sub, progress)
+        trainer, history, train, test, resumed = fit(cfg, model, sub, progress, plan.get("allow_changes", False))
     except Interrupted as e:
         e.folder = out.folder
         raise
     from . import continuity_report
 
-    cont = continuity_report.measure(model, test, n_steps=t["eval_n_steps"], reference=m["n_steps"],
-                                     solvers=["trained", *t["eval_solvers"]], schemes=t["eval_schemes"])
+    with resumable_after_training(trainer, out.folder, f"{prefix}train"):
+        cont = continuity_report.measure(model, test, n_steps=t["eval_n_steps"], reference=m["n_steps"],
+                                         solvers=["trained", *t["eval_solvers"]], schemes=t["eval_schemes"])
     out.heading(heading)
     out.text(
         f"Training as an optimal-control problem (paper 002, eq. 12): the controls of a "
@@ -580,24 +766,7 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
     )
     epochs = [{k: r.get(k) for k in ("epoch", "step", "train_loss", "eval_loss", "eval_accuracy",
                                      "time")} for r in history.epochs]
-    out.table(f"{prefix}train_epochs", epochs, title="training history (per evaluated epoch)")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
-    steps = history.steps
-    a1.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8, label="training loss J")
-    if epochs:
-        a1.plot([r["step"] for r in epochs], [r["eval_loss"] for r in epochs], "o-",
-                label="test loss")
-    a1.set_xlabel("optimizer step")
-    a1.set_ylabel("cross-entropy")
-    a1.legend()
-    a1.set_title("training curve")
-    if epochs:
-        a2.plot([r["epoch"] for r in epochs], [r["eval_accuracy"] for r in epochs], "o-")
-    a2.set_xlabel("epoch")
-    a2.set_ylabel("test accuracy")
-    a2.set_title("held-out accuracy")
-    out.figure(fig, f"{prefix}training_curve", "the training curve: loss per step, test loss "
-               "and accuracy per evaluated epoch")
-    out.link(f"{sub.name}/curves.png", "the trainer's own plot of its history (opsplit.control)")
-    continuity_report.write(out, cont, prefix=prefix)
+    from .train_report import report_training
+
+    report_training(out, prefix, sub.name, history.steps, epochs, None, m["n_steps"], continuity=cont)
     return trainer, history, cont

@@ -43,6 +43,16 @@ SCHEMES = ("lie", "strang")
 GRADIENTS = ("backprop", "checkpoint")
 CORPORA = ("pydoc_topics", "stdlib")
 VOCAB = "vocab.json"
+#: the smallest sampling temperature: below it the float32 logits divided by it leave one
+#: character with all the probability (or overflow), i.e. the most likely one (--greedy)
+MIN_TEMPERATURE = 1e-6
+#: the keys that fix which characters a text run trains on (TrainConfig.extra: recorded in
+#: the run's checkpoints; an edit is refused on --resume like one of train.lr)
+DATA_KEYS = ("data.corpus", "data.val_fraction", "data.split_seed", "data.max_chars")
+#: the TrainConfig fields a resume compares -> the config keys that set them
+RUN_KEYS = {"lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
+            "seed": "train.seed", "batch_size": "train.batch_size", "epochs": "train.steps",
+            "max_steps": "train.steps", "train_n_steps": "train.n_steps"}
 
 SCHEMA = {
     TOP: {"task": Field("str", "text", "the training task: digits (a ViT on the bundled digits) or text "
@@ -82,7 +92,9 @@ SCHEMA = {
         "prompt": Field("str", "The ", "the prompt of the samples in the report", lambda v: None if v else
                         "a non-empty string"),
         "max_new_tokens": Field("int", 200, "characters sampled after the prompt", at_least(0)),
-        "temperature": Field("float", 0.8, "sampling temperature", positive),
+        "temperature": Field("float", 0.8, "sampling temperature", lambda v: None if v >= MIN_TEMPERATURE else
+                             f"a temperature >= {MIN_TEMPERATURE:g} (smaller ones overflow the float32 logits or "
+                             f"sample the most likely character)"),
         "seed": seed_field("seed of the sampling"),
     },
 }
@@ -93,6 +105,7 @@ def add_arguments(p):  # the parser of `opsplit train` is the digits task's (sam
 
 
 def overrides(a) -> dict:
+    _digits.no_allow_changes(a)
     if a.epochs is not None:
         raise ConfigError(f"--epochs: the text task trains for train.steps optimizer steps (windows are drawn, "
                           f"not passed over); set train.steps in the config, got --epochs {a.epochs}")
@@ -140,17 +153,47 @@ def forward_flops(m: dict, n_steps: int, tokens: int | None = None, vocab: int =
     return n_steps * per_step + 2.0 * N * d * vocab, float(n_steps * calls)
 
 
+def decode_flops(m: dict, n_steps: int, n: int, vocab: int = 110) -> tuple[float, float]:
+    """``(flops, calls)`` of one decode step with the key/value cache holding up to ``n``
+    tokens: the new token through every step, and its attention over the cache per
+    attention substep (softmax: 4 n d; sliced: the sorted runs of
+    :class:`~opsplit.functional.SlicedDecodeCache`, a search and a table row per run and the
+    unsorted tail of at most 32 keys, ~(8 log2 n + 128) d per head)."""
+    f, c = forward_flops(m, n_steps, tokens=1, vocab=vocab)
+    twice, d = 2 if m["scheme"] == "strang" else 1, m["d_model"]
+    per = 4.0 * n * d if m["attention"] == "softmax" else m["heads"] * (8.0 * math.log2(n + 2) + 128.0) * d
+    return f + n_steps * twice * per, c
+
+
+def cache_bytes(m: dict, n_steps: int, n: int) -> float:
+    """Bytes of the key/value cache of ``n`` tokens at N_t = ``n_steps`` (float32; buffers
+    of geometric capacity: twice the content): softmax keys and values, 8 d bytes per token
+    and attention substep; sliced sorted runs, H (5 d + 22) (docs/sliced_causal.md)."""
+    twice, d = 2 if m["scheme"] == "strang" else 1, m["d_model"]
+    per = 8.0 * d if m["attention"] == "softmax" else m["heads"] * (5.0 * d + 22.0)
+    return 2.0 * n_steps * twice * n * per
+
+
+def _corpus_chars(corpus: str, max_chars: int) -> int:
+    from ..data import corpus_chars
+
+    return corpus_chars(corpus, max_chars or None)
+
+
 def estimate(cfg) -> Estimate:
     """Training (forward and backward: 3 forward passes' flops), the evaluations at
-    ``eval_n_steps`` on the validation windows, and the sampled characters (one forward pass
-    of the whole sequence per character for sliced attention, one token for softmax);
-    memory: parameters with gradients and AdamW state, and the activations of a batch."""
+    ``eval_n_steps`` on the validation windows of the corpus (its real size:
+    :func:`opsplit.data.corpus_chars`), and the sampled characters (one decode step each
+    with the key/value cache: :func:`decode_flops`); memory: the corpus (its string and ids
+    while it is encoded), the training windows (``steps x batch_size`` of ``context + 1``
+    ids, three int64 copies while they are cut), parameters with gradients and AdamW state,
+    and the activations of a batch."""
     m, t, d, g = cfg["model"], cfg["train"], cfg["data"], cfg["generate"]
     N, dm = m["context"], m["d_model"]
     mean_n = sum(t["n_steps"]) / len(t["n_steps"])
     fwd, calls = forward_flops(m, 1)
     work = Estimate(t["steps"] * t["batch_size"] * 3 * fwd * mean_n, t["steps"] * 3 * calls * mean_n)
-    chars = d["max_chars"] or 470_000  # pydoc_data.topics on Python 3.11 (the stdlib: capped in prepare)
+    chars = _corpus_chars(d["corpus"], d["max_chars"])
     windows = max(1, int(chars * d["val_fraction"]) // N)
     if d["eval_windows"]:
         windows = min(windows, d["eval_windows"])
@@ -158,14 +201,15 @@ def estimate(cfg) -> Estimate:
         f_n, c_n = forward_flops(m, n)
         work += Estimate(windows * f_n, math.ceil(windows / 64) * c_n)
     for n in t["eval_n_steps"]:  # one sample per N_t
-        per = forward_flops(m, n, tokens=N if m["attention"] != "softmax" else 1)
+        per = decode_flops(m, n, len(g["prompt"]) + g["max_new_tokens"])
         work += Estimate(g["max_new_tokens"] * per[0], g["max_new_tokens"] * per[1])
     twice = 2 if m["scheme"] == "strang" else 1
     sliced = m["attention"] != "softmax"
     params = m["layers"] * ((2 + m["heads"] + 2) * dm * dm if sliced else 4 * dm * dm) + m["layers"] * 8 * dm * dm \
         + (N + 110) * dm
     act = t["batch_size"] * max(t["n_steps"]) * N * dm * (twice * (12 + (4 * m["heads"] if sliced else 0)) + 12)
-    return Estimate(work.flops, work.calls, 4.0 * (4.0 * params + act))
+    data = 24.0 * chars + 24.0 * t["steps"] * t["batch_size"] * (N + 1)
+    return Estimate(work.flops, work.calls, data + 4.0 * (4.0 * params + act))
 
 
 # -- the job --------------------------------------------------------------------------------------
@@ -234,7 +278,19 @@ def train_config(cfg, progress: bool = True):
     return TrainConfig(epochs=1, batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
                        betas=(0.9, 0.99), schedule="cosine", warmup_steps=t["warmup_steps"], min_lr_ratio=0.1,
                        grad_clip=1.0, gradient=t["gradient"], seed=t["seed"], shuffle=False,
-                       train_n_steps=multi, save_every=t["save_every"], progress=progress)
+                       train_n_steps=multi, save_every=t["save_every"], progress=progress,
+                       extra=_digits.data_settings(cfg, DATA_KEYS))
+
+
+def check_resumed(cfg, plan, folder: Path, allow=None) -> None:
+    """``--resume``: the folder's checkpoint against this config, before anything is
+    written (:func:`opsplit.cli.train.check_checkpoint`); one step per ``batch_size``
+    windows."""
+    from ..control import Objective, Trainer
+
+    trainer = Trainer(plan["model"], Objective(lm_loss, output="logits"), train_config(cfg, progress=False))
+    _digits.check_checkpoint(plan, folder, allow, trainer=trainer, total_steps=cfg["train"]["steps"],
+                             run_keys=RUN_KEYS, data_keys=DATA_KEYS)
 
 
 def prepare(cfg) -> dict:
@@ -264,23 +320,64 @@ def prepare(cfg) -> dict:
     return {"model": model, "corpus": corpus, "train": train, "val": val}
 
 
+class _BitsBar:
+    """The progress bar of a text run: the training loss in bits per character (the unit of
+    the report), from the trainer's history at the start of every step (the trainer's own
+    bar shows the objective, in nats)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.bar, self.trainer = total, enabled, None, None
+
+    def update(self) -> None:
+        from ..data import bits_per_char
+
+        if not self.enabled or self.trainer is None:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=self.trainer.step, desc="train", leave=False,
+                            dynamic_ncols=True)
+        self.bar.update(self.trainer.step - self.bar.n)
+        steps = self.trainer.history.steps
+        if steps:
+            self.bar.set_postfix_str(f"loss={bits_per_char(steps[-1]['loss']):.4g} bits/char", refresh=False)
+
+    def wrap(self, hook):
+        def f(x, g):
+            self.update()
+            return hook(x, g)
+
+        return f
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.update()
+            self.bar.close()
+
+
 def fit(cfg, plan, folder: Path, progress: bool):
     from ..control import Objective, Trainer
     from ..control.checkpoint import latest_checkpoint
 
     stop = _digits._InterruptAtStepEnd()
-    trainer = Trainer(plan["model"], Objective(lm_loss, output="logits"), train_config(cfg, progress),
-                      augment=stop.wrap(None))
+    bar = _BitsBar(cfg["train"]["steps"], progress)
+    trainer = Trainer(plan["model"], Objective(lm_loss, output="logits"), train_config(cfg, False),
+                      augment=bar.wrap(stop.wrap(None)))
+    bar.trainer = trainer
     folder.mkdir(parents=True, exist_ok=True)
     resume = folder if latest_checkpoint(folder) is not None else None
     try:
         with stop:
-            history = trainer.fit(plan["train"], None, out_dir=folder, resume=resume)
+            history = trainer.fit(plan["train"], None, out_dir=folder, resume=resume,
+                                  allow_changes=plan.get("allow_changes", False))
     except _digits._StopHere:
         path = trainer.save(folder / "checkpoints" / f"step-{trainer.step:08d}")
         raise _digits.Interrupted(trainer.step, path) from None
     except KeyboardInterrupt:
         raise _digits.Interrupted(trainer.step, latest_checkpoint(folder), at_once=True) from None
+    finally:
+        bar.close()
     if stop.requested:
         raise _digits.Interrupted(trainer.step, latest_checkpoint(folder))
     return trainer, history, resume is not None
@@ -304,17 +401,18 @@ def run(cfg, plan, out, progress=True):
         raise
     prompt = corpus.vocab.encode(g["prompt"], name="generate.prompt")[None]
     rows, samples = [], []
-    for n in t["eval_n_steps"]:
-        bpc = bits_per_char(trainer.evaluate(val, n_steps=n)["loss"])
-        model.eval()
-        gen = torch.Generator().manual_seed(g["seed"])
-        t0 = time.perf_counter()
-        ids = model.generate(prompt, g["max_new_tokens"], do_sample=True, temperature=g["temperature"],
-                             generator=gen, use_cache=m["attention"] == "softmax", n_steps=n)
-        rate = g["max_new_tokens"] / max(time.perf_counter() - t0, 1e-9)
-        rows.append({"n_t": n, "dt": m["layers"] / n, "val_bits_per_char": bpc, "gen_chars_per_s": rate,
-                     "trained_at": "yes" if n in t["n_steps"] else ""})
-        samples.append((n, corpus.vocab.decode(ids[0])))
+    with _digits.resumable_after_training(trainer, out.folder, "train"):
+        for n in t["eval_n_steps"]:
+            bpc = bits_per_char(trainer.evaluate(val, n_steps=n)["loss"])
+            model.eval()
+            gen = torch.Generator().manual_seed(g["seed"])
+            t0 = time.perf_counter()
+            ids = model.generate(prompt, g["max_new_tokens"], do_sample=True, temperature=g["temperature"],
+                                 generator=gen, use_cache=True, n_steps=n)
+            rate = g["max_new_tokens"] / max(time.perf_counter() - t0, 1e-9)
+            rows.append({"n_t": n, "dt": m["layers"] / n, "val_bits_per_char": bpc, "gen_chars_per_s": rate,
+                         "trained_at": "yes" if n in t["n_steps"] else ""})
+            samples.append((n, corpus.vocab.decode(ids[0])))
     out.heading("Training a character-level GPT")
     out.text(
         f"A character-level GPT as an optimal-control problem: opsplit.models.DecoderLM (learned positions, "
@@ -348,10 +446,11 @@ def run(cfg, plan, out, progress=True):
 
 
 # -- `opsplit generate` reads a run folder -----------------------------------------------------
-def load_run(folder):
-    """``(cfg, vocab, model)`` of a finished or interrupted text training run in ``folder``
-    (its config.toml, vocab.json and latest checkpoint), every part checked."""
-    from ..control.checkpoint import latest_checkpoint, load_checkpoint
+def run_config(folder):
+    """``(cfg, vocab, checkpoint)`` of a finished or interrupted text training run in
+    ``folder`` (its config.toml, vocab.json and the path of its latest checkpoint), checked;
+    nothing is built or loaded."""
+    from ..control.checkpoint import latest_checkpoint
     from ..data import CharVocab
     from .config import load, read_top
 
@@ -359,6 +458,11 @@ def load_run(folder):
     if not folder.is_dir():
         raise ConfigError(f"folder: expected the output folder of an opsplit train run with task = \"text\", "
                           f"{str(folder)!r} is not a folder")
+    kind = _digits.folder_kind(folder)
+    if kind not in (None, _digits.NAME):
+        what = "the default job" if kind == "default" else f"opsplit {kind}"
+        raise ConfigError(f"folder: {str(folder)!r} holds the output of {what}; opsplit generate samples from a "
+                          f"run of opsplit train with task = \"text\"")
     path = folder / "config.toml"
     if not path.is_file():
         raise ConfigError(f"folder: expected an opsplit train output folder (config.toml, vocab.json, "
@@ -376,14 +480,29 @@ def load_run(folder):
     if ckpt is None:
         raise ConfigError(f"folder: {str(folder)!r} has no checkpoint under train/checkpoints (the run was "
                           f"stopped before its first one)")
+    return cfg, vocab, ckpt
+
+
+def load_model(cfg, vocab, ckpt):
+    """The run's model with the weights of ``ckpt`` (every part checked: a checkpoint of
+    another model, or with NaN/inf weights, is refused)."""
+    from ..control.checkpoint import load_checkpoint
+
     model = build_model(cfg["model"], vocab.size)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             load_checkpoint(ckpt, model)
     except ValueError as e:
-        raise ConfigError(f"folder: the checkpoint {str(ckpt)!r} does not fit the run's config: {e}") from None
-    return cfg, vocab, model
+        raise ConfigError(f"folder: {_digits.without_api_advice(e)}") from None
+    return model
+
+
+def load_run(folder):
+    """``(cfg, vocab, model)`` of a finished or interrupted text training run in ``folder``
+    (its config.toml, vocab.json and latest checkpoint), every part checked."""
+    cfg, vocab, ckpt = run_config(folder)
+    return cfg, vocab, load_model(cfg, vocab, ckpt)
 
 
 def check_n_t(n) -> int:
@@ -392,8 +511,26 @@ def check_n_t(n) -> int:
     raise ConfigError(f"--n-t: expected N_t >= 1 (time steps of the solve), got {n}")
 
 
-def check_temperature(v) -> float:
-    if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-        raise ConfigError(f"--temperature: expected a finite number > 0, got {v}")
+def check_temperature(v, name: str = "--temperature") -> float:
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+        raise ConfigError(f"{name}: expected a finite number > 0, got {v}")
+    if v < MIN_TEMPERATURE:
+        raise ConfigError(f"{name}: expected a temperature >= {MIN_TEMPERATURE:g}, got {v:g} (the float32 logits "
+                          f"divided by it overflow or leave all the probability on the most likely character: "
+                          f"for that, --greedy)")
     return float(v)
 
+
+def generate_estimate(m: dict, vocab: int, prompt: int, new: int, n_t: int) -> Estimate:
+    """``opsplit generate``: the prompt's forward pass (twice: the check of its logits and
+    the generation's first step) and ``new`` decode steps with the key/value cache at N_t =
+    ``n_t`` (:func:`decode_flops`); memory: the parameters, the controls evaluated at every
+    step (the decode steps), the cache (keys and values of every attention substep) and
+    the time grid."""
+    d, n = m["d_model"], prompt + new
+    f0, c0 = forward_flops(m, n_t, tokens=prompt, vocab=vocab)
+    f0, c0 = 2 * f0, 2 * c0
+    f1, c1 = decode_flops(m, n_t, n, vocab)
+    params = m["layers"] * 14.0 * d * d + (m["context"] + vocab) * d
+    held = 4.0 * (params + n_t * 14.0 * d * d) + cache_bytes(m, n_t, n)
+    return Estimate(f0 + new * f1, c0 + new * c1, held + 32.0 * (n_t + 1))

@@ -24,8 +24,13 @@ reads); the tensor file must have the recorded size and SHA-256 (a flipped bit o
 truncation is refused) and hold exactly the recorded tensors; the model must have the same
 class and state keys (a checkpoint of another model is refused, naming the differences);
 shapes must match, or, with ``resample=True``, differ only where a control is resampled as
-a function (below); the optimizer and scheduler must be of the recorded classes with the
-same parameter groups.  Only then is the state applied; should applying fail midway, the
+a function (below); every tensor must be of the model's kind (an integer tensor for a
+floating parameter is refused, never cast; float64 into float32 is a cast, as
+``load_state_dict``'s); the weights and the optimizer state must be finite (what
+:func:`save_checkpoint` refuses to write is refused on reading: NaN/inf weights, an
+``exp_avg_sq`` of inf; ``allow_nonfinite=True`` on both sides writes and reads them); the
+trainer's counters must be in range (``trainer.step >= 0``, by the schema); the optimizer
+and scheduler must be of the recorded classes with the same parameter groups.  Only then is the state applied; should applying fail midway, the
 previous model / optimizer / scheduler / RNG state is restored.  Every refusal is a
 :class:`CheckpointError` (a ``ValueError``) that says what differs.
 
@@ -165,10 +170,11 @@ def model_metadata(model: nn.Module) -> dict:
     }
 
 
-#: attributes that say how a map is computed or trained, not which map it is (gradient
-#: modes, memory, batching, dropout): never compared
+#: attributes that say how a map is computed, trained or decoded, not which map it is
+#: (gradient modes, memory, batching, dropout, the token ids ``generate`` stops and pads
+#: with): never compared
 _NOT_SETTINGS = frozenset({"training", "checkpoint_every", "checkpoint_snapshots", "batch", "dropout", "p",
-                           "inplace", "gradient_checkpointing", "n_evals"})
+                           "inplace", "gradient_checkpointing", "n_evals", "generation_defaults"})
 
 
 def _setting_value(v, depth: int = 0):
@@ -287,9 +293,11 @@ def _rng_parts(generator) -> tuple[dict, dict]:
     return tensors, meta
 
 
-def nonfinite_tensors(model: nn.Module) -> list[str]:
-    """The names of ``model``'s floating parameters and buffers that hold NaN or inf."""
-    named = [(k, v) for k, v in model.state_dict().items()
+def nonfinite_tensors(model) -> list[str]:
+    """The names of ``model``'s floating parameters and buffers that hold NaN or inf (or of
+    the floating tensors of a dict ``{name: tensor}``)."""
+    items = model.items() if isinstance(model, dict) else model.state_dict().items()
+    named = [(k, v) for k, v in items
              if isinstance(v, Tensor) and (v.is_floating_point() or v.is_complex()) and v.numel()]
     if not named:
         return []
@@ -311,9 +319,10 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             global torch / CUDA / NumPy / Python RNG states when ``rng`` is true.
         trainer: the trainer's counters and history (JSON-serialisable dict).
         config: the run's configuration (JSON-serialisable dict).
-        allow_nonfinite: write the checkpoint even if a parameter or buffer of ``model``
-            holds NaN/inf (default: refused with a ``ValueError`` naming them, nothing
-            written: a diverged model is not a checkpoint to resume from).
+        allow_nonfinite: write the checkpoint even if a parameter or buffer of ``model``, or
+            a tensor of the optimizer's state, holds NaN/inf (default: refused with a
+            ``ValueError`` naming them, nothing written: a diverged model is not a
+            checkpoint to resume from; :func:`load_checkpoint` refuses them likewise).
     """
     st = _need_safetensors()
     if not isinstance(model, nn.Module):
@@ -332,6 +341,12 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
     opt_meta = None
     if optimizer is not None:
         t, opt_meta = _optimizer_parts(optimizer)
+        bad = [] if allow_nonfinite else nonfinite_tensors(t)
+        if bad:
+            raise ValueError(
+                f"save_checkpoint.optimizer: its state {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''} "
+                f"hold(s) NaN/inf; a checkpoint with non-finite optimizer state is not written ({str(path)!r}; "
+                "pass allow_nonfinite=True to write it anyway)")
         tensors.update(t)
     sched_meta = None
     if scheduler is not None:
@@ -556,7 +571,16 @@ def _resample_space(name, rows: Tensor, target: Tensor, axes, src_grid: dict | N
     return out
 
 
-def _plan_model_state(ckpt: Checkpoint, model: nn.Module, resample: bool) -> tuple[dict, list[str]]:
+def _kind(t: Tensor) -> str:
+    if t.is_complex():
+        return "complex"
+    if t.is_floating_point():
+        return "floating"
+    return "boolean" if t.dtype == torch.bool else "integer"
+
+
+def _plan_model_state(ckpt: Checkpoint, model: nn.Module, resample: bool,
+                      allow_nonfinite: bool = False) -> tuple[dict, list[str]]:
     """The state dict to load (validated, resampled if asked); and the resampled keys."""
     meta = ckpt.meta["model"]
     saved = ckpt.model_state()
@@ -572,6 +596,18 @@ def _plan_model_state(ckpt: Checkpoint, model: nn.Module, resample: bool) -> tup
         )
     if meta["class"] != cls:
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds a {meta['class']}, the model is a {cls}")
+    for k, target in own.items():
+        if _kind(saved[k]) != _kind(target):
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r}: {k!r} is {saved[k].dtype} in the checkpoint, {target.dtype} in the "
+                f"model; a tensor of another kind ({_kind(saved[k])} for {_kind(target)}) is not cast. Nothing was "
+                "loaded")
+    bad = [] if allow_nonfinite else nonfinite_tensors(saved)
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {str(ckpt.path)!r}: the weights {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''} hold(s) "
+            "NaN/inf; a diverged model is not loaded, as save_checkpoint does not write one. Nothing was loaded "
+            "(pass allow_nonfinite=True to load it anyway)")
     controls = dict(model.named_modules(remove_duplicate=False))
     new, resampled = {}, []
     for k, target in own.items():
@@ -785,7 +821,7 @@ def refuse_changes(changes: list[SettingChange], allow, path, what: str = "model
     return [c for c in changes if c not in bad]
 
 
-def _plan_optimizer(ckpt: Checkpoint, optimizer) -> dict:
+def _plan_optimizer(ckpt: Checkpoint, optimizer, allow_nonfinite: bool = False) -> dict:
     om = ckpt.meta["optimizer"]
     if om is None:
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds no optimizer state; load with optimizer=None")
@@ -805,6 +841,15 @@ def _plan_optimizer(ckpt: Checkpoint, optimizer) -> dict:
             if key in g and isinstance(val, tuple) and isinstance(g[key], list):
                 g[key] = tuple(g[key])
     params = [p for grp in optimizer.param_groups for p in grp["params"]]
+    bad = [] if allow_nonfinite else sorted(nonfinite_tensors(
+        {k: v for k, v in ckpt.tensors.items() if k.startswith("optimizer.")}),
+        key=lambda k: (int(k.split(".")[1]), k))  # optimizer.<index>.<state>, in parameter order
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {str(ckpt.path)!r}: the optimizer state {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''} "
+            "hold(s) NaN/inf (optimizer.<parameter index>.<state>); resuming would carry it into every later step, "
+            "and save_checkpoint does not write such a state either. Nothing was loaded (pass allow_nonfinite=True "
+            "to load it anyway)")
     state: dict = {}
     for k, v in ckpt.tensors.items():
         if k.startswith("optimizer."):
@@ -820,6 +865,9 @@ def _plan_optimizer(ckpt: Checkpoint, optimizer) -> dict:
             if isinstance(v, Tensor) and v.dim() > 0 and tuple(v.shape) != tuple(p.shape):
                 raise CheckpointError(f"optimizer: state {key!r} of parameter {idx} has shape {tuple(v.shape)}, "
                                       f"the parameter {tuple(p.shape)}")
+            if isinstance(v, Tensor) and v.dim() > 0 and _kind(v) != _kind(p):
+                raise CheckpointError(f"optimizer: state {key!r} of parameter {idx} is {v.dtype}, the parameter "
+                                      f"{p.dtype}; a tensor of another kind is not cast")
             if isinstance(v, Tensor):
                 st[key] = v.to(device=p.device, dtype=p.dtype if v.is_floating_point() and v.dim() > 0 else v.dtype)
     return {"state": state, "param_groups": groups}
@@ -868,7 +916,8 @@ def _apply_rng(state: dict, generator) -> None:
 
 
 def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, generator=None,
-                    resample: bool = False, restore_rng: bool = True, allow_changes=False) -> Checkpoint:
+                    resample: bool = False, restore_rng: bool = True, allow_changes=False,
+                    allow_nonfinite: bool = False) -> Checkpoint:
     """Load a checkpoint folder (or a :class:`Checkpoint` read by :func:`read_checkpoint`)
     into ``model`` (and ``optimizer``, ``scheduler``, the RNGs).
 
@@ -886,12 +935,16 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             it), ``True`` (a deliberate transfer of the weights to another model), or a
             collection of setting names.  The accepted differences are in the returned
             checkpoint's ``changes``.
+        allow_nonfinite: load weights or optimizer state that hold NaN/inf (default: refused,
+            naming them, as :func:`save_checkpoint` refuses to write them).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"load_checkpoint.model: expected an nn.Module, got {type(model).__name__}")
     allow = check_allow_changes(allow_changes, "load_checkpoint.allow_changes")
+    if not isinstance(allow_nonfinite, bool):
+        raise TypeError(f"load_checkpoint.allow_nonfinite: expected true or false, got {allow_nonfinite!r}")
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
-    state, resampled = _plan_model_state(ckpt, model, resample)
+    state, resampled = _plan_model_state(ckpt, model, resample, allow_nonfinite)
     accepted = refuse_changes(checkpoint_differences(ckpt, model, resample=resample), allow, ckpt.path)
     opt_state = None
     if optimizer is not None:
@@ -900,7 +953,7 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
                 f"checkpoint {str(ckpt.path)!r}: controls were resampled ({resampled[0]!r}, ...); their "
                 "optimizer state cannot be carried over: load with optimizer=None"
             )
-        opt_state = _plan_optimizer(ckpt, optimizer)
+        opt_state = _plan_optimizer(ckpt, optimizer, allow_nonfinite)
     sched_state = None
     if scheduler is not None:
         sm = ckpt.meta["scheduler"]

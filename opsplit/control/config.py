@@ -192,6 +192,11 @@ class TrainConfig:
             folder; ``None``: only at the end).
         keep_checkpoints: how many step checkpoints to keep (the newest).
         progress: show a tqdm progress bar.
+        extra: settings of the run outside this config that fix what it trains on — the
+            data (``{"data.split_seed": 0, "data.max_chars": 20000}``: corpus, split,
+            subset, augmentation), as JSON values.  Recorded in checkpoints and compared on
+            resume like ``lr`` (:func:`config_changes`: a changed or missing key is refused
+            unless allowed by its name); ``{}`` (the default) records nothing.
 
     **A config stays valid.**  Every field is checked when the config is built and again
     whenever it is assigned (``config.optimizer = "rmsprop"`` raises a ``ValueError`` naming
@@ -315,7 +320,10 @@ def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size:
     (``batch_size × world_size``), and — when a schedule decays over the run — its length
     (``epochs`` / ``max_steps`` through the total step count).  Fields that do not change
     the run (``eval_*``, ``save_every``, ``progress``, the gradient mode, ...) are not
-    compared; nor is anything when ``saved`` is ``None``."""
+    compared; nor is anything when ``saved`` is ``None``.  The keys of ``extra`` (the data
+    the run trains on) are compared one by one, named by their key (``data.max_chars``),
+    when the checkpoint recorded any (runs saved before ``extra`` was compared recorded
+    none)."""
     from .checkpoint import SettingChange
 
     if saved is None:
@@ -338,6 +346,13 @@ def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size:
         a, b = saved["batch_size"] * saved_world_size, config.batch_size * world_size
         if a != b:
             out.append(SettingChange("TrainConfig", "batch_size (samples per step: batch_size x world_size)", a, b))
+    extra = saved.get("extra") or {}
+    if isinstance(extra, dict) and extra:
+        for k in sorted(set(extra) | set(now["extra"]), key=str):
+            a, b = extra.get(k, "(not recorded)"), now["extra"].get(k, "(not set)")
+            if a != b and not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
+                               and not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)):
+                out.append(SettingChange("TrainConfig", str(k), a, b))
     decays = config.schedule != "constant" or saved.get("schedule", "constant") != "constant"
     if decays and saved_total_steps is not None and total_steps is not None and saved_total_steps != total_steps:
         out.append(SettingChange("TrainConfig", f"epochs/max_steps (the {config.schedule} schedule's total steps)",

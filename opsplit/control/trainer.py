@@ -136,6 +136,20 @@ def _mean(values) -> float:
     return sum(v) / len(v) if v else float("nan")
 
 
+def _check_eval_n_steps(n) -> int:
+    """``Trainer.evaluate``'s :math:`N_t`: an integer >= 1 whose time grid (``n + 1`` times,
+    Python floats of 32 bytes, made before the first step) fits in the available memory."""
+    from .._memory import available_memory, human_bytes
+
+    n = check_int(n, "Trainer.evaluate.n_steps", 1)
+    need, free = 32.0 * (n + 1), available_memory()
+    if need > free:
+        raise ValueError(f"Trainer.evaluate.n_steps: N_t = {n} steps need a time grid of {n + 1} times "
+                         f"({human_bytes(need)}) before the first step, more than the {human_bytes(free)} "
+                         f"available; expected a smaller n_steps")
+    return n
+
+
 class Trainer:
     """Minimise ``objective`` over the parameters of ``model``.
 
@@ -372,7 +386,7 @@ class Trainer:
         bs = self.config.eval_batch_size if bs is None else bs
         kw = {}
         if n_steps is not None:
-            kw["n_steps"] = n_steps
+            kw["n_steps"] = _check_eval_n_steps(n_steps)
         if grid is not None:
             kw["grid"] = grid
         was = self.model.training

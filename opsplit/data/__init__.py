@@ -22,6 +22,7 @@ from .text import (
     TextCorpus,
     bits_per_char,
     char_corpus,
+    corpus_chars,
     load_text,
     sample_windows,
     text_windows,
@@ -30,4 +31,4 @@ from .text import (
 __all__ = ["TensorData", "load_digits", "random_shift", "random_affine", "FUNCTIONS", "TABLE1_MSE", "PeriodicTask", "periodic_series",
            "periodic_task", "rollout", "input_noise", "IGNORE", "flag_retrieval", "retrieval_loss",
            "retrieval_accuracy", "CORPORA", "CharVocab", "TextCorpus", "load_text", "char_corpus", "sample_windows",
-           "text_windows", "bits_per_char"]
+           "text_windows", "bits_per_char", "corpus_chars"]

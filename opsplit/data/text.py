@@ -25,9 +25,10 @@ contributes to both.  A split's text is its documents joined by ``"\n"``.
 unknown token (id ``0``, shown as ``"\ufffd"``).  Validation text is encoded with
 unknown characters mapped to id 0 (:attr:`TextCorpus.val_unknown` counts them); a
 *prompt* (``CharVocab.encode(..., errors="strict")``, the default) is refused with a
-``ValueError`` naming the characters the model never saw: the embedding row of the
-unknown id is never trained (no training character maps to it), so silently conditioning
-a generation on it would be conditioning on noise.
+``ValueError`` naming the characters the model never saw: the unknown id is never a
+training input (no training character maps to it) — its embedding row is trained only as an
+output row of the tied read-out, pushed down as a class that never occurs — so conditioning
+a generation on it would condition on a vector no input taught.
 
 **Windows.**  A language-model sample is a window of ``context`` ids and the same window
 shifted by one (next-character targets): :func:`sample_windows` draws ``batch_size``
@@ -50,7 +51,7 @@ from torch import Tensor
 from .base import TensorData
 
 __all__ = ["CORPORA", "UNKNOWN", "CharVocab", "TextCorpus", "load_text", "char_corpus", "sample_windows",
-           "text_windows", "bits_per_char"]
+           "text_windows", "bits_per_char", "corpus_chars"]
 
 CORPORA = ("pydoc_topics", "stdlib")
 #: how the unknown id 0 decodes
@@ -121,8 +122,8 @@ class CharVocab:
         if unknown:
             raise ValueError(
                 f"{name}: character(s) {_show(unknown)} are not in the vocabulary of {len(self.chars)} characters "
-                f"built from the training text; remove or replace them (the unknown token is never trained, "
-                f"so a prompt is not mapped to it)"
+                f"built from the training text; remove or replace them (the unknown token is never a training "
+                f"input, so a prompt is not mapped to it)"
             )
         return text
 
@@ -210,10 +211,16 @@ def _pydoc_topics() -> dict:
     return {k: topics[k] for k in sorted(topics)}
 
 
-def _stdlib_sources(max_chars: int | None) -> dict:
+def _stdlib_root() -> Path:
     import sysconfig
 
-    root = Path(sysconfig.get_paths()["stdlib"])
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _stdlib_files() -> list:
+    """``(relative path, path)`` of the standard library's ``.py`` sources that
+    ``load_text("stdlib")`` reads, in name order."""
+    root = _stdlib_root()
     files = []
     if root.is_dir():
         for top, dirs, names in os.walk(root):
@@ -222,8 +229,40 @@ def _stdlib_sources(max_chars: int | None) -> dict:
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not (rel == Path(".") and d.startswith("test")))
             files += [(rel / f, Path(top) / f) for f in names if f.endswith(".py")]
         files.sort()
+    return files
+
+
+def corpus_chars(corpus: str = "pydoc_topics", max_chars: int | None = None) -> int:
+    """How many characters :func:`load_text` reads for ``corpus`` and ``max_chars``, without
+    reading them: ``pydoc_data.topics``' lengths (exact), or the standard library's file
+    sizes in bytes (an upper bound: UTF-8 takes at least a byte per character).  0 when the
+    corpus is missing (``load_text`` says why).  For the size guards of a job that will
+    load the corpus."""
+    if corpus not in CORPORA:
+        raise ValueError(f"corpus_chars.corpus: expected one of {CORPORA}, got {corpus!r}")
+    if corpus == "pydoc_topics":
+        try:
+            sizes = [len(d) for d in _pydoc_topics().values()]
+        except RuntimeError:
+            return 0
+    else:
+        sizes = []
+        for _, p in _stdlib_files():
+            try:
+                sizes.append(p.stat().st_size)
+            except OSError:
+                continue
+    n = 0
+    for k in sizes:  # the first documents up to max_chars, as load_text keeps them
+        if max_chars is not None and n >= max_chars:
+            break
+        n += k
+    return n
+
+
+def _stdlib_sources(max_chars: int | None) -> dict:
     docs, n = {}, 0
-    for rel, p in files:
+    for rel, p in _stdlib_files():
         try:
             text = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -235,7 +274,7 @@ def _stdlib_sources(max_chars: int | None) -> dict:
         if max_chars is not None and n >= max_chars:
             break
     if not docs:
-        raise RuntimeError(f"load_text('stdlib'): no Python sources under {str(root)!r} (this distribution ships "
+        raise RuntimeError(f"load_text('stdlib'): no Python sources under {str(_stdlib_root())!r} (this distribution ships "
                            "only compiled modules); use corpus='pydoc_topics'")
     return docs
 

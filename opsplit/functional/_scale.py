@@ -171,3 +171,108 @@ def gradient_in(g: Tensor, R: int) -> tuple[Tensor, Tensor | None]:
     its exponents, for :meth:`Scales.grads`."""
     eg = grad_exponents(g, R)
     return (g if eg is None else ldexp(g, -eg.view(-1, 1, 1))), eg
+
+
+# --------------------------------------------------------------------------------------
+# causal sums: weights spread over more than one scale
+# --------------------------------------------------------------------------------------
+#: width (in powers of two) of the leading weights of one segment (:func:`weight_segments`)
+SEGMENT = {torch.float32: 16, torch.float64: 128}
+#: a key lighter than ``2^-FLUSH`` times the leading weight of a segment is dropped from it
+FLUSH = {torch.float32: 40, torch.float64: 200}
+
+
+def _weight_exponents(w: Tensor) -> Tensor:
+    """int64 exponents of the weights ``(R, N)``; a very negative number at zero weights."""
+    e = exponents(w)
+    return torch.where(w > 0, e, torch.full_like(e, -(1 << 40)))
+
+
+def weights_one_scale(w: Tensor) -> bool:
+    r"""Whether every row of the key weights ``w`` ``(R, N)`` suits one scale for all of its
+    causal prefixes: the first key of positive weight, which every query that sees a key
+    sees, is within :math:`2^{\mathrm{SEGMENT}}` of the row's largest weight.  (Rows with
+    weights of one scale are rescaled by :class:`Scales`; see :func:`weight_segments` for
+    the others.)"""
+    R, N = w.shape
+    if R * N == 0:
+        return True
+    e = _weight_exponents(w)
+    first = (w > 0).to(torch.int8).argmax(1, keepdim=True)
+    spread = e.amax(1) - e.gather(1, first).squeeze(1)
+    return bool((spread <= SEGMENT[w.dtype]).all())
+
+
+def weight_segments(w: Tensor, Nq: int):
+    r"""Subproblems of a causal sum whose key weights ``w`` ``(R, N_k)`` span more than one
+    scale within a row (queries on the last ``N_q`` positions, bottom-right aligned).
+
+    The causal outputs are of degree 0 in the weights *per query*: query :math:`i` may be
+    scaled by the largest weight :math:`2^{C_t}` of its own prefix :math:`l \le t`
+    (:math:`C_t` the running maximum of the weights' exponents), and its keys lighter than
+    :math:`2^{C_t - \mathrm{FLUSH}}` are below its rounding (the prefix holds a key of
+    weight :math:`\ge 2^{C_t - 1}`, seen by the query).  One row-wide scale cannot do that
+    when :math:`C_t` grows by more than the dtype's range along the row (float32 weights
+    1e-20 and 1e20: the first query's weights underflow to 0).  So the positions of a row
+    are cut into segments :math:`[a_g, b_g)` over which :math:`C_t` grows by at most
+    :data:`SEGMENT`; segment :math:`g` is its own causal problem: the keys before
+    :math:`a_g` of weight :math:`\ge 2^{c_g - \mathrm{FLUSH}}` (:math:`c_g = C_{a_g}`), then
+    every position of the segment, weights scaled by :math:`2^{-c_g}` (lighter ones set to
+    0), and the segment's queries, the last ones (bottom-right alignment holds).  As
+    :math:`C` grows by more than SEGMENT from one segment to the next, a key enters at most
+    :math:`(\mathrm{FLUSH} + \mathrm{SEGMENT}) / \mathrm{SEGMENT} + 1` (4.5 in float32, 3.6
+    in float64) subproblems.
+
+    Returns ``(key_index, key_weight, query_index, query_real)``: the subproblems batched
+    with left padding (``(S, K)`` flat indices into the ``R * N_k`` keys, their scaled
+    weights (0 at pads), ``(S, M)`` flat indices into the ``R * N_q`` queries, and whether
+    each is real), or ``None`` when every row has one scale.  A left pad repeats the first
+    real key (weight 0) or query (output dropped), so that it changes no magnitude; the
+    bottom-right alignment is unchanged by it.
+    """
+    R, N = w.shape
+    dt = w.dtype
+    H, G = SEGMENT[dt], FLUSH[dt]
+    e_all = _weight_exponents(w).cpu()
+    C_all = torch.cummax(e_all, 1)[0]
+    d = N - Nq  # position of query i is i + d
+    subs = []
+    for r in range(R):
+        e, C = e_all[r], C_all[r]
+        pos = torch.nonzero(e > -(1 << 40)).flatten()
+        if pos.numel() == 0:
+            continue
+        a = int(pos[0])
+        while a < N:
+            c = int(C[a])
+            b = int(torch.searchsorted(C, torch.tensor([c + H]), right=True)[0])
+            q0 = max(a, d)
+            if q0 < b:
+                pre = torch.nonzero(e[:a] >= c - G).flatten()
+                keys = torch.cat([pre, torch.arange(a, b)])
+                subs.append((r, keys, torch.arange(q0, b) - d, c))
+            a = b
+    if len(subs) == 1 and subs[0][1].numel() == N and subs[0][2].numel() == Nq:
+        return None
+    K = max(s[1].numel() for s in subs)
+    M = max(s[2].numel() for s in subs)
+    S = len(subs)
+    kidx = torch.empty(S, K, dtype=torch.int64)
+    kreal = torch.zeros(S, K, dtype=torch.bool)
+    qidx = torch.empty(S, M, dtype=torch.int64)
+    qreal = torch.zeros(S, M, dtype=torch.bool)
+    cexp = torch.empty(S, 1, dtype=torch.int64)
+    for s, (r, keys, qs, c) in enumerate(subs):
+        nk, nq = keys.numel(), qs.numel()
+        kidx[s, : K - nk] = r * N + keys[0]
+        kidx[s, K - nk :] = r * N + keys
+        kreal[s, K - nk :] = True
+        qidx[s, : M - nq] = r * Nq + qs[0]
+        qidx[s, M - nq :] = r * Nq + qs
+        qreal[s, M - nq :] = True
+        cexp[s] = c
+    dev = w.device
+    kidx, kreal, qidx, qreal, cexp = (x.to(dev) for x in (kidx, kreal, qidx, qreal, cexp))
+    ws = ldexp(w.reshape(-1)[kidx], -cexp)
+    ws = torch.where(kreal & (ws >= 2.0**-G), ws, torch.zeros_like(ws))
+    return kidx, ws, qidx, qreal

@@ -80,7 +80,15 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 
 
 def _weights(k: Tensor, w: Tensor | None) -> Tensor:
-    return torch.ones_like(k) if w is None else w.to(k.dtype)
+    """The key weights divided by a power of two near their row maximum (the outputs are of
+    degree 0 in them): weights of 1e-300 or 1e300 neither underflow nor overflow the sums.
+    Plain torch operations, no data-dependent control flow."""
+    if w is None:
+        return torch.ones_like(k)
+    w = w.to(k.dtype)
+    m = w.detach().amax(-1, keepdim=True).double()
+    e = torch.where(m > 0, torch.floor(torch.log2(m)), torch.zeros_like(m)).clamp(-1000, 1000)
+    return (w.double() * torch.exp2(-e)).to(k.dtype)
 
 
 def _mean(v: Tensor, w: Tensor) -> Tensor:

@@ -32,6 +32,16 @@ as an explicit softmax in float64 (SDPA rounds the float64 case on the CPU); the
 kernels are evaluated densely.  Dense evaluations go in slices of queries, so the
 temporaries are bounded by ``N_k`` times a fixed slice.
 
+**Distances where they cancel.**  The expanded form :math:`\|q\|^2 + \|k\|^2 - 2\langle q,
+k\rangle` (one matrix product) loses :math:`\varepsilon(\|q - c\|^2 + \|k - c\|^2)/h^2` to
+cancellation: float32 keys 0, 1e4, 1e4 + 0.7 and the query 1e4 + 0.2 (h = 1) gave the boxcar
+2.0 instead of 3.0.  So the compact kernels always use the difference form
+:math:`\sum_d (q_{id} - k_{jd})^2 / h^2` (the differences of the inputs themselves, exact for
+nearby points; the same :math:`O(N_q N_k d)` work, in slices of queries), and the Gaussian
+kernel does when :math:`\kappa = \max(\|q - c\|, \|k - c\|)^2 / h^2` exceeds
+:data:`KAPPA_EXPANDED` (float32: 128, where the logits would lose more than about
+:math:`10^{-5}`; float64: :math:`2^{16}`); below it, the expanded form above (SDPA).
+
 **Empty neighbourhoods.**  With a compact kernel a query may have no key within
 distance :math:`h`; its denominator is 0 and opsplit returns :math:`o_i = 0` there (finite,
 with zero gradient), as for a query whose keys are all masked.
@@ -53,8 +63,10 @@ __all__ = ["KERNELS", "kernel_profile", "nadaraya_watson_attention"]
 #: the radial kernels K(r) of paper 001 §2.2 (normalising constants included)
 KERNELS = ("gaussian", "boxcar", "epanechnikov")
 
-# query rows per slice of the dense evaluation (bounds the N_q x N_k temporaries)
+# query rows per slice of the dense evaluation (bounds the N_q x N_k (x d) temporaries)
 _SLICE_ELEMS = 1 << 22
+#: largest max(|q - c|, |k - c|)^2 / h^2 for which the Gaussian kernel uses the expanded form
+KAPPA_EXPANDED = {torch.float32: 2.0**7, torch.float64: 2.0**16}
 
 
 def kernel_profile(name: str, r: Tensor) -> Tensor:
@@ -121,12 +133,14 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
         if not bool(torch.isfinite(x).all()):
             n_bad = int((~torch.isfinite(x)).sum())
             raise ValueError(f"{fn}: {name}: expected finite values, found {n_bad} NaN/inf entries")
+    kappa = 0.0
     if values and q.numel() and k.numel():
         # the kernel is evaluated on (q - c)/h, (k - c)/h (c: the mean key): their squared
         # norms and products must be representable
         c = k.mean(-2, keepdim=True)
         m = torch.maximum((q - c).abs().amax(), (k - c).abs().amax()).detach().double()
-        big = float(m / h.double().amin()) ** 2 * 4 * q.shape[-1]
+        kappa = float(m / h.double().amin()) ** 2
+        big = kappa * 4 * q.shape[-1]
         if not big < torch.finfo(q.dtype).max:
             raise ValueError(
                 f"{fn}: q, k: the scaled squared distances |q - k|^2 / h^2 overflow {q.dtype} "
@@ -138,7 +152,7 @@ def _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights):
                             check_values=values, differentiable=True)
     if w is not None:
         logw = torch.where(w > 0, w.clamp_min(1e-300).log(), torch.full_like(w, -math.inf))
-    return bandwidth_tensor(bandwidth, q), logw
+    return bandwidth_tensor(bandwidth, q), logw, kappa > KAPPA_EXPANDED[q.dtype]
 
 
 def _graph_mode(*xs) -> bool:
@@ -178,25 +192,34 @@ def nadaraya_watson_attention(
     Returns:
         ``(..., N_q, D)``; 0 for a query with no key in the kernel's support.
     """
-    h, logw = _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights)
-    return evaluate(q, k, v, kernel, h, logw)
+    h, logw, difference = _check(q, k, v, kernel, bandwidth, key_padding_mask, key_weights)
+    return evaluate(q, k, v, kernel, h, logw, difference=difference)
+
+
+def _sq_distances(q: Tensor, k: Tensor, hb) -> Tensor:
+    """``|q_i - k_j|^2 / h^2`` ``(..., M, N_k)`` from the differences of the inputs."""
+    d = (q.unsqueeze(-2) - k.unsqueeze(-3)) / (hb.unsqueeze(-1) if hb.dim() else hb)
+    return (d * d).sum(-1)
 
 
 def evaluate(q: Tensor, k: Tensor, v: Tensor, kernel: str, h: Tensor,
-             logw: Tensor | None = None) -> Tensor:
+             logw: Tensor | None = None, *, difference: bool = False) -> Tensor:
     r"""The evaluation of :func:`nadaraya_watson_attention` without its input validation:
     ``h`` a tensor broadcastable to the leading dims (``> 0``), ``logw`` the log key weights
-    ``(..., N_k)`` (``-inf`` = masked) or ``None``.  Free of data-dependent Python control
-    flow, so it runs under ``torch.func.vmap`` (for operators whose inputs are validated
-    where they enter the model)."""
+    ``(..., N_k)`` (``-inf`` = masked) or ``None``; ``difference``: the Gaussian kernel from
+    the differences ``q_i - k_j`` (the compact kernels always are; module docstring).  Free
+    of data-dependent Python control flow, so it runs under ``torch.func.vmap`` (for
+    operators whose inputs are validated where they enter the model)."""
     lead = q.shape[:-2]
     hb = h.expand(lead).unsqueeze(-1).unsqueeze(-1) if h.dim() else h  # (..., 1, 1)
+    if kernel != "gaussian" or difference:
+        return _evaluate_difference(q, k, v, kernel, hb, logw)
     # the kernel depends on (q - k)/h only: centre on the mean key and divide by h first,
     # so that no intermediate is larger than the scaled distances themselves
     c = k.mean(-2, keepdim=True)
     q = (q - c) / hb
     k = (k - c) / hb
-    if kernel == "gaussian" and q.dtype == torch.float32:
+    if q.dtype == torch.float32:
         # exp(-|q-k|^2/2) = exp(-|q|^2/2) * exp(<q,k>) * exp(-|k|^2/2): softmax attention
         # with scale 1 and the additive mask -|k|^2/2 + log w
         bias = -(k * k).sum(-1) / 2  # (..., N_k)
@@ -215,23 +238,43 @@ def evaluate(q: Tensor, k: Tensor, v: Tensor, kernel: str, h: Tensor,
     outs = []
     for q0 in range(0, Nq, step):
         qs = q[..., q0 : q0 + step, :]
+        # the same identity, as an explicit softmax (float64: SDPA on the CPU rounds it)
+        lg = (qs @ k.transpose(-1, -2)) - kk / 2
+        outs.append(_softmax_rows(lg, logw, v))
+    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
+
+
+def _softmax_rows(lg: Tensor, logw: Tensor | None, v: Tensor) -> Tensor:
+    """``softmax(lg + log w) @ v`` over the keys, 0 for a row whose keys are all masked."""
+    if logw is not None:
+        lg = lg + logw.unsqueeze(-2)
+    mx = lg.amax(-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    return _normalised(torch.exp(lg - mx), v)
+
+
+def _normalised(Kx: Tensor, v: Tensor) -> Tensor:
+    den = Kx.sum(-1, keepdim=True)
+    safe = torch.where(den > 0, den, torch.ones_like(den))
+    return torch.where(den > 0, (Kx @ v) / safe, torch.zeros((), dtype=v.dtype, device=v.device))
+
+
+def _evaluate_difference(q: Tensor, k: Tensor, v: Tensor, kernel: str, hb, logw: Tensor | None) -> Tensor:
+    """:func:`evaluate` with the squared distances from the differences ``q_i - k_j``
+    (module docstring), in slices of queries of at most ``_SLICE_ELEMS / (N_k d)`` rows."""
+    Nq, Nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    step = max(1, _SLICE_ELEMS // max(1, Nk * d))
+    outs = []
+    for q0 in range(0, Nq, step):
+        d2 = _sq_distances(q[..., q0 : q0 + step, :], k, hb)
         if kernel == "gaussian":
-            # the same identity, as an explicit softmax (float64: SDPA on the CPU rounds it)
-            lg = (qs @ k.transpose(-1, -2)) - kk / 2
-            if logw is not None:
-                lg = lg + logw.unsqueeze(-2)
-            mx = lg.amax(-1, keepdim=True)
-            mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
-            Kx = torch.exp(lg - mx)
+            outs.append(_softmax_rows(-d2 / 2, logw, v))
+            continue
+        if kernel == "epanechnikov":  # K(r/h) from r^2 (no square root: smooth in q, k)
+            Kx = 0.75 * (1 - d2).clamp_min(0)
         else:
-            d2 = ((qs * qs).sum(-1, keepdim=True) + kk - 2 * qs @ k.transpose(-1, -2)).clamp_min(0)
-            if kernel == "epanechnikov":  # K(r/h) from r^2 (no square root: smooth in q, k)
-                Kx = 0.75 * (1 - d2).clamp_min(0)
-            else:
-                Kx = 0.5 * (d2 <= 1).to(q.dtype)
-            if logw is not None:
-                Kx = Kx * logw.exp().unsqueeze(-2)
-        den = Kx.sum(-1, keepdim=True)
-        safe = torch.where(den > 0, den, torch.ones_like(den))
-        outs.append(torch.where(den > 0, (Kx @ v) / safe, torch.zeros((), dtype=v.dtype, device=v.device)))
+            Kx = 0.5 * (d2 <= 1).to(q.dtype)
+        if logw is not None:
+            Kx = Kx * logw.exp().unsqueeze(-2)
+        outs.append(_normalised(Kx, v))
     return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]

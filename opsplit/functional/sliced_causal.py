@@ -104,7 +104,7 @@ from .._compile import eager_under_compile
 from . import _windows
 from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
 from ._inputs import key_weights as combine_key_weights
-from ._scale import gradient_in
+from ._scale import gradient_in, weight_segments, weights_one_scale
 
 __all__ = ["causal_sliced_relu_attention", "causal_sliced_relu_bump_attention", "BASE"]
 
@@ -686,8 +686,36 @@ def causal_sliced_relu_attention(
     zq = zq.reshape(R, Nq).contiguous()
     zk = zk.reshape(R, Nk).contiguous()
     v = v.reshape(R, Nk, D).contiguous()
-    out = _CausalReLU.apply(zq, zk, v, wr, centered, scales(fn, zq, zk, v, wr))
+    sc = scales(fn, zq, zk, v, wr)  # also the finiteness checks
+
+    def run(zq, zk, v, w, b=None):
+        return _CausalReLU.apply(zq, zk, v, w, centered, scales(fn, zq, zk, v, w))
+
+    seg = None if wr is None or weights_one_scale(wr) else weight_segments(wr, Nq)
+    if seg is not None:
+        out = _by_segments(run, seg, zq, zk, v)
+    else:
+        out = _CausalReLU.apply(zq, zk, v, wr, centered, sc)
     return out.view(*lead, Nq, D)
+
+
+def _by_segments(run, seg, zq: Tensor, zk: Tensor, v: Tensor, b: Tensor | None = None) -> Tensor:
+    """The causal attention of rows whose key weights span several scales, as the batched
+    subproblems of :func:`~opsplit.functional._scale.weight_segments` (``seg``): ``run``
+    on the gathered inputs, each real query's output put back (0 for a query that sees no
+    key of positive weight).  Plain indexing, so autograd carries the gradients through."""
+    kidx, ws, qidx, qreal = seg
+    R, Nq = zq.shape
+    Nk, D = v.shape[1], v.shape[2]
+    S = kidx.shape[0]
+    zq_s = zq.reshape(-1)[qidx]
+    zk_s = zk.reshape(-1)[kidx]
+    v_s = v.reshape(R * Nk, D)[kidx.reshape(-1)].view(S, -1, D)
+    b_s = None if b is None else b.reshape(-1)[torch.div(qidx[:, :1], Nq, rounding_mode="floor")]
+    out_s = run(zq_s, zk_s, v_s, ws, b_s)
+    keep = qreal.reshape(-1)
+    src = out_s.reshape(-1, D)[keep]
+    return v.new_zeros(R * Nq, D).index_copy(0, qidx.reshape(-1)[keep], src).view(R, Nq, D)
 
 
 # --------------------------------------------------------------------------------------
@@ -920,7 +948,16 @@ def causal_sliced_relu_bump_attention(
     b_full = bandwidth_rows(fn, bandwidth, lead, zq.dtype, zq.device)
     if R == 0 or Nq == 0 or D == 0:
         return v.new_zeros(*lead, Nq, D) + 0 * (zq.sum() + zk.sum() + v.sum() + b_full.sum())
-    out = _windows.evaluate(fn, zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous(),
-                            v.reshape(R, Nk, D).contiguous(), wr, b_full.reshape(R, 1),
-                            _CausalBump.apply, causal=True)
+    zq, zk = zq.reshape(R, Nq).contiguous(), zk.reshape(R, Nk).contiguous()
+    v, b = v.reshape(R, Nk, D).contiguous(), b_full.reshape(R, 1)
+    seg = None if wr is None or weights_one_scale(wr) else weight_segments(wr, Nq)
+    if seg is not None:
+        scales(fn, zq, zk, v, wr, b)  # the finiteness checks, on every key
+
+        def run(zq, zk, v, w, b):
+            return _windows.evaluate(fn, zq, zk, v, w, b, _CausalBump.apply, causal=True)
+
+        out = _by_segments(run, seg, zq, zk, v, b)
+    else:
+        out = _windows.evaluate(fn, zq, zk, v, wr, b, _CausalBump.apply, causal=True)
     return out.view(*lead, Nq, D)

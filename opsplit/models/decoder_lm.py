@@ -49,8 +49,9 @@ continuous model with another attention term or another splitting.  ``attention=
 paper 004, eqs. 3 and 8, MLP projection, :math:`O(N_x \log^2 N_x)`) in the place of
 :math:`A` — no rotary positions (it has no query/key heads to rotate), no attention biases
 or dropout; left padding is a key-padding mask (the pads get key weight 0 in the causal
-sums) and a generation step with the :class:`~opsplit.operators.KVCache` is the
-:math:`O(n\,D)` sum over the cached scores and values (:mod:`opsplit.functional.sliced_decode`);
+sums) and a generation step with the :class:`~opsplit.operators.KVCache` reads the cached
+keys as sorted runs, :math:`O(D \log^2 n)` per head (:mod:`opsplit.functional.sliced_runs`;
+under autograd the :math:`O(n\,D)` sums of :mod:`opsplit.functional.sliced_decode`);
 ``scheme="strang"`` advances
 :math:`A` over half steps around a full step of :math:`F` (:class:`~opsplit.schemes.Strang`;
 first order with these explicit-Euler substeps, and no longer GPT-2's layer at
@@ -70,7 +71,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_positive_float, check_positive_int, check_probability
+from .._checks import (
+    check_parameters_finite,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
 from ..controls import LayerwiseConstant, PositionTable
 from ..grid import Grid
 from ..operators import (
@@ -294,6 +300,8 @@ class DecoderLM(nn.Module):
         if c.lm_head and not c.tie_embeddings:
             self.head = nn.Parameter(torch.empty(c.vocab_size, E, **fk))  # (vocab, d_model), as nn.Linear
         self.check_finite_input = True
+        #: generate's defaults for eos_token_id / pad_token_id (from_hf: the HF generation config's)
+        self.generation_defaults: dict = {}
         self.reset_parameters(generator)
 
     def _norm(self, weight, bias) -> list:
@@ -371,15 +379,21 @@ class DecoderLM(nn.Module):
         p = self.embedding.weight
         return p.dtype, p.device
 
-    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None, *, values: bool = True):
+    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None, *, values: bool = True,
+                     n_steps: int | None = None):
         """Validate a call's inputs (before any compute); returns ``(past, mask)`` with the
         mask as a bool tensor ``(B, past + N)`` (``True`` = keep) or ``None``.  ``values=False``
-        checks types and shapes only (generation's later steps feed the model's own tokens)."""
+        checks types and shapes only (generation's later steps feed the model's own tokens);
+        ``n_steps``: the call's :math:`N_t`, checked against the cache's
+        (:meth:`KVCache.check_use <opsplit.operators.KVCache.check_use>`)."""
         c = self.config
         if not isinstance(input_ids, Tensor):
             raise TypeError(f"input_ids: expected a torch.Tensor of token ids, got {type(input_ids).__name__}")
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
             raise TypeError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"input_ids: expected token ids of dtype torch.int64 (or torch.int32), as an embedding "
+                            f"reads them, got {input_ids.dtype}")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected shape (B, N), got {tuple(input_ids.shape)}")
         B, N = input_ids.shape
@@ -396,6 +410,9 @@ class DecoderLM(nn.Module):
                              f"{c.vocab_size}), got range [{lo}, {hi}]")
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache: expected an opsplit KVCache or None, got {type(cache).__name__}")
+        if cache is not None:
+            dtype, _ = self._dtype_device()
+            cache.check_use(self, B, self.decoder.n_steps if n_steps is None else n_steps, dtype, device)
         past = 0 if cache is None else cache.length
         mask = None
         if attention_mask is not None:
@@ -422,6 +439,9 @@ class DecoderLM(nn.Module):
                 raise ValueError("position_ids: expected finite positions")
         if self.positions is not None and values:
             pos = position_ids if position_ids is not None else self.token_positions(N, past, device)
+            if pos.numel() and float(pos.min()) < 0:
+                raise ValueError(f"position_ids: expected positions >= 0 (coordinates counted from the first token, "
+                                 f"read from the learned position table), got min {float(pos.min()):g}")
             if pos.numel() and (float(pos.max()) > self.positions.n_positions - 1 or float(pos.min()) < 0):
                 raise ValueError(
                     f"input_ids: positions up to {float(pos.max()):g} (sequence of {N} tokens"
@@ -464,7 +484,10 @@ class DecoderLM(nn.Module):
         """:math:`G` without the read-out: the normalised final state ``(B, N, d_model)``.
         ``check_values=False`` skips the propagator's finiteness checks of the parameters,
         the input and the output (generation: checked at the prompt, unchanged after)."""
-        past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache, values=check_values)
+        if n_steps is not None:
+            n_steps = check_positive_int(n_steps, "n_steps (N_t)")
+        past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache, values=check_values,
+                                       n_steps=n_steps)
         u = self.embed(input_ids, past, position_ids, check=False)  # check_inputs (or generate) checked them
         ctx = {}
         if mask is not None and not bool(mask.all()):
@@ -476,7 +499,12 @@ class DecoderLM(nn.Module):
             ctx["kv_cache"] = cache
         # always a ContextGrid: its per-call cache shares the rotary angles and the masks across layers
         g = ContextGrid.of(self.decoder.grid, **ctx).with_shape(u.shape[1], self.config.d_model)
-        u = self.decoder(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input and check_values)
+        try:
+            u = self.decoder(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input and check_values)
+        except ValueError:
+            if check_values:  # a NaN written through p.data (the embedding's too) is named before anything else
+                check_parameters_finite(self, type(self).__name__, fresh=True)
+            raise
         t1 = self.decoder.t1
         for n in self.final_norm:
             u = n.flow(t1, 1.0, u, g) if n.has_flow else n.resolvent(t1, 1.0, u, g)

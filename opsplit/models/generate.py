@@ -18,16 +18,28 @@ logits in float32): greedy ``argmax``; or sampling from ``softmax`` after the te
 (``logits / temperature``), top-k (keep the ``k`` largest, ties kept) and top-p (keep the
 smallest set of most likely tokens whose probability exceeds ``top_p``, at least one),
 drawn by ``torch.multinomial`` with ``generator`` (``None``: torch's global generator, as
-Hugging Face).  With ``eos_token_id``, a finished sequence is continued with
-``pad_token_id`` (default ``eos_token_id``) and generation stops once every sequence has
-finished.
+Hugging Face).  With ``eos_token_id`` (one id or several), a finished sequence is continued
+with ``pad_token_id`` (default: the first eos id) and generation stops once every sequence
+has finished; ``max_new_tokens`` is a bound, not an allocation (the buffers grow by
+doubling), so a large one with an eos costs only the tokens generated.
+
+**Hugging Face's defaults.**  A model with ``generation_defaults`` (a converted Hugging
+Face model: its generation config's ``eos_token_id`` and ``pad_token_id``) generates as
+HF's ``generate`` does when the arguments are not given: it stops at the model's eos (an
+id outside the vocabulary can never be generated, and is dropped, as it never stops HF's),
+and, without ``attention_mask``, infers the mask from ``pad_token_id`` as HF does — the
+tokens equal to it are padding when it occurs in the prompts and is not an eos id
+(otherwise no padding).  ``eos_token_id=None`` / ``pad_token_id=None`` passed explicitly
+mean none, as in HF.
 
 **Cost of one decode step** with the cache, context length :math:`n`, per layer: the
 projections and the feed-forward of one token (independent of :math:`n`) plus the attention
-of one query against :math:`n` cached keys — :math:`O(n\,d)` per head for softmax attention;
-the cache append is a copy of the layer's :math:`O(n\,d)` keys and values (as Hugging
-Face's ``DynamicCache``).  Without the cache a step is a full forward pass,
-:math:`O(n^2 d)` attention and :math:`n` feed-forward evaluations per layer.
+of one query against :math:`n` cached keys — :math:`O(n\,d)` per head for softmax attention,
+:math:`O(D \log^2 n)` for causal sliced attention (sorted runs,
+:mod:`opsplit.functional.sliced_runs`); the softmax cache's append writes the new keys and
+values in place (amortised :math:`O(d)`; buffers of geometric capacity).  Without the cache a
+step is a full forward pass, :math:`O(n^2 d)` attention and :math:`n` feed-forward
+evaluations per layer.
 
 **Checks once per call.**  Every argument, the prompt (ids in range, the mask, the
 positions against a learned table, including the ``max_new_tokens`` it will reach), the
@@ -54,7 +66,20 @@ from torch import Tensor
 from .._checks import check_positive_float, check_positive_int
 from ..operators import KVCache
 
-__all__ = ["generate", "select_next_token"]
+__all__ = ["generate", "select_next_token", "MODEL_DEFAULT"]
+
+
+class _ModelDefault:
+    """The default of ``eos_token_id`` / ``pad_token_id``: the model's own (module docstring)."""
+
+    def __repr__(self) -> str:
+        return "MODEL_DEFAULT"
+
+
+#: "the model's generation default" (``generation_defaults``; ``None`` for a model without)
+MODEL_DEFAULT = _ModelDefault()
+#: the smallest sampling temperature: the scores are divided by it in float32
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
 
 
 def _check_int(v, name: str, lo: int) -> int:
@@ -63,12 +88,39 @@ def _check_int(v, name: str, lo: int) -> int:
     return v
 
 
+def _is_id(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int)
+
+
 def _check_token(v, name: str, vocab: int):
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
+    if not _is_id(v) or not 0 <= v < vocab:
         raise ValueError(f"{name}: expected None or a token id in [0, {vocab - 1}], got {v!r}")
     return v
+
+
+def _check_eos(v, vocab: int, default: bool) -> list:
+    """The eos ids as a list (empty: none): one id or a list/tuple of ids in the vocabulary;
+    a model default outside the vocabulary is dropped (it can never be generated)."""
+    if v is None:
+        return []
+    ids = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not ids or not all(_is_id(i) for i in ids):
+        raise ValueError(f"eos_token_id: expected None, a token id or a list of token ids, got {v!r}"
+                         + (" (the model's generation config)" if default else ""))
+    if default:
+        return [i for i in ids if 0 <= i < vocab]
+    for i in ids:
+        _check_token(i, "eos_token_id", vocab)
+    return ids
+
+
+def _grow(x: Tensor, capacity: int) -> Tensor:
+    """A buffer ``(B, capacity)`` starting with ``x`` ``(B, n)``."""
+    out = x.new_empty(x.shape[0], capacity)
+    out[:, : x.shape[1]] = x
+    return out
 
 
 def select_next_token(logits: Tensor, *, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
@@ -80,6 +132,12 @@ def select_next_token(logits: Tensor, *, do_sample: bool = False, temperature: f
         return torch.argmax(scores, dim=-1)
     if temperature != 1.0:
         scores = scores / temperature
+        if temperature < 1.0 and not bool(torch.isfinite(scores).all()) and bool(torch.isfinite(logits).all()):
+            raise ValueError(
+                f"temperature: {temperature:g} makes the float32 scores logits / temperature overflow (largest "
+                f"|logit| {float(logits.abs().max()):g}); use a larger temperature, or do_sample=False for the "
+                "most likely token"
+            )
     if top_k is not None and top_k != 0:
         k = min(top_k, scores.shape[-1])
         scores = scores.masked_fill(scores < torch.topk(scores, k)[0][..., -1, None], float("-inf"))
@@ -96,8 +154,8 @@ def select_next_token(logits: Tensor, *, do_sample: bool = False, temperature: f
 @torch.no_grad()
 def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             attention_mask: Tensor | None = None, use_cache: bool = True, eos_token_id: int | None = None,
-             pad_token_id: int | None = None, n_steps: int | None = None) -> Tensor:
+             attention_mask: Tensor | None = None, use_cache: bool = True, eos_token_id=MODEL_DEFAULT,
+             pad_token_id=MODEL_DEFAULT, n_steps: int | None = None) -> Tensor:
     """Continue every prompt of ``input_ids`` ``(B, N)`` by up to ``max_new_tokens`` tokens;
     returns ``(B, N + generated)`` (prompt, then the new tokens), as Hugging Face's
     ``generate`` does.
@@ -105,16 +163,21 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
     Args:
         model: a causal decoder (see the module docstring).
         input_ids: integer prompt ids ``(B, N)``, ``N >= 1``, left-padded in a batch.
-        max_new_tokens: how many tokens to append (``>= 0``).
+        max_new_tokens: how many tokens to append at most (``>= 0``; a bound: memory grows
+            with the tokens generated).
         do_sample: sample (``True``) or take the most likely token (``False``).
-        temperature, top_k, top_p: sampling warpers (``temperature > 0``; ``top_k >= 0``,
-            ``0`` or ``None`` off; ``0 < top_p <= 1``).
+        temperature, top_k, top_p: sampling warpers (``temperature >= 1.2e-38``, float32's
+            smallest normal number; ``top_k >= 0``, ``0`` or ``None`` off; ``0 < top_p <= 1``).
         generator: ``torch.Generator`` for the draws (``None``: the global generator).
-        attention_mask: ``(B, N)`` of 0/1 (0 = padding), or ``None`` (no padding).
+        attention_mask: ``(B, N)`` of 0/1 (0 = padding), or ``None`` (no padding, or the
+            padding inferred from ``pad_token_id`` as Hugging Face does: module docstring).
         use_cache: keep a :class:`~opsplit.operators.KVCache` (one decode step per token);
             ``False`` recomputes the sequence at every step.
-        eos_token_id, pad_token_id: stop a sequence at ``eos_token_id`` and continue it with
-            ``pad_token_id`` (default ``eos_token_id``) until all have stopped.
+        eos_token_id: stop a sequence at this token (or at any of a list of them); default:
+            the model's ``generation_defaults`` (a converted HF model's generation config),
+            else none; ``None``: never stop early.
+        pad_token_id: continue a stopped sequence with this token (default: the model's, else
+            the first eos id); without ``attention_mask``, the padding of the prompts.
         n_steps: solve the decoder with this :math:`N_t` (``None``: the model's own); the
             controls are functions of time, so a model trained at one :math:`N_t` generates
             at another (every step of one generation uses the same :math:`N_t`).
@@ -125,6 +188,10 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
     if not isinstance(use_cache, bool):
         raise TypeError(f"use_cache: expected a bool, got {type(use_cache).__name__}")
     temperature = check_positive_float(temperature, "temperature")
+    if do_sample and temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature: expected at least {MIN_TEMPERATURE:.3g} (float32's smallest normal number: "
+                         f"the float32 scores are divided by it), got {temperature!r}; use do_sample=False for the "
+                         "most likely token")
     if top_k is not None:
         top_k = _check_int(top_k, "top_k", 0)
     if top_p is not None:
@@ -138,12 +205,23 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
     if not (hasattr(model, "check_inputs") and hasattr(model, "next_token_logits")):
         raise TypeError(f"generate: model: expected an opsplit causal decoder (DecoderLM, TokenClassifier), "
                         f"got {type(model).__name__}")
-    _, mask = model.check_inputs(input_ids, attention_mask)
     vocab = model.vocab_size
-    eos_token_id = _check_token(eos_token_id, "eos_token_id", vocab)
-    pad_token_id = _check_token(pad_token_id, "pad_token_id", vocab)
-    if pad_token_id is None:
-        pad_token_id = eos_token_id
+    defaults = getattr(model, "generation_defaults", None) or {}
+    eos_default, pad_default = eos_token_id is MODEL_DEFAULT, pad_token_id is MODEL_DEFAULT
+    eos = _check_eos(defaults.get("eos_token_id") if eos_default else eos_token_id, vocab, eos_default)
+    pad_token_id = defaults.get("pad_token_id") if pad_default else pad_token_id
+    if pad_default and pad_token_id is not None and eos and not (_is_id(pad_token_id) and 0 <= pad_token_id < vocab):
+        raise ValueError(f"pad_token_id: the model's generation config gives {pad_token_id!r}, not a token id in "
+                         f"[0, {vocab - 1}], and stopped sequences are continued with it; pass pad_token_id")
+    if not pad_default:
+        pad_token_id = _check_token(pad_token_id, "pad_token_id", vocab)
+    if attention_mask is None and pad_token_id is not None and pad_token_id not in eos and \
+            isinstance(input_ids, Tensor) and input_ids.dim() == 2 and not input_ids.is_floating_point() and \
+            bool((input_ids == pad_token_id).any()):
+        attention_mask = (input_ids != pad_token_id).long()  # Hugging Face's inferred padding
+    _, mask = model.check_inputs(input_ids, attention_mask)
+    if pad_token_id is None and eos:
+        pad_token_id = eos[0]
     B, N = input_ids.shape
     device = input_ids.device
     mask = torch.ones(B, N, dtype=torch.long, device=device) if mask is None else mask.long()
@@ -154,15 +232,15 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             f"max_new_tokens: a prompt of {int(position_ids[:, -1].max()) + 1} positions plus {max_new_tokens} new "
             f"tokens exceeds the model's learned positions (max_positions = {limit})"
         )
-    # the sequence, its mask and positions for every step, written as tokens are chosen
+    # the sequence, its mask, padding and positions, written as tokens are chosen, in buffers
+    # that grow by doubling: max_new_tokens is a bound (an eos may stop every sequence early)
     total = N + max_new_tokens
-    seq = input_ids.new_empty(B, total)
-    seq[:, :N] = input_ids
-    mask_all = torch.ones(B, total, dtype=torch.long, device=device)
-    mask_all[:, :N] = mask
-    pos_all = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, max_new_tokens + 1, device=device)], -1)
+    cap = N + min(max_new_tokens, max(N, 64))
+    seq, mask_all, pos_all = _grow(input_ids, cap), _grow(mask, cap), _grow(position_ids, cap)
+    padding = None if bool(mask.all()) else _grow(mask == 0, cap)
+    eos_ids = torch.tensor(eos, dtype=input_ids.dtype, device=device) if eos else None
     cache = KVCache() if use_cache else None
-    decode = padding = None
+    decode = None
     unfinished = torch.ones(B, dtype=torch.long, device=device)
     n = N
     kw = {} if n_steps is None else {"n_steps": n_steps}  # N_t of the solve (None: the model's)
@@ -180,15 +258,20 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             if step == 0 and cache is not None and hasattr(model, "decode_steps"):
                 # the decode steps, made once: controls evaluated at their times, no checks
                 decode = model.decode_steps(cache, **kw)
-                padding = None if bool(mask.all()) else mask_all == 0
         nxt = select_next_token(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                 generator=generator)
-        if eos_token_id is not None:
+        if eos_ids is not None:
             nxt = nxt * unfinished + pad_token_id * (1 - unfinished)
-        seq[:, n] = nxt
+        if n == seq.shape[1]:
+            cap = min(total, 2 * cap)
+            seq, mask_all, pos_all = _grow(seq, cap), _grow(mask_all, cap), _grow(pos_all, cap)
+            padding = None if padding is None else _grow(padding, cap)
+        seq[:, n], mask_all[:, n], pos_all[:, n] = nxt, 1, pos_all[:, n - 1] + 1
+        if padding is not None:
+            padding[:, n] = False
         n += 1
-        if eos_token_id is not None:
-            unfinished = unfinished & (nxt != eos_token_id).long()
+        if eos_ids is not None:
+            unfinished = unfinished & (~torch.isin(nxt, eos_ids)).long()
             if not bool(unfinished.any()):
                 break
-    return seq if n == total else seq[:, :n].clone()
+    return seq if n == seq.shape[1] else seq[:, :n].clone()

@@ -188,6 +188,33 @@ def _rope_checks(cfg, cls: str) -> float:
     return float(rp["rope_theta"])
 
 
+def _check_inv_freq(rot, where: str, cfg, theta: float, d: int) -> None:
+    """The module's rotary frequencies (``rotary_emb.inv_freq``, what HF's forward reads) must
+    be those opsplit computes from the config's ``rope_theta`` and the heads' size (HF's own
+    float32 formula, :meth:`~opsplit.operators.RotaryEmbedding.frequencies`): a buffer edited
+    after the build, or a config edited after it, is refused naming both."""
+    from ..operators import RotaryEmbedding
+
+    field = "rope_parameters['rope_theta']" if getattr(cfg, "rope_parameters", None) is not None else "rope_theta"
+    buf = getattr(rot, "inv_freq", None)
+    if not isinstance(buf, torch.Tensor):
+        raise ValueError(f"from_hf: {where}.inv_freq: expected the rotary frequencies as a tensor buffer, got "
+                         f"{type(buf).__name__}")
+    want = RotaryEmbedding(d, theta, compute_dtype=torch.float32).frequencies(buf.device)
+    if tuple(buf.shape) != tuple(want.shape):
+        raise ValueError(f"from_hf: {where}.inv_freq: expected {want.numel()} frequencies (head_dim {d} / 2), got "
+                         f"shape {tuple(buf.shape)}")
+    have = buf.detach().float()
+    rel = float(((have - want).abs() / want).max()) if bool(torch.isfinite(have).all()) else float("inf")
+    if not rel <= 4 * torch.finfo(torch.float32).eps:
+        raise ValueError(
+            f"from_hf: {where}.inv_freq: the module's rotary frequencies differ from those of config.{field} = "
+            f"{theta:g} (head_dim {d}) by up to {rel:.3g} relative; opsplit computes them from rope_theta, so "
+            f"the two must agree (rebuild the model from its config, or set {field} to the base the frequencies "
+            "were made with)"
+        )
+
+
 def _llama_parts(model) -> dict:
     cls = type(model).__name__
     family = LLAMA_FAMILY[cls]
@@ -248,6 +275,7 @@ def _llama_parts(model) -> dict:
         p_attn.add(float(a.attention_dropout))
     eps.add(_check_rms(base.norm, where + ".norm", E, family))
     d = _one(ds, where, "head_dim")
+    _check_inv_freq(rot, f"{where}.rotary_emb", cfg, theta, d)
     qb, ob = _one(biases, where, "attention biases")
     Fz, mb = _one(ffs, where, "intermediate_size / mlp_bias")
     V = int(base.embed_tokens.weight.shape[0])
@@ -359,11 +387,21 @@ def hf_state_dict(model: DecoderLM, *, grads: bool = False) -> dict:
                 _entries(model, info["kind"], info["prefix"])}
 
 
-@torch.no_grad()
 def decoder_from_hf(model) -> DecoderLM:
     """A Hugging Face GPT-2 / Llama / Qwen2 / Mistral model -> :class:`DecoderLM` (see the
-    module docstring; registered with :func:`~opsplit.models.hf.from_hf`)."""
+    module docstring; registered with :func:`~opsplit.models.hf.from_hf`).  The parameters
+    are ordinary tensors even when called inside ``torch.inference_mode()`` (inference
+    tensors could never be used by a later forward that records autograd)."""
+    with torch.inference_mode(False), torch.no_grad():
+        return _decoder_from_hf(model)
+
+
+def _decoder_from_hf(model) -> DecoderLM:
     cls = type(model).__name__
+    meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if meta:
+        raise ValueError(f"from_hf: {cls}: {meta[0]} (and {len(meta) - 1} more) on the meta device hold no values to "
+                         "convert; materialise the model first (model.to_empty(device=...) and load its weights)")
     parts = _gpt2_parts(model) if cls in GPT2_CLASSES else _llama_parts(model)
     dtype, device = _one_dtype_device(model, cls)
     config = parts["config"]
@@ -382,6 +420,9 @@ def decoder_from_hf(model) -> DecoderLM:
             raise ValueError(f"from_hf: {cls}: one parameter mapped from HF tensors with different requires_grad")
         p.requires_grad_(fl.pop())
     out._hf = {"class": cls, "config": copy.deepcopy(model.config), "kind": parts["kind"], "prefix": parts["prefix"]}
+    # what HF's generate reads when its arguments are not given (opsplit.models.generate)
+    gen = getattr(model, "generation_config", None) or model.config
+    out.generation_defaults = {k: copy.deepcopy(getattr(gen, k, None)) for k in ("eos_token_id", "pad_token_id")}
     out.train(model.training)
     return out
 
@@ -389,22 +430,37 @@ def decoder_from_hf(model) -> DecoderLM:
 def to_hf(model: DecoderLM):
     """The Hugging Face model a :class:`DecoderLM` was converted from, rebuilt from the
     recorded configuration (no download) with the converted model's current weights (a pure
-    weight copy), in its dtype, device and training mode."""
+    weight copy), in its dtype, device and training mode.
+
+    The read-out is tied in the rebuilt model exactly when it is one tensor with the token
+    table in the converted one (``tie_word_embeddings`` of the rebuilt config follows the
+    tensors, not the recorded flag: an HF model whose ``lm_head`` was replaced by a parameter
+    of its own comes back untied); every HF parameter is then compared with the value written
+    to it, and a mismatch (two names on one tensor that hold different values) is refused,
+    naming both."""
     info = getattr(model, "_hf", None)
     if not isinstance(model, DecoderLM) or info is None:
         raise TypeError("to_hf: expected a DecoderLM made by from_hf (to_hf rebuilds that Hugging Face class)")
     import transformers
 
     p = model.embedding.weight
-    hf = getattr(transformers, info["class"])(copy.deepcopy(info["config"])).to(dtype=p.dtype, device=p.device)
-    state = hf_state_dict(model)
-    with torch.no_grad():
-        own = dict(hf.named_parameters(remove_duplicate=False))
-        for name, value in state.items():
-            own[name].copy_(value)
-    if "lm_head.weight" in own and model.config.tie_embeddings and own["lm_head.weight"] is not own.get(
-            info["prefix"] + ("wte.weight" if info["kind"] == "gpt2" else "embed_tokens.weight")):
-        raise ValueError("to_hf: the rebuilt Hugging Face model does not tie its read-out as the converted one does")
+    config = copy.deepcopy(info["config"])
+    if model.config.lm_head:
+        config.tie_word_embeddings = model.head is None
+    with torch.inference_mode(False):
+        hf = getattr(transformers, info["class"])(config).to(dtype=p.dtype, device=p.device)
+        state = hf_state_dict(model)
+        with torch.no_grad():
+            own = dict(hf.named_parameters(remove_duplicate=False))
+            for name, value in state.items():
+                own[name].copy_(value)
+            embed = info["prefix"] + ("wte.weight" if info["kind"] == "gpt2" else "embed_tokens.weight")
+            for name, t in own.items():
+                src = state.get(name, state[embed] if name == "lm_head.weight" and model.head is None else None)
+                if src is None or not torch.equal(t, src):
+                    other = [n for n, u in own.items() if u is t and n != name]
+                    raise ValueError(f"to_hf: the rebuilt {info['class']}'s {name} does not hold the converted "
+                                     f"model's value" + (f" (it is one tensor with {other[0]})" if other else ""))
     hf.train(model.training)
     return hf
 

@@ -50,6 +50,7 @@ from ..controls import PiecewiseConstant
 from ..grid import Grid
 from ..operators import (
     FeedForward,
+    KVCache,
     MultiHeadAttention,
     PointwiseAffine,
     PreNorm,
@@ -267,7 +268,7 @@ class TokenClassifier(nn.Module):
         return mask
 
     # -- generation (opsplit.models.generate) ----------------------------------------------------
-    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None):
+    def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None, *, n_steps=None):
         """Validation for :func:`~opsplit.models.generate.generate` (before any compute): a
         causal encoder, ``n_classes == vocab_size`` (a language model), integer ids with at
         least one token, the 0/1 mask ``(B, past + N)`` of a left-padded batch.  Returns
@@ -280,6 +281,12 @@ class TokenClassifier(nn.Module):
         self._check_tokens(input_ids, "input_ids")
         if input_ids.shape[1] == 0:
             raise ValueError(f"input_ids: empty prompt (shape {tuple(input_ids.shape)}): expected at least one token")
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache: expected an opsplit KVCache or None, got {type(cache).__name__}")
+            p = self.embedding.weight
+            n_steps = self.encoder.n_steps if n_steps is None else check_positive_int(n_steps, "n_steps (N_t)")
+            cache.check_use(self, input_ids.shape[0], n_steps, p.dtype, p.device)
         past = 0 if cache is None else cache.length
         return past, self._check_mask(input_ids, attention_mask, past)
 
@@ -292,7 +299,7 @@ class TokenClassifier(nn.Module):
         removes from its keys (a key-padding mask in the grid's context).  ``position_ids``
         are not used: the model has no positions (causal attention sees the order, and the
         real tokens of a padded sample see exactly what they see unpadded)."""
-        _, mask = self.check_inputs(input_ids, attention_mask, cache=cache)
+        _, mask = self.check_inputs(input_ids, attention_mask, cache=cache, n_steps=n_steps)
         ctx = {}
         if mask is not None:
             ctx["key_padding_mask"] = ~mask

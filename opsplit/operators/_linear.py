@@ -5,15 +5,14 @@ kernel ``W`` of shape ``(N_y, M)`` (rows: the integration variable), the y-weigh
 into the kernel when they are equal.
 
 :func:`side_by_side` puts several kernels side by side for inference: one GEMM where a term
-applies several integral transforms to the same state (queries/keys/values, gate/up), built
-once per time piece and parameter version.  Used only when autograd does not record: the
-concatenation is a copy, cached on the operator (``cache``, a plain dict) under the time
-``t`` and invalidated when any source tensor changes (its storage, version counter, shape,
-dtype or device).  The cache keeps at most :data:`MAX_TIMES` times (the oldest entry is
-dropped first): a fixed grid of up to that many steps is built once, and an adaptive solve,
-whose step times are all distinct, does not grow it without bound.  With autograd
-recording the operators apply the kernels one by one, so gradients reach each parameter
-directly.
+applies several integral transforms to the same state (queries/keys/values, gate/up).  The
+concatenation is a copy made at every call and kept nowhere, so it can never hold weights
+older than the parameters, whatever wrote to them (``p.data.mul_``, ``copy_``, ``.data =``,
+``load_state_dict``, an optimizer step, ``to()``).  It costs one pass over the kernels,
+small beside the GEMM of a whole sequence; the decode steps of a generation
+(:mod:`opsplit.operators._fused`) make it once per generation, not per token.  With
+autograd recording the operators apply the kernels one by one, so gradients reach each
+parameter directly.
 """
 
 from __future__ import annotations
@@ -22,10 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["linear_y", "side_by_side", "MAX_TIMES"]
-
-#: the most times a :func:`side_by_side` cache keeps
-MAX_TIMES = 256
+__all__ = ["linear_y", "side_by_side"]
 
 
 def linear_y(x: Tensor, W: Tensor, b: Tensor | None, grid) -> Tensor:
@@ -39,23 +35,14 @@ def linear_y(x: Tensor, W: Tensor, b: Tensor | None, grid) -> Tensor:
     return F.linear(x, W.t(), b)
 
 
-def side_by_side(cache: dict, t, kernels, biases) -> tuple[Tensor, Tensor | None]:
+def side_by_side(kernels, biases) -> tuple[Tensor, Tensor | None]:
     """``[W_1, ..., W_k]`` as one ``(N_y, sum M_i)`` kernel (each ``W_i`` reshaped to
     ``(N_y, M_i)``) and the matching bias (zeros where a ``b_i`` is ``None``; ``None`` if all
-    are)."""
-    srcs = [w for w in (*kernels, *biases) if w is not None]
-    versions = tuple((w.data_ptr(), w._version, tuple(w.shape), w.dtype, w.device) for w in srcs)
-    hit = cache.get(float(t))
-    if hit is not None and hit[0] == versions:
-        return hit[1], hit[2]
+    are): new tensors made from the current values (module docstring)."""
     ny = kernels[0].shape[0]
     Ws = [w.reshape(ny, -1) for w in kernels]
     W = torch.cat(Ws, 1)
     b = None
     if any(x is not None for x in biases):
         b = torch.cat([x.reshape(-1) if x is not None else w.new_zeros(w.shape[1]) for w, x in zip(Ws, biases)])
-    cache.pop(float(t), None)
-    while len(cache) >= MAX_TIMES:
-        del cache[next(iter(cache))]  # the oldest time
-    cache[float(t)] = (versions, W, b)
     return W, b

@@ -79,6 +79,11 @@ class Activation(Operator):
         """Whether the map is a projection onto a convex set (ReLU, identity)."""
         return ACTIVATIONS[self.name][1]
 
+    @property
+    def smooth(self) -> bool:
+        """ReLU has a kink at 0 (``opsplit.adaptive`` refuses it)."""
+        return self.name != "relu"
+
     def flow(self, t, dt: float, u: Tensor, grid: Grid) -> Tensor:
         return self.fn(u)
 

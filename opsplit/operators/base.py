@@ -62,6 +62,9 @@ class Operator(nn.Module):
     #: the term can be advanced over a negative time step (its field is deterministic, its
     #: flow a flow); maps (``is_map``) and projections are never reversible, whatever this says
     reversible: bool = True
+    #: the term's substep is a smooth (C^1) map of the state: a projection onto a set with
+    #: corners (ReLU's cone) is not; adaptive steps refuse such a term (``opsplit.adaptive``)
+    smooth: bool = True
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no explicit field")

@@ -20,7 +20,8 @@ projection (:mod:`opsplit.operators.activation`); the product makes :math:`F` qu
 It is :class:`~opsplit.operators.FeedForward` (``W1, b1`` the gate, ``W2, b2`` the down
 transform, same hidden grid, quadrature and dropout on the hidden activation) with the up
 transform as a second factor.  When autograd does not record, the gate and up kernels are
-applied as one GEMM (a cached copy side by side, :mod:`opsplit.operators._linear`).
+applied as one GEMM (side by side, :func:`~opsplit.operators._linear.side_by_side`: a copy
+made at the call, never kept).
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ class GatedFeedForward(FeedForward):
         sb = None if self.b_up is None else _shape(self.b_up)
         if sb is not None and s1 is not None and sb != (s1[1],):
             raise ValueError(f"GatedFeedForward.b_up: expected shape ({s1[1]},), got {sb}")
-        self._fused: dict = {}  # t -> (versions, [W_gate, W_up], [b_gate, b_up]) for inference
 
     @classmethod
     def create(cls, n_y: int, n_z: int, *, n_pieces: int = 1, t0: float = 0.0, t1: float | None = None,
@@ -114,12 +114,12 @@ class GatedFeedForward(FeedForward):
         return self.output(t, self._gated(u, grid, *self._gate_up(t, grid)), grid)
 
     def _gate_up(self, t, grid: Grid) -> tuple:
-        """Without autograd: the gate and up kernels side by side (one GEMM; a cached copy of
-        the two), their biases and :math:`N_z`."""
+        """Without autograd: the gate and up kernels side by side (one GEMM; a copy made here
+        from the current values), their biases and :math:`N_z`."""
         Wg, Wu = self.W1(t, grid), self.W_up(t, grid)
         bg = None if self.b1 is None else self.b1(t, grid)
         bu = None if self.b_up is None else self.b_up(t, grid)
-        W, b = side_by_side(self._fused, t, (Wg, Wu), (bg, bu))
+        W, b = side_by_side((Wg, Wu), (bg, bu))
         return W, b, Wg.shape[1]
 
     def _gated(self, u: Tensor, grid: Grid, W: Tensor, b: Tensor | None, nz: int) -> Tensor:

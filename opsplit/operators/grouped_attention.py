@@ -41,8 +41,8 @@ keys (not with a cache).
 **Layouts** (head-major): ``WQ`` ``(N_y, H, d)``, ``WK, WV`` ``(N_y, H_kv, d)``, ``WO``
 ``(H, d, N_y)``, ``bQ`` ``(H, d)``, ``bK, bV`` ``(H_kv, d)``, ``bO`` ``(N_y,)``.
 Computation: three GEMMs (one, on the three kernels side by side, when autograd does not
-record: a copy of them is kept per time piece and parameter version), the rotation, ``F.scaled_dot_product_attention`` (through the
-overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
+record: a copy made at the call, :func:`~opsplit.operators._linear.side_by_side`), the
+rotation, ``F.scaled_dot_product_attention`` (through the overflow guard of :mod:`opsplit.operators._sdpa`) — with ``enable_gqa`` when no mask is
 needed, with the :math:`g` query heads of a group as :math:`g` queries of their
 key/value head for a single query (a decode step: no copy of the cache), else on the
 key/value heads repeated over their groups — and one GEMM for :math:`W^O`.
@@ -123,7 +123,6 @@ class GroupedQueryAttention(Operator):
                 raise TypeError(f"{n}.{name}: expected the name (str) of a grid context input, got {type(key).__name__}")
         self.key_padding_mask, self.positions, self.cache = key_padding_mask, positions, cache
         self._check_static_shapes()
-        self._fused: dict = {}  # t -> (versions, W, b): the three kernels side by side, without autograd
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -237,7 +236,7 @@ class GroupedQueryAttention(Operator):
     def _in_kernel(self, t, grid: Grid) -> tuple:
         WQ, WK, WV = self.WQ(t, grid), self.WK(t, grid), self.WV(t, grid)
         bias = [None if c is None else c(t, grid).reshape(-1) for c in (self.bQ, self.bK, self.bV)]
-        W, b = side_by_side(self._fused, t, (WQ, WK, WV), bias)
+        W, b = side_by_side((WQ, WK, WV), bias)
         return W, b, (WQ.shape[1], WK.shape[1], WQ.shape[2])
 
     def _qkv(self, t, u: Tensor, grid: Grid, past: int, W: Tensor, b: Tensor | None, H: int, Hkv: int,

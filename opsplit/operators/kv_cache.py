@@ -23,6 +23,12 @@ per head instead of recomputing the whole prefix (:math:`O(n^2 d)` for attention
 :math:`O(n)` feed-forward evaluations per layer); appending is amortised :math:`O(1)` per
 token under ``torch.no_grad()`` (buffers of geometric capacity).
 
+**Sorted runs of causal sliced attention.**  Under ``torch.no_grad()`` a causal sliced
+attention term keeps, instead of its scores and values, an object of its own (a
+:class:`~opsplit.functional.sliced_runs.SlicedDecodeCache`: the keys as sorted runs with
+prefix tables, :math:`O(D \log^2 n)` per decode step) through :meth:`KVCache.state`, with
+the same once-per-call rule; :meth:`length`, :meth:`past` and :meth:`select` cover it.
+
 **Bound of the cached keys.**  The overflow guard of softmax attention
 (:mod:`opsplit.operators._sdpa`) needs :math:`\max|k|` over every key a query reads.  An
 operator that passes ``key_max`` (the max-abs of its new keys) to :meth:`KVCache.update`
@@ -33,6 +39,8 @@ keys the first time it is asked for; dropped when an append does not give it, an
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import Tensor
@@ -64,10 +72,43 @@ class KVCache:
     ``torch.cat`` (:math:`O(n)` copy), so that gradients flow into every cached token.
     """
 
-    def __init__(self):
+    def __init__(self, *, sorted_runs: bool = True):
+        if not isinstance(sorted_runs, bool):
+            raise TypeError(f"KVCache: sorted_runs: expected a bool, got {type(sorted_runs).__name__}")
+        #: whether causal sliced attention may keep sorted runs (:meth:`state`); ``False``: it
+        #: caches its scores and values and sums over them (O(n D) per step), as under autograd
+        self.sorted_runs = sorted_runs
         self._entries: dict = {}  # key -> [op, t, buffers, dim, length, max |tensors[0]| or None]
+        self._states: dict = {}  # key -> [op, t, object with .length and .select(index)]
         self._touched: set = set()
         self._fed = 0  # tokens announced by begin()
+        self._use = None  # (weakref to the model, batch size, N_t, dtype, device) of the calls so far
+
+    def check_use(self, model, batch_size: int, n_steps: int, dtype, device) -> None:
+        """Validate a call of ``model`` that reads and extends the cache, before any compute:
+        a cache holds the tokens of one batch of ``batch_size`` sequences of one model, solved
+        with one :math:`N_t` (``n_steps``: its entries belong to those step times) in one
+        dtype and device.  The first call records them; a later call that differs is refused
+        with a ``ValueError`` naming the argument (``cache``, ``input_ids``, ``n_steps``).
+        :meth:`select` changes the batch size it expects."""
+        use = self._use
+        if use is None or (not self._entries and self._fed == 0):
+            self._use = (weakref.ref(model), batch_size, n_steps, dtype, device)
+            return
+        ref, b, n, dt, dev = use
+        if ref() is not model:
+            raise ValueError(f"cache: this KVCache holds the keys and values of another model; a cache serves one "
+                             f"model ({type(model).__name__}): use a new KVCache")
+        if batch_size != b:
+            raise ValueError(f"input_ids: a batch of {batch_size} sequences, but the cache holds {b} (a KVCache "
+                             "continues the sequences it was filled with: use a new KVCache, or KVCache.select)")
+        if n_steps != n:
+            raise ValueError(f"n_steps: the cache was filled solving with N_t = {n} steps, this call solves with "
+                             f"N_t = {n_steps} (its keys and values belong to the other steps' times): use a new "
+                             "KVCache")
+        if (dtype, device) != (dt, dev):
+            raise ValueError(f"cache: it holds {dt} keys and values on {dev}, the model now computes in {dtype} on "
+                             f"{device}: use a new KVCache")
 
     def __len__(self) -> int:
         return self.length
@@ -77,6 +118,8 @@ class KVCache:
         """The number of tokens in the cache (0 when empty)."""
         for e in self._entries.values():
             return e[4]
+        for e in self._states.values():
+            return e[2].length
         return self._fed
 
     def begin(self, n_tokens: int = 0) -> None:
@@ -91,17 +134,18 @@ class KVCache:
 
     def past(self, op, t) -> int:
         """The number of tokens cached for ``op`` at step ``t`` (0 when none)."""
-        e = self._entries.get(self._key(op, t))
-        return 0 if e is None else e[4]
+        key = self._key(op, t)
+        e = self._entries.get(key)
+        if e is None:
+            st = self._states.get(key)
+            return 0 if st is None else st[2].length
+        return e[4]
 
-    def entries(self) -> list:
-        """``(operator, t, tensors, dim)`` of every entry (``tensors``: the cached tokens)."""
-        return [(op, t, tuple(b.narrow(dim, 0, n) for b in bufs), dim) for op, t, bufs, dim, n, _ in self._entries.values()]
+    def has_state(self, op, t) -> bool:
+        """Whether ``op`` keeps an object of its own at step ``t`` (:meth:`state`)."""
+        return self._key(op, t) in self._states
 
-    def update(self, op, t, *tensors: Tensor, dim: int = 2, key_max: float | None = None) -> tuple[Tensor, ...]:
-        """Append the new tokens' ``tensors`` for ``op`` at step ``t`` and return the whole
-        prefix (cached, then new) of each.  ``key_max``: :math:`\\max|\\cdot|` of the new
-        ``tensors[0]`` (the keys), kept for :meth:`key_max` (module docstring)."""
+    def _touch(self, op, t) -> tuple:
         key = self._key(op, t)
         if key in self._touched:
             raise RuntimeError(
@@ -110,6 +154,35 @@ class KVCache:
                 "half steps run at different times and are cached apart)"
             )
         self._touched.add(key)
+        return key
+
+    def state(self, op, t, make):
+        """The object ``op`` keeps at step ``t`` instead of tensors (made by ``make()`` the
+        first time; it has ``length`` and ``select(index)``), for an append in this call (once
+        per call, as :meth:`update`)."""
+        key = self._touch(op, t)
+        if key in self._entries:
+            raise RuntimeError(f"KVCache: {type(op).__name__} at t = {float(t):g} cached tensors already "
+                               "(made under autograd); it cannot switch to its own state")
+        st = self._states.get(key)
+        if st is None:
+            st = self._states[key] = [op, float(t), make()]
+        return st[2]
+
+    def entries(self) -> list:
+        """``(operator, t, tensors, dim)`` of every tensor entry (``tensors``: the cached
+        tokens; the objects kept through :meth:`state` are not listed)."""
+        return [(op, t, tuple(b.narrow(dim, 0, n) for b in bufs), dim) for op, t, bufs, dim, n, _ in self._entries.values()]
+
+    def update(self, op, t, *tensors: Tensor, dim: int = 2, key_max: float | None = None) -> tuple[Tensor, ...]:
+        """Append the new tokens' ``tensors`` for ``op`` at step ``t`` and return the whole
+        prefix (cached, then new) of each.  ``key_max``: :math:`\\max|\\cdot|` of the new
+        ``tensors[0]`` (the keys), kept for :meth:`key_max` (module docstring)."""
+        key = self._touch(op, t)
+        if key in self._states:
+            raise RuntimeError(f"KVCache: {type(op).__name__} at t = {float(t):g} keeps sorted runs built without "
+                               "autograd; they cannot be extended under autograd (start a new cache, or call "
+                               "under torch.no_grad())")
         m = int(tensors[0].shape[dim])
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
         e = self._entries.get(key)
@@ -153,6 +226,10 @@ class KVCache:
         for e in self._entries.values():
             e[2] = tuple(x.index_select(0, index.to(x.device)) for x in e[2])
             e[5] = None  # the kept maximum may belong to a dropped row
+        for st in self._states.values():
+            st[2].select(index)
+        if self._use is not None:
+            self._use = (self._use[0], int(index.numel()), *self._use[2:])
 
     def __repr__(self) -> str:
-        return f"KVCache(entries={len(self._entries)}, length={self.length})"
+        return f"KVCache(entries={len(self._entries) + len(self._states)}, length={self.length})"

@@ -26,6 +26,8 @@ class ProjectionS2(Operator):
 
     has_resolvent = True
     default_solver = "implicit"
+    #: a kink where an entry crosses 0 (``opsplit.adaptive`` refuses it)
+    smooth = False
 
     def resolvent(self, t, dt: float, u: Tensor, grid: Grid) -> Tensor:
         return u.clamp_min(0)

@@ -74,6 +74,7 @@ from ..functional.sliced_decode import (
     decode_sliced_relu_attention,
     decode_sliced_relu_bump_attention,
 )
+from ..functional.sliced_runs import SlicedDecodeCache
 from ..grid import Grid
 from .base import Operator
 from .context import context_value
@@ -198,6 +199,24 @@ class _SlicedBase(Operator):
             raise ValueError(f"{self._name}: a key/value cache needs equal token weights (uniform Omega_x)")
         return cache.update(self, t, zk, V)
 
+    def sorted_runs(self, t, grid: Grid, wx, *xs: Tensor):
+        """With a :class:`~opsplit.operators.KVCache` in the context and no autograd recording
+        (generation): this step's :class:`_SortedRuns` (the keys as sorted runs,
+        :mod:`opsplit.functional.sliced_runs`); ``None`` otherwise (no cache, or autograd:
+        the cached scores and values, :meth:`with_cache`)."""
+        cache = context_value(grid, self.cache)
+        if cache is None:
+            return None
+        if not self.causal:
+            raise ValueError(f"{self._name}: a key/value cache needs causal=True (generation)")
+        if wx is not None:
+            raise ValueError(f"{self._name}: a key/value cache needs equal token weights (uniform Omega_x)")
+        if not cache.sorted_runs or (torch.is_grad_enabled() and any(x.requires_grad for x in xs)):
+            return None  # differentiable (or asked for): concatenated scores and values (KVCache.update)
+        if cache.past(self, t) and not cache.has_state(self, t):
+            return None  # tensors cached under autograd: continue with them
+        return cache.state(self, t, _SortedRuns)
+
     def decode_key_weights(self, grid: Grid, zk: Tensor) -> Tensor | None:
         """For a decode step: the key-padding mask of the call (``(B, N_k)`` over cached and
         new keys, ``True`` = padded) as key weights ``(B, 1, N_k)`` (0 at the pads), or ``None``."""
@@ -261,6 +280,60 @@ class _SlicedBase(Operator):
                 torch.rand(param.shape, generator=generator, dtype=param.dtype).to(param.device)
                 * (2 * bound) - bound
             )
+
+
+class _SortedRuns:
+    """What a causal sliced term keeps in a :class:`~opsplit.operators.KVCache` under
+    ``torch.no_grad()``: the sorted runs of its keys
+    (:class:`~opsplit.functional.sliced_runs.SlicedDecodeCache`) and the padding of every
+    cached token, so that a call whose key-padding mask changes the padding of cached
+    tokens is refused (their weights are in the runs) rather than served stale."""
+
+    def __init__(self):
+        self.runs = SlicedDecodeCache()
+        self.padding = None  # (B, n) bool, True = padded; None: no padded token so far
+
+    @property
+    def length(self) -> int:
+        return self.runs.length
+
+    def select(self, index: Tensor) -> None:
+        self.runs.select(index)
+        if self.padding is not None:
+            self.padding = self.padding.index_select(0, index.to(self.padding.device))
+
+    def key_weights(self, name: str, kpm: Tensor | None, zk: Tensor) -> Tensor | None:
+        """The weights ``(B, 1, m)`` of the ``m`` new keys from the call's key-padding mask
+        ``(B, past + m)`` (``True`` = padded; ``None``: no padding), after checking that it
+        pads the cached tokens as before."""
+        n, m = self.runs.length, zk.shape[-1]
+        if kpm is not None:
+            B = zk.shape[0]
+            if kpm.dim() != 2 or kpm.shape[0] != B or kpm.shape[1] != n + m:
+                raise ValueError(f"{name}: key_padding_mask: expected shape (B, past + N) = ({B}, {n + m}), "
+                                 f"got {tuple(kpm.shape)}")
+        past = None if kpm is None else kpm[:, :n]
+        old = self.padding
+        if past is None:
+            same = old is None or not bool(old.any())
+        elif old is None:
+            same = not bool(past.any())
+        else:  # another batch size is refused by the runs, naming it
+            same = old.shape != past.shape or torch.equal(past, old)
+        if not same:
+            raise ValueError(f"{name}: key_padding_mask: the padding of the {n} cached tokens differs from "
+                             "the padding they were cached with; their key weights are in the cache (start a "
+                             "new KVCache to change it)")
+        if kpm is None:
+            if old is not None:
+                self.padding = torch.cat([old, old.new_zeros(old.shape[0], m)], 1)
+            return None
+        new = kpm[:, n:]
+        if old is not None or bool(new.any()):
+            self.padding = kpm.clone()
+        if not bool(new.any()):
+            return None
+        return combine_key_weights(name, new, None, zk.shape, zk.dtype, zk.device)
 
 
 class _PositiveParameter(Control):
@@ -349,6 +422,10 @@ class SlicedReLUAttention(_SlicedBase):
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
         zq, zk, V = self.scores_and_values(t, u, grid)
         wx = self.key_weights(grid, u.dtype, u.device)
+        st = self.sorted_runs(t, grid, wx, zq, zk, V)
+        if st is not None:  # generation: the sorted runs, O(D log^2 n) per new token
+            w = st.key_weights(self._name, context_value(grid, self.key_padding_mask), zk)
+            return self.head_sum(st.runs.step_relu(zq, zk, V, key_weights=w, centered=self.centered), grid)
         zk, V = self.with_cache(t, zk, V, grid, wx)
         if zk.shape[-1] > zq.shape[-1]:  # decode steps after a cache: O(N_q N_k D) direct sums
             return self.head_sum(decode_sliced_relu_attention(zq, zk, V, centered=self.centered,
@@ -430,6 +507,10 @@ class SlicedReLUBumpAttention(_SlicedBase):
                 f"got shape {tuple(b.shape)}"
             )
         wx = self.key_weights(grid, u.dtype, u.device)
+        st = self.sorted_runs(t, grid, wx, zq, zk, V, b)
+        if st is not None:  # generation: the sorted runs, O(D log^2 n) per new token
+            w = st.key_weights(self._name, context_value(grid, self.key_padding_mask), zk)
+            return self.head_sum(st.runs.step_bump(zq, zk, V, b.to(u.dtype), key_weights=w), grid)
         zk, V = self.with_cache(t, zk, V, grid, wx)
         if zk.shape[-1] > zq.shape[-1]:  # decode steps after a cache: O(N_q N_k D) direct sums
             return self.head_sum(decode_sliced_relu_bump_attention(

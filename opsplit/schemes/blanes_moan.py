@@ -28,8 +28,10 @@ Lie step and its adjoint (:func:`~opsplit.schemes.composition.sweeps_from_splitt
 :math:`\beta_1 = a_1`, :math:`\alpha_i = b_i - \beta_i`, :math:`\beta_{i+1} = a_{i+1} -
 \alpha_i`; McLachlan 1995; Hairer, Lubich, Wanner, §III.5), which has order 4 for any
 number of substeps (for two substeps it is the method above, operator 1 = :math:`A`).
-Four of the twelve sweep coefficients are negative, so every substep runs backwards
-somewhere and must be reversible.  Substep calls per step: :math:`12K - 11`.
+Two of the twelve sweep coefficients are negative (:math:`\alpha_2 = \beta_5 \approx
+-0.3667`; four of the thirteen coefficients of the two-term method are, :math:`a_3 = a_5`
+and :math:`b_2 = b_5`), and the merged calls run every substep backwards somewhere: every
+substep must be reversible.  Substep calls per step: :math:`12K - 11`.
 """
 
 from __future__ import annotations

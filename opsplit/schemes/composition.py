@@ -66,6 +66,8 @@ __all__ = [
     "sweeps_from_strang",
     "substep_calls",
     "irreversibility",
+    "clock_reach",
+    "controls_interval",
 ]
 
 _ZERO = 1e-14
@@ -146,6 +148,49 @@ def irreversibility(substep) -> str | None:
         if not getattr(op, "reversible", True):
             return f"its operator {name} cannot run backwards (a random field in training mode, or a map)"
     return None
+
+
+def clock_reach(scheme) -> tuple[float, float]:
+    """Where the substeps of one step of ``scheme`` over :math:`[t, t + \\Delta t]` may read
+    the controls, in units of :math:`\\Delta t` from :math:`t`: ``(lo, hi)`` with
+    ``lo <= 0`` and ``hi >= 1``; ``(0, 1)`` for a scheme whose substeps stay inside each
+    step.  A composition nested as a :class:`~opsplit.schemes.SchemeFlow` substep is
+    followed through the calls of its substep (exactly inside a composition; inside another
+    scheme, whose substeps run over parts of the step, its own reach is taken as the
+    bound)."""
+    from .nested import SchemeFlow
+
+    lo, hi = 0.0, 1.0
+    if isinstance(scheme, Composition):
+        lo, hi = min(lo, scheme.clock_range[0]), max(hi, scheme.clock_range[1])
+        for k, sub in enumerate(scheme.substeps):
+            for op in sub.terms:
+                if isinstance(op, SchemeFlow):
+                    ilo, ihi = clock_reach(op.scheme)
+                    for kk, a, c in scheme.calls:
+                        if kk == k:
+                            lo = min(lo, a + c * ilo, a + c * ihi)
+                            hi = max(hi, a + c * ilo, a + c * ihi)
+        return lo, hi
+    for m in scheme.modules():
+        if m is not scheme and isinstance(m, Composition):
+            ilo, ihi = clock_reach(m)
+            lo, hi = min(lo, ilo), max(hi, ihi)
+    return lo, hi
+
+
+def controls_interval(scheme) -> tuple[float, float]:
+    """The time interval on which every control of ``scheme`` with a finite interval of
+    definition (``t0``, ``t1``) is defined: their intersection (``(-inf, inf)`` if none)."""
+    from ..controls.base import Control
+
+    c0, c1 = -math.inf, math.inf
+    for m in scheme.modules():
+        if isinstance(m, Control):
+            a, b = getattr(m, "t0", None), getattr(m, "t1", None)
+            if isinstance(a, float) and isinstance(b, float):
+                c0, c1 = max(c0, a), min(c1, b)
+    return c0, c1
 
 
 class Composition(Scheme):

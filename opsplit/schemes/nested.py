@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..grid import Grid
 from ..operators.base import Operator
-from .base import Scheme
+from .base import Scheme, changes_grid
 from .composition import irreversibility
 
 __all__ = ["SchemeFlow"]
@@ -36,7 +36,8 @@ class SchemeFlow(Operator):
     """One step of ``scheme`` as the exact flow of a single term (module docstring).
 
     Args:
-        scheme: a :class:`~opsplit.schemes.Scheme` on one grid (no grid transfers).
+        scheme: a :class:`~opsplit.schemes.Scheme` on one grid (no grid transfers; a
+            :class:`~opsplit.schemes.Hybrid` without them is accepted).
     """
 
     has_flow = True
@@ -48,10 +49,11 @@ class SchemeFlow(Operator):
             raise TypeError(
                 f"SchemeFlow.scheme: expected an opsplit Scheme, got {type(scheme).__name__}"
             )
-        if scheme.threads_grid:
+        moving = [type(s.terms[0]).__name__ for s in scheme.modules() if hasattr(s, "terms") and changes_grid(s)]
+        if moving:
             raise ValueError(
-                f"SchemeFlow: {type(scheme).__name__} may move the state to another grid; a substep's "
-                "state stays on its grid"
+                f"SchemeFlow: {type(scheme).__name__} moves the state to another grid (grid transfer "
+                f"{moving[0]}); a substep's state stays on its grid"
             )
         self.scheme = scheme
 

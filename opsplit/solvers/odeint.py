@@ -18,6 +18,13 @@ its own interval.  Adaptive methods are asked to end a step exactly at
 :math:`t + \Delta t` (torchdiffeq's ``step_t`` option) rather than overshoot it and
 interpolate back.
 
+**Backward substeps.** A composition of order :math:`\ge 3` advances substeps over
+negative time steps (:mod:`opsplit.schemes.composition`); torchdiffeq solves
+:math:`[t, t + \Delta t]` with :math:`\Delta t < 0` in the reversed time
+:math:`s \mapsto -s` (the field :math:`-A(-s; u)`), so an adaptive method's first step is
+a step of that forward solve: the initial-step heuristic is run on the reversed field
+and returns a positive step (``ODESolve`` is reversible for every method).
+
 **Order.** A fixed-grid method has its own order, torchdiffeq's ``order`` attribute
 (``step_size`` in ``options`` subdivides the substep without changing it); torchdiffeq
 starts its multistep methods with RK4 steps, so ``explicit_adams`` / ``implicit_adams``
@@ -157,9 +164,19 @@ class ODESolve(Solver):
         from torchdiffeq._impl.odeint import SOLVERS
 
         order = int(getattr(SOLVERS[self.method], "order", 5))
+        if ts[1] < ts[0]:
+            # a backward substep (a composition's negative coefficient): torchdiffeq solves it
+            # in the reversed time s -> -s with the field -f(-s, u), and its first step is a
+            # step of that forward solve (> 0); the heuristic is run on the same field
+            def g(s, y):
+                return -func(-s, y)
+
+            f0, s0 = g, -ts[0]
+        else:
+            f0, s0 = func, ts[0]
         with torch.no_grad():
-            h0 = _select_initial_step(func, ts[0], u, order - 1, self.rtol, self.atol, _rms_norm)
-        return float(min(float(h0), float(ts[1] - ts[0])))
+            h0 = _select_initial_step(f0, s0, u, order - 1, self.rtol, self.atol, _rms_norm)
+        return float(min(float(h0), abs(float(ts[1] - ts[0]))))
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         import torchdiffeq

@@ -179,7 +179,8 @@ CASES = rows(
     ("convert-llama-bias-int", ["convert", "--models", "llama", *CFG, *OUT], "llama.attention_bias: expected true or false, got 1", toml("[llama]\nattention_bias = 1\n")),
     ("convert-llama-act", ["convert", "--models", "llama", *CFG, *OUT], "llama.hidden_act: expected one of", toml('[llama]\nhidden_act = "relu6"\n')),
     ("convert-llama-seq-len", ["convert", "--models", "llama", *CFG, *OUT], "llama.seq_len: expected a value >= 1, got 0", toml("[llama]\nseq_len = 0\n")),
-    ("convert-llama-new-tokens", ["convert", "--models", "llama", *CFG, *OUT], "llama.new_tokens: expected a value >= 0, got -2", toml("[llama]\nnew_tokens = -2\n")),
+    ("convert-llama-new-tokens", ["convert", "--models", "llama", *CFG, *OUT], "llama.new_tokens: expected a value >= 1, got -2", toml("[llama]\nnew_tokens = -2\n")),
+    ("convert-llama-new-tokens-zero", ["convert", "--models", "llama", *CFG, "--print-config"], "llama.new_tokens: expected a value >= 1, got 0", toml("[llama]\nnew_tokens = 0\n")),
     ("convert-llama-vocab", ["convert", "--models", "llama", *CFG, *OUT], "llama.vocab_size: expected a value >= 2, got 1", toml("[llama]\nvocab_size = 1\n")),
     ("convert-llama-theta-str", ["convert", "--models", "llama", *CFG, *OUT], "llama.rope_theta: expected a finite number, got '1e4' (str)", toml('[llama]\nrope_theta = "1e4"\n')),
     # -- the size and cost guard (memory: beyond any machine; time: beyond an hour) ----------------------
@@ -221,6 +222,9 @@ CASES = rows(
     ("resume-no-config", ["train", "--resume", "{tmp}/e"], "--resume: expected an opsplit train output folder with config.toml, '{tmp}/e' has none", {"e": None}),
     ("resume-binary-config", ["train", "--resume", "{tmp}/b"], "is not a TOML file (not UTF-8 text", {"b/config.toml": b"\x00\xff\x10"}),
     ("resume-bad-config", ["train", "--resume", "{tmp}/b"], "model.heads: expected a divisor of model.d_model = 8, got 3", {"b/config.toml": "[model]\nd_model = 8\nheads = 3\n"}),
+    ("allow-changes-new-run", ["train", "--allow-changes", "train.lr", *OUT], "--allow-changes: only with --resume"),
+    ("task-capitalised", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', got 'Digits' (task names are lower case: 'digits')", toml('task = "Digits"\n[model]\nd_model = 8\n')),
+    ("task-list", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', got ['text'] (list)", toml('task = ["text"]\n')),
     # -- opsplit report ---------------------------------------------------------------------------------
     ("report-missing", ["report", "{tmp}/none"], "folder: expected an existing folder, got '{tmp}/none'"),
     ("report-file", ["report", "{tmp}/f"], "folder: expected an existing folder, got '{tmp}/f'", {"f": "x"}),
@@ -235,6 +239,11 @@ CASES = rows(
     ("report-block-escapes", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].file: expected a path inside the folder, got '../x.csv'", manifest({"blocks": [{"type": "table", "file": "../x.csv"}]})),
     ("report-csv-binary", ["report", "{tmp}/r"], "r/t.csv: expected a CSV table (UTF-8 text), found byte 0xff", {"r/t.csv": b"a,b\n\xff,1\n"}),
     ("report-block-caption", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].caption: expected a string, got 7", manifest({"blocks": [{"type": "figure", "file": "p.png", "caption": 7}]})),
+    ("report-block-kind", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].kind: expected a string, got 1", manifest({"blocks": [{"type": "table", "file": "t.csv", "kind": 1}]})),
+    ("report-block-anchor", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].anchor: expected a name of letters, digits", manifest({"blocks": [{"type": "text", "text": "a", "anchor": "a b"}]})),
+    ("report-block-notes", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].notes: expected an object of column -> sentence", manifest({"blocks": [{"type": "table", "file": "t.csv", "notes": ["x"]}]})),
+    ("report-block-key", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].key: expected true or false, got 'yes'", manifest({"blocks": [{"type": "table", "file": "t.csv", "key": "yes"}]})),
+    ("report-block-files", ["report", "{tmp}/r"], "r/manifest.json: blocks[0].files: expected a list of paths inside the folder", manifest({"blocks": [{"type": "files", "text": "", "files": ["/etc/passwd"]}]})),
 )
 
 
@@ -349,3 +358,156 @@ def test_bad_input_through_the_console_command(argv, files, match, env, tmp_path
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1 and match in r.stderr, r.stderr
     assert _tree(tmp_path) == before
+
+
+# -- --resume of a real run: the checkpoint against the edited config.toml, before anything is written --
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    argv: tuple  # "{run}" is a copy of a finished run's folder
+    match: str
+    edit: object = None  # edit(folder) before the command
+
+
+def run_rows(*specs) -> list:
+    out = [RunRow(s[0], tuple(s[1]), s[2], *(s[3:])) for s in specs]
+    ids = [r.id for r in out]
+    assert len(ids) == len(set(ids)), "duplicate ids"
+    return [pytest.param(r, id=r.id) for r in out]
+
+
+def config_edit(old: str, new: str):
+    """Replace ``old`` by ``new`` in the run's config.toml."""
+    def edit(folder):
+        p = folder / "config.toml"
+        text = p.read_text()
+        assert old in text, (old, text)
+        p.write_text(text.replace(old, new))
+
+    return edit
+
+
+def checkpoint_edit(tensors=None, meta=None, size=None):
+    """Edit the run's latest checkpoint (``size``: truncate its tensor file)."""
+    def edit(folder):
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _train_helpers import rewrite_checkpoint
+
+        from opsplit.control.checkpoint import latest_checkpoint
+
+        ck = latest_checkpoint(folder / "train")
+        if size is not None:
+            with open(ck / "state.safetensors", "r+b") as fh:
+                fh.truncate(size)
+        else:
+            rewrite_checkpoint(ck, tensors, meta)
+
+    return edit
+
+
+def first_weight(value):
+    """The first element of the model's first floating weight set to ``value``."""
+    def edit(t):
+        k = next(k for k in sorted(t) if k.startswith("model.") and t[k].is_floating_point())
+        t[k] = t[k].clone()
+        t[k].view(-1)[0] = value
+        return t
+
+    return edit
+
+
+def all_weights(fn):
+    """Every floating tensor of the model's state as ``fn(tensor)``."""
+    def edit(t):
+        return {k: fn(v) if k.startswith("model.") and v.is_floating_point() else v for k, v in t.items()}
+
+    return edit
+
+
+def scaled_weights(factor):
+    return all_weights(lambda v: v * factor)
+
+
+def check_run_row(row: RunRow, run: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Exit 2, one line naming the key, no traceback, and every file of the folder byte for
+    byte as before (config.toml, vocab.json, manifest.json and the checkpoints included)."""
+    import shutil
+
+    folder = shutil.copytree(run, tmp_path / "run")
+    if row.edit is not None:
+        row.edit(folder)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    rc = main([a.replace("{run}", str(folder)) for a in row.argv])
+    out, err = capsys.readouterr()
+    assert rc == 2, f"{row.id}: exit status {rc}: {err}"
+    assert "Traceback" not in err and out == "", err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], f"{row.id}: {err!r}"
+    assert row.match.replace("{run}", str(folder)) in lines[0], f"{row.id}: {lines[0]}"
+    after = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    changed = [str(p) for p in sorted(set(after) | set(before)) if after.get(p) != before.get(p)]
+    assert not changed, f"{row.id}: written: {changed}"
+
+
+DIGITS = """[model]
+d_model = 8
+heads = 2
+d_ff = 16
+n_steps = 2
+T = 2.0
+[train]
+epochs = 1
+batch_size = 16
+save_every = 2
+warmup_steps = 0
+eval_n_steps = [2]
+[data]
+limit = 48
+"""
+
+RESUME = ("train", "--resume", "{run}", "--no-progress")
+DIGITS_ROWS = run_rows(
+    ("digits-test-fraction", RESUME, "data.test_fraction = 0.2 in the checkpoint, 0.25 in config.toml",
+     config_edit("test_fraction = 0.2", "test_fraction = 0.25")),
+    ("digits-split-seed", RESUME, "data.split_seed = 0 in the checkpoint, 5 in config.toml",
+     config_edit("split_seed = 0", "split_seed = 5")),
+    ("digits-limit", RESUME, "data.limit = 48 in the checkpoint, 40 in config.toml",
+     config_edit("limit = 48", "limit = 40")),
+    ("digits-shift", RESUME, "train.shift = 0 in the checkpoint, 1 in config.toml",
+     config_edit("shift = 0", "shift = 1")),
+    ("digits-lr", RESUME, "train.lr = 0.01 in the checkpoint, 0.02 in config.toml. A resume continues that run: "
+     "restore the value(s) in config.toml, or start a new run with --out, or pass --allow-changes train.lr",
+     config_edit("lr = 0.01", "lr = 0.02")),
+    ("digits-epochs", RESUME, "train.epochs/train.max_steps = 3 in the checkpoint, 6 in config.toml",
+     config_edit("epochs = 1", "epochs = 2")),
+    ("digits-T", RESUME, "the model ([model] edited): encoder.t1 (T) = 2.0 in the checkpoint, 3.0 now. A resume continues that run: "
+     "restore the value(s) in config.toml, or start a new run with --out. Nothing was loaded or written",
+     config_edit("T = 2.0", "T = 3.0")),
+    ("digits-nan-weight", RESUME, "hold(s) NaN/inf; a diverged model is not loaded",
+     checkpoint_edit(first_weight(float("nan")))),
+    ("digits-truncated", RESUME, "state.safetensors has 100 bytes", checkpoint_edit(size=100)),
+    ("digits-allow-unknown", (*RESUME, "--allow-changes", "model.T"),
+     "--allow-changes: expected keys that a resume compares (data.limit, data.split_seed, data.test_fraction, "
+     "train.batch_size, train.epochs, train.lr, train.max_steps, train.seed, train.shift, train.warmup_steps, "
+     "train.weight_decay), got 'model.T'", config_edit("T = 2.0", "T = 3.0")),
+)
+
+
+def finished_run(tmp_path_factory, config: str) -> Path:
+    """The folder of a finished ``opsplit train`` run of ``config`` (for the rows to copy)."""
+    tmp = tmp_path_factory.mktemp("run")
+    (tmp / "c.toml").write_text(config)
+    assert main(["train", "--config", str(tmp / "c.toml"), "--out", str(tmp / "run"), "--no-progress"]) == 0
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    return finished_run(tmp_path_factory, DIGITS)
+
+
+@pytest.mark.parametrize("row", DIGITS_ROWS)
+def test_resume_refused_before_anything_is_written(row, digits_run, tmp_path, capsys, monkeypatch):
+    check_run_row(row, digits_run, tmp_path, capsys, monkeypatch)

@@ -6,6 +6,7 @@ Every row must raise exactly the given type with a message naming the argument, 
 opsplit's own checks, before any training step; rows that take an output folder also
 check that nothing was written there."""
 
+import functools
 import shutil
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from opsplit.control import (
     smoothness_cost,
 )
 from opsplit.control import distributed as od
+from opsplit.control.schema import SchemaError
 from opsplit.controls import Constant
 from opsplit.data import TensorData
 from opsplit.models import SplitEncoder
@@ -41,7 +43,7 @@ from opsplit.models import SplitEncoder
 from ._table import cases, run_case
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _train_helpers import TinyClassifier, tiny_config, tiny_data  # noqa: E402
+from _train_helpers import TinyClassifier, rewrite_checkpoint, tiny_config, tiny_data  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 
@@ -123,6 +125,59 @@ def saved(tmp=None, **kw):
 
 def enc(**kw):
     return SplitEncoder(8, 2, 16, n_steps=2, T=2.0, **kw)
+
+
+@functools.cache
+def _trained() -> Path:
+    """A finished run's checkpoint (model, AdamW state, counters; its data recorded in
+    TrainConfig.extra)."""
+    d = Path(tempfile.mkdtemp())
+    Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(epochs=1, extra={"data.split_seed": 0})).fit(
+        tiny_data(), out_dir=d / "run", plot=False)
+    return latest_checkpoint(d / "run")
+
+
+def forged(tensors=None, meta=None) -> Path:
+    """A copy of :func:`_trained` edited consistently (its SHA-256 and index match)."""
+    ck = Path(tempfile.mkdtemp()) / "ck"
+    shutil.copytree(_trained(), ck)
+    return rewrite_checkpoint(ck, tensors, meta)
+
+
+def _set(key, value, like=None):
+    def edit(t):
+        if like is None:
+            t[key] = t[key].clone()
+            t[key].view(-1)[0] = value
+        else:
+            t[key] = t[key].to(like)
+        return t
+
+    return edit
+
+
+def _opt(state):
+    return lambda t: {**t, **{k: v.clone().fill_(float("inf")) for k, v in t.items() if k.endswith(state)}}
+
+
+def _counter(key, value):
+    def edit(m):
+        m["trainer"][key] = value
+
+    return edit
+
+
+def save_inf_optimizer(d):
+    """Save a trained model with its AdamW optimizer whose ``exp_avg_sq`` overflowed."""
+    t = trainer_of()
+    t.fit(tiny_data())
+    for st in t.optimizer.state.values():
+        st["exp_avg_sq"].fill_(INF)
+    save_checkpoint(d / "ck", t.model, optimizer=t.optimizer)
+
+
+def trainer_of(model=None, **kw):
+    return Trainer(model or TinyClassifier(), Objective("cross_entropy"), tiny_config(epochs=1, **kw))
 
 
 X = torch.randn(6, 5, 8)
@@ -234,6 +289,22 @@ FIT = cases(
     ("checkpoint-no-prop", fit_into(model=NoSteps(), gradient="checkpoint"), ValueError,
      r"gradient='checkpoint': the model holds no opsplit Propagator"),
     ("nan-parameter", fit_into(model=nan_model()), ValueError, r"parameters must be finite|loss of the untrained"),
+    ("resume-nan-weight", lambda: trainer_of(extra={"data.split_seed": 0}).fit(
+        tiny_data(), resume=forged(_set("model.head.bias", NAN))), CheckpointError,
+     r"the weights head\.bias hold\(s\) NaN/inf"),
+    ("resume-int-weight", lambda: trainer_of(extra={"data.split_seed": 0}).fit(
+        tiny_data(), resume=forged(_set("model.head.weight", None, torch.int64))), CheckpointError,
+     r"'head\.weight' is torch\.int64 in the checkpoint, torch\.float32 in the model"),
+    ("resume-inf-exp_avg_sq", lambda: trainer_of(extra={"data.split_seed": 0}).fit(
+        tiny_data(), resume=forged(_opt("exp_avg_sq"))), CheckpointError,
+     r"optimizer state optimizer\.0\.exp_avg_sq, .* hold\(s\) NaN/inf"),
+    ("resume-negative-step", lambda: trainer_of(extra={"data.split_seed": 0}).fit(
+        tiny_data(), resume=forged(meta=_counter("step", -5))), CheckpointError,
+     r"meta\.trainer\.step: expected >= 0, got -5"),
+    ("resume-other-data", lambda: trainer_of(extra={"data.split_seed": 1}).fit(tiny_data(), resume=_trained()),
+     CheckpointError, r"TrainConfig: data\.split_seed = 0 in the checkpoint, 1 now"),
+    ("resume-data-dropped", lambda: trainer_of().fit(tiny_data(), resume=_trained()),
+     CheckpointError, r"data\.split_seed = 0 in the checkpoint, '\(not set\)' now"),
 )
 
 EVALUATE = cases(
@@ -246,6 +317,12 @@ EVALUATE = cases(
      r"Trainer\.evaluate\.batch_size"),
     ("data-None", lambda: tr().evaluate(None), ValueError, r"eval_data: expected a dataset"),
     ("n_steps=0", lambda: tr().evaluate(tiny_data(), n_steps=0), ValueError, r"n_steps.*>= 1"),
+    ("n_steps=1e12", lambda: tr().evaluate(tiny_data(), n_steps=10**12), ValueError,
+     r"Trainer\.evaluate\.n_steps: N_t = 1000000000000 steps need a time grid of 1000000000001 times"),
+    ("n_steps=2**62", lambda: tr().evaluate(tiny_data(), n_steps=2**62), ValueError, r"Trainer\.evaluate\.n_steps"),
+    ("n_steps=1.5", lambda: tr().evaluate(tiny_data(), n_steps=1.5), TypeError,
+     r"Trainer\.evaluate\.n_steps: expected an integer >= 1, got 1\.5"),
+    ("n_steps=True", lambda: tr().evaluate(tiny_data(), n_steps=True), TypeError, r"Trainer\.evaluate\.n_steps"),
 )
 
 OBJECTIVE = cases(
@@ -314,6 +391,41 @@ CHECKPOINTS = cases(
      r"checkpoint_differences\.model: expected an nn\.Module"),
     ("latest-int", lambda: latest_checkpoint(3), TypeError, r"latest_checkpoint\.folder: expected a folder path"),
     ("check_out_dir-None", lambda: check_out_dir(None), TypeError, r"out_dir: expected a folder path"),
+    # reading refuses what writing refuses (a checkpoint edited with its SHA-256 made to match)
+    ("load-nan-weight", lambda: load_checkpoint(forged(_set("model.head.weight", NAN)), TinyClassifier()),
+     CheckpointError, r"the weights head\.weight hold\(s\) NaN/inf; a diverged model is not loaded"),
+    ("load-inf-weight", lambda: load_checkpoint(forged(_set("model.head.bias", -INF)), TinyClassifier()),
+     CheckpointError, r"the weights head\.bias hold\(s\) NaN/inf"),
+    ("load-int-weight", lambda: load_checkpoint(forged(_set("model.head.weight", None, torch.int64)), TinyClassifier()),
+     CheckpointError, r"a tensor of another kind \(integer for floating\) is not cast"),
+    ("load-bool-weight", lambda: load_checkpoint(forged(_set("model.head.bias", None, torch.bool)), TinyClassifier()),
+     CheckpointError, r"'head\.bias' is torch\.bool in the checkpoint, torch\.float32 in the model"),
+    ("load-complex-weight", lambda: load_checkpoint(forged(_set("model.head.bias", None, torch.complex64)),
+                                                    TinyClassifier()),
+     CheckpointError, r"\(complex for floating\) is not cast"),
+    ("load-negative-step", lambda: load_checkpoint(forged(meta=_counter("step", -5)), TinyClassifier()),
+     CheckpointError, r"meta\.trainer\.step: expected >= 0, got -5"),
+    ("load-float-step", lambda: load_checkpoint(forged(meta=_counter("step", 2.5)), TinyClassifier()),
+     CheckpointError, r"meta\.trainer\.step: expected integer, got float"),
+    ("load-negative-elapsed", lambda: load_checkpoint(forged(meta=_counter("elapsed", -1.0)), TinyClassifier()),
+     CheckpointError, r"meta\.trainer\.elapsed: expected >= 0"),
+    ("load-world-size-0", lambda: load_checkpoint(forged(meta=_counter("world_size", 0)), TinyClassifier()),
+     CheckpointError, r"meta\.trainer\.world_size: expected >= 1"),
+    ("load-inf-exp_avg_sq", lambda: load_checkpoint(forged(_opt("exp_avg_sq")), TinyClassifier(),
+                                                    optimizer=trainer_of().optimizer),
+     CheckpointError, r"the optimizer state optimizer\.0\.exp_avg_sq, .*hold\(s\) NaN/inf"),
+    ("load-inf-exp_avg", lambda: load_checkpoint(forged(_opt(".exp_avg")), TinyClassifier(),
+                                                 optimizer=trainer_of().optimizer),
+     CheckpointError, r"optimizer state optimizer\.0\.exp_avg, "),
+    ("load-int-exp_avg", lambda: load_checkpoint(forged(_set("optimizer.0.exp_avg", None, torch.int64)),
+                                                 TinyClassifier(), optimizer=trainer_of().optimizer),
+     CheckpointError, r"optimizer: state 'exp_avg' of parameter 0 is torch\.int64, the parameter torch\.float32"),
+    ("load-allow_nonfinite-str", lambda: load_checkpoint(_trained(), TinyClassifier(), allow_nonfinite="yes"),
+     TypeError, r"load_checkpoint\.allow_nonfinite: expected true or false"),
+    ("save-negative-step", lambda: in_empty_dir(lambda d: save_checkpoint(d / "ck", enc(), trainer={"step": -5})),
+     SchemaError, r"meta\.trainer\.step: expected >= 0, got -5"),
+    ("save-inf-optimizer", lambda: in_empty_dir(save_inf_optimizer),
+     ValueError, r"save_checkpoint\.optimizer: its state optimizer\.0\.exp_avg_sq"),
 )
 
 GRADIENTS = cases(

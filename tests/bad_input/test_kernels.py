@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sliced_reference import causal, naive_sliced_bump, naive_sliced_relu
+from sliced_reference import causal, causal_rescaled, naive_sliced_bump, naive_sliced_relu
 
 import opsplit
 from opsplit.functional import (
@@ -24,7 +24,11 @@ from opsplit.functional import (
     sliced_relu_attention,
     sliced_relu_bump_attention,
 )
-from opsplit.functional.sliced_decode import decode_sliced_relu_attention
+from opsplit.functional.sliced_decode import (
+    decode_sliced_relu_attention,
+    decode_sliced_relu_bump_attention,
+)
+from opsplit.functional.sliced_runs import SlicedDecodeCache
 from opsplit.operators import KernelAttention, SlicedReLUAttention, SlicedReLUBumpAttention
 
 _PKG = os.path.dirname(os.path.abspath(opsplit.__file__))
@@ -41,6 +45,31 @@ def R(*shape, dtype=F64, fill=None):
 
 SR, SB, NW = sliced_relu_attention, sliced_relu_bump_attention, nadaraya_watson_attention
 SC, SCB = causal_sliced_relu_attention, causal_sliced_relu_bump_attention
+DEC, DECB = decode_sliced_relu_attention, decode_sliced_relu_bump_attention
+
+
+def _runs():
+    """A sorted-run decode cache of 6 keys, B = 2, H = 3, D = 4, float64."""
+    c = SlicedDecodeCache()
+    with torch.no_grad():
+        c.append(R(2, 3, 6), R(2, 3, 6, 4))
+    return c
+
+
+def _append(**kw):
+    return _runs().append(**kw)
+
+
+def _relu(**kw):
+    return _runs().relu(**kw)
+
+
+def _bump(**kw):
+    return _runs().bump(**kw)
+
+
+def _step(**kw):
+    return _runs().step_relu(**kw)
 QK = {"zq": R(2, 3, 5), "zk": R(2, 3, 6), "v": R(2, 3, 6, 4)}  # valid sliced inputs
 NWQ = {"q": R(2, 5, 3), "k": R(2, 6, 3), "v": R(2, 6, 4)}  # valid kernel-attention inputs
 
@@ -111,6 +140,27 @@ ROWS = [
     ("sb-v-nan", SB, sl(bandwidth=1.0, v=R(2, 3, 6, 4, fill=NAN)), ValueError, r"v: expected finite values"),
     ("sb-no-keys", SB, sl(bandwidth=1.0, zk=R(2, 3, 0), v=R(2, 3, 0, 4)), ValueError, r"at least one key"),
     ("sb-mask-int", SB, sl(bandwidth=1.0, key_padding_mask=torch.zeros(2, 6, dtype=torch.int64)), TypeError, r"key_padding_mask: expected a bool tensor"),
+    # -- the decode sums of a key/value cache (issue 24, item 14) ------------------------------
+    ("dec-zq-nan", DEC, sl(zq=R(2, 3, 5, fill=NAN)), ValueError, r"decode_sliced_relu_attention: zq: expected finite scores"),
+    ("dec-zk-inf", DEC, sl(zk=R(2, 3, 6, fill=INF)), ValueError, r"zk: expected finite scores"),
+    ("dec-v-nan", DEC, sl(v=R(2, 3, 6, 4, fill=NAN)), ValueError, r"v: expected finite values"),
+    ("dec-zq-list", DEC, sl(zq=[[1.0]]), TypeError, r"zq: expected a torch.Tensor"),
+    ("dec-dtype-mix", DEC, sl(zq=R(2, 3, 5, dtype=F32)), TypeError, r"zq, zk and v must share one dtype"),
+    ("dec-v-nk-mismatch", DEC, sl(v=R(2, 3, 7, 4)), ValueError, r"shape mismatch"),
+    ("dec-no-keys", DEC, sl(zk=R(2, 3, 0), v=R(2, 3, 0, 4)), ValueError, r"at least one key"),
+    ("dec-centered-str", DEC, sl(centered="no"), TypeError, r"centered: expected a bool"),
+    ("dec-weights-neg", DEC, sl(key_weights=-torch.ones(6, dtype=F64)), ValueError, r"key_weights: expected finite weights >= 0"),
+    ("dec-weights-nan", DEC, sl(key_weights=torch.full((6,), NAN, dtype=F64)), ValueError, r"key_weights: expected finite weights"),
+    ("dec-weights-shape", DEC, sl(key_weights=torch.ones(5, dtype=F64)), ValueError, r"key_weights: expected a shape broadcastable"),
+    ("dec-weights-int", DEC, sl(key_weights=torch.ones(6, dtype=torch.int64)), TypeError, r"key_weights: expected a floating-point tensor"),
+    ("decb-zq-nan", DECB, sl(zq=R(2, 3, 5, fill=NAN), bandwidth=1.0), ValueError, r"decode_sliced_relu_bump_attention: zq: expected finite scores"),
+    ("decb-v-inf", DECB, sl(v=R(2, 3, 6, 4, fill=INF), bandwidth=1.0), ValueError, r"v: expected finite values"),
+    ("decb-b-zero", DECB, sl(bandwidth=0.0), ValueError, r"bandwidth: expected finite values > 0"),
+    ("decb-b-nan", DECB, sl(bandwidth=NAN), ValueError, r"bandwidth: expected finite values > 0"),
+    ("decb-b-str", DECB, sl(bandwidth="1"), TypeError, r"bandwidth: expected a number or a tensor"),
+    ("decb-b-shape", DECB, sl(bandwidth=torch.ones(4, dtype=F64)), ValueError, r"bandwidth: expected a number or a shape broadcastable"),
+    ("decb-weights-inf", DECB, sl(bandwidth=1.0, key_weights=torch.full((6,), INF, dtype=F64)), ValueError, r"key_weights: expected finite weights"),
+    ("decb-zk-rank", DECB, sl(zk=R(2, 6), bandwidth=1.0), ValueError, r"expected zq of shape .* zk of shape"),
     # -- kernel (Nadaraya-Watson) attention --------------------------------------------------
     ("nw-q-list", NW, nw(q=[[1.0]]), TypeError, r"q: expected a torch.Tensor"),
     ("nw-k-int", NW, nw(k=torch.ones(2, 6, 3, dtype=torch.int64)), TypeError, r"k: expected float32 or float64"),
@@ -150,6 +200,34 @@ ROWS = [
     ("op-ka-kernel", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "kernel": "tri"}, ValueError, r"KernelAttention.kernel: expected one of"),
     ("op-ka-h-nan", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "bandwidth": NAN}, ValueError, r"KernelAttention.bandwidth: expected a number > 0"),
     ("op-ka-h-neg-tensor", KernelAttention, {"WQ": R(4, 4), "WK": R(4, 4), "WV": R(4, 4), "bandwidth": torch.tensor(-1.0)}, ValueError, r"KernelAttention.bandwidth: expected finite values > 0"),
+    # -- the sorted-run decode cache (issue 27): a cache of B = 2, H = 3, D = 4, float64 --------
+    ("runs-append-batch", _append, {"zk": R(3, 3, 1), "v": R(3, 3, 1, 4)}, ValueError, r"SlicedDecodeCache.append: zk: batch size 3, the cache holds 2"),
+    ("runs-append-heads", _append, {"zk": R(2, 4, 1), "v": R(2, 4, 1, 4)}, ValueError, r"zk: 4 heads, the cache holds 3"),
+    ("runs-append-dtype", _append, {"zk": R(2, 3, 1, dtype=F32), "v": R(2, 3, 1, 4, dtype=F32)}, TypeError, r"zk: dtype torch.float32, the cache holds torch.float64"),
+    ("runs-append-features", _append, {"zk": R(2, 3, 1), "v": R(2, 3, 1, 5)}, ValueError, r"v: 5 features, the cache holds D = 4"),
+    ("runs-append-zk-nan", _append, {"zk": R(2, 3, 2, fill=NAN), "v": R(2, 3, 2, 4)}, ValueError, r"zk: expected finite scores, found 1 NaN/inf"),
+    ("runs-append-v-inf", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4, fill=INF)}, ValueError, r"v: expected finite values"),
+    ("runs-append-v-shape", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 3, 4)}, ValueError, r"v: expected shape \(B, H, m, D\)"),
+    ("runs-append-zk-rank", _append, {"zk": R(2, 3), "v": R(2, 3, 1, 4)}, ValueError, r"zk: expected shape \(B, H, m\)"),
+    ("runs-append-zk-int", _append, {"zk": torch.ones(2, 3, 1, dtype=torch.int64), "v": R(2, 3, 1, 4)}, TypeError, r"zk: expected a float32 or float64 tensor"),
+    ("runs-append-zk-list", _append, {"zk": [[[1.0]]], "v": R(2, 3, 1, 4)}, TypeError, r"zk: expected a torch.Tensor"),
+    ("runs-append-weights-neg", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4), "key_weights": -torch.ones(2, 1, 2, dtype=F64)}, ValueError, r"key_weights: expected finite weights >= 0"),
+    ("runs-append-weights-nan", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4), "key_weights": torch.full((2, 1, 2), NAN, dtype=F64)}, ValueError, r"key_weights: expected finite weights"),
+    ("runs-append-weights-shape", _append, {"zk": R(2, 3, 2), "v": R(2, 3, 2, 4), "key_weights": torch.ones(3, dtype=F64)}, ValueError, r"key_weights: expected a shape broadcastable"),
+    ("runs-append-grad", _append, {"zk": R(2, 3, 1).requires_grad_(), "v": R(2, 3, 1, 4)}, RuntimeError, r"append: the sorted runs are built in place and are not differentiable"),
+    ("runs-relu-before-keys", lambda **kw: SlicedDecodeCache().relu(**kw), {"zq": R(2, 3, 1)}, ValueError, r"relu: zq: a query before any key: the cache is empty"),
+    ("runs-bump-before-keys", lambda **kw: SlicedDecodeCache().bump(**kw), {"zq": R(2, 3, 1), "bandwidth": 1.0}, ValueError, r"bump: zq: a query before any key"),
+    ("runs-relu-zq-nan", _relu, {"zq": R(2, 3, 1, fill=NAN)}, ValueError, r"relu: zq: expected finite scores"),
+    ("runs-relu-batch", _relu, {"zq": R(1, 3, 1)}, ValueError, r"zq: batch size 1, the cache holds 2"),
+    ("runs-relu-heads", _relu, {"zq": R(2, 2, 1)}, ValueError, r"zq: 2 heads, the cache holds 3"),
+    ("runs-relu-dtype", _relu, {"zq": R(2, 3, 1, dtype=F32)}, TypeError, r"zq: dtype torch.float32, the cache holds torch.float64"),
+    ("runs-relu-centered-str", _relu, {"zq": R(2, 3, 1), "centered": "no"}, TypeError, r"centered: expected a bool"),
+    ("runs-bump-b-zero", _bump, {"zq": R(2, 3, 1), "bandwidth": 0.0}, ValueError, r"bandwidth: expected finite values > 0"),
+    ("runs-bump-b-shape", _bump, {"zq": R(2, 3, 1), "bandwidth": torch.ones(4, dtype=F64)}, ValueError, r"bandwidth: expected a number or a shape broadcastable"),
+    ("runs-step-zq-shape", _step, {"zq": R(2, 3, 2), "zk": R(2, 3, 1), "v": R(2, 3, 1, 4)}, ValueError, r"step_relu: zq: expected the shape of zk"),
+    ("runs-step-zq-inf", _step, {"zq": R(2, 3, 1, fill=INF), "zk": R(2, 3, 1), "v": R(2, 3, 1, 4)}, ValueError, r"step_relu: zq: expected finite scores"),
+    ("runs-step-no-tokens", _step, {"zq": R(2, 3, 0), "zk": R(2, 3, 0), "v": R(2, 3, 0, 4)}, ValueError, r"step_relu: zk: expected at least one new token"),
+    ("runs-step-zk-nan-empty", lambda **kw: SlicedDecodeCache().step_relu(**kw), {"zq": R(2, 3, 4), "zk": R(2, 3, 4, fill=NAN), "v": R(2, 3, 4, 4)}, ValueError, r"zk: expected finite scores"),
 ]
 
 
@@ -185,6 +263,10 @@ KINDS = {  # kind: (kernel(zq, zk, v, b), naive reference(zq, zk, v, b))
     # the decode steps of a key/value cache: the causal sums by direct O(N_q N_k D) sums
     "decode": (lambda q, k, v, b: decode_sliced_relu_attention(q, k, v),
                lambda q, k, v, b: causal(naive_sliced_relu, q, k, v)),
+    "decode_eq2": (lambda q, k, v, b: decode_sliced_relu_attention(q, k, v, centered=False),
+                   lambda q, k, v, b: causal(naive_sliced_relu, q, k, v, centered=False)),
+    "decode_bump": (lambda q, k, v, b: decode_sliced_relu_bump_attention(q, k, v, b),
+                    lambda q, k, v, b: causal(naive_sliced_bump, q, k, v, bandwidth=b)),
 }
 #: exponents drawn half of the time from the edges of the float32 range and of the
 #: promise 1e-30..1e30 (where the products of scores and values overflow or underflow)
@@ -315,3 +397,68 @@ def test_kernel_attention_over_extreme_magnitudes(e, kernel, f32, seed):
         if bool(near):
             return
     assert float((out.double() - ref).abs().max()) <= (1e-4 if f32 else 1e-9)
+
+
+
+# -- property: key weights over many scales (issue 24, items 13 and 14) -----------------------
+def _rowmax_normalised(naive):
+    """A full kernel's reference with the weights of each row divided by their maximum (the
+    outputs are of degree 0 in them): weights of 1e300 do not overflow its sums."""
+    def ref(q, k, v, w, **kw):
+        m = w.amax(-1, keepdim=True)
+        return naive(q, k, v, key_weights=torch.where(m > 0, w / torch.where(m > 0, m, 1.0), 0.0), **kw)
+    return ref
+
+
+WKINDS = {  # kind: (kernel(zq, zk, v, w, b), float64 reference(zq, zk, v, w, b))
+    "relu": (lambda q, k, v, w, b: SR(q, k, v, key_weights=w),
+             lambda q, k, v, w, b: _rowmax_normalised(naive_sliced_relu)(q, k, v, w)),
+    "bump": (lambda q, k, v, w, b: SB(q, k, v, b, key_weights=w),
+             lambda q, k, v, w, b: _rowmax_normalised(naive_sliced_bump)(q, k, v, w, bandwidth=b)),
+    "causal": (lambda q, k, v, w, b: SC(q, k, v, key_weights=w),
+               lambda q, k, v, w, b: causal_rescaled(naive_sliced_relu, q, k, v, w)),
+    "causal_eq2": (lambda q, k, v, w, b: SC(q, k, v, centered=False, key_weights=w),
+                   lambda q, k, v, w, b: causal_rescaled(naive_sliced_relu, q, k, v, w, centered=False)),
+    "causal_bump": (lambda q, k, v, w, b: SCB(q, k, v, b, key_weights=w),
+                    lambda q, k, v, w, b: causal_rescaled(naive_sliced_bump, q, k, v, w, bandwidth=b)),
+    "decode": (lambda q, k, v, w, b: decode_sliced_relu_attention(q, k, v, key_weights=w),
+               lambda q, k, v, w, b: causal_rescaled(naive_sliced_relu, q, k, v, w)),
+    "decode_eq2": (lambda q, k, v, w, b: decode_sliced_relu_attention(q, k, v, centered=False, key_weights=w),
+                   lambda q, k, v, w, b: causal_rescaled(naive_sliced_relu, q, k, v, w, centered=False)),
+    "decode_bump": (lambda q, k, v, w, b: decode_sliced_relu_bump_attention(q, k, v, b, key_weights=w),
+                    lambda q, k, v, w, b: causal_rescaled(naive_sliced_bump, q, k, v, w, bandwidth=b)),
+}
+
+
+@settings(max_examples=40)
+@given(e_w=st.sampled_from([0, 10, 20, 30, 100, 300]), e_z=st.integers(-30, 30), e_v=EXTREME,
+       nq=TOKENS, nk=TOKENS, order=st.sampled_from(["random", "growing", "shrinking"]),
+       zeros=st.booleans(), seed=st.integers(0, 10**6), f32=st.booleans())
+def test_kernels_with_key_weights_over_many_scales(e_w, e_z, e_v, nq, nk, order, zeros, seed, f32):
+    """Key weights 10^U(-e_w, e_w) (float32 up to the promised 1e-30 .. 1e30, float64 up to
+    1e-300 .. 1e300), in random order or growing / shrinking along the sequence, some 0
+    (masked), with scores and values at extreme magnitudes: the eight sliced kernels (full,
+    causal and the cached decode step; eqs. 3, 2, 7) equal the direct float64 sums with each
+    query's weights divided by the largest it sees, within the dtype's tolerance of max|v|.
+    Before issue 24 the causal kernels gave NaN/inf in float32 with weights 1e-20 and 1e20 in
+    one row (one row-wide scale underflowed the first queries' weights), errors of 0.26 max|v|
+    in float64 at 1e-300 .. 1e300, and the decode steps overflowed (weights times values)."""
+    dt = F32 if f32 else F64
+    e_w = min(e_w, 30) if f32 else e_w
+    zq, zk, v = _inputs(seed, nq, nk, e_z, e_v, False, dt)
+    g = torch.Generator().manual_seed(seed + 7)
+    w = 10.0 ** (torch.rand(1, 2, nk, generator=g, dtype=F64) * 2 * e_w - e_w)
+    if order != "random":
+        w = w.sort(-1, descending=order == "shrinking")[0]
+    if zeros:
+        w = w * (torch.rand(1, 2, nk, generator=g, dtype=F64) > 0.3)
+    w = w.to(dt)
+    b = torch.tensor(0.8 * 10.0**e_z, dtype=dt)
+    scale = float(v.double().abs().max())
+    tol = 1e-5 if f32 else 1e-10
+    for kind, (kernel, ref) in WKINDS.items():
+        out = kernel(zq, zk, v, w, b)
+        assert bool(torch.isfinite(out).all()), kind
+        r = ref(zq.double(), zk.double(), v.double(), w.double(), b.double())
+        err = float((out.double() - r).abs().max())
+        assert err <= tol * scale, (kind, err / scale)

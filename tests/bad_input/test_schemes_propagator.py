@@ -7,7 +7,8 @@ from torch import nn
 
 from opsplit import Grid, Interval, Propagator
 from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2
-from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, Strang
+from opsplit.operators.transfer import PrependTokens
+from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, SchemeFlow, Strang
 from opsplit.solvers import (
     RK4,
     CatchUp,
@@ -124,6 +125,14 @@ PROPAGATOR = cases(
     ("overflow", lambda: Propagator(Lie([FFNIntegral(100 * torch.eye(5, dtype=F64))]), 4)((u(2, 3, 5).abs() + 1) * 1e305), ValueError, r"Propagator output: expected finite.*left the range"),
     ("dt-method", lambda: prop().dt(0), ValueError, r"n_steps \(N_t\).*>= 1"),
     ("times-method", lambda: prop().times(-1), ValueError, r"n_steps \(N_t\).*>= 1"),
+    ("schemeflow-operator", lambda: SchemeFlow(ffn()), TypeError, r"SchemeFlow\.scheme: expected an opsplit Scheme, got FFNIntegral"),
+    ("schemeflow-transfer", lambda: SchemeFlow(Hybrid([[ffn()], [PrependTokens(torch.zeros(1, 5, dtype=F64))]])), ValueError, r"SchemeFlow: Hybrid moves the state to another grid \(grid transfer PrependTokens\)"),
+    ("solve-fixed-n_steps=0", lambda: prop().solve(u(2, 3, 5), n_steps=0), ValueError, r"n_steps \(N_t\).*>= 1"),
+    ("solve-fixed-t_eval-off-grid-large-t0", lambda: prop(t0=1e12, t1=1e12 + 1.0).solve(u(2, 3, 5), n_steps=4, t_eval=[1e12 + 0.3]), ValueError, r"t_eval: 1e\+12 is not a time of the fixed grid of N_t = 4 steps"),
+    ("solve-fixed-t_eval-outside", lambda: prop().solve(u(2, 3, 5), t_eval=[3.0]), ValueError, r"t_eval: times must lie in \[t0, t1\] = \[0, 2\]"),
+    ("solve-fixed-t_eval-str", lambda: prop().solve(u(2, 3, 5), t_eval="end"), TypeError, r"t_eval: expected a sequence of numbers"),
+    ("solve-per_sample-int", lambda: prop().solve(u(2, 3, 5), rtol=1e-3, per_sample=2), TypeError, r"per_sample: expected True or False"),
+    ("solve-s1-relu-adaptive", lambda: Propagator(Lie([ffn(), ProjectionS1(), ProjectionS2()]), 2).solve(u(2, 3, 5), rtol=1e-3), ValueError, r"adaptive steps: Lie cannot be solved to a tolerance: its substep 2:ProjectionS2 is not a smooth map"),
 )
 
 

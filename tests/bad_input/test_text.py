@@ -78,7 +78,21 @@ def test_text_bad_input(case):
 
 
 # -- the opsplit command: `opsplit train` with task = "text", `opsplit generate` ---------------------
-from .test_cli import _check, _setup, _tree, rows  # noqa: E402  (the CLI table's row checks)
+from .test_cli import (  # noqa: E402  (the CLI table's row checks)
+    SOLVE_DIR,
+    _check,
+    _setup,
+    _tree,
+    all_weights,
+    check_run_row,
+    checkpoint_edit,
+    config_edit,
+    finished_run,
+    first_weight,
+    rows,
+    run_rows,
+    scaled_weights,
+)
 
 TEXT = 'task = "text"\n[model]\ncontext = 24\nd_model = 16\nheads = 2\nlayers = 2\n[train]\nsteps = 2\n' \
        'batch_size = 2\n[data]\nmax_chars = 20000\n[generate]\nmax_new_tokens = 8\n'
@@ -137,6 +151,42 @@ CLI = rows(
      {"d/config.toml": "[model]\nd_model = 8\nheads = 2\n"}),
     ("gen-no-vocab", ["generate", "{tmp}/g"], "vocab.json' is missing or not a vocabulary", {"g/config.toml": TEXT}),
     ("gen-no-checkpoint", ["generate", "{tmp}/g"], "has no checkpoint under train/checkpoints", RUN),
+    # the task line names `task` (before: model.context: unknown key)
+    ("cli-task-upper-case", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', got 'TEXT' (task names "
+     "are lower case: 'text')", cfg(**{'task = "text"': 'task = "TEXT"'})),
+    ("cli-task-int", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', got 5 (int)",
+     cfg(**{'task = "text"': "task = 5"})),
+    ("cli-task-bool", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', got True (bool)",
+     cfg(**{'task = "text"': "task = true"})),
+    ("cli-task-missing", ["train", *CFG, *OUT], "task: the config has no task line, so it is read as task = "
+     "\"digits\", but model.context, model.layers, train.steps, data.max_chars ... belong(s) to task = \"text\"",
+     cfg(**{'task = "text"\n': ""})),
+    ("cli-task-missing-generate", ["train", *CFG, *OUT], "task: the config has no task line, so it is read as task = "
+     "\"digits\", but [generate] belong(s) to task = \"text\"", {"c.toml": '[generate]\nprompt = "a"\n'}),
+    ("cli-task-resume-upper-case", ["train", "--resume", "{tmp}/u"], "task: expected one of 'digits', 'text', got "
+     "'Text'", {"u/config.toml": TEXT.replace('task = "text"', 'task = "Text"')}),
+    # the size guard counts the training windows (before: passed, then 9.6 GB in one allocation)
+    ("cli-text-window-memory", ["train", *CFG, *OUT], "train.steps = 200000000: the job needs an estimated "
+     "28.8 TB of memory", cfg(**{"context = 24": "context = 2", "steps = 2\n": "steps = 200000000\n",
+                            "batch_size = 2": "batch_size = 2000",
+                            "max_new_tokens = 8": 'max_new_tokens = 0\nprompt = "a"'})),
+    ("cli-text-temperature-tiny", ["train", *CFG, *OUT], "generate.temperature: expected a temperature >= 1e-06 "
+     "(smaller ones overflow the float32 logits or sample the most likely character), got 1e-300",
+     cfg(**{"max_new_tokens = 8\n": "max_new_tokens = 8\ntemperature = 1e-300\n"})),
+    ("cli-text-allow-changes-new-run", ["train", *CFG, *OUT, "--allow-changes", "train.lr"],
+     "--allow-changes: only with --resume", cfg()),
+    ("gen-temperature-1e-300", ["generate", "{tmp}/g", "--temperature", "1e-300"], "--temperature: expected a "
+     "temperature >= 1e-06, got 1e-300", RUN),
+    ("gen-temperature-1e-40", ["generate", "{tmp}/g", "--temperature", "1e-40"], "--temperature: expected a "
+     "temperature >= 1e-06", RUN),
+    ("gen-temperature-nan", ["generate", "{tmp}/g", "--temperature", "nan"], "--temperature: expected a finite number "
+     "> 0, got nan", RUN),
+    ("gen-greedy-temperature", ["generate", "{tmp}/g", "--greedy", "--temperature", "0.5"], "--temperature: --greedy "
+     "takes the most likely character, no temperature applies", RUN),
+    ("gen-solve-folder", ["generate", "{tmp}/s"], "folder: '{tmp}/s' holds the output of opsplit solve; opsplit "
+     "generate samples from a run of opsplit train with task = \"text\"", SOLVE_DIR),
+    ("gen-default-folder", ["generate", "{tmp}/d"], "folder: '{tmp}/d' holds the output of the default job",
+     {"d/manifest.json": '{"title": "opsplit: the default job", "blocks": []}', "d/train.toml": ""}),
 )
 
 
@@ -150,3 +200,73 @@ def test_text_cli_bad_input(row, tmp_path, capsys, monkeypatch):
     before = _tree(tmp_path)
     rc = main([a.replace("{tmp}", str(tmp_path)) for a in row.argv])
     _check(row, tmp_path, rc, capsys.readouterr().err, before)
+
+
+# -- a real text run: --resume against an edited config.toml or a damaged checkpoint, and generate ----
+RESUME = ("train", "--resume", "{run}", "--no-progress")
+GEN = ("generate", "{run}")
+RUN_ROWS = run_rows(
+    ("resume-max-chars", RESUME, "differs from the run that wrote the checkpoint '{run}/train/checkpoints/"
+     "step-00000002': data.max_chars = 20000 in the checkpoint, 30000 in config.toml",
+     config_edit("max_chars = 20000", "max_chars = 30000")),
+    ("resume-split-seed", RESUME, "data.split_seed = 0 in the checkpoint, 7 in config.toml",
+     config_edit("split_seed = 0", "split_seed = 7")),
+    ("resume-val-fraction", RESUME, "data.val_fraction = 0.1 in the checkpoint, 0.2 in config.toml",
+     config_edit("val_fraction = 0.1", "val_fraction = 0.2")),
+    ("resume-lr", RESUME, "train.lr = 0.003 in the checkpoint, 0.01 in config.toml. A resume continues that run: "
+     "restore the value(s) in config.toml, or start a new run with --out, or pass --allow-changes train.lr to "
+     "continue with the new value(s)", config_edit("lr = 0.003", "lr = 0.01")),
+    ("resume-seed", RESUME, "train.seed = 0 in the checkpoint, 4 in config.toml",
+     config_edit("\nseed = 0\neval_n_steps", "\nseed = 4\neval_n_steps")),
+    ("resume-steps", RESUME, "train.steps = 2 in the checkpoint, 3 in config.toml",
+     config_edit("steps = 2\n", "steps = 3\n")),
+    ("resume-batch", RESUME, "train.batch_size = 2 in the checkpoint, 3 in config.toml",
+     config_edit("batch_size = 2\n", "batch_size = 3\n")),
+    ("resume-n-steps", RESUME, "train.n_steps = [4] in the checkpoint, [1, 2] in config.toml",
+     config_edit("n_steps = [4]", "n_steps = [1, 2]")),
+    ("resume-scheme", RESUME, "the model ([model] edited): decoder.scheme = 'Lie (2 substeps: PreNorm, PreNorm)' in "
+     "the checkpoint, 'Strang (2 substeps: PreNorm, PreNorm)' now",
+     config_edit('scheme = "lie"', 'scheme = "strang"')),
+    ("resume-d-model", RESUME, "'{run}/config.toml' differs from the run that wrote the checkpoint",
+     config_edit("d_model = 16", "d_model = 8")),
+    ("resume-truncated", RESUME, "--resume: checkpoint '{run}/train/checkpoints/step-00000002': state.safetensors has "
+     "1000 bytes", checkpoint_edit(size=1000)),
+    ("resume-nan-weight", RESUME, "hold(s) NaN/inf; a diverged model is not loaded, as save_checkpoint does not "
+     "write one. Nothing was loaded; start a new run with --out", checkpoint_edit(first_weight(float("nan")))),
+    ("resume-int-weight", RESUME, "is torch.int64 in the checkpoint, torch.float32 in the model; a tensor of another "
+     "kind (integer for floating) is not cast", checkpoint_edit(all_weights(torch.Tensor.long))),
+    ("resume-inf-exp_avg_sq", RESUME, "the optimizer state optimizer.0.exp_avg_sq", checkpoint_edit(
+        lambda t: {k: v.clone().fill_(float("inf")) if k.endswith("exp_avg_sq") else v for k, v in t.items()})),
+    ("resume-negative-step", RESUME, "meta.trainer.step: expected >= 0, got -5",
+     checkpoint_edit(meta=lambda m: m["trainer"].update(step=-5))),
+    ("resume-meta-not-json", RESUME, "meta.json is not valid JSON", lambda f: (
+        f / "train" / "checkpoints" / "step-00000002" / "meta.json").write_text("{")),
+    ("resume-allow-unknown", (*RESUME, "--allow-changes", "train.lrx"), "--allow-changes: expected keys that a resume "
+     "compares (data.corpus, data.max_chars, data.split_seed, data.val_fraction, train.batch_size, train.lr, "
+     "train.n_steps, train.seed, train.steps, train.warmup_steps, train.weight_decay), got 'train.lrx'"),
+    ("resume-allow-model-key", (*RESUME, "--allow-changes", "model.scheme"), "--allow-changes: expected keys that a "
+     "resume compares", config_edit('scheme = "lie"', 'scheme = "strang"')),
+    ("gen-nan-weights", GEN, "folder: checkpoint '{run}/train/checkpoints/step-00000002': the weights ",
+     checkpoint_edit(first_weight(float("nan")))),
+    ("gen-nan-weights-greedy", (*GEN, "--greedy"), "hold(s) NaN/inf; a diverged model is not loaded",
+     checkpoint_edit(first_weight(float("nan")))),
+    ("gen-inf-weights", GEN, "hold(s) NaN/inf", checkpoint_edit(first_weight(float("inf")))),
+    ("gen-int-weights", GEN, "a tensor of another kind (integer for floating) is not cast",
+     checkpoint_edit(all_weights(torch.Tensor.long))),
+    ("gen-truncated", GEN, "state.safetensors has 1000 bytes", checkpoint_edit(size=1000)),
+    ("gen-overflowing-weights", (*GEN, "--greedy"), "cannot be solved at the prompt at N_t = 2: GroupedQueryAttention: "
+     "the attention scores", checkpoint_edit(scaled_weights(1e30))),
+    ("gen-n-t-huge", (*GEN, "--n-t", "100000000"), "--n-t = 100000000: the job needs an estimated"),
+    ("gen-n-t-huge-greedy", (*GEN, "--n-t", "100000000", "--greedy"), "--n-t = 100000000: the job needs an estimated"),
+)
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    return finished_run(tmp_path_factory, TEXT)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("row", RUN_ROWS)
+def test_text_run_bad_input(row, text_run, tmp_path, capsys, monkeypatch):
+    check_run_row(row, text_run, tmp_path, capsys, monkeypatch)
