@@ -206,7 +206,14 @@ def timing(args, names, rounds: int, chunk: int = 23) -> dict:
         tr.model.train()
         runs[name] = tr
     batches = [torch.arange(i * a.batch, (i + 1) * a.batch) % len(train) for i in range(chunk)]
-    data = TensorData(train.inputs, train.targets)
+    return paired_steps(runs, TensorData(train.inputs, train.targets), batches, rounds)
+
+
+def paired_steps(runs: dict, data, batches: list, rounds: int) -> dict:
+    """Paired training cost: each round runs the optimizer steps of ``batches`` on ``data``
+    with every trainer of ``runs`` in turn (A B A B ...); per trainer the median round time
+    and the median, min and max over ``rounds`` of its per-round time ratio to the first
+    trainer (one warm-up round not counted)."""
     times = {k: [] for k in runs}
     for _ in range(rounds + 1):
         for k, tr in runs.items():
@@ -214,7 +221,7 @@ def timing(args, names, rounds: int, chunk: int = 23) -> dict:
             for idx in batches:
                 tr._train_step(data, idx)
             times[k].append(time.perf_counter() - t)
-    base = names[0]
+    base = next(iter(runs))
     out = {}
     for k in runs:
         r = [a_ / b_ for a_, b_ in zip(times[k][1:], times[base][1:])]

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_text as tt  # noqa: E402
+from continuity import paired_steps  # noqa: E402
 from ngram import best_baseline, dev_selected  # noqa: E402
 
 from opsplit.analysis import continuity  # noqa: E402
@@ -136,19 +137,7 @@ def timing(args, names, rounds: int, chunk: int) -> dict:
         tr.model.train()
         runs[name] = tr
     batches = [torch.arange(i * args.batch, (i + 1) * args.batch) for i in range(chunk)]
-    times = {k: [] for k in runs}
-    for _ in range(rounds + 1):
-        for k, tr in runs.items():
-            t = time.perf_counter()
-            for idx in batches:
-                tr._train_step(train, idx)
-            times[k].append(time.perf_counter() - t)
-    out = {}
-    for k in runs:
-        r = [a / b for a, b in zip(times[k][1:], times[names[0]][1:])]
-        out[k] = {"median_s": statistics.median(times[k][1:]), "ratio_median": statistics.median(r),
-                  "ratio_min": min(r), "ratio_max": max(r)}
-    return out
+    return paired_steps(runs, train, batches, rounds)
 
 
 def summary(res) -> str:
