@@ -205,7 +205,8 @@ def test_findings_agree_with_the_tables(quick):
     worst = max(drops, key=drops.get)
     assert f"({len(refined)} settings)" in acc
     assert ("keeps that accuracy (within 0.02) at every one" in acc) == (drops[worst] <= 0.02)
-    assert f"({worst[0]} at N_t = {worst[1]})" in acc
+    assert (f"({worst[0]} at N_t = {worst[1]}), {abs(100 * drops[worst]):.2f} pt "
+            f"{'below' if drops[worst] > 0 else 'above'} the training grid") in acc
     coarser = dict((n, a) for n, a in re.findall(r"at the coarser (?:N_t = (\d+) it scores (\S+?)(?:,|\.$))", acc))
     assert coarser == {r["n_t"]: r["accuracy"] for r in ev if int(r["n_t"]) < int(trained["n_t"])
                        and r["solver"] == trained["solver"]}

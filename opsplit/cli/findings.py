@@ -292,7 +292,8 @@ def _continuity(t, page):
                    f"does not keep it (within {KEEP:g}) at every one")
         text += (f"; solved without retraining at finer N_t and with {', '.join(solvers)} substeps "
                  f"({len(refined)} settings) it {verdict}: the lowest is {fmt(a0 - drops[worst])} "
-                 f"({worst[0]} at N_t = {worst[1]})")
+                 f"({worst[0]} at N_t = {worst[1]}), {abs(100 * drops[worst]):.2f} pt "
+                 f"{'below' if drops[worst] > 0 else 'above'} the training grid")
     for r in coarser:
         numbers["coarser"][int(r["n_t"])] = t.number(r, "accuracy")
     if coarser:
