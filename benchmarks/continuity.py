@@ -1,7 +1,7 @@
 """Which training makes a model of its controls theta(t) rather than of its training grid?
 Optimal-control tools compared on the digits recipe (benchmarks/train_digits.py) at the
 same budget, each trained model measured by the solver-swap test
-(``opsplit.analysis.continuity``: the test accuracy at N_t from half to 16x the training
+(``opsplit.control.continuity``: the test accuracy at N_t from half to 16x the training
 N_t, with Euler, Heun and RK4 substeps, and the convergence of the logits).
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/continuity.py --variants baseline multi_cost --epochs 40
@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_digits as td  # noqa: E402
 
-from opsplit.analysis import continuity  # noqa: E402
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa: E402
 from opsplit.data import load_digits  # noqa: E402
 from opsplit.models import ImageClassifier, SplitEncoder  # noqa: E402
 from opsplit.solvers import RK4, ExplicitEuler, Heun  # noqa: E402

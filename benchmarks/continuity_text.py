@@ -32,8 +32,7 @@ import train_text as tt  # noqa: E402
 from continuity import paired_steps  # noqa: E402
 from ngram import best_baseline, dev_selected  # noqa: E402
 
-from opsplit.analysis import continuity  # noqa: E402
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa: E402
 from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
 from opsplit.data.dedup import deduplicate, shared_substrings  # noqa: E402
 from opsplit.models import DecoderLM  # noqa: E402

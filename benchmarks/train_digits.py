@@ -15,7 +15,7 @@ model at an N_t drawn from (2, 4, 8) with probability proportional to 1/N_t
 Heun) with probability proportional to 1/stages (``TrainConfig.train_solvers``), and the
 objective adds the flow's relative kinetic energy with weight 0.3 (``Objective(kinetic=...)``):
 about 1.14 times the field evaluations of one-N_t training; docs/continuity.md.  Each run is then measured
-by the solver-swap test (``opsplit.analysis.continuity``: N_t = 2 ... 64, Heun and RK4
+by the solver-swap test (``opsplit.control.continuity``: N_t = 2 ... 64, Heun and RK4
 substeps, the logits' convergence order), printed as a second table.  The one-N_t
 training of the previous revision is ``--train-n-steps 4 --train-solvers --kinetic 0``; the
 recipe before it (60 epochs, no augmentation, one N_t) adds ``--epochs 60 --no-augment``.
@@ -147,12 +147,12 @@ CONTINUITY_N = (2, 4, 8, 16, 32, 64)
 
 
 def measure_continuity(model, test, n_steps: int) -> dict:
-    """``opsplit.analysis.continuity`` of a trained model: the test accuracy at N_t = 2 ... 64
+    """``opsplit.control.continuity`` of a trained model: the test accuracy at N_t = 2 ... 64
     with Euler, at N_t >= the training grid with Heun and RK4, the logits' convergence to the
     N_t = 16 x n_steps solution; a dict of its table and summary."""
     import warnings
 
-    from opsplit.analysis import continuity
+    from opsplit.control import continuity
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="There is a performance drop")

@@ -338,7 +338,7 @@ def test_train_tiny_config(tmp_path):
     assert main(["train", "--config", _toml(tmp_path, TRAIN), "--out", str(out), "--no-progress"]) == 0
     steps = _rows(out / "train" / "steps.csv")
     assert len(steps) == 2 * 4  # 64 images / 16 per step, 2 epochs
-    evals = _rows(out / "continuity.csv")  # the solver-swap table (opsplit.analysis.continuity)
+    evals = _rows(out / "continuity.csv")  # the solver-swap table (opsplit.control.continuity)
     own = [r for r in evals if r["solver"] == "euler"]
     assert [int(r["n_t"]) for r in own] == [1, 2, 4]
     assert [r["training grid"] for r in own] == ["", "yes", ""]

@@ -1,4 +1,4 @@
-"""The continuity measurement (``opsplit.analysis.continuity``) on models whose flow is known
+"""The continuity measurement (``opsplit.control.continuity``) on models whose flow is known
 in closed form: linear terms u_t = u W (``FFNIntegral``), u(T) = u(0) exp(T W) by
 ``torch.linalg.matrix_exp``.  The measured errors must fall at the order of the scheme and
 of the substep solver actually run, so a table that mislabels its N_t or its solver (a swap
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from opsplit import Propagator
-from opsplit.analysis import continuity, solved_with, strang_of
+from opsplit.control import continuity, solved_with, strang_of
 from opsplit.data import TensorData
 from opsplit.operators import FFNIntegral
 from opsplit.schemes import Hybrid, Lie, Strang

@@ -150,7 +150,7 @@ def test_train_solvers_draws_the_solver_of_each_step_and_restores_the_model():
     assert all(type(s.solver).__name__ == "ExplicitEuler" for s in enc.scheme.substeps)  # restored
     assert type(enc.scheme).__name__ == "Hybrid"
     # a step drawn with Heun is the step of the model solved with Heun (one group unsplit, as the analysis)
-    from opsplit.analysis import solved_with
+    from opsplit.control import solved_with
 
     with torch.no_grad(), solved_with(model, solver=_Heun()):
         a = model(x[:2], n_steps=2)

@@ -1,7 +1,7 @@
 """Measuring: convergence orders in time and space, seeded test problems, plots; spline
-degree of ReLU networks along a line; a trained model's continuity (the solver-swap test)."""
+degree of ReLU networks along a line (a trained model's continuity, the solver-swap test, is
+:func:`opsplit.control.continuity`: it evaluates through the training objective)."""
 
-from .continuity import Continuity, continuity, solved_with, strang_of
 from .convergence import (
     ConvergenceStudy,
     OrderFit,
@@ -17,10 +17,6 @@ from .problems import SmoothTransformer, smooth_transformer
 from .spline import DegreeEstimate, finite_difference, line, piecewise_degree, relu_sign_patterns
 
 __all__ = [
-    "Continuity",
-    "continuity",
-    "solved_with",
-    "strang_of",
     "ConvergenceStudy",
     "OrderFit",
     "fit_order",

@@ -1,5 +1,5 @@
 """The solver-swap table of a trained model in a report (``opsplit train`` and the default
-job): :func:`opsplit.analysis.continuity` measured, then one table (CSV + Markdown), the
+job): :func:`opsplit.control.continuity` measured, then one table (CSV + Markdown), the
 convergence table of the outputs and one figure.  The command adds nothing of its own:
 every number is the analysis'."""
 
@@ -13,7 +13,7 @@ def measure(model, data, *, n_steps, reference: int, solvers=("trained", "heun",
     """The :class:`~opsplit.analysis.Continuity` of a trained classifier on ``data``."""
     import warnings
 
-    from ..analysis.continuity import continuity
+    from ..control.continuity import continuity
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="There is a performance drop")  # torch's vmap note
@@ -49,7 +49,7 @@ def write(out, c, *, prefix: str = "", what: str = "test accuracy") -> list[dict
     ref = c.reference
     rows = _rows(c)
     worst = refined_worst(c)
-    text = (f"The solver-swap test (opsplit.analysis.continuity): the trained controls θ(t) solved without "
+    text = (f"The solver-swap test (opsplit.control.continuity): the trained controls θ(t) solved without "
             f"retraining at other N_t, with Euler, Heun and RK4 substeps; the training grid is N_t = "
             f"{ref['n_steps']} with {ref['solver']} substeps ({what} {ref[c.metric]:.4f}). A model of θ(t) keeps "
             f"its {what} on every refined setting.")

@@ -13,7 +13,7 @@ the probabilities:
 * a list of :math:`k` weights :math:`w_i > 0`, :math:`p_i = w_i / \sum_j w_j`.
 
 The controls, functions of :math:`t`, are then fit at several step sizes at once: what the
-continuous model is, not one discrete map (:mod:`opsplit.analysis.continuity` measures it).
+continuous model is, not one discrete map (:mod:`opsplit.control.continuity` measures it).
 
 ``TrainConfig.train_solvers`` draws the substep solver of every step too (independently;
 ``train_solvers_weights="cost"``: probability proportional to 1/stages, so Heun, two field

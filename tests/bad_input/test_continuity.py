@@ -2,7 +2,7 @@
 zero, negative or repeated entries and their draw weights (``TrainConfig``), flow-cost
 weights that are negative or not finite (``Objective``), a flow cost with the checkpointed
 loop (refused by ``Trainer.fit`` before training, nothing written), a solver that cannot run
-a term and a scheme that cannot be rebuilt (``opsplit.analysis.continuity``,
+a term and a scheme that cannot be rebuilt (``opsplit.control.continuity``,
 ``solved_with``), and the deduplication of validation text (``opsplit.data.dedup``)."""
 
 import shutil
@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from opsplit import Propagator
-from opsplit.analysis import continuity, solved_with
-from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.control import Objective, TrainConfig, Trainer, continuity, solved_with
 from opsplit.control.flow_costs import record_flow
 from opsplit.data import TensorData
 from opsplit.data.dedup import deduplicate, shared_substrings

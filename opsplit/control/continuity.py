@@ -42,7 +42,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..control.swap import (
+from ..analysis.convergence import OrderFit, fit_order
+from .swap import (
     SOLVERS,
     as_solver,
     field_substeps,
@@ -51,7 +52,6 @@ from ..control.swap import (
     solver_name,
     strang_of,
 )
-from .convergence import OrderFit, fit_order
 
 __all__ = ["Continuity", "continuity", "solved_with", "SOLVERS", "strang_of", "solver_name"]
 
@@ -301,9 +301,9 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
     Returns:
         a :class:`Continuity`.
     """
-    from ..control.objective import Objective
-    from ..control.trainer import as_dataset
     from ..data.base import check_int
+    from .objective import Objective
+    from .trainer import as_dataset
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"continuity.model: expected an nn.Module, got {type(model).__name__}")
