@@ -239,7 +239,7 @@ def text(args):
     if args.recipe:  # a model saved by benchmarks/continuity_text.py; its settings are that script's defaults
         import continuity_text as ct
 
-        ns = ct.main_args([])
+        ns = ct.main_args(["--dropout", str(args.dropout)])  # dropout: the weights' layout (off in evaluation)
         model = ct.build(ns, vocab)
         model.load_state_dict(torch.load(args.recipe))
         _, _, _, _, val_dedup, _ = ct.data(ns)
@@ -418,6 +418,7 @@ def main(argv=None):
     t.add_argument("--warmup", type=int, default=20)
     t.add_argument("--multi", type=int, nargs="+", default=[2, 4, 8], help="train_n_steps")
     t.add_argument("--split-seed", type=int, default=0)
+    t.add_argument("--dropout", type=float, default=0.0, help="--recipe: the residual dropout it was trained with")
     t.add_argument("--reference-n-t", type=int, default=256,
                    help="the continuous model (each solve's error in bits/char): Richardson's extrapolation "
                    "of N_t / 2 and N_t fixed steps")
