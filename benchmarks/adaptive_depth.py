@@ -83,8 +83,22 @@ def classify(model, x, **solve):
     return model.readout(u), sol.stats
 
 
+def recipe_digits(path: str):
+    """The classifier of the digits recipe (benchmarks/train_digits.py: hybrid scheme, explicit
+    Euler, piecewise-constant controls, N_t = 4 on [0, 4]) with the weights saved at ``path`` by
+    benchmarks/continuity.py (or train_digits.py's state dict)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_digits as td
+
+    model = td.build(td.settings())
+    model.load_state_dict(torch.load(path))
+    return model
+
+
 def digits(args):
-    train, test = load_digits(seed=0)
+    train, test = load_digits(seed=args.split_seed)
+    if args.recipe:
+        return digits_eval(args, recipe_digits(args.recipe), test, T=4.0)
     model = build(args.seed, args.T)
     cfg = TrainConfig(epochs=args.epochs, batch_size=64, lr=3e-3, weight_decay=0.05, schedule="cosine",
                       warmup_steps=50, grad_clip=1.0, seed=args.seed, eval_every=args.epochs, progress=False,
@@ -102,6 +116,10 @@ def digits(args):
               f"(Strang / Heun, Legendre controls in t, T = {args.T:g})", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"key": key, "state": model.state_dict()}, path)
+    return digits_eval(args, model, test, T=args.T)
+
+
+def digits_eval(args, model, test, T: float):
     model.eval()
     x, y = test.inputs, test.targets
     if args.limit:
@@ -128,7 +146,7 @@ def digits(args):
             t = time.perf_counter()
             from opsplit.adaptive import PIController
 
-            ctl = PIController(rtol=rtol, atol=rtol, first_step=args.first_step or args.T / 2)
+            ctl = PIController(rtol=rtol, atol=rtol, first_step=args.first_step or T / 2)
             logits, stats = classify(model, x, controller=ctl, per_sample=True)
             secs = time.perf_counter() - t
             acc = float((logits.argmax(-1) == y).float().mean())
@@ -213,12 +231,20 @@ def text(args):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import train_text as tt
 
-    from opsplit.adaptive import PIController
     from opsplit.data import load_text, text_windows
     from opsplit.models import DecoderLM
 
     corpus = load_text("pydoc_topics", seed=args.split_seed)
     vocab = corpus.vocab.size
+    if args.recipe:  # a model saved by benchmarks/continuity_text.py; its settings are that script's defaults
+        import continuity_text as ct
+
+        ns = ct.main_args(["--dropout", str(args.dropout)])  # dropout: the weights' layout (off in evaluation)
+        model = ct.build(ns, vocab)
+        model.load_state_dict(torch.load(args.recipe))
+        _, _, _, _, val_dedup, _ = ct.data(ns)
+        args.context = ns.context
+        return text_eval(args, model, text_windows(val_dedup, ns.context, name="val_dedup"), T=model.decoder.t1)
     # train_text's functions read these names from its own argparse namespace
     ns = argparse.Namespace(context=args.context, d_model=args.d_model, heads=args.heads, layers=args.layers,
                             batch=args.batch, eval_batch=64, lr=args.lr, weight_decay=0.0, warmup=args.warmup,
@@ -244,13 +270,17 @@ def text(args):
               f"{args.layers} layers' controls, Lie / explicit Euler; {corpus})", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"key": key, "state": model.state_dict()}, path)
+    return text_eval(args, model, text_windows(corpus.val, args.context, name="val"), T=model.decoder.t1)
+
+
+def text_eval(args, model, val, T: float):
+    from opsplit.adaptive import PIController
+
     model.eval()
-    val = text_windows(corpus.val, args.context, name="val")
     x, y = val.inputs, val.targets
     if args.limit:
         x, y = x[: args.limit], y[: args.limit]
     n = len(y)
-    T = model.decoder.t1
     rows = []
     print(f"\n{n} validation windows of {args.context} characters")
     print(f"{'solve':<24} {'bits/char':>9} {'calls/seq':>10} {'min':>5} {'max':>5} {'steps/seq':>9} {'rejected':>8} "
@@ -366,6 +396,9 @@ def main(argv=None):
                     "steps; text T / layers: one layer)")
     ap.add_argument("--model", default=None, help="the trained weights: loaded if the file exists (same settings), "
                     "else trained and saved (default benchmarks/out/adaptive_depth[_text]_model.pt)")
+    ap.add_argument("--recipe", default=None, help="measure the model saved at this path by benchmarks/continuity.py "
+                    "(digits: the recipe's classifier) or benchmarks/continuity_text.py (text: on the deduplicated "
+                    "validation text) instead of training one")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, default=None, help="first test images / validation windows only")
     ap.add_argument("--figure", default=None, help="default docs/figures/adaptive_depth[_text].png")
@@ -385,6 +418,7 @@ def main(argv=None):
     t.add_argument("--warmup", type=int, default=20)
     t.add_argument("--multi", type=int, nargs="+", default=[2, 4, 8], help="train_n_steps")
     t.add_argument("--split-seed", type=int, default=0)
+    t.add_argument("--dropout", type=float, default=0.0, help="--recipe: the residual dropout it was trained with")
     t.add_argument("--reference-n-t", type=int, default=256,
                    help="the continuous model (each solve's error in bits/char): Richardson's extrapolation "
                    "of N_t / 2 and N_t fixed steps")

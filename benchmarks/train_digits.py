@@ -9,8 +9,17 @@ The recipe (the defaults): d_model 32, 4 heads, d_ff 64, N_t = 4 (hybrid scheme,
 piecewise-constant controls), AdamW lr 3e-3, weight decay 0.05, cosine schedule with 50
 warm-up steps, gradient clipping at 1, batch 64, 100 epochs, and every training image
 moved by a small random affine map (rotation <= 10 degrees, scaling <= 10 %, translation
-<= 0.5 pixel; ``opsplit.data.random_affine``).  The previous recipe (60 epochs, no
-augmentation) is ``--epochs 60 --no-augment``.  Results in docs/training.md.
+<= 0.5 pixel; ``opsplit.data.random_affine``).  Continuous in time: every step solves the
+model at an N_t drawn from (2, 4, 8) with probability proportional to 1/N_t
+(``TrainConfig.train_n_steps_weights="cost"``) and with a substep solver drawn from (Euler,
+Heun) with probability proportional to 1/stages (``TrainConfig.train_solvers``), and the
+objective adds the flow's relative kinetic energy with weight 0.3 (``Objective(kinetic=...)``):
+about 1.14 times the field evaluations of one-N_t training; docs/continuity.md.  Each run is then measured
+by the solver-swap test (``opsplit.control.continuity``: N_t = 2 ... 64, Heun and RK4
+substeps, the logits' convergence order), printed as a second table.  The one-N_t
+training of the previous revision is ``--train-n-steps 4 --train-solvers --kinetic 0``; the
+recipe before it (60 epochs, no augmentation, one N_t) adds ``--epochs 60 --no-augment``.
+Results in docs/training.md and docs/continuity.md.
 """
 
 from __future__ import annotations
@@ -52,7 +61,13 @@ DEFAULTS = dict(
     scale=0.1,
     shear=0.0,
     translate=0.5,
-    train_n_steps=None,
+    train_n_steps=(2, 4, 8),
+    n_steps_weights="cost",
+    train_solvers=("euler", "heun"),
+    solver_weights="cost",
+    kinetic=0.3,
+    acceleration=0.0,
+    defect=0.0,
     seed=0,
     split_seed=0,
     gradient="backprop",
@@ -100,6 +115,8 @@ def augment(args):
 
 def config(args, *, progress=False, eval_every=5):
     tns = tuple(args.train_n_steps) if args.train_n_steps else None
+    if tns == (args.n_steps,):
+        tns = None
     return TrainConfig(
         epochs=args.epochs,
         batch_size=args.batch,
@@ -113,19 +130,50 @@ def config(args, *, progress=False, eval_every=5):
         progress=progress,
         gradient=args.gradient,
         train_n_steps=tns,
+        train_n_steps_weights=(None if args.n_steps_weights == "uniform" else args.n_steps_weights) if tns else None,
+        train_solvers=tuple(args.train_solvers) if args.train_solvers else None,
+        train_solvers_weights=(None if args.solver_weights == "uniform" else args.solver_weights)
+        if args.train_solvers else None,
     )
 
 
-def run(args, *, out_dir=None, progress=False, verbose=True) -> dict:
+def objective(args) -> Objective:
+    """Cross-entropy and the flow costs of ``args`` (``kinetic``, ``acceleration``, ``defect``)."""
+    return Objective("cross_entropy", kinetic=args.kinetic, acceleration=args.acceleration, defect=args.defect)
+
+
+#: the solver-swap test of every run: N_t, substep solvers (besides the model's own), levels
+CONTINUITY_N = (2, 4, 8, 16, 32, 64)
+
+
+def measure_continuity(model, test, n_steps: int) -> dict:
+    """``opsplit.control.continuity`` of a trained model: the test accuracy at N_t = 2 ... 64
+    with Euler, at N_t >= the training grid with Heun and RK4, the logits' convergence to the
+    N_t = 16 x n_steps solution; a dict of its table and summary."""
+    import warnings
+
+    from opsplit.control import continuity
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="There is a performance drop")
+        c = continuity(model, test, n_steps=[n for n in CONTINUITY_N], reference=n_steps,
+                       solvers=["trained", "heun", "rk4"])
+    d = c.to_dict()
+    d["markdown"] = c.markdown()
+    return d
+
+
+def run(args, *, out_dir=None, progress=False, verbose=True, continuity=True, save=None) -> dict:
     """One training run (split ``args.split_seed``, weights and data order ``args.seed``)."""
     train, test = load_digits(seed=args.split_seed)
     model = build(args)
-    trainer = Trainer(
-        model, Objective("cross_entropy"), config(args, progress=progress), augment=augment(args)
-    )
+    trainer = Trainer(model, objective(args), config(args, progress=progress), augment=augment(args))
     t = time.perf_counter()
     hist = trainer.fit(train, test, out_dir=out_dir)
     wall = time.perf_counter() - t
+    if save is not None:  # the trained weights (a state dict), for later measurements
+        Path(save).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), save)
     res = trainer.evaluate(test)
     if verbose:
         for r in hist.epochs:
@@ -147,6 +195,7 @@ def run(args, *, out_dir=None, progress=False, verbose=True) -> dict:
         "params": sum(p.numel() for p in model.parameters()),
         "loadavg": _loadavg(),
         "nearest_neighbour_accuracy": nearest_neighbour_accuracy(train, test.inputs, test.targets),
+        "continuity": measure_continuity(model, test, args.n_steps) if continuity else None,
     }
 
 
@@ -218,6 +267,35 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def continuity_table(results: list[dict]) -> str:
+    """Markdown: per run, the test accuracy at every N_t with the model's own solver, with Heun
+    and RK4 at the training N_t, the worst refined setting (N_t >= the training grid, any
+    solver) and the logits' fitted order; the mean over runs."""
+    ns = list(CONTINUITY_N)
+    head = ("| split | " + " | ".join(f"N_t = {n}" for n in ns)
+            + " | Heun (N) | RK4 (N) | worst refined | order |")
+    lines = [head, "|---" * (len(ns) + 5) + "|"]
+    cols = []
+    for r in results:
+        c = r["continuity"]
+        ref = c["reference"]
+        own = {x["n_steps"]: x["accuracy"] for x in c["rows"] if x["solver"] == ref["solver"]
+               and x["scheme"] == ref["scheme"]}
+        at = {(x["solver"], x["n_steps"]): x["accuracy"] for x in c["rows"] if x["scheme"] == ref["scheme"]}
+        refined = [x for x in c["rows"] if x["n_steps"] >= ref["n_steps"] and not x["reference"]]
+        worst = min(x["delta"] for x in refined)
+        row = [own.get(n, float("nan")) for n in ns] + [at.get(("heun", ref["n_steps"]), float("nan")),
+                                                         at.get(("rk4", ref["n_steps"]), float("nan")),
+                                                         worst, c["order"]]
+        cols.append(row)
+        cells = [f"{100 * v:.2f}" for v in row[:-2]] + [f"{100 * row[-2]:+.2f} pt", f"{row[-1]:.2f}"]
+        lines.append(f"| {r['split_seed']} (seed {r['seed']}) | " + " | ".join(cells) + " |")
+    mean = [statistics.fmean(c[i] for c in cols) for i in range(len(cols[0]))]
+    cells = [f"{100 * v:.2f}" for v in mean[:-2]] + [f"{100 * mean[-2]:+.2f} pt", f"{mean[-1]:.2f}"]
+    lines.append("| mean | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -256,8 +334,17 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         nargs="+",
         default=d["train_n_steps"],
-        help="multi-resolution training: N_t drawn per step from these",
+        help="multi-resolution training: N_t drawn per step from these (--train-n-steps 4: one N_t)",
     )
+    p.add_argument("--n-steps-weights", default=d["n_steps_weights"], choices=("cost", "uniform"),
+                   help="how the N_t of --train-n-steps are drawn (cost: probability proportional to 1/N_t)")
+    p.add_argument("--train-solvers", nargs="*", default=d["train_solvers"], choices=("euler", "heun", "rk4"),
+                   help="substep solvers drawn per step (none: the model's own, explicit Euler)")
+    p.add_argument("--solver-weights", default=d["solver_weights"], choices=("cost", "uniform"),
+                   help="how they are drawn (cost: probability proportional to 1/stages)")
+    p.add_argument("--kinetic", type=float, default=d["kinetic"], help="weight of the flow's relative kinetic energy")
+    p.add_argument("--acceleration", type=float, default=d["acceleration"], help="weight of its acceleration")
+    p.add_argument("--defect", type=float, default=d["defect"], help="weight of the steps' local error estimate")
     p.add_argument("--seed", type=int, default=d["seed"], help="weights, data order, augmentation")
     p.add_argument(
         "--split-seed", type=int, default=d["split_seed"], help="the stratified train/test split"
@@ -298,7 +385,8 @@ def main(argv=None):
     for sp in args.splits or [args.split_seed]:
         for s in args.seeds or [args.seed]:
             a = argparse.Namespace(**{**vars(args), "split_seed": sp, "seed": s})
-            r = run(a, verbose=False)
+            save = None if not args.out else str(Path(args.out).with_suffix("")) + f"_split{sp}_seed{s}.pt"
+            r = run(a, verbose=False, save=save)
             results.append(r)
             print(
                 f"split seed {sp}  weight seed {s}  test accuracy {100 * r['test_accuracy']:.2f} % "
@@ -306,6 +394,9 @@ def main(argv=None):
                 flush=True,
             )
     print(table(results))
+    if all(r.get("continuity") for r in results):
+        print()
+        print(continuity_table(results))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))

@@ -13,6 +13,8 @@ controls held by the scheme's operators.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 from torch import Tensor, nn
 
@@ -108,6 +110,23 @@ class Propagator(nn.Module):
             if self.t1 <= self.t0:
                 raise ValueError(f"Propagator.t1 (T): expected t0 < t1, got t0={t0}, t1={t1}")
         self.grid = check_grid(grid, "Propagator.grid") or Grid.paper(None, None)
+        self._step_hooks: OrderedDict = OrderedDict()
+
+    def register_step_hook(self, hook):
+        """Call ``hook(propagator, t, dt, u_before, u_after, grid)`` after every step of
+        :meth:`forward`'s time loop (fixed steps; not the adaptive solve; ``grid`` is the grid
+        of ``u_after``): what a running
+        cost on the trajectory reads (:mod:`opsplit.control.flow_costs`), recorded by
+        autograd like the step itself.  A propagator with step hooks refuses the
+        checkpointed time loop (its recomputation would call them again).  Returns a handle
+        whose ``remove()`` unregisters the hook."""
+        from torch.utils.hooks import RemovableHandle
+
+        if not callable(hook):
+            raise TypeError(f"Propagator.register_step_hook: expected a callable, got {type(hook).__name__}")
+        handle = RemovableHandle(self._step_hooks)
+        self._step_hooks[handle.id] = hook
+        return handle
 
     @property
     def T(self) -> float:
@@ -160,7 +179,13 @@ class Propagator(nn.Module):
             )
         u = f
         traj = [u] if return_trajectory else None
+        hooks = getattr(self, "_step_hooks", None)
         if self.checkpoint_every and traj is None and torch.is_grad_enabled():
+            if hooks:
+                raise ValueError(
+                    f"{type(self).__name__}: step hooks (a running cost on the trajectory) and the checkpointed "
+                    "time loop (gradient='checkpoint' / 'adjoint' with snapshots) exclude each other: the "
+                    "recomputed steps would be counted again; train with gradient='backprop'")
             if self.checkpoint_snapshots is None:
                 u, g = _checkpointed_steps(self.scheme, times, u, g, int(self.checkpoint_every))
             else:
@@ -169,7 +194,11 @@ class Propagator(nn.Module):
         else:
             for n in range(len(times) - 1):
                 # a scheme with grid transfers returns the grid of the new state (Scheme.advance)
+                before = u
                 u, g = self.scheme.advance(times[n], times[n + 1] - times[n], u, g)
+                if hooks:
+                    for hook in list(hooks.values()):
+                        hook(self, times[n], times[n + 1] - times[n], before, u, g)
                 if traj is not None:
                     traj.append(u)
         if check_finite_input:

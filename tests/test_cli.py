@@ -338,9 +338,14 @@ def test_train_tiny_config(tmp_path):
     assert main(["train", "--config", _toml(tmp_path, TRAIN), "--out", str(out), "--no-progress"]) == 0
     steps = _rows(out / "train" / "steps.csv")
     assert len(steps) == 2 * 4  # 64 images / 16 per step, 2 epochs
-    evals = _rows(out / "eval_n_t.csv")
-    assert [int(r["n_t"]) for r in evals] == [1, 2, 4]
-    assert all(0.0 <= float(r["test_accuracy"]) <= 1.0 for r in evals)
+    evals = _rows(out / "continuity.csv")  # the solver-swap table (opsplit.control.continuity)
+    own = [r for r in evals if r["solver"] == "euler"]
+    assert [int(r["n_t"]) for r in own] == [1, 2, 4]
+    assert [r["training grid"] for r in own] == ["", "yes", ""]
+    assert {(r["solver"], int(r["n_t"])) for r in evals if r["solver"] != "euler"} == \
+        {("heun", 2), ("heun", 4), ("rk4", 2), ("rk4", 4)}
+    assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in evals)
+    assert (out / "continuity.png").stat().st_size > 1000
     assert (out / "training_curve.png").stat().st_size > 1000
     assert "training_curve.png" in (out / "report.md").read_text()
 
@@ -531,8 +536,9 @@ def test_interrupt_saves_a_checkpoint_and_prints_how_to_resume(tmp_path, monkeyp
 
 def test_train_adjoint_with_rk4_substeps(tmp_path):
     """train.gradient = 'adjoint' runs with model.solver = 'rk4' (ODE substeps), whose
-    gradient is the continuous adjoint's (finding 8: refused with Euler substeps)."""
-    toml = TRAIN.replace("[train]", '[train]\ngradient = "adjoint"').replace(
+    gradient is the continuous adjoint's (finding 8: refused with Euler substeps); the drawn
+    solvers are its own only and no flow cost reads the steps (both refused with it)."""
+    toml = TRAIN.replace("[train]", '[train]\ngradient = "adjoint"\ntrain_solvers = ["rk4"]\nkinetic = 0.0').replace(
         "[model]", '[model]\nsolver = "rk4"').replace("epochs = 2", "epochs = 1").replace(
         "shift = 1", "shift = 0")
     out = tmp_path / "adj"

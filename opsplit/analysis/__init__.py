@@ -1,5 +1,6 @@
 """Measuring: convergence orders in time and space, seeded test problems, plots; spline
-degree of ReLU networks along a line."""
+degree of ReLU networks along a line (a trained model's continuity, the solver-swap test, is
+:func:`opsplit.control.continuity`: it evaluates through the training objective)."""
 
 from .convergence import (
     ConvergenceStudy,

@@ -82,13 +82,14 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
               prefix="solve_")
     print("  3/3 training on the digits ...", flush=True)
     try:
-        _, _, evals = train.run(cfgs["train"], plans["train"], o, progress)
+        _, _, cont = train.run(cfgs["train"], plans["train"], o, progress)
     except train.Interrupted as e:
         e.command = f"opsplit{' --quick' if quick else ''} --out {relpath(folder)}"
         raise
-    for r in evals:
-        print(f"      test accuracy at N_t = {r['n_t']:>2}: {r['test_accuracy']:.3f}"
-              + ("  (trained at this N_t)" if r["trained_at"] else ""))
+    from .continuity_report import console_lines
+
+    for line in console_lines(cont):
+        print(f"      {line}")
     html = o.finish()
     print(f"opsplit: done in {time.perf_counter() - t0:.0f} s; report: {relpath(html)} "
           f"(and {relpath(folder / 'report.md')})")

@@ -264,3 +264,38 @@ def _accuracy_over_n_t(t, page):
                      if kept else f": it does not keep it (within {KEEP:g}) at any of them")
             text += f" (largest drop {fmt(drops[worst])} at N_t = {worst})"
     return [Finding(text + ".", t.file, numbers, also)]
+
+
+@finder("continuity")
+def _continuity(t, page):
+    """The solver-swap table (:mod:`opsplit.cli.continuity_report`): the training grid's
+    accuracy, and whether the finer N_t and the other substep solvers keep it."""
+    rows = [r for r in t.rows if _finite(t.number(r, "accuracy"))]
+    trained = [r for r in rows if str(r.get("training grid", "")).strip() == "yes"]
+    if not trained:
+        return []
+    r0 = trained[0]
+    a0, n0 = t.number(r0, "accuracy"), int(r0["n_t"])
+    fig = page.figure("continuity")
+    also = (fig,) if fig else ()
+    refined = [r for r in rows if r is not r0 and int(r["n_t"]) >= n0]
+    coarser = [r for r in rows if int(r["n_t"]) < n0 and r["solver"] == r0["solver"] and r["scheme"] == r0["scheme"]]
+    text = (f"The trained model scores test accuracy {fmt(r0['accuracy'])} on its training grid (N_t = {n0}, "
+            f"{r0['solver']} substeps)")
+    numbers = {"trained_n_t": n0, "accuracy": a0, "refined": {}, "coarser": {}}
+    if refined:
+        drops = {(r["solver"], int(r["n_t"]), r["scheme"]): a0 - t.number(r, "accuracy") for r in refined}
+        numbers["refined"] = {f"{s} / {sc} / {n}": a0 - d for (s, n, sc), d in drops.items()}
+        worst = max(drops, key=drops.get)
+        solvers = sorted({r["solver"] for r in refined})
+        verdict = (f"keeps that accuracy (within {KEEP:g}) at every one" if drops[worst] <= KEEP else
+                   f"does not keep it (within {KEEP:g}) at every one")
+        text += (f"; solved without retraining at finer N_t and with {', '.join(solvers)} substeps "
+                 f"({len(refined)} settings) it {verdict}: the lowest is {fmt(a0 - drops[worst])} "
+                 f"({worst[0]} at N_t = {worst[1]}), {abs(100 * drops[worst]):.2f} pt "
+                 f"{'below' if drops[worst] > 0 else 'above'} the training grid")
+    for r in coarser:
+        numbers["coarser"][int(r["n_t"])] = t.number(r, "accuracy")
+    if coarser:
+        text += "; at the coarser " + ", ".join(f"N_t = {r['n_t']} it scores {fmt(r['accuracy'])}" for r in coarser)
+    return [Finding(text + ".", t.file, numbers, also)]

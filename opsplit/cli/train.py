@@ -87,8 +87,26 @@ SCHEMA = {
         "save_every": Field("int", 20, "checkpoint every this many steps (for --resume)",
                             at_least(1)),
         "seed": seed_field("seed of the data order, augmentation and dropout"),
-        "eval_n_steps": Field("int_list", [2, 4, 8, 16], "N_t at which the trained model is "
-                              "evaluated on the test set", at_least(1)),
+        "train_n_steps": Field("int_list", [2, 4, 8], "multi-resolution training: every step solves the "
+                               "model at an N_t drawn from this list ([model.n_steps]: one N_t)", at_least(1)),
+        "train_solvers": Field("str_list", ["euler", "heun"], "every step also draws the substep solver from this "
+                               "list ([model.solver]: its own only)", choices=("euler", "heun", "rk4")),
+        "solvers_weights": Field("str", "cost", "how the solvers are drawn: cost (probability proportional to "
+                                 "1/stages) or uniform", choices=("cost", "uniform")),
+        "n_steps_weights": Field("str", "cost", "how the N_t of train_n_steps are drawn: cost (probability "
+                                 "proportional to 1/N_t: each resolution the same compute) or uniform",
+                                 choices=("cost", "uniform")),
+        "kinetic": Field("float", 0.3, "weight of the flow's relative kinetic energy (a running cost that makes "
+                         "the flow easy to solve; docs/continuity.md)", at_least(0)),
+        "acceleration": Field("float", 0.0, "weight of the flow's relative acceleration", at_least(0)),
+        "defect": Field("float", 0.0, "weight of the steps' local error estimate (one extra step on a quarter "
+                        "of each batch)", at_least(0)),
+        "eval_n_steps": Field("int_list", [2, 4, 8, 16, 32], "N_t at which the trained model is "
+                              "evaluated on the test set (the solver-swap table)", at_least(1)),
+        "eval_solvers": Field("str_list", ["heun", "rk4"], "substep solvers the trained model is also solved "
+                              "with, at N_t >= model.n_steps (besides its own)", choices=("euler", "heun", "rk4")),
+        "eval_schemes": Field("str_list", ["trained"], "schemes of the solver-swap table: trained (the model's) "
+                              "and/or strang", choices=("trained", "strang")),
     },
     "data": {
         "test_fraction": Field("float", 0.2, "held-out fraction (stratified)",
@@ -386,6 +404,19 @@ def check(cfg) -> None:
                           "torchdiffeq, and model.solver = 'euler' has none (each substep is one "
                           "explicit Euler step); expected model.solver = 'rk4' with 'adjoint', or "
                           "train.gradient = 'backprop' or 'checkpoint'")
+    for key in ("train_n_steps", "eval_n_steps", "train_solvers", "eval_solvers"):
+        seen = [n for i, n in enumerate(t[key]) if n in t[key][:i]]
+        if seen:
+            what = "N_t" if key.endswith("n_steps") else "solvers"
+            raise ConfigError(f"train.{key}: expected distinct {what}, got {seen[0]} twice in {t[key]}")
+    if m["solver"] != "euler" and t["train_solvers"] != [m["solver"]]:
+        raise ConfigError(f"train.train_solvers: the drawn solvers replace explicit-Euler substeps; with model.solver "
+                          f"= {m['solver']!r} expected [{m['solver']!r}] (its own only), got {t['train_solvers']}")
+    flows = [k for k in ("kinetic", "acceleration", "defect") if t[k]]
+    if flows and t["gradient"] != "backprop":
+        raise ConfigError(f"train.{flows[0]}: a flow cost reads every step of the forward solve, which "
+                          f"train.gradient = {t['gradient']!r} recomputes; expected train.gradient = 'backprop' "
+                          f"(or train.{flows[0]} = 0)")
     try:
         import sklearn  # noqa: F401
     except ImportError:
@@ -454,20 +485,36 @@ def estimate(cfg) -> Estimate:
     steps = t["epochs"] * math.ceil(n_train / t["batch_size"])
     if t["max_steps"]:
         steps = min(steps, t["max_steps"])
+    from ..control.resolution import expected_n_steps
+
+    # training: the mean cost of a step over the draws of train.train_n_steps
+    draws = t["train_n_steps"]
+    from ..control.resolution import expected_stages
+
+    n_draw = expected_n_steps(draws, "cost" if t["n_steps_weights"] == "cost" else None)
+    n_draw *= expected_stages(t["train_solvers"], "cost" if t["solvers_weights"] == "cost" else None) / \
+        {"euler": 1, "rk4": 4}[m["solver"]] if t["train_solvers"] != [m["solver"]] else 1.0
     fwd, calls = forward_flops(m, m["n_steps"])
+    f_draw, c_draw = (fwd * n_draw / m["n_steps"], calls * n_draw / m["n_steps"])
     passes = 3 if t["gradient"] == "backprop" else 4
     batch = min(t["batch_size"], n_train)
-    work = Estimate(steps * batch * passes * fwd, steps * passes * calls)
+    work = Estimate(steps * batch * passes * f_draw, steps * passes * c_draw)
     evals = min(t["epochs"], math.ceil(steps * batch / max(n_train, 1)) + 1)
     work += Estimate(evals * n_test * fwd, evals * math.ceil(n_test / 512) * calls)
-    for n in t["eval_n_steps"]:
+    # the solver-swap table: every eval N_t with the model's solver, the finer ones with each
+    # eval solver, and the output convergence levels N_t x 2 ... 16
+    own = set(t["eval_n_steps"]) | {m["n_steps"] * k for k in (1, 2, 4, 8, 16)}
+    stages_of = {"euler": 1, "heun": 2, "rk4": 4}
+    runs = [(n, 1.0) for n in own] + [(n, stages_of[s] / (1 if m["solver"] == "euler" else 4))
+                                      for s in t["eval_solvers"] for n in t["eval_n_steps"] if n >= m["n_steps"]]
+    for n, k in runs:
         f_n, c_n = forward_flops(m, n)
-        work += Estimate(n_test * f_n, math.ceil(n_test / 512) * c_n)
+        work += Estimate(k * n_test * f_n, k * math.ceil(n_test / 512) * c_n)
     L, dm, f, h = tokens(m), m["d_model"], m["d_ff"], m["heads"]
     pieces = m["n_steps"] if m["control"] in ("piecewise_constant", "piecewise_linear") else 3
     params = pieces * (4.0 * dm * dm + 2.0 * dm * f + 10.0 * dm + f) + m["patch"] ** 2 * dm + 11.0 * dm
     stages = 1 if m["solver"] == "euler" else 4
-    per_image = m["n_steps"] * stages * (3.0 * h * L * L + 12.0 * L * dm + 3.0 * L * f)
+    per_image = max(draws) * stages * (3.0 * h * L * L + 12.0 * L * dm + 3.0 * L * f)
     eval_n = max([m["n_steps"], *t["eval_n_steps"]])
     eval_image = stages * (3.0 * h * L * L + 4.0 * L * dm + 2.0 * L * f)
     act = max(batch * per_image, min(512, n_test) * eval_image * min(eval_n, 2))
@@ -532,10 +579,16 @@ def train_config(cfg, progress: bool = True):
     from ..control import TrainConfig
 
     t = cfg["train"]
+    tns = tuple(t["train_n_steps"]) if t["train_n_steps"] != [cfg["model"]["n_steps"]] else None
+    sol = tuple(t["train_solvers"]) if t["train_solvers"] != [cfg["model"]["solver"]] else None
     return TrainConfig(epochs=t["epochs"], max_steps=t["max_steps"] or None,
                        batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
                        schedule="cosine", warmup_steps=t["warmup_steps"], grad_clip=1.0,
                        gradient=t["gradient"], seed=t["seed"], save_every=t["save_every"],
+                       train_n_steps=tns,
+                       train_n_steps_weights=("cost" if t["n_steps_weights"] == "cost" else None) if tns else None,
+                       train_solvers=sol, train_solvers_weights=("cost" if t["solvers_weights"] == "cost" else None)
+                       if sol else None,
                        progress=progress, extra=data_settings(cfg, DATA_KEYS))
 
 
@@ -552,14 +605,23 @@ def _train_split(d: dict):
 def check_resumed(cfg, plan, folder: Path, allow=None) -> None:
     """``--resume``: the folder's checkpoint against this config, before anything is
     written (:func:`check_checkpoint`)."""
-    from ..control import Objective, Trainer
+    from ..control import Trainer
 
     c = train_config(cfg, progress=False)
     n = len(_train_split(cfg["data"])[0])
     total = -(-n // c.batch_size) * c.epochs
-    check_checkpoint(plan, folder, allow, trainer=Trainer(plan["model"], Objective("cross_entropy"), c),
+    check_checkpoint(plan, folder, allow, trainer=Trainer(plan["model"], objective(cfg), c),
                      total_steps=min(total, c.max_steps) if c.max_steps else total, run_keys=RUN_KEYS,
                      data_keys=DATA_KEYS)
+
+
+def objective(cfg):
+    """The objective: cross-entropy and the flow costs of ``train.kinetic``, ``train.acceleration``,
+    ``train.defect``."""
+    from ..control import Objective
+
+    t = cfg["train"]
+    return Objective("cross_entropy", kinetic=t["kinetic"], acceleration=t["acceleration"], defect=t["defect"])
 
 
 class Interrupted(KeyboardInterrupt):
@@ -650,12 +712,12 @@ def fit(cfg, model, folder: Path, progress: bool = True, allow=False):
     """Train ``model`` with the config's trainer settings; checkpoints and the trainer's
     history go to ``folder``, which is resumed from when it holds a checkpoint.  An interrupt
     stops at the end of the current step and saves a checkpoint there (:class:`Interrupted`)."""
-    from ..control import Objective, Trainer
+    from ..control import Trainer
     from ..control.checkpoint import latest_checkpoint
 
     train, test = _train_split(cfg["data"])
     stop = _InterruptAtStepEnd()
-    trainer = Trainer(model, Objective("cross_entropy"), train_config(cfg, progress),
+    trainer = Trainer(model, objective(cfg), train_config(cfg, progress),
                       augment=stop.wrap(_augment(cfg["train"]["shift"])))
     folder.mkdir(parents=True, exist_ok=True)
     resume = folder if latest_checkpoint(folder) is not None else None
@@ -685,12 +747,11 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
     except Interrupted as e:
         e.folder = out.folder
         raise
-    evals = []
+    from . import continuity_report
+
     with resumable_after_training(trainer, out.folder, f"{prefix}train"):
-        for n in t["eval_n_steps"]:
-            r = trainer.evaluate(test, n_steps=n)
-            evals.append({"n_t": n, "dt": m["T"] / n, "test_accuracy": r["accuracy"],
-                          "test_loss": r["loss"], "trained_at": "yes" if n == m["n_steps"] else ""})
+        cont = continuity_report.measure(model, test, n_steps=t["eval_n_steps"], reference=m["n_steps"],
+                                         solvers=["trained", *t["eval_solvers"]], schemes=t["eval_schemes"])
     out.heading(heading)
     out.text(
         f"Training as an optimal-control problem (paper 002, eq. 12): the controls of a "
@@ -699,12 +760,18 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
         f"{m['n_steps']} on [0, {m['T']:g}], class-token read-out G; eq. 36) minimise the "
         f"cross-entropy on scikit-learn's bundled digits ({len(train)} training, {len(test)} "
         f"test images), AdamW, {t['gradient']} gradients, {trainer.step} steps"
+        + (f", each at an N_t drawn from {t['train_n_steps']} ({t['n_steps_weights']} weights)"
+           if len(t["train_n_steps"]) > 1 else "")
+        + (f" with a substep solver drawn from {t['train_solvers']} ({t['solvers_weights']} weights)"
+           if t["train_solvers"] != [m["solver"]] else "")
+        + "".join(f", {k} cost weight {t[k]:g}" for k in ("kinetic", "acceleration", "defect") if t[k])
         + (" (resumed from a checkpoint)" if resumed else "") + ". "
-        "The trained controls are functions of t, so the model is also evaluated at other N_t."
+        "The trained controls are functions of t, so the model is also solved at other N_t and with other "
+        "substep solvers (the solver-swap table below)."
     )
     epochs = [{k: r.get(k) for k in ("epoch", "step", "train_loss", "eval_loss", "eval_accuracy",
                                      "time")} for r in history.epochs]
     from .train_report import report_training
 
-    report_training(out, prefix, sub.name, history.steps, epochs, evals, m["n_steps"])
-    return trainer, history, evals
+    report_training(out, prefix, sub.name, history.steps, epochs, None, m["n_steps"], continuity=cont)
+    return trainer, history, cont

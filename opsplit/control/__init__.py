@@ -7,7 +7,9 @@ r"""Training as an optimal-control problem (paper 002, eqs. 10–12 and 36).
 - :func:`save_checkpoint` / :func:`load_checkpoint` — safetensors + versioned JSON;
   :func:`checkpoint_differences` / :func:`config_changes` — the recorded settings of a
   checkpoint's model / run that differ from a model / config (what loading refuses);
-- :func:`check_out_dir` — whether a run can write its output folder (checked before training).
+- :func:`check_out_dir` — whether a run can write its output folder (checked before training);
+- :func:`continuity` — a trained model's metric over N_t, substep solvers and schemes, and the
+  convergence of its outputs (the solver-swap test); :func:`solved_with` — the swap itself.
 """
 
 from .checkpoint import (
@@ -20,10 +22,12 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import OPTIMIZERS, SCHEDULES, TrainConfig, config_changes
+from .continuity import Continuity, continuity
 from .costs import energy_cost, leaf_controls, smoothness_cost
 from .gradients import GRADIENT_MODES, Unsplit, gradient_mode, set_gradient_mode
 from .history import History
 from .objective import LOSSES, Objective, ObjectiveValue
+from .swap import solved_with, strang_of
 from .trainer import Trainer, check_out_dir, peak_memory_mb
 
 __all__ = [
@@ -52,4 +56,8 @@ __all__ = [
     "config_changes",
     "SettingChange",
     "check_out_dir",
+    "Continuity",
+    "continuity",
+    "solved_with",
+    "strang_of",
 ]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..data.base import check_int
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
+from .resolution import check_n_steps_list, check_weights
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES", "check_int", "check_float", "config_changes"]
 
@@ -67,9 +68,19 @@ def _min_lr_ratio(v, name):
 def _train_n_steps(v, name):
     if v is None:
         return None
-    if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or not v:
-        raise TypeError(f"{name}: expected a non-empty list of integers >= 1 (or None), got {v!r}")
-    return tuple(check_int(n, name, 1) for n in v)
+    return check_n_steps_list(v, name)
+
+
+def _weights(v, name):
+    return check_weights(v, None, name)
+
+
+def _solvers(v, name):
+    if v is None:
+        return None
+    from .swap import check_solver_names
+
+    return check_solver_names(v, name)
 
 
 def _extra(v, name):
@@ -114,6 +125,9 @@ _CHECKS = {
     "checkpoint_every": _i(1),
     "checkpoint_snapshots": _i(1, allow_none=True),
     "train_n_steps": _train_n_steps,
+    "train_n_steps_weights": _weights,
+    "train_solvers": _solvers,
+    "train_solvers_weights": _weights,
     "seed": _seed,
     "shuffle": _bool,
     "drop_last": _bool,
@@ -157,7 +171,18 @@ class TrainConfig:
             N_t drawn uniformly from this list (the model is called with ``n_steps=``; the
             draw uses the trainer's seeded generator, so resumed runs repeat it).  The
             controls, functions of t, are then fit at several time steps Δt = T/N_t, not to
-            one discrete map (``None``: the model's own N_t).
+            one discrete map (``None``: the model's own N_t).  Distinct entries.
+        train_n_steps_weights: how the N_t of ``train_n_steps`` are drawn
+            (:mod:`opsplit.control.resolution`): ``None`` uniformly, ``"cost"`` with
+            probabilities proportional to 1/N_t (each resolution the same compute; the mean
+            cost of a step is the harmonic mean of the list), or one weight > 0 per entry.
+        train_solvers: every optimizer step also draws the substep solver the model is solved
+            with, from these names (``"euler"``, ``"heun"``, ``"rk4"``;
+            :func:`opsplit.control.swap.solved_with`): the solver-swap test as a part of the
+            objective (``None``: the model's own solvers).
+        train_solvers_weights: how they are drawn: ``None`` uniformly, ``"cost"`` with
+            probability proportional to 1 / (field evaluations per substep), or one weight per
+            entry.  Drawn independently of ``train_n_steps``.
         seed: seeds the parameters' RNG use during training, the data order and the
             augmentation generator.
         shuffle: reshuffle the training data every epoch (seeded).
@@ -200,6 +225,9 @@ class TrainConfig:
     checkpoint_every: int = 1
     checkpoint_snapshots: int | None = DEFAULT_SNAPSHOTS
     train_n_steps: tuple | None = None
+    train_n_steps_weights: str | tuple | None = None
+    train_solvers: tuple | None = None
+    train_solvers_weights: str | tuple | None = None
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
@@ -208,6 +236,24 @@ class TrainConfig:
     keep_checkpoints: int = 2
     progress: bool = True
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.check_consistent()
+
+    def check_consistent(self) -> None:
+        """The checks across fields (each field is checked on its own when set)."""
+        w = self.train_n_steps_weights
+        if w is not None and self.train_n_steps is None:
+            raise ValueError("TrainConfig.train_n_steps_weights: weights without train_n_steps (the list of N_t they "
+                             "weigh)")
+        if isinstance(w, tuple):
+            check_weights(w, len(self.train_n_steps), "TrainConfig.train_n_steps_weights")
+        w = self.train_solvers_weights
+        if w is not None and self.train_solvers is None:
+            raise ValueError("TrainConfig.train_solvers_weights: weights without train_solvers (the solvers they "
+                             "weigh)")
+        if isinstance(w, tuple):
+            check_weights(w, len(self.train_solvers), "TrainConfig.train_solvers_weights")
 
     def __setattr__(self, name, value):
         # every assignment is checked, at construction and after it: a config stays valid
@@ -232,6 +278,9 @@ class TrainConfig:
         d["betas"] = list(self.betas)
         if self.train_n_steps is not None:
             d["train_n_steps"] = list(self.train_n_steps)
+        for k in ("train_n_steps_weights", "train_solvers", "train_solvers_weights"):
+            if isinstance(getattr(self, k), tuple):
+                d[k] = list(getattr(self, k))
         return d
 
     @classmethod
@@ -258,7 +307,8 @@ def _refuse_unknown(d: dict) -> None:
 #: run neither of the two runs: the optimizer's rates (restored from the checkpoint), the
 #: data order and batches (restored step counter), the gradient clipping and the N_t draws
 _RESUME_FIXED = ("optimizer", "lr", "weight_decay", "betas", "momentum", "schedule", "warmup_steps", "min_lr_ratio",
-                 "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps")
+                 "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps", "train_n_steps_weights",
+                 "train_solvers", "train_solvers_weights")
 
 
 def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size: int = 1, world_size: int = 1,

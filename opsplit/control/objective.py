@@ -4,7 +4,8 @@ r"""The training objective: paper 002, eqs. (10), (12) and (36), with running co
 
     J(\theta) = \frac1B \sum_{i=1}^B \ell\big(\mathcal N_\theta(u_i), v_i\big)
         \;+\; \alpha \int_{t_0}^{T} \|\theta'(t)\|^2\,dt
-        \;+\; \beta \int_{t_0}^{T} \|\theta(t)\|^2\,dt .
+        \;+\; \beta \int_{t_0}^{T} \|\theta(t)\|^2\,dt
+        \;+\; \kappa \int_{t_0}^{T} \|u_t\|_r^2\,dt \;+\; \gamma \int_{t_0}^{T} \|u_{tt}\|_r^2\,dt .
 
 * eq. (10): :math:`\mathcal N_\theta` the continuous map :math:`f \mapsto u(T)` (the
   unsplit reference, :class:`~opsplit.control.Unsplit`);
@@ -16,7 +17,10 @@ r"""The training objective: paper 002, eqs. (10), (12) and (36), with running co
 The data term is the same for all three: :class:`Objective` calls the model.  The running
 costs (:mod:`opsplit.control.costs`) act on the model's controls :math:`\theta(t)`;
 :math:`\alpha` = ``smoothness``, :math:`\beta` = ``energy`` (both 0 by default: the paper's
-objective).
+objective).  :math:`\kappa` = ``kinetic`` and :math:`\gamma` = ``acceleration`` weigh running
+costs on the *state*, read off the forward solve's steps
+(:mod:`opsplit.control.flow_costs`: the relative speed and acceleration of the flow, what
+makes it easy to solve at other :math:`N_t`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .costs import check_controls, energy_cost, smoothness_cost
+from .flow_costs import record_flow
 
 __all__ = ["Objective", "ObjectiveValue", "LOSSES", "model_interval"]
 
@@ -38,13 +43,17 @@ LOSSES = ("mse", "cross_entropy")
 
 @dataclass
 class ObjectiveValue:
-    """The terms of :math:`J`: ``total = data + smoothness * alpha + energy * beta``."""
+    """The terms of :math:`J`: ``total = data + smoothness * alpha + energy * beta
+    + kinetic * kappa + acceleration * gamma``."""
 
     total: Tensor
     data: Tensor
     smoothness: Tensor | None
     energy: Tensor | None
     outputs: Tensor
+    kinetic: Tensor | None = None
+    acceleration: Tensor | None = None
+    defect: Tensor | None = None
 
     def as_floats(self) -> dict:
         out = {"loss": float(self.total.detach()), "data": float(self.data.detach())}
@@ -52,6 +61,10 @@ class ObjectiveValue:
             out["smoothness"] = float(self.smoothness.detach())
         if self.energy is not None:
             out["energy"] = float(self.energy.detach())
+        for k in ("kinetic", "acceleration", "defect"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = float(v.detach())
         return out
 
 
@@ -91,6 +104,14 @@ class Objective(nn.Module):
             (then averaged: the :math:`\frac1B \sum_i`).
         smoothness: :math:`\alpha \ge 0`, weight of :math:`\int\|\theta'\|^2 dt`.
         energy: :math:`\beta \ge 0`, weight of :math:`\int\|\theta\|^2 dt`.
+        kinetic: :math:`\kappa \ge 0`, weight of the flow's kinetic energy
+            :math:`\int\|u_t\|_r^2 dt` (:mod:`opsplit.control.flow_costs`).
+        acceleration: :math:`\gamma \ge 0`, weight of :math:`\int\|u_{tt}\|_r^2 dt`.
+        defect: weight :math:`\ge 0` of the steps' embedded local error estimate
+            (:meth:`~opsplit.control.flow_costs.FlowRecorder.defect`), estimated on the
+            fraction ``defect_fraction`` of each batch (one extra step there).
+        flow_relative: the flow costs' norm relative to each token's centred state
+            (default) or absolute.
         output: what of the model's output the loss reads: ``None`` (the output is a
             tensor), an attribute name (``"logits"`` of a ViT output) or a callable.
         controls: the controls the running costs act on (default: every leaf control of
@@ -98,7 +119,8 @@ class Objective(nn.Module):
     """
 
     def __init__(self, loss="mse", *, smoothness: float = 0.0, energy: float = 0.0, output=None,
-                 controls=None):
+                 controls=None, kinetic: float = 0.0, acceleration: float = 0.0, defect: float = 0.0,
+                 defect_fraction: float = 0.25, flow_relative: bool = True):
         super().__init__()
         if isinstance(loss, str):
             if loss not in LOSSES:
@@ -106,13 +128,25 @@ class Objective(nn.Module):
         elif not callable(loss):
             raise TypeError(f"Objective.loss: expected a name {LOSSES} or a callable, got {type(loss).__name__}")
         self.loss = loss
-        for name, v in (("smoothness", smoothness), ("energy", energy)):
+        for name, v in (("smoothness", smoothness), ("energy", energy), ("kinetic", kinetic),
+                        ("acceleration", acceleration), ("defect", defect)):
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"Objective.{name}: expected a number (a weight >= 0), got {v!r}")
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"Objective.{name}: expected a finite weight >= 0, got {v!r}")
         self.smoothness = float(smoothness)
         self.energy = float(energy)
+        self.kinetic = float(kinetic)
+        self.acceleration = float(acceleration)
+        self.defect = float(defect)
+        if isinstance(defect_fraction, bool) or not isinstance(defect_fraction, (int, float)) or \
+                not 0 < defect_fraction <= 1:
+            raise ValueError(f"Objective.defect_fraction: expected a number in (0, 1] (the part of the batch the "
+                             f"defect is estimated on), got {defect_fraction!r}")
+        self.defect_fraction = float(defect_fraction)
+        if not isinstance(flow_relative, bool):
+            raise TypeError(f"Objective.flow_relative: expected true or false, got {flow_relative!r}")
+        self.flow_relative = flow_relative
         if output is not None and not (isinstance(output, str) or callable(output)):
             raise TypeError(f"Objective.output: expected None, an attribute name or a callable, got {output!r}")
         self.output = output
@@ -195,7 +229,16 @@ class Objective(nn.Module):
         module whose controls the running costs read (default ``model``; pass the bare
         model when ``model`` is a wrapper such as DistributedDataParallel).
         """
-        outputs = self.select(model(inputs, **forward_kwargs))
+        kin = acc = dfc = None
+        if self.kinetic or self.acceleration or self.defect:
+            with record_flow(costs_model if costs_model is not None else model, relative=self.flow_relative,
+                             defect_fraction=self.defect_fraction if self.defect else 0.0) as rec:
+                outputs = self.select(model(inputs, **forward_kwargs))
+            kin = rec.kinetic() if self.kinetic else None
+            acc = rec.acceleration() if self.acceleration else None
+            dfc = rec.defect() if self.defect else None
+        else:
+            outputs = self.select(model(inputs, **forward_kwargs))
         data = self.data_term(outputs, targets)
         smooth, energy = self.running_costs(costs_model if costs_model is not None else model)
         total = data
@@ -203,8 +246,16 @@ class Objective(nn.Module):
             total = total + self.smoothness * smooth
         if energy is not None:
             total = total + self.energy * energy
-        return ObjectiveValue(total, data, smooth, energy, outputs)
+        if kin is not None:
+            total = total + self.kinetic * kin
+        if acc is not None:
+            total = total + self.acceleration * acc
+        if dfc is not None:
+            total = total + self.defect * dfc
+        return ObjectiveValue(total, data, smooth, energy, outputs, kin, acc, dfc)
 
     def extra_repr(self) -> str:
         loss = self.loss if isinstance(self.loss, str) else getattr(self.loss, "__name__", "callable")
-        return f"loss={loss!r}, smoothness={self.smoothness:g}, energy={self.energy:g}"
+        flow = "".join(f", {k}={getattr(self, k):g}" for k in ("kinetic", "acceleration", "defect")
+                       if getattr(self, k))
+        return f"loss={loss!r}, smoothness={self.smoothness:g}, energy={self.energy:g}{flow}"

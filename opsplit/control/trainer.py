@@ -44,6 +44,7 @@ informative.  ``benchmarks/train_memory.py`` measures the autograd memory itself
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import sys
@@ -64,10 +65,13 @@ from .checkpoint import (
 )
 from .config import TrainConfig, check_int, config_changes
 from .distributed import any_rank, check_data_parallel
+from .flow_costs import check_flow_costs
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
 from .objective import Objective
 from .paths import check_out_dir, check_path
+from .resolution import draw_n_steps, draw_solver
+from .swap import solved_with
 
 __all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
 
@@ -117,6 +121,14 @@ def _batches(n: int, batch_size: int, drop_last: bool, perm: Tensor | None):
     idx = perm if perm is not None else torch.arange(n)
     stop = n - (n % batch_size) if drop_last else n
     return [idx[a:min(a + batch_size, stop)] for a in range(0, stop, batch_size)]
+
+
+def _own_solver(model) -> str | None:
+    """The name of the solver of every field substep of ``model`` when they share one."""
+    from .swap import field_substeps, propagators, solver_name
+
+    names = {solver_name(s.solver) for p in propagators(model) for s in field_substeps(p.scheme)}
+    return names.pop() if len(names) == 1 else None
 
 
 def _mean(values) -> float:
@@ -176,6 +188,7 @@ class Trainer:
             raise TypeError(f"Trainer.config: expected a TrainConfig or a dict, got {type(config).__name__}")
         # the trainer's own copy, frozen: the optimizer and the schedule are built from it
         self.config = config.replace(**overrides)
+        self.config.check_consistent()
         self.config._freeze("Trainer")
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -449,6 +462,10 @@ class Trainer:
                 out = check_out_dir(out_dir, "Trainer.fit.out_dir")
             previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
                                          snapshots=c.checkpoint_snapshots)
+            check_flow_costs(self.objective, self.model)
+            for name in c.train_solvers or ():
+                with solved_with(self.model, solver=name):  # refuses a solver that cannot run a term
+                    pass
             if resume is not None:
                 self.load(resume, allow_changes=allow, _total_steps=self._total_steps)
             else:
@@ -535,10 +552,15 @@ class Trainer:
             x = self.augment(x, self.generator)
         kw = {}
         if c.train_n_steps is not None:
-            pick = int(torch.randint(len(c.train_n_steps), (), generator=self.generator))
-            kw["n_steps"] = c.train_n_steps[pick]
+            kw["n_steps"] = draw_n_steps(c.train_n_steps, c.train_n_steps_weights, self.generator)
+        solver = None
+        if c.train_solvers is not None:
+            solver = draw_solver(c.train_solvers, c.train_solvers_weights, self.generator)
+            if solver == _own_solver(self.model):
+                solver = None  # the model's own solver: nothing to swap
         self.optimizer.zero_grad(set_to_none=True)
-        val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
+        with solved_with(self.model, solver=solver) if solver is not None else contextlib.nullcontext():
+            val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
         loss_ok = bool(torch.isfinite(val.total))
         if not loss_ok and self.world_size == 1:
             raise FloatingPointError(f"step {self.step}: the objective is {float(val.total)}; lower the "
@@ -568,6 +590,8 @@ class Trainer:
         row.update(lr=lr, grad_norm=gn)
         if kw:
             row["n_steps"] = kw["n_steps"]
+        if solver is not None:
+            row["solver"] = solver
         return row
 
     def _refuse_gradient(self, loss: float, norm: float):

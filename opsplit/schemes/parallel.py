@@ -188,7 +188,16 @@ class ParallelGroup(nn.Module):
             s if K == 1 else Substep(tuple(ScaledOperator(op, K) for op in s.terms), s.solver)
             for s in substeps
         ]
+        # the substeps the scaled copies were made from: a copy follows its substep's solver
+        # when it is replaced (``substep.solver = Heun()``), never the stale one
+        self._sources = substeps
         self._plan = None
+
+    def _follow_solvers(self) -> None:
+        for s, src in zip(self._scaled, self._sources):
+            if s.solver is not src.solver:
+                s.solver = src.solver
+                self._plan = None
 
     def reset_plan(self) -> None:
         """Forget the batching plan (recomputed at the next call)."""
@@ -249,6 +258,7 @@ class ParallelGroup(nn.Module):
     def forward(self, t, dt: float, u: Tensor, grid) -> Tensor:
         if self.K == 1:
             return self._scaled[0](t, dt, u, grid)
+        self._follow_solvers()
         total = None
         if self.use_batch(u):
             for idx, names in self.plan():

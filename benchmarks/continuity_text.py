@@ -1,0 +1,218 @@
+"""The character-level GPT of benchmarks/train_text.py trained to be a continuous-time model:
+the training tools of benchmarks/continuity.py on text, measured on validation text that
+shares no 40-character substring with the training text (``opsplit.data.dedup``), beside
+n-gram baselines fitted on the training split (benchmarks/ngram.py).
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/continuity_text.py --variants one kin --steps 2000
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/continuity_text.py --ngram      # the baselines only
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/continuity_text.py --report
+
+Every run writes ``<out>/<variant>_<steps>.json`` (settings, training time, validation
+bits/char on the deduplicated and on the whole validation split, the continuity table) and
+the trained weights (``.pt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import train_text as tt  # noqa: E402
+from continuity import paired_steps  # noqa: E402
+from ngram import best_baseline, dev_selected  # noqa: E402
+
+from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa: E402
+from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
+from opsplit.data.dedup import deduplicate, shared_substrings  # noqa: E402
+from opsplit.models import DecoderLM  # noqa: E402
+
+VARIANTS = {
+    "one": {},
+    "kin0.1": {"kinetic": 0.1},
+    "kin0.3": {"kinetic": 0.3},
+    "kin1": {"kinetic": 1.0},
+    "mc248": {"train_n_steps": (2, 4, 8), "weights": "cost"},
+    "mc216": {"train_n_steps": (2, 4, 8, 16), "weights": "cost"},
+    "mc248_kin0.1": {"train_n_steps": (2, 4, 8), "weights": "cost", "kinetic": 0.1},
+    "mc216_kin0.1": {"train_n_steps": (2, 4, 8, 16), "weights": "cost", "kinetic": 0.1},
+    "kin0.03": {"kinetic": 0.03},
+    "mc248_heun_kin0.1": {"train_n_steps": (2, 4, 8), "weights": "cost", "solvers": ("euler", "heun"),
+                          "solver_weights": "cost", "kinetic": 0.1},
+    "heun_kin0.1": {"solvers": ("euler", "heun"), "solver_weights": "cost", "kinetic": 0.1},
+    # the text recipe: Heun drawn for a quarter of the steps (1.25 field evaluations per substep on average)
+    "cont": {"solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.1},
+}
+
+
+def data(args):
+    corpus = load_text(seed=args.split_seed, val_fraction=args.val_fraction)
+    tr = corpus.vocab.decode(corpus.train)
+    va = corpus.vocab.decode(corpus.val)
+    dd, info = deduplicate(va, tr, k=40, unit="paragraph")
+    assert shared_substrings(dd, tr, 40) == 0
+    val_dedup = corpus.vocab.encode(dd, errors="replace")
+    return corpus, tr, va, dd, val_dedup, info
+
+
+def config(args, v) -> TrainConfig:
+    tns = tuple(v["train_n_steps"]) if v.get("train_n_steps") else None
+    sol = tuple(v["solvers"]) if v.get("solvers") else None
+    return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None, epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
+                       weight_decay=args.weight_decay, betas=(0.9, 0.99), schedule="cosine",
+                       warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio, grad_clip=1.0, seed=args.seed,
+                       shuffle=False, train_n_steps=tns, train_n_steps_weights=v.get("weights") if tns else None,
+                       progress=False)
+
+
+def build(args, vocab_size):
+    torch.manual_seed(args.seed)
+    peer = tt.NanoGPT(vocab_size, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
+    cfg = tt.opsplit_config(vocab_size, args)
+    if args.dropout:  # the residual (field) and embedding dropout of nanoGPT's small configurations
+        cfg = dataclasses.replace(cfg, residual_dropout=args.dropout, embedding_dropout=args.dropout)
+    model = DecoderLM(cfg, generator=torch.Generator().manual_seed(args.seed))
+    tt.copy_peer_weights(peer, model)
+    return model
+
+
+def run_one(name, args, corpus, val_dedup):
+    v = VARIANTS[name]
+    train = text_windows(corpus.train, args.context, args.steps * args.batch, seed=args.seed, name="train")
+    val_d = text_windows(val_dedup, args.context, name="val_dedup")
+    val_full = text_windows(corpus.val, args.context, name="val")
+    model = build(args, corpus.vocab.size)
+    obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
+                    acceleration=v.get("acceleration", 0.0))
+    tr = Trainer(model, obj, config(args, v))
+    load0 = os.getloadavg()[0]
+    tr.fit(train, None)
+    res = {"variant": name, "overrides": {k: list(x) if isinstance(x, tuple) else x for k, x in v.items()},
+           "steps": args.steps, "batch": args.batch, "context": args.context, "dropout": args.dropout,
+           "train_s": tr.elapsed,
+           "load": [load0, os.getloadavg()[0]],
+           "final_train_bpc": bits_per_char(statistics.fmean(r["data"] for r in tr.history.steps[-50:]))}
+    res["val_dedup_bpc"] = bits_per_char(tr.evaluate(val_d)["loss"])
+    res["val_bpc"] = bits_per_char(tr.evaluate(val_full)["loss"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}_{args.steps}" + (f"_d{args.dropout:g}" if args.dropout else "")
+    torch.save(model.state_dict(), out / f"{stem}.pt")
+    print(json.dumps(res), flush=True)
+    t = time.perf_counter()
+    c = continuity(model, val_d, loss=tt.lm_loss, output="logits", metric="bits", reference=args.layers,
+                   n_steps=args.eval_n, solvers=("trained", "rk4"), levels=args.levels, batch_size=args.eval_batch)
+    res["continuity"] = c.to_dict()
+    res["continuity"]["markdown"] = c.markdown()
+    res["continuity"]["seconds"] = time.perf_counter() - t
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def timing(args, names, rounds: int, chunk: int) -> dict:
+    """Training cost of each variant against the first: each round runs ``chunk`` optimizer
+    steps of every variant in turn (the same windows; each variant draws its own N_t), the
+    median over ``rounds`` of the per-round time ratios to the first variant (one warm-up
+    round not counted)."""
+    corpus = load_text(seed=args.split_seed, val_fraction=args.val_fraction)
+    train = text_windows(corpus.train, args.context, chunk * args.batch, seed=args.seed, name="train")
+    runs = {}
+    for name in names:
+        v = VARIANTS[name]
+        model = build(args, corpus.vocab.size)
+        obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
+                        acceleration=v.get("acceleration", 0.0))
+        tr = Trainer(model, obj, config(args, v))
+        tr.model.train()
+        runs[name] = tr
+    batches = [torch.arange(i * args.batch, (i + 1) * args.batch) for i in range(chunk)]
+    return paired_steps(runs, train, batches, rounds)
+
+
+def summary(res) -> str:
+    c = res["continuity"]
+    cells = " ".join(f"{r['solver']}@{r['n_steps']}:{r['bits']:.3f}" for r in c["rows"])
+    return (f"{res['variant']:>14} {res['steps']} steps  train {res['train_s']:6.0f}s  val_dedup "
+            f"{res['val_dedup_bpc']:.3f}  val {res['val_bpc']:.3f}  train {res['final_train_bpc']:.3f}  [{cells}]  "
+            f"order {c['order']:.2f}")
+
+
+def main_args(argv=None):
+    """The settings (the defaults with ``argv``)."""
+    return parser().parse_args(argv)
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=["one"], choices=sorted(VARIANTS))
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=0.0, help="residual and embedding dropout")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--eval-batch", type=int, default=64)
+    p.add_argument("--eval-n", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    p.add_argument("--levels", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    p.add_argument("--out", default="benchmarks/out/continuity_text")
+    p.add_argument("--ngram", action="store_true")
+    p.add_argument("--report", action="store_true")
+    p.add_argument("--timing", type=int, default=0, help="paired training cost of --variants against the first: "
+                   "this many rounds")
+    p.add_argument("--chunk", type=int, default=10, help="optimizer steps per variant per timing round")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    torch.set_num_threads(1)
+    if args.report:
+        for f in sorted(Path(args.out).glob("*.json")):
+            if f.name != "ngram.json":
+                print(summary(json.loads(f.read_text())))
+        return
+    if args.timing:
+        print(json.dumps({"timing": timing(args, args.variants, args.timing, args.chunk),
+                          "load": os.getloadavg()}, indent=1))
+        return
+    corpus, tr, va, dd, val_dedup, info = data(args)
+    print(f"{corpus}; deduplicated validation text: {info}", flush=True)
+    if args.ngram:
+        t = time.perf_counter()
+        b = best_baseline(tr, dd, corpus.vocab.size)
+        b["full_val"] = best_baseline(tr, va, corpus.vocab.size)
+        sel = dev_selected(tr, corpus.vocab.size)
+        ch = sel["choice"]
+        sel["val_dedup_bpc"] = next(r["val_bpc"] for r in b["rows"] if (r["method"], r["order"]) ==
+                                    (ch["method"], ch["order"]))
+        b["dev_selected"] = sel
+        b["seconds"] = time.perf_counter() - t
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "ngram.json").write_text(json.dumps(b, indent=1))
+        print(json.dumps(b["best"]), json.dumps(b["full_val"]["best"]), json.dumps(sel["choice"]),
+              sel["val_dedup_bpc"])
+        return
+    for name in args.variants:
+        print(summary(run_one(name, args, corpus, val_dedup)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

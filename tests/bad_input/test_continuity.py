@@ -1,0 +1,198 @@
+"""Bad input to the continuous-training tools and the continuity measurement: N_t lists with
+zero, negative or repeated entries and their draw weights (``TrainConfig``), flow-cost
+weights that are negative or not finite (``Objective``), a flow cost with the checkpointed
+loop (refused by ``Trainer.fit`` before training, nothing written), a solver that cannot run
+a term and a scheme that cannot be rebuilt (``opsplit.control.continuity``,
+``solved_with``), and the deduplication of validation text (``opsplit.data.dedup``)."""
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from opsplit import Propagator
+from opsplit.control import Objective, TrainConfig, Trainer, continuity, solved_with
+from opsplit.control.flow_costs import record_flow
+from opsplit.data import TensorData
+from opsplit.data.dedup import deduplicate, shared_substrings
+from opsplit.operators import FFNIntegral, ProjectionS1
+from opsplit.schemes import Lie
+from opsplit.solvers import ExplicitEuler, Implicit, SemiImplicit, Substep
+
+from ._table import cases, run_case
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _train_helpers import TinyClassifier, tiny_data  # noqa: E402
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _prop():
+    return Propagator(Lie([Substep(FFNIntegral(torch.eye(3) / 3), ExplicitEuler())]), 2, t1=1.0)
+
+
+class Wrapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = _prop()
+
+    def forward(self, x, n_steps=None):
+        return self.p(x, n_steps=n_steps).flatten(1)
+
+
+class TwoTerms(nn.Module):
+    """Tokens (B, 5, 8) -> one substep of two linear terms advanced together by Heun -> (B, 5, 8)."""
+
+    def __init__(self):
+        super().__init__()
+        from opsplit.solvers import Heun
+
+        W1, W2 = (nn.Parameter(torch.eye(8) / 8) for _ in range(2))
+        self.p = Propagator(Lie([Substep((FFNIntegral(W1), FFNIntegral(W2)), Heun())]), 2, t1=1.0)
+
+    def forward(self, x, n_steps=None):
+        return self.p(x, n_steps=n_steps)
+
+
+DATA = TensorData(torch.randn(4, 2, 3), torch.tensor([0, 1, 2, 3]))
+
+
+class NoProp(nn.Module):
+    """Tokens (B, 5, 8) -> mean -> linear (3 classes): no propagator."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 3)
+
+    def forward(self, x, n_steps=None):
+        return self.lin(x.mean(1))
+
+
+def fit_in_empty_dir(**kw):
+    """``Trainer.fit`` into a fresh folder; re-raise its error after checking nothing was written."""
+    d = Path(tempfile.mkdtemp())
+    try:
+        objective = kw.pop("objective")
+        model = kw.pop("model", None) or TinyClassifier()
+        tr = Trainer(model, objective, TrainConfig(epochs=1, batch_size=8, progress=False, **kw))
+        data = tiny_data()
+        if objective.loss == "mse":
+            data = TensorData(data.inputs, data.inputs.clone())
+        try:
+            tr.fit(data, out_dir=d / "run")
+        finally:
+            assert not (d / "run").exists(), "a refused run wrote its folder"
+            assert tr.step == 0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+CASES = cases(
+    # N_t lists and their draw weights
+    ("train_n_steps-repeated", lambda: TrainConfig(train_n_steps=[2, 4, 2]), ValueError,
+     r"TrainConfig\.train_n_steps: N_t = 2 is listed twice"),
+    ("train_n_steps-negative", lambda: TrainConfig(train_n_steps=[4, -2]), ValueError,
+     r"TrainConfig\.train_n_steps: expected an integer >= 1, got -2"),
+    ("train_n_steps-zero", lambda: TrainConfig(train_n_steps=[0, 4]), ValueError,
+     r"TrainConfig\.train_n_steps: expected an integer >= 1, got 0"),
+    ("train_n_steps-float", lambda: TrainConfig(train_n_steps=[2.5]), TypeError, r"TrainConfig\.train_n_steps"),
+    ("weights-without-list", lambda: TrainConfig(train_n_steps_weights="cost"), ValueError,
+     r"TrainConfig\.train_n_steps_weights: weights without train_n_steps"),
+    ("weights-length", lambda: TrainConfig(train_n_steps=[2, 4], train_n_steps_weights=[1.0]), ValueError,
+     r"TrainConfig\.train_n_steps_weights: expected one weight per entry of train_n_steps \(2\), got 1"),
+    ("weights-negative", lambda: TrainConfig(train_n_steps=[2, 4], train_n_steps_weights=[1.0, -1.0]), ValueError,
+     r"TrainConfig\.train_n_steps_weights: expected finite weights > 0, got -1"),
+    ("weights-nan", lambda: TrainConfig(train_n_steps=[2, 4], train_n_steps_weights=[1.0, NAN]), ValueError,
+     r"TrainConfig\.train_n_steps_weights: expected finite weights > 0, got nan"),
+    ("weights-name", lambda: TrainConfig(train_n_steps=[2, 4], train_n_steps_weights="fast"), ValueError,
+     r"TrainConfig\.train_n_steps_weights: expected None, 'uniform', 'cost'"),
+    ("weights-int", lambda: TrainConfig(train_n_steps=[2, 4], train_n_steps_weights=3), TypeError,
+     r"TrainConfig\.train_n_steps_weights"),
+    ("train_solvers-unknown", lambda: TrainConfig(train_solvers=["euler", "midpoint"]), ValueError,
+     r"TrainConfig\.train_solvers: expected solver names from \('euler', 'heun', 'rk4'\), got 'midpoint'"),
+    ("train_solvers-repeated", lambda: TrainConfig(train_solvers=["heun", "heun"]), ValueError,
+     r"TrainConfig\.train_solvers: solver 'heun' is listed twice"),
+    ("train_solvers-str", lambda: TrainConfig(train_solvers="heun"), TypeError, r"TrainConfig\.train_solvers"),
+    ("train_solvers-weights-alone", lambda: TrainConfig(train_solvers_weights="cost"), ValueError,
+     r"TrainConfig\.train_solvers_weights: weights without train_solvers"),
+    ("train_solvers-weights-nan", lambda: TrainConfig(train_solvers=["euler", "heun"],
+                                                      train_solvers_weights=[1.0, NAN]), ValueError,
+     r"TrainConfig\.train_solvers_weights: expected finite weights > 0"),
+    ("train_solvers-cannot-run-fit", lambda: fit_in_empty_dir(objective=Objective("mse"), model=TwoTerms(),
+                                                              train_solvers=["euler"]), ValueError,
+     r"solved_with\.solver: 'euler' cannot run the term FFNIntegral: ExplicitEuler advances 1 operator"),
+    # flow-cost weights
+    ("kinetic-negative", lambda: Objective("mse", kinetic=-0.1), ValueError,
+     r"Objective\.kinetic: expected a finite weight >= 0, got -0\.1"),
+    ("kinetic-nan", lambda: Objective("mse", kinetic=NAN), ValueError, r"Objective\.kinetic: expected a finite weight"),
+    ("acceleration-inf", lambda: Objective("mse", acceleration=INF), ValueError,
+     r"Objective\.acceleration: expected a finite weight"),
+    ("defect-negative", lambda: Objective("mse", defect=-1.0), ValueError, r"Objective\.defect: expected a finite"),
+    ("defect-str", lambda: Objective("mse", defect="1"), TypeError, r"Objective\.defect: expected a number"),
+    ("defect_fraction-0", lambda: Objective("mse", defect=1.0, defect_fraction=0.0), ValueError,
+     r"Objective\.defect_fraction: expected a number in \(0, 1\]"),
+    ("flow_relative-str", lambda: Objective("mse", flow_relative="yes"), TypeError, r"Objective\.flow_relative"),
+    ("flow-checkpoint-fit", lambda: fit_in_empty_dir(objective=Objective("cross_entropy", kinetic=0.1),
+                                                     gradient="checkpoint"), ValueError,
+     r"Objective\.kinetic: a flow cost reads every step .*gradient='backprop'"),
+    ("flow-no-propagator-fit", lambda: fit_in_empty_dir(objective=Objective("cross_entropy", acceleration=0.1),
+                                                        model=NoProp()), ValueError,
+     r"Objective\.acceleration: the model holds no opsplit Propagator"),
+    ("record_flow-no-propagator", lambda: record_flow(NoProp()).__enter__(), ValueError,
+     r"flow costs .*no opsplit Propagator"),
+    # the continuity measurement
+    ("continuity-model-int", lambda: continuity(3, DATA), TypeError, r"continuity\.model: expected an nn\.Module"),
+    ("continuity-no-propagator", lambda: continuity(NoProp(), tiny_data()), ValueError,
+     r"continuity\.model: the model holds no opsplit Propagator"),
+    ("continuity-n_steps-zero", lambda: continuity(Wrapped(), DATA, n_steps=[0, 2]), ValueError,
+     r"continuity\.n_steps: expected integers >= 1, got 0"),
+    ("continuity-n_steps-negative", lambda: continuity(Wrapped(), DATA, n_steps=[2, -4]), ValueError,
+     r"continuity\.n_steps: expected integers >= 1, got -4"),
+    ("continuity-n_steps-repeated", lambda: continuity(Wrapped(), DATA, n_steps=[2, 4, 4]), ValueError,
+     r"continuity\.n_steps: N_t = 4 is listed twice"),
+    ("continuity-n_steps-str", lambda: continuity(Wrapped(), DATA, n_steps="2,4"), TypeError, r"continuity\.n_steps"),
+    ("continuity-levels-decreasing", lambda: continuity(Wrapped(), DATA, levels=[8, 4]), ValueError,
+     r"continuity\.levels: expected at least two increasing N_t"),
+    ("continuity-reference-0", lambda: continuity(Wrapped(), DATA, reference=0), ValueError,
+     r"continuity\.reference"),
+    ("continuity-solver-name", lambda: continuity(Wrapped(), DATA, solvers=["midpoint"]), ValueError,
+     r"continuity\.solvers: expected one of \('euler', 'heun', 'rk4'\)"),
+    ("continuity-solver-cannot-run", lambda: continuity(Wrapped(), DATA, solvers=[SemiImplicit()]), ValueError,
+     r"solved_with\.solver: 'SemiImplicit' cannot run the term FFNIntegral"),
+    ("continuity-scheme", lambda: continuity(Wrapped(), DATA, schemes=["yoshida"]), ValueError,
+     r"continuity\.schemes: expected 'trained' or 'strang'"),
+    ("continuity-metric", lambda: continuity(Wrapped(), DATA, metric="f1"), ValueError, r"continuity\.metric"),
+    ("continuity-accuracy-mse", lambda: continuity(Wrapped(), DATA, loss="mse", metric="accuracy"), ValueError,
+     r"continuity\.metric: 'accuracy' needs the cross-entropy loss"),
+    ("continuity-data-empty", lambda: continuity(Wrapped(), (torch.zeros(0, 2, 3), torch.zeros(0).long())),
+     ValueError, r"empty dataset|continuity\.data"),
+    ("continuity-batch-0", lambda: continuity(Wrapped(), DATA, batch_size=0), ValueError,
+     r"continuity\.batch_size"),
+    ("solved_with-no-propagator", lambda: solved_with(NoProp(), solver="heun").__enter__(), ValueError,
+     r"solved_with\.model: the model holds no opsplit Propagator"),
+    ("solved_with-implicit-attention", lambda: solved_with(
+        Propagator(Lie([Substep(ProjectionS1(0.0, 1.0))]), 2), solver="heun").__enter__(), ValueError,
+     r"solved_with\.solver: no substep of the model integrates an explicit field"),
+    ("solved_with-implicit-prenorm", lambda: solved_with(TinyClassifier(), solver=Implicit()).__enter__(),
+     ValueError, r"solved_with\.solver: 'Implicit' cannot run the term PreNorm: Implicit needs an operator with a "
+     r"resolvent"),
+    ("solved_with-scheme", lambda: solved_with(_prop(), scheme="yoshida").__enter__(), ValueError,
+     r"solved_with\.scheme: expected 'trained' or 'strang'"),
+    # deduplicated validation text
+    ("dedup-k-0", lambda: deduplicate("abc", "abc", k=0), ValueError, r"deduplicate\.k: expected an integer >= 1"),
+    ("dedup-unit", lambda: deduplicate("abc", "abc", unit="word"), ValueError,
+     r"deduplicate\.unit: expected one of \('paragraph', 'char'\)"),
+    ("dedup-bytes", lambda: deduplicate(b"abc", "abc"), TypeError, r"deduplicate: expected two strings"),
+    ("dedup-everything", lambda: deduplicate("the same text", "the same text", k=5), ValueError,
+     r"deduplicate: every paragraph of the text contains a 5-character substring"),
+    ("shared-k", lambda: shared_substrings("abc", "abc", k=-1), ValueError, r"shared_substrings\.k"),
+)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input(case):
+    run_case(case)
