@@ -42,6 +42,8 @@ RULES = {
     "midpoint": (2, "cell centres (i + 1/2) h, equal weights h"),
     "right": (1, "right endpoints (i + 1) h, equal weights h (the paper's x_k = k)"),
     "trapezoid": (2, "endpoints included, nodes i L/(n-1), end weights halved"),
+    "left": (1, "left endpoints i h, equal weights h (a periodic grid x_j = j L/N: spectrally accurate "
+                "for smooth periodic integrands)"),
 }
 
 
@@ -170,6 +172,8 @@ class Interval:
             x = (i + 0.5) * self.spacing
         elif self.rule == "right":
             x = (i + 1.0) * self.spacing
+        elif self.rule == "left":
+            x = i * self.spacing
         else:
             x = i * self.spacing
         return x.to(dtype=dtype or torch.get_default_dtype(), device=device)

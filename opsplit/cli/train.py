@@ -43,8 +43,9 @@ train.toml:
 """
 
 #: what ``opsplit train`` trains (the config's top-level ``task``): this module's digits
-#: classifier, or :mod:`opsplit.cli.train_text`'s character-level GPT
-TASKS = ("digits", "text")
+#: classifier, :mod:`opsplit.cli.train_text`'s character-level GPT, or
+#: :mod:`opsplit.cli.train_burgers`'s neural operator on Burgers' equation
+TASKS = ("digits", "text", "burgers")
 SCHEMES = ("lie", "strang", "parallel", "hybrid")
 CONTROLS = ("piecewise_constant", "piecewise_linear", "legendre", "chebyshev", "cosine")
 GRADIENTS = ("backprop", "checkpoint", "adjoint")
@@ -53,7 +54,7 @@ SOLVERS = ("euler", "rk4")
 SIDE = 8
 
 SCHEMA = {
-    TOP: {"task": Field("str", "digits", "the training task: digits (a ViT on the bundled digits) or text "
+    TOP: {"task": Field("str", "digits", "the training task: digits (a ViT on the bundled digits), burgers (a neural operator, keys in opsplit.cli.train_burgers and docs/burgers.md) or text "
                         "(a character-level GPT on pydoc_data.topics, keys in opsplit.cli.train_text and docs/text.md)",
                         choices=TASKS)},
     "model": {
@@ -153,6 +154,10 @@ def select(a):
     if task not in TASKS:
         hint = f" (task names are lower case: {task.lower()!r})" if task.lower() in TASKS else ""
         raise ConfigError(f"task: expected one of {', '.join(map(repr, TASKS))}, got {task!r}{hint}")
+    if task == "burgers":
+        from . import train_burgers
+
+        return train_burgers
     return train_text if task == "text" else sys.modules[__name__]
 
 

@@ -6,6 +6,8 @@ from .cvt import CvT, CvTOutput, CvtReadout, CvtStageSpec, build_cvt, cvt_from_h
 from .decoder_lm import DecoderConfig, DecoderLM, DecoderOutput
 from .hf import from_hf, hf_converters, register_hf_converter
 from .hf_decoders import hf_state_dict, to_hf
+from .integral_patch import IntegralPatchEmbedding, OnPixelGrid, PixelQuadrature
+from .neural_operator import NeuralOperatorTransformer
 from .paper import PaperTransformer, paper_scheme
 from .split_encoder import (
     CONTROL_KINDS,
@@ -66,4 +68,8 @@ __all__ = [
     "DecoderOutput",
     "to_hf",
     "hf_state_dict",
+    "NeuralOperatorTransformer",
+    "IntegralPatchEmbedding",
+    "PixelQuadrature",
+    "OnPixelGrid",
 ]

@@ -12,11 +12,14 @@ from .dropout import FieldDropout
 from .droppath import DropPath, FieldDropPath, StateDropout
 from .feedforward import FeedForward
 from .ffn import FFNIntegral
+from .fourier_attention import FourierAttention
+from .galerkin_attention import GalerkinAttention
 from .gated_ffn import GatedFeedForward
 from .grouped_attention import GroupedQueryAttention
 from .kernel_attention import KernelAttention
 from .kv_cache import KVCache
 from .layernorm import ProjectionS1, project_s1
+from .lifting import Lifting, Projection, periodic_positions
 from .multihead import MultiHeadAttention
 from .prenorm import PreNorm
 from .relu import ProjectionS2
@@ -24,6 +27,7 @@ from .relu_attention import ReLUAttention
 from .rmsnorm import ProjectionSphere, project_sphere
 from .rope import RotaryEmbedding
 from .sliced_attention import SlicedReLUAttention, SlicedReLUBumpAttention
+from .spectral_convolution import SpectralConvolution
 from .transfer import ConvTransfer, GridTransfer, PrependTokens
 
 __all__ = [
@@ -61,6 +65,12 @@ __all__ = [
     "GatedFeedForward",
     "GroupedQueryAttention",
     "KVCache",
+    "GalerkinAttention",
+    "FourierAttention",
+    "SpectralConvolution",
+    "Lifting",
+    "Projection",
+    "periodic_positions",
 ]
 
 

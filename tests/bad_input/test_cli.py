@@ -223,8 +223,8 @@ CASES = rows(
     ("resume-binary-config", ["train", "--resume", "{tmp}/b"], "is not a TOML file (not UTF-8 text", {"b/config.toml": b"\x00\xff\x10"}),
     ("resume-bad-config", ["train", "--resume", "{tmp}/b"], "model.heads: expected a divisor of model.d_model = 8, got 3", {"b/config.toml": "[model]\nd_model = 8\nheads = 3\n"}),
     ("allow-changes-new-run", ["train", "--allow-changes", "train.lr", *OUT], "--allow-changes: only with --resume"),
-    ("task-capitalised", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', got 'Digits' (task names are lower case: 'digits')", toml('task = "Digits"\n[model]\nd_model = 8\n')),
-    ("task-list", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', got ['text'] (list)", toml('task = ["text"]\n')),
+    ("task-capitalised", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', 'burgers', got 'Digits' (task names are lower case: 'digits')", toml('task = "Digits"\n[model]\nd_model = 8\n')),
+    ("task-list", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', 'burgers', got ['text'] (list)", toml('task = ["text"]\n')),
     # -- opsplit report ---------------------------------------------------------------------------------
     ("report-missing", ["report", "{tmp}/none"], "folder: expected an existing folder, got '{tmp}/none'"),
     ("report-file", ["report", "{tmp}/f"], "folder: expected an existing folder, got '{tmp}/f'", {"f": "x"}),

@@ -109,7 +109,7 @@ def cfg(text=TEXT, **replace):
 RUN = {"g/config.toml": TEXT, "g/vocab.json": '{"chars": "The abc", "unknown_id": 0}'}
 
 CLI = rows(
-    ("cli-task-unknown", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', got 'poetry'",
+    ("cli-task-unknown", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', 'burgers', got 'poetry'",
      cfg('task = "poetry"\n')),
     ("cli-top-key-unknown", ["train", *CFG, *OUT], "config: key 'color' is outside any section",
      cfg('color = "red"\n' + TEXT)),
@@ -152,18 +152,18 @@ CLI = rows(
     ("gen-no-vocab", ["generate", "{tmp}/g"], "vocab.json' is missing or not a vocabulary", {"g/config.toml": TEXT}),
     ("gen-no-checkpoint", ["generate", "{tmp}/g"], "has no checkpoint under train/checkpoints", RUN),
     # the task line names `task` (before: model.context: unknown key)
-    ("cli-task-upper-case", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', got 'TEXT' (task names "
+    ("cli-task-upper-case", ["train", *CFG, *OUT], "task: expected one of 'digits', 'text', 'burgers', got 'TEXT' (task names "
      "are lower case: 'text')", cfg(**{'task = "text"': 'task = "TEXT"'})),
-    ("cli-task-int", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', got 5 (int)",
+    ("cli-task-int", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', 'burgers', got 5 (int)",
      cfg(**{'task = "text"': "task = 5"})),
-    ("cli-task-bool", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', got True (bool)",
+    ("cli-task-bool", ["train", *CFG, *OUT], "task: expected a string, one of 'digits', 'text', 'burgers', got True (bool)",
      cfg(**{'task = "text"': "task = true"})),
     ("cli-task-missing", ["train", *CFG, *OUT], "task: the config has no task line, so it is read as task = "
      "\"digits\", but model.context, model.layers, train.steps, data.max_chars ... belong(s) to task = \"text\"",
      cfg(**{'task = "text"\n': ""})),
     ("cli-task-missing-generate", ["train", *CFG, *OUT], "task: the config has no task line, so it is read as task = "
      "\"digits\", but [generate] belong(s) to task = \"text\"", {"c.toml": '[generate]\nprompt = "a"\n'}),
-    ("cli-task-resume-upper-case", ["train", "--resume", "{tmp}/u"], "task: expected one of 'digits', 'text', got "
+    ("cli-task-resume-upper-case", ["train", "--resume", "{tmp}/u"], "task: expected one of 'digits', 'text', 'burgers', got "
      "'Text'", {"u/config.toml": TEXT.replace('task = "text"', 'task = "Text"')}),
     # the size guard counts the training windows (before: passed, then 9.6 GB in one allocation)
     ("cli-text-window-memory", ["train", *CFG, *OUT], "train.steps = 200000000: the job needs an estimated "

@@ -1,0 +1,292 @@
+"""``opsplit train`` with ``task = "burgers"``: the continuous transformer as a neural operator
+(:class:`~opsplit.models.NeuralOperatorTransformer`: lifting, Galerkin / Fourier / softmax
+attention with a spectral convolution integral and a feed-forward term, Lie or Strang
+splitting, projection) trained as an optimal-control problem on 1-D viscous Burgers' equation
+(:func:`opsplit.data.load_burgers`, generated and cached on first use) at one resolution, then
+evaluated without retraining at ``train.eval_resolutions`` (docs/burgers.md).
+
+The run folder holds ``config.toml`` (``task = "burgers"``), the trainer's checkpoints under
+``train/``, the table ``eval_resolution.csv`` (relative L2 test error per resolution) and its
+plot.  Resumable like the other tasks (``opsplit train --resume FOLDER``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from . import train as _digits
+from .budget import Estimate
+from .config import TOP, ConfigError, Field, at_least, positive, seed_field
+
+NAME = "train"
+SUMMARY = _digits.SUMMARY
+EXAMPLE = """\
+examples:
+  opsplit train --config burgers.toml --out runs/burgers
+
+burgers.toml:
+  task = "burgers"        # the continuous transformer as a neural operator (docs/burgers.md)
+  [model]
+  attention = "galerkin"  # galerkin, fourier or softmax
+  scheme = "strang"       # lie or strang
+  [train]
+  resolution = 256        # the grid of training
+  epochs = 20
+  eval_resolutions = [256, 512, 1024, 2048, 4096, 8192]
+"""
+
+ATTENTIONS = ("galerkin", "fourier", "softmax")
+SCHEMES = ("lie", "strang")
+NONLINEARITIES = ("ffn", "map")
+
+
+SCHEMA = {
+    TOP: {"task": Field("str", "burgers", "the training task: digits, text or burgers (a neural operator on "
+                        "Burgers' equation, keys in opsplit.cli.train_burgers and docs/burgers.md)",
+                        choices=_digits.TASKS)},
+    "model": {
+        "attention": Field("str", "galerkin", "the attention integral over Omega_x", choices=ATTENTIONS),
+        "scheme": Field("str", "strang", "the splitting of convolution, feed-forward and attention",
+                        choices=SCHEMES),
+        "d_model": Field("int", 64, "features N_y of the state", at_least(1)),
+        "heads": Field("int", 4, "attention heads", at_least(1)),
+        "head_dim": Field("int", 0, "features per head (0: d_model / heads, which must then divide)", at_least(0)),
+        "nonlinearity": Field("str", "ffn", "the pointwise nonlinearity: a feed-forward term (ffn) or an activation "
+                              "map after the convolution and the attention (map)", choices=NONLINEARITIES),
+        "n_steps": Field("int", 4, "time steps N_t (one weight set per step, dt = 1)", at_least(1)),
+        "modes": Field("int", 16, "Fourier modes 0..M of the convolution kernel (M + 1 of them)", at_least(1)),
+        "d_ff": Field("int", 128, "hidden width of the feed-forward term", at_least(1)),
+        "n_freq": Field("int", 4, "frequencies of the periodic positions", at_least(0)),
+        "seed": seed_field("seed of the initial weights"),
+    },
+    "train": {
+        "resolution": Field("int", 256, "grid nodes N_x of training (a divisor of data.points)", at_least(1)),
+        "epochs": Field("int", 20, "passes over the training pairs", at_least(1)),
+        "batch_size": Field("int", 20, "pairs per step", at_least(1)),
+        "lr": Field("float", 1e-3, "peak learning rate (Adam, cosine schedule)", positive),
+        "weight_decay": Field("float", 1e-4, "Adam weight decay", at_least(0)),
+        "save_every": Field("int", 50, "checkpoint every this many steps (for --resume)", at_least(1)),
+        "seed": seed_field("seed of the data order"),
+        "eval_resolutions": Field("int_list", [256, 512, 1024, 2048, 4096, 8192], "grids N_x at which the trained "
+                                  "model is evaluated (divisors of data.points)", at_least(1)),
+    },
+    "data": {
+        "n_train": Field("int", 1000, "training pairs", at_least(1)),
+        "n_test": Field("int", 200, "test pairs", at_least(1)),
+        "points": Field("int", 8192, "the generation grid (even)", at_least(8)),
+        "solver_steps": Field("int", 1000, "ETDRK4 steps of the data's solver on [0, 1]", at_least(1)),
+        "seed": seed_field("seed of the initial conditions"),
+    },
+}
+
+
+def add_arguments(p):  # the parser of `opsplit train` is the digits task's
+    _digits.add_arguments(p)
+
+
+def overrides(a) -> dict:
+    if a.gradient is not None and a.gradient != "backprop":
+        raise ConfigError(f"--gradient: the burgers task trains by backpropagation, got {a.gradient!r}")
+    return {"train.epochs": a.epochs, "model.n_steps": a.n_steps, "model.scheme": a.scheme}
+
+
+check_resume = _digits.check_resume
+check_new_folder = _digits.check_new_folder
+
+
+def check(cfg) -> None:
+    """The cross-key checks (no data generated, no model built)."""
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
+    if cfg[TOP]["task"] != "burgers":
+        raise ConfigError(f"task: expected 'burgers' for this schema, got {cfg[TOP]['task']!r}")
+    if not m["head_dim"] and m["d_model"] % m["heads"]:
+        raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']} (or a model.head_dim), "
+                          f"got {m['heads']}")
+    if d["points"] % 2:
+        raise ConfigError(f"data.points: expected an even number of nodes, got {d['points']}")
+    need = 2 * m["modes"] - 1
+    for key, values in (("train.resolution", [t["resolution"]]), ("train.eval_resolutions", t["eval_resolutions"])):
+        for r in values:
+            if d["points"] % r:
+                raise ConfigError(f"{key}: expected divisors of data.points = {d['points']} (the data is "
+                                  f"subsampled), got {r}")
+            if r < need:
+                raise ConfigError(f"{key}: the model's convolution has {m['modes']} Fourier modes and needs grids "
+                                  f"of at least 2 * {m['modes']} - 1 = {need} nodes, got {r}")
+    if t["batch_size"] > d["n_train"]:
+        raise ConfigError(f"train.batch_size: expected at most data.n_train = {d['n_train']}, got {t['batch_size']}")
+
+
+# -- the cost guard -------------------------------------------------------------------------------
+def forward_flops(m: dict, n: int) -> tuple[float, float]:
+    """``(flops, calls)`` of one field's forward pass on ``n`` nodes: per step the convolution
+    (two real FFTs of the N_y channels, the mode mixing), the feed-forward term and the
+    attention (Q, K, V, output projections; Galerkin / Fourier: the d x d integral per head;
+    softmax: the n x n scores) — the first two twice for Strang — then lifting and projection."""
+    d, f, h, M = m["d_model"], m["d_ff"], m["heads"], m["modes"]
+    k = h * (m["head_dim"] or d // h)  # the heads' features together
+    conv = 2 * 5.0 * n * math.log2(max(n, 2)) * d + 8.0 * M * d * d
+    if m["nonlinearity"] == "map":
+        conv += 2.0 * n * d * d  # the local part
+    ffn = 4.0 * n * d * f if m["nonlinearity"] == "ffn" else 0.0
+    attn = 8.0 * n * d * k + (4.0 * n * k * k / h if m["attention"] != "softmax" else 4.0 * n * n * k)
+    twice = 2 if m["scheme"] == "strang" else 1
+    if m["nonlinearity"] == "ffn":  # convolution and feed-forward outer, the attention in the middle
+        per_step, calls = twice * (conv + ffn) + attn, 2 * twice + 1
+    else:  # convolution and attention outer, the activation map in the middle
+        per_step, calls = twice * (conv + attn), 2 * twice + 1
+    edge = 2.0 * n * (1 + 2 * m["n_freq"]) * d + 2.0 * n * d * 128 + 2.0 * n * 128
+    return m["n_steps"] * per_step + edge, float(m["n_steps"] * calls + 2)
+
+
+def estimate(cfg) -> Estimate:
+    """Data generation (a rough 5e8 flop per pair, first use only), training (forward and
+    backward: 3 forward passes), the evaluations; memory: the data at the generation grid,
+    parameters with Adam state, and the activations of a batch (and of an evaluation batch
+    at the finest grid: softmax keeps its n x n scores)."""
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
+    n = t["resolution"]
+    steps = t["epochs"] * math.ceil(d["n_train"] / t["batch_size"])
+    fwd, calls = forward_flops(m, n)
+    work = Estimate((d["n_train"] + d["n_test"]) * 5e8, (d["n_train"] + d["n_test"]) * 4.0)
+    work += Estimate(steps * t["batch_size"] * 3 * fwd, steps * 3 * calls)
+    for r in t["eval_resolutions"]:
+        f_r, c_r = forward_flops(m, r)
+        work += Estimate(d["n_test"] * f_r, math.ceil(d["n_test"] / 20) * c_r)
+    dm, f = m["d_model"], m["d_ff"]
+    params = m["n_steps"] * (2.0 * m["modes"] * dm * dm + 4 * dm * dm + 2 * dm * f) + 200.0 * dm
+    twice = 2 if m["scheme"] == "strang" else 1
+    act = t["batch_size"] * m["n_steps"] * n * (twice * (4 * dm + 2 * f) + 8 * dm)
+    top = max(t["eval_resolutions"])
+    eval_act = 20 * top * (4 * dm + f) + (20 * m["heads"] * top * top if m["attention"] == "softmax" else 0)
+    data = 4.0 * (d["n_train"] + d["n_test"]) * d["points"] * 4
+    return Estimate(work.flops, work.calls, 4.0 * (4.0 * params + act) + max(data, 4.0 * eval_act))
+
+
+# -- the job --------------------------------------------------------------------------------------
+def load_data(cfg, resolution: int):
+    from ..data import load_burgers
+
+    d = cfg["data"]
+    try:
+        return load_burgers(resolution, n_train=d["n_train"], n_test=d["n_test"], seed=d["seed"],
+                            points=d["points"], n_steps=d["solver_steps"])
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"data: {e}") from None
+
+
+def build_model(m: dict):
+    import torch
+
+    from ..models import NeuralOperatorTransformer
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(m["seed"])
+            return NeuralOperatorTransformer(m["attention"], m["scheme"], d_model=m["d_model"], heads=m["heads"],
+                                             head_dim=m["head_dim"] or None, nonlinearity=m["nonlinearity"],
+                                             n_steps=m["n_steps"], modes=m["modes"], d_ff=m["d_ff"],
+                                             n_freq=m["n_freq"], generator=torch.Generator().manual_seed(m["seed"]))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+def relative_l2(out, y):
+    """Per-pair relative L2 error ``(B,)``: the training loss and the test metric."""
+    return (out - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)
+
+
+def train_config(cfg, progress: bool = True):
+    from ..control import TrainConfig
+
+    t = cfg["train"]
+    return TrainConfig(epochs=t["epochs"], batch_size=t["batch_size"], optimizer="adam", lr=t["lr"],
+                       weight_decay=t["weight_decay"], schedule="cosine", warmup_steps=0, seed=t["seed"],
+                       save_every=t["save_every"], eval_every=10**6, progress=progress)
+
+
+def prepare(cfg) -> dict:
+    """The library's own checks: the data loads (generated and cached on first use), the
+    model is built, the trainer accepts the settings, the untrained model is finite."""
+    import torch
+
+    train, test = load_data(cfg, cfg["train"]["resolution"])
+    model = build_model(cfg["model"])
+    try:
+        train_config(cfg, progress=False)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"train: {e}") from None
+    with torch.no_grad():
+        out = model.eval()(train.inputs[:2])
+    model.train()
+    if not bool(torch.isfinite(out).all()):
+        raise ConfigError("model: the untrained model's output on two fields is not finite")
+    return {"model": model, "train": train, "test": test}
+
+
+def fit(cfg, plan, folder: Path, progress: bool):
+    from ..control import Objective, Trainer
+    from ..control.checkpoint import latest_checkpoint
+
+    stop = _digits._InterruptAtStepEnd()
+    trainer = Trainer(plan["model"], Objective(relative_l2), train_config(cfg, progress), augment=stop.wrap(None))
+    folder.mkdir(parents=True, exist_ok=True)
+    resume = folder if latest_checkpoint(folder) is not None else None
+    try:
+        with stop:
+            history = trainer.fit(plan["train"], None, out_dir=folder, resume=resume)
+    except _digits._StopHere:
+        path = trainer.save(folder / "checkpoints" / f"step-{trainer.step:08d}")
+        raise _digits.Interrupted(trainer.step, path) from None
+    except KeyboardInterrupt:
+        raise _digits.Interrupted(trainer.step, latest_checkpoint(folder), at_once=True) from None
+    if stop.requested:
+        raise _digits.Interrupted(trainer.step, latest_checkpoint(folder))
+    return trainer, history, resume is not None
+
+
+def run(cfg, plan, out, progress=True):
+    import matplotlib.pyplot as plt
+    import torch
+
+    m, t, d = cfg["model"], cfg["train"], cfg["data"]
+    model = plan["model"]
+    try:
+        trainer, history, resumed = fit(cfg, plan, out.folder / "train", progress)
+    except _digits.Interrupted as e:
+        e.folder = out.folder
+        raise
+    model.eval()
+    rows = []
+    with torch.no_grad():
+        for r in t["eval_resolutions"]:
+            _, test = load_data(cfg, r)
+            errs = torch.cat([relative_l2(model(test.inputs[i:i + 20]), test.targets[i:i + 20])
+                              for i in range(0, len(test), 20)])
+            rows.append({"resolution": r, "relative_l2": float(errs.mean()), "max_relative_l2": float(errs.max()),
+                         "trained_at": "yes" if r == t["resolution"] else ""})
+    out.heading("A neural operator on Burgers' equation")
+    out.text(
+        f"The continuous transformer as a neural operator (opsplit.models.NeuralOperatorTransformer: periodic "
+        f"positions, {m['attention']} attention, a spectral convolution integral with {m['modes']} modes and a "
+        f"feed-forward term, {m['scheme']} splitting, N_t = {m['n_steps']}, d_model {m['d_model']}) trained as an "
+        f"optimal-control problem on u_t + (u^2/2)_x = 0.1 u_xx ({d['n_train']} training and {d['n_test']} test "
+        f"pairs, u_0 -> u(1)) at {t['resolution']} nodes: Adam, {trainer.step} steps"
+        + (" (resumed from a checkpoint)" if resumed else "")
+        + ", relative L2 loss. Then evaluated, without retraining, on the grids below."
+    )
+    out.table("eval_resolution", rows, title="relative L2 test error per grid (mean and worst over the test pairs)")
+    steps = history.steps
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    a1.semilogy([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8)
+    a1.set_xlabel("optimizer step")
+    a1.set_ylabel("training loss (relative L2)")
+    a1.set_title("training curve")
+    a2.loglog([r["resolution"] for r in rows], [r["relative_l2"] for r in rows], "o-", base=2)
+    a2.axvline(t["resolution"], color="gray", ls=":", lw=0.8)
+    a2.set_xlabel("evaluation grid N_x (dotted: trained at)")
+    a2.set_ylabel("relative L2 test error")
+    a2.set_title("one trained model on other grids")
+    out.figure(fig, "burgers_training", "training loss per step; test error against the evaluation grid")
+    out.link("train/curves.png", "the trainer's own plot of its history (opsplit.control)")
+    return trainer, history, rows

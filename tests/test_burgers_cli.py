@@ -1,0 +1,110 @@
+"""``opsplit train`` with ``task = "burgers"`` on a tiny config: the run folder, the table of
+errors per evaluation grid, the config's task picking the schema, the cost estimate against
+torch's flop counter, and refusals before any work."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+from opsplit.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOML = """\
+task = "burgers"
+[model]
+attention = "{attention}"
+scheme = "strang"
+d_model = 8
+heads = 2
+n_steps = 2
+modes = 4
+d_ff = 8
+n_freq = 2
+[train]
+resolution = 16
+epochs = 2
+batch_size = 4
+save_every = 2
+eval_resolutions = [8, 16, 64]
+[data]
+n_train = 8
+n_test = 4
+points = 64
+solver_steps = 100
+"""
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSPLIT_DATA_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_burgers_run_folder(data_dir):
+    cfg = data_dir / "burgers.toml"
+    cfg.write_text(TOML.format(attention="galerkin"))
+    run = data_dir / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    from opsplit.cli.config import read_top
+
+    assert read_top(run / "config.toml", "task") == "burgers"
+    for f in ("report.md", "eval_resolution.csv", "burgers_training.png", "train/steps.csv"):
+        assert (run / f).is_file(), f
+    rows = _rows(run / "eval_resolution.csv")
+    assert [int(r["resolution"]) for r in rows] == [8, 16, 64]
+    assert [r["trained_at"] for r in rows] == ["", "yes", ""]
+    assert all(math.isfinite(float(r["relative_l2"])) for r in rows)
+    assert len(_rows(run / "train" / "steps.csv")) == 4  # 2 epochs of 8 pairs in batches of 4
+    assert (data_dir / "cache" / "burgers").is_dir()  # generated and cached there
+    assert "neural operator on Burgers" in (run / "report.md").read_text()
+
+
+def test_burgers_refusals_before_work(data_dir, capsys):
+    cfg = data_dir / "b.toml"
+    cfg.write_text(TOML.format(attention="galerkin").replace("eval_resolutions = [8, 16, 64]",
+                                                               "eval_resolutions = [8, 16, 48]"))
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 2
+    assert "train.eval_resolutions: expected divisors of data.points = 64" in capsys.readouterr().err
+    cfg.write_text(TOML.format(attention="galerkin").replace("resolution = 16", "resolution = 4"))
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 2
+    assert "at least 2 * 4 - 1 = 7 nodes, got 4" in capsys.readouterr().err
+    cfg.write_text(TOML.format(attention="cosine"))
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 2
+    assert "model.attention" in capsys.readouterr().err
+    assert not (data_dir / "cache").exists()  # nothing generated
+
+
+@pytest.mark.parametrize("attention,nonlinearity", [("galerkin", "ffn"), ("softmax", "ffn"), ("fourier", "map")])
+def test_burgers_estimate_flops_match_flop_counter(attention, nonlinearity):
+    """The guard's matrix-product flops of one forward pass against FlopCounterMode (the
+    FFTs, and softmax's fused CPU attention kernel, which the counter does not see, are left
+    out of the comparison)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from opsplit.cli import train_burgers as tb
+
+    m = dict(attention=attention, scheme="strang", d_model=16, heads=2, head_dim=4 if nonlinearity == "map" else 0,
+             nonlinearity=nonlinearity, n_steps=2, modes=4, d_ff=32, n_freq=2, seed=0)
+    n = 64
+    model = tb.build_model(m)
+    u = torch.randn(3, n)
+    u = u - u.mean()  # any field; the periodicity check passes for random samples
+    with FlopCounterMode(display=False) as fc:
+        model(u)
+    counted = fc.get_total_flops() / 3
+    est, _ = tb.forward_flops(m, n)
+    d = m["d_model"]
+    unseen = m["n_steps"] * 2 * 2 * 5.0 * n * math.log2(n) * d  # the FFTs
+    if attention == "softmax":
+        unseen += m["n_steps"] * 4.0 * n * n * d  # scores and weighted sum (one attention per Strang step)
+    assert 0.8 < (est - unseen) / counted < 1.25, (est - unseen, counted)
