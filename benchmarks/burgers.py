@@ -185,7 +185,7 @@ def run_model(name: str, args) -> dict:
            "final_train_loss": float(np.mean([r["loss"] for r in hist[-50:]])), "test_error": errors,
            "test_errors_per_sample": per_sample,
            "loadavg_start": load0, "loadavg_end": loadavg(), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "python": platform.python_version(), "lr": args.lr, "batch": args.batch,
+           "torch": torch.__version__, "flush_denormal": args.flush_denormal, "python": platform.python_version(), "lr": args.lr, "batch": args.batch,
            "model_kwargs": model_kwargs(args) if name != "fno" else {}, "curve": curve}
     OUT.mkdir(parents=True, exist_ok=True)
     tag = f"{name}-seed{args.seed}{args.tag}"
@@ -344,6 +344,9 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--softmax-subset", type=int, default=40,
                    help="test pairs the softmax variants are evaluated on above 2048 nodes")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="flush subnormal floats to zero (torch.set_flush_denormal): softmax attention's "
+                        "small probabilities otherwise slow the matrix products many times over")
     p.add_argument("--tag", default="", help="suffix of the result files")
     p.add_argument("--report", action="store_true")
     p.add_argument("--check-solver", action="store_true")
@@ -351,6 +354,8 @@ def main(argv=None):
                    help="evaluate the saved models of --tag at --eval-res too (no training)")
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.flush_denormal:
+        torch.set_flush_denormal(True)
     if args.report:
         return report(args.tag)
     if args.check_solver:
