@@ -21,6 +21,7 @@ LAYERS = {
     "_checks": 0,  # shared argument checks, used by every layer
     "_compile": 0,  # torch.compile markers that do not import dynamo at import time
     "_memory": 0,  # the memory available to an allocation, for the size guards
+    "_files": 0,  # file digests shared by the data caches and the checkpoints
     "functional": 1,  # attention kernels on plain tensors (no grid)
     "grid": 2,  # where
     "controls": 3,  # with what

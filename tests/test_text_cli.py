@@ -288,7 +288,13 @@ def test_interrupt_during_the_final_evaluation_prints_the_resume_command(run, tm
 
     folder = shutil.copytree(run, tmp_path / "run")
     monkeypatch.setattr(Trainer, "evaluate", interrupted)
-    assert main(["train", "--resume", str(folder), "--no-progress"]) == 130
+    # Python's own handler, as in a command run from a terminal (a process started in the
+    # background by a shell without job control, such as one suite of .ci/run, ignores SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["train", "--resume", str(folder), "--no-progress"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, before)
     err = " ".join(capsys.readouterr().err.split())
     assert f"interrupted at step 6; the latest checkpoint is {folder / 'train' / 'checkpoints'}" in err
     assert f"continue with: opsplit train --resume {folder}" in err

@@ -65,6 +65,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .._files import sha256_of
 from ..controls import Control
 from ..controls.projection import TIME_CONTROLS, project_time, time_rows
 from ..grid import Grid, Interval
@@ -250,14 +251,6 @@ def _jsonable(v):
 
 
 # -- save ---------------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _optimizer_parts(optimizer) -> tuple[dict, dict]:
     sd = optimizer.state_dict()
     tensors, scalars = {}, {}
@@ -372,7 +365,7 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             "torch_version": torch.__version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "tensors_file": TENSORS_FILE,
-            "tensors_sha256": _sha256(tfile),
+            "tensors_sha256": sha256_of(tfile),
             "tensors_bytes": tfile.stat().st_size,
             "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
                         for k, v in tensors.items()},

@@ -39,7 +39,6 @@ an interrupted generation leaves no partial file behind.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -49,6 +48,7 @@ import numpy as np
 import torch
 
 from .._checks import check_dtype_arg, check_positive_float
+from .._files import sha256_of
 from .base import TensorData, check_int
 from .burgers_solver import solve_burgers
 
@@ -130,14 +130,6 @@ def _file(stem: Path, suffix: str) -> Path:
     return stem.parent / (stem.name + suffix)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 _KEYS = ("train_a", "train_u", "test_a", "test_u")
 
 
@@ -151,7 +143,7 @@ def _read(stem: Path, settings: dict) -> dict:
     if info.get("settings") != settings:
         raise BurgersCacheError(f"Burgers cache {str(meta)!r}: its settings {info.get('settings')} are not the "
                                 f"requested {settings}")
-    digest = _sha256(data)
+    digest = sha256_of(data)
     if digest != info.get("sha256"):
         raise BurgersCacheError(
             f"Burgers cache {str(data)!r}: checksum mismatch (SHA-256 {digest[:16]}..., recorded "
@@ -175,7 +167,7 @@ def _write(stem: Path, settings: dict, arrays: dict) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     tmp = stem.parent / f".{stem.name}.{os.getpid()}.tmp.npz"
     np.savez(tmp, **{k: arrays[k].astype(np.float32) for k in _KEYS})
-    digest = _sha256(tmp)
+    digest = sha256_of(tmp)
     os.replace(tmp, _file(stem, ".npz"))
     tmpj = stem.parent / f".{stem.name}.{os.getpid()}.tmp.json"
     tmpj.write_text(json.dumps({"settings": settings, "sha256": digest,
