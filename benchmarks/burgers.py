@@ -185,7 +185,7 @@ def run_model(name: str, args) -> dict:
            "final_train_loss": float(np.mean([r["loss"] for r in hist[-50:]])), "test_error": errors,
            "test_errors_per_sample": per_sample,
            "loadavg_start": load0, "loadavg_end": loadavg(), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "python": platform.python_version(), "lr": args.lr, "batch": args.batch,
+           "torch": torch.__version__, "flush_denormal": args.flush_denormal, "python": platform.python_version(), "lr": args.lr, "batch": args.batch,
            "model_kwargs": model_kwargs(args) if name != "fno" else {}, "curve": curve}
     OUT.mkdir(parents=True, exist_ok=True)
     tag = f"{name}-seed{args.seed}{args.tag}"
@@ -260,11 +260,16 @@ def check_solver(n: int = 50, seed: int = 0) -> None:
           f"{float(np.max(np.abs(E[-1] - E[0] + diss) / (E[0] - E[-1]))):.2e} (per-mode logarithmic mean in t)")
 
 
+def label(run: dict) -> str:
+    return f"{run['model']} (seed {run['seed']}{', subnormals flushed' if run.get('flush_denormal') else ''})"
+
+
 # -- report ---------------------------------------------------------------------------------------------
-def report(tag: str = "") -> None:
-    """The table and the plot of the saved runs whose file name ends with ``tag``."""
-    runs = [json.loads(p.read_text()) for p in sorted(OUT.glob(f"*-seed*{tag}.json"))
-            if p.name.endswith(f"{tag}.json") and (tag or p.stem.split("-seed")[1].isdigit())]
+def report(tag: str = "", extra_tags=()) -> None:
+    """The table and the plot of the saved runs whose file name ends with ``tag`` (or with
+    one of ``extra_tags``)."""
+    runs = [json.loads(p.read_text()) for t in (tag, *extra_tags) for p in sorted(OUT.glob(f"*-seed*{t}.json"))
+            if p.name.endswith(f"{t}.json") and (t or p.stem.split("-seed")[1].isdigit())]
     if not runs:
         print("no runs under", OUT)
         return
@@ -288,7 +293,7 @@ def report(tag: str = "") -> None:
                 continue
             star = f" ({len(per[r])})" if r in per and tr and len(per[r]) < len(tr) else ""
             cells.append(f"{e[r]:.2e}{star}")
-        print(f"| {run['model']} (seed {run['seed']}) | {run['params']:,} | {run['steps']} ({run['epochs']:.0f}) | "
+        print(f"| {label(run)} | {run['params']:,} | {run['steps']} ({run['epochs']:.0f}) | "
               f"{run['train_cpu_s']:.0f} | {run['train_wall_s']:.0f} | " + " | ".join(cells) + f" | {worst:.3f} |")
     for name, tab in PUBLISHED.items():
         print(f"| {name} | | | | | " + " | ".join(f"{tab[r]:.2e}" if r in tab else "" for r in res) + " | |")
@@ -302,7 +307,7 @@ def report(tag: str = "") -> None:
         e = {int(k): v for k, v in run["test_error"].items()}
         ks = sorted(e)
         style = dict(lw=2.2, color="k") if run["model"] == "fno" else dict(lw=1.3)
-        ax.plot(ks, [e[k] for k in ks], "o-", label=f"{run['model']} (seed {run['seed']})", ms=3, **style)
+        ax.plot(ks, [e[k] for k in ks], "o-", label=label(run), ms=3, **style)
     for name, tab in PUBLISHED.items():
         ks = sorted(tab)
         ax.plot(ks, [tab[k] for k in ks], "x--", color="gray" if "FNO" in name else "tab:brown", label=name)
@@ -344,15 +349,21 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--softmax-subset", type=int, default=40,
                    help="test pairs the softmax variants are evaluated on above 2048 nodes")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="flush subnormal floats to zero (torch.set_flush_denormal): softmax attention's "
+                        "small probabilities otherwise slow the matrix products many times over")
     p.add_argument("--tag", default="", help="suffix of the result files")
     p.add_argument("--report", action="store_true")
+    p.add_argument("--also-tags", nargs="+", default=[], help="--report: the runs of these tags as well")
     p.add_argument("--check-solver", action="store_true")
     p.add_argument("--reevaluate", action="store_true",
                    help="evaluate the saved models of --tag at --eval-res too (no training)")
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.flush_denormal:
+        torch.set_flush_denormal(True)
     if args.report:
-        return report(args.tag)
+        return report(args.tag, args.also_tags)
     if args.check_solver:
         return check_solver()
     if args.reevaluate:
