@@ -138,3 +138,28 @@ def test_attention_weights_are_the_kernel_of_the_field(kind):
     if "v" in op.normalised:
         v = op.normalise(0.0, v, "v", g)
     torch.testing.assert_close(op.combine_heads(0.0, A @ v, g), op(u, grid=g), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", list(OPS))
+def test_second_derivatives(kind):
+    """Double backward through the layer norms and the O(n d^2) products (gradgradcheck)."""
+    B, n, ny, H = 1, 4, 4, 2
+    op = _op(kind, ny, H, seed=5)
+    g = _grid(n, ny)
+    u = torch.randn(B, n, ny, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda u: op(u, grid=g), (u,), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", list(OPS))
+def test_compile_with_a_changed_batch_size(kind):
+    """torch.compile (one graph, dynamic shapes) gives Cao's values, and again after the batch
+    size changes."""
+    n, ny, H = 9, 6, 2
+    op = _op(kind, ny, H, seed=7)
+    g = _grid(n, ny)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda u: op(u, grid=g), fullgraph=True, backend="eager")
+    for B in (2, 5):
+        u = torch.randn(B, n, ny, dtype=F64)
+        torch._dynamo.mark_dynamic(u, 0)  # the batch size changes: one graph for all
+        torch.testing.assert_close(compiled(u), _cao(kind, op, u), rtol=1e-12, atol=1e-12)

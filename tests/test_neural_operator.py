@@ -165,3 +165,12 @@ def test_model_gradcheck_input():
                                   generator=torch.Generator().manual_seed(2), dtype=F64)
     u = _smooth_field(6, B=1).requires_grad_(True)
     assert torch.autograd.gradcheck(m, (u,))
+
+
+def test_spectral_convolution_second_derivatives():
+    """Double backward through the FFTs (gradgradcheck)."""
+    ny, n = 3, 7
+    op = _conv(ny, 3)
+    g = _grid(n, ny)
+    u = torch.randn(1, n, ny, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda u: op(u, grid=g), (u,))
