@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -56,7 +58,7 @@ VARIANTS = {
 
 
 def data(args):
-    corpus = load_text(seed=args.split_seed, val_fraction=args.val_fraction)
+    corpus = load_text(args.corpus, seed=args.split_seed, val_fraction=args.val_fraction)
     tr = corpus.vocab.decode(corpus.train)
     va = corpus.vocab.decode(corpus.val)
     dd, info = deduplicate(va, tr, k=40, unit="paragraph")
@@ -97,7 +99,7 @@ def run_one(name, args, corpus, val_dedup):
     tr = Trainer(model, obj, config(args, v))
     load0 = os.getloadavg()[0]
     tr.fit(train, None)
-    res = {"variant": name, "overrides": {k: list(x) if isinstance(x, tuple) else x for k, x in v.items()},
+    res = {"variant": name, "corpus": corpus_info(corpus), "overrides": {k: list(x) if isinstance(x, tuple) else x for k, x in v.items()},
            "steps": args.steps, "batch": args.batch, "context": args.context, "dropout": args.dropout,
            "train_s": tr.elapsed,
            "load": [load0, os.getloadavg()[0]],
@@ -107,6 +109,8 @@ def run_one(name, args, corpus, val_dedup):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_{args.steps}" + (f"_d{args.dropout:g}" if args.dropout else "")
+    if args.corpus != "pydoc_topics":
+        stem += f"_{args.corpus}"
     torch.save(model.state_dict(), out / f"{stem}.pt")
     print(json.dumps(res), flush=True)
     t = time.perf_counter()
@@ -119,12 +123,22 @@ def run_one(name, args, corpus, val_dedup):
     return res
 
 
+def corpus_info(corpus) -> dict:
+    """What identifies the training text: the corpus, the Python that shipped it, the
+    SHA-256 of the training text (the standard library differs between versions)."""
+    tr = corpus.vocab.decode(corpus.train)
+    info = {k: v for k, v in corpus.info.items() if k != "docstrings_quoting_val"}
+    info.update({"name": corpus.name, "python": platform.python_version(), "vocab": corpus.vocab.size,
+                 "train_sha256": hashlib.sha256(tr.encode("utf-8")).hexdigest()})
+    return info
+
+
 def timing(args, names, rounds: int, chunk: int) -> dict:
     """Training cost of each variant against the first: each round runs ``chunk`` optimizer
     steps of every variant in turn (the same windows; each variant draws its own N_t), the
     median over ``rounds`` of the per-round time ratios to the first variant (one warm-up
     round not counted)."""
-    corpus = load_text(seed=args.split_seed, val_fraction=args.val_fraction)
+    corpus = load_text(args.corpus, seed=args.split_seed, val_fraction=args.val_fraction)
     train = text_windows(corpus.train, args.context, chunk * args.batch, seed=args.seed, name="train")
     runs = {}
     for name in names:
@@ -173,7 +187,11 @@ def parser():
     p.add_argument("--eval-n", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     p.add_argument("--levels", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     p.add_argument("--out", default="benchmarks/out/continuity_text")
+    p.add_argument("--corpus", default="pydoc_topics", choices=("pydoc_topics", "pydoc_docstrings"),
+                   help="training text: the topics' training split, or it and the standard library's docstrings "
+                   "(opsplit.data.load_text); the validation text is the same")
     p.add_argument("--ngram", action="store_true")
+    p.add_argument("--orders", type=int, nargs="+", default=list(range(2, 9)), help="n-gram orders tried")
     p.add_argument("--report", action="store_true")
     p.add_argument("--timing", type=int, default=0, help="paired training cost of --variants against the first: "
                    "this many rounds")
@@ -186,7 +204,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     if args.report:
         for f in sorted(Path(args.out).glob("*.json")):
-            if f.name != "ngram.json":
+            if not f.name.startswith("ngram"):
                 print(summary(json.loads(f.read_text())))
         return
     if args.timing:
@@ -197,16 +215,23 @@ def main(argv=None):
     print(f"{corpus}; deduplicated validation text: {info}", flush=True)
     if args.ngram:
         t = time.perf_counter()
-        b = best_baseline(tr, dd, corpus.vocab.size)
-        b["full_val"] = best_baseline(tr, va, corpus.vocab.size)
-        sel = dev_selected(tr, corpus.vocab.size)
+        if min(args.orders) < 1:
+            raise SystemExit(f"--orders: expected orders >= 1, got {args.orders}")
+        orders = sorted(set(args.orders))
+        b = best_baseline(tr, dd, corpus.vocab.size, orders, others={"full_val_bpc": va})
+        b["full_val"] = {"best": b.pop("best_full_val_bpc")}
+        b["corpus"] = corpus_info(corpus)
+        b["orders"] = orders
+        # the development split from the topics' part of the training text (the text like the validation text)
+        sel = dev_selected(tr, corpus.vocab.size, orders, within=corpus.info.get("topics_train_chars"))
         ch = sel["choice"]
         sel["val_dedup_bpc"] = next(r["val_bpc"] for r in b["rows"] if (r["method"], r["order"]) ==
                                     (ch["method"], ch["order"]))
         b["dev_selected"] = sel
         b["seconds"] = time.perf_counter() - t
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "ngram.json").write_text(json.dumps(b, indent=1))
+        (Path(args.out) / ("ngram.json" if args.corpus == "pydoc_topics" else f"ngram_{args.corpus}.json")).write_text(
+            json.dumps(b, indent=1))
         print(json.dumps(b["best"]), json.dumps(b["full_val"]["best"]), json.dumps(sel["choice"]),
               sel["val_dedup_bpc"])
         return

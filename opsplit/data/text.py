@@ -11,6 +11,20 @@ r"""Character-level text that ships with Python, for language modelling (nothing
     without the test suites, ``idlelib``, ``lib2to3``, ``turtledemo``, ``ensurepip`` and
     ``site-packages``), one document per file, in sorted path order (≈ 11 million
     characters on Python 3.11; cap with ``max_chars``).
+``"pydoc_docstrings"``
+    ``"pydoc_topics"`` for training *and* validation, with the standard library's
+    docstrings added to the training split only: every module, class and function
+    docstring (``ast.get_docstring``, cleaned) longer than ``min_docstring`` = 200
+    characters, from the ``.py`` files that ``"stdlib"`` reads, in sorted path order and
+    source order within a file (≈ 1.2 million characters on Python 3.11.7).  An exact
+    repeat of an earlier docstring is left out, and so is every docstring that shares a
+    40-character substring with the validation documents (the docstrings quote none of
+    the validation text), so the validation split — and the validation text deduplicated
+    against the training text — is the one of ``"pydoc_topics"`` with the same ``seed``
+    and ``val_fraction``.  ``max_chars`` caps the docstrings' characters (the topics are
+    always whole).  The standard library differs between Python versions:
+    ``TextCorpus.info`` holds the Python version, the docstrings' counts and the SHA-256
+    of the training text.
 
 Some distributions strip ``pydoc_data`` (or the sources): :func:`load_text` then raises a
 ``RuntimeError`` that says so and names the other corpus.
@@ -40,8 +54,11 @@ inputs and targets (int64).
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import math
 import os
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +70,7 @@ from .base import TensorData
 __all__ = ["CORPORA", "UNKNOWN", "CharVocab", "TextCorpus", "load_text", "char_corpus", "sample_windows",
            "text_windows", "bits_per_char", "corpus_chars"]
 
-CORPORA = ("pydoc_topics", "stdlib")
+CORPORA = ("pydoc_topics", "stdlib", "pydoc_docstrings")
 #: how the unknown id 0 decodes
 UNKNOWN = "\ufffd"
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__",
@@ -240,11 +257,14 @@ def corpus_chars(corpus: str = "pydoc_topics", max_chars: int | None = None) -> 
     load the corpus."""
     if corpus not in CORPORA:
         raise ValueError(f"corpus_chars.corpus: expected one of {CORPORA}, got {corpus!r}")
-    if corpus == "pydoc_topics":
+    if corpus in ("pydoc_topics", "pydoc_docstrings"):
         try:
             sizes = [len(d) for d in _pydoc_topics().values()]
         except RuntimeError:
             return 0
+        if corpus == "pydoc_docstrings":  # the docstrings: at most the sources' sizes, capped by max_chars
+            src = sum(p.stat().st_size for _, p in _stdlib_files() if p.is_file())
+            return sum(sizes) + (src if max_chars is None else min(src, max_chars))
     else:
         sizes = []
         for _, p in _stdlib_files():
@@ -277,6 +297,88 @@ def _stdlib_sources(max_chars: int | None) -> dict:
         raise RuntimeError(f"load_text('stdlib'): no Python sources under {str(_stdlib_root())!r} (this distribution ships "
                            "only compiled modules); use corpus='pydoc_topics'")
     return docs
+
+
+#: the shortest docstring ``load_text("pydoc_docstrings")`` keeps (characters, after cleaning)
+MIN_DOCSTRING = 200
+_DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _docstrings_of(tree, where: str):
+    """``(name, docstring)`` of the module, class and function nodes of ``tree``, in source
+    order (depth first), named ``where:Class.method``."""
+    stack = [(tree, "")]
+    while stack:
+        node, q = stack.pop()
+        if isinstance(node, _DOC_NODES):
+            d = ast.get_docstring(node, clean=True)
+            if d:
+                yield f"{where}:{q}" if q else where, d
+        kids = []
+        for c in ast.iter_child_nodes(node):
+            if isinstance(c, _DOC_NODES[1:]):
+                kids.append((c, f"{q}.{c.name}" if q else c.name))
+            elif isinstance(c, ast.stmt) or isinstance(c, (ast.excepthandler, ast.match_case)):
+                kids.append((c, q))
+        stack.extend(reversed(kids))
+
+
+def _stdlib_docstrings(max_chars: int | None, min_chars: int = MIN_DOCSTRING) -> tuple[dict, dict]:
+    """The standard library's docstrings longer than ``min_chars`` (module docstring),
+    exact repeats left out; ``(docs, counts)``."""
+    docs, seen, n = {}, set(), 0
+    counts = {"files": 0, "unparsed_files": 0, "repeats": 0}
+    for rel, p in _stdlib_files():
+        if max_chars is not None and n >= max_chars:
+            break
+        try:
+            tree = ast.parse(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            counts["unparsed_files"] += 1
+            continue
+        counts["files"] += 1
+        for name, d in _docstrings_of(tree, str(rel)):
+            if len(d) <= min_chars:
+                continue
+            if d in seen:
+                counts["repeats"] += 1
+                continue
+            seen.add(d)
+            docs[name] = d
+            n += len(d)
+            if max_chars is not None and n >= max_chars:
+                break
+    if not docs:
+        raise RuntimeError(f"load_text('pydoc_docstrings'): no Python sources with docstrings under "
+                           f"{str(_stdlib_root())!r} (this distribution ships only compiled modules); use "
+                           "corpus='pydoc_topics'")
+    return docs, counts
+
+
+def _with_docstrings(topics: TextCorpus, max_chars: int | None, k: int = 40) -> TextCorpus:
+    """``topics`` (split by document) with the standard library's docstrings added to its
+    training split (module docstring, ``"pydoc_docstrings"``)."""
+    from .dedup import _grams
+
+    docs, counts = _stdlib_docstrings(max_chars)
+    val_docs = _pydoc_topics()
+    val_text = "\n".join(val_docs[name] for name in topics.val_documents)  # as char_corpus joins them
+    grams = _grams(val_text, k)
+    quoting = [name for name, d in docs.items() if any(d[i:i + k] in grams for i in range(len(d) - k + 1))]
+    for name in quoting:
+        del docs[name]
+    train_text = "\n".join([topics.vocab.decode(topics.train), *docs.values()])
+    vocab = CharVocab(train_text)
+    val_ids = vocab.encode(val_text, errors="replace")
+    info = dict(topics.info)
+    info.update({"train_chars": len(train_text), "val_chars": len(val_text), "python": platform.python_version(),
+                 "topics_train_chars": topics.info["train_chars"], "docstrings": len(docs),
+                 "docstring_chars": sum(len(d) for d in docs.values()), "min_docstring": MIN_DOCSTRING,
+                 "docstrings_quoting_val": quoting, "docstring_files": counts["files"],
+                 "unparsed_files": counts["unparsed_files"], "docstring_repeats": counts["repeats"],
+                 "train_sha256": hashlib.sha256(train_text.encode("utf-8")).hexdigest()})
+    return TextCorpus("pydoc_docstrings", vocab, vocab.encode(train_text), val_ids,
+                      [*topics.train_documents, *docs], list(topics.val_documents), int((val_ids == 0).sum()), info)
 
 
 def char_corpus(documents, *, val_fraction: float = 0.1, seed: int = 0, name: str = "text") -> TextCorpus:
@@ -337,12 +439,16 @@ def load_text(corpus: str = "pydoc_topics", *, val_fraction: float = 0.1, seed: 
     """A corpus of :data:`CORPORA`, split by document with ``seed`` (module docstring).
 
     ``max_chars`` keeps the first documents (in name order) up to about that many
-    characters before the split (``None``: all).
+    characters before the split (``None``: all); for ``"pydoc_docstrings"`` it caps the
+    docstrings added to the training split.
     """
     if corpus not in CORPORA:
         raise ValueError(f"load_text.corpus: expected one of {CORPORA}, got {corpus!r}")
     if max_chars is not None:
         max_chars = _int(max_chars, "load_text.max_chars", 2)
+    if corpus == "pydoc_docstrings":
+        topics = char_corpus(_pydoc_topics(), val_fraction=val_fraction, seed=seed, name="pydoc_topics")
+        return _with_docstrings(topics, max_chars)
     docs = _pydoc_topics() if corpus == "pydoc_topics" else _stdlib_sources(max_chars)
     if max_chars is not None and corpus == "pydoc_topics":
         kept, n = {}, 0
