@@ -96,3 +96,63 @@ def test_stripped_pydoc_data(monkeypatch):
     monkeypatch.setitem(sys.modules, "pydoc_data.topics", None)  # what a stripped distribution looks like
     with pytest.raises(RuntimeError, match=r"no pydoc_data\.topics.*corpus='stdlib'"):
         load_text("pydoc_topics")
+
+
+def _docstrings_by_walk(path, min_chars):
+    """The docstrings of a file, found independently (``ast.walk``, not the loader's order)."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {d for n in ast.walk(tree) if isinstance(n, kinds) for d in [ast.get_docstring(n)] if d and len(d) > min_chars}
+
+
+def test_docstrings_corpus_adds_training_text_only(topics):
+    import hashlib
+    import sysconfig
+    from pathlib import Path
+
+    from opsplit.data.dedup import deduplicate, shared_substrings
+    from opsplit.data.text import MIN_DOCSTRING
+
+    c = load_text("pydoc_docstrings", max_chars=60_000, seed=0)
+    again = load_text("pydoc_docstrings", max_chars=60_000, seed=0)
+    assert torch.equal(c.train, again.train) and c.info["train_sha256"] == again.info["train_sha256"]  # deterministic
+    train = c.vocab.decode(c.train)
+    assert c.info["train_sha256"] == hashlib.sha256(train.encode()).hexdigest()
+    # the validation split is the topics' own, character for character; the training text starts with theirs
+    assert c.val_documents == topics.val_documents and c.vocab.decode(c.val) == topics.vocab.decode(topics.val)
+    topics_train = topics.vocab.decode(topics.train)
+    assert train.startswith(topics_train + "\n") and c.train_documents[:len(topics.train_documents)] == \
+        topics.train_documents
+    added = train[len(topics_train) + 1:]
+    assert len(added) > 50_000 and not set(c.info["docstrings_quoting_val"]) & set(c.train_documents)
+    assert c.info["docstrings"] == len(c.train_documents) - len(topics.train_documents)
+    # the docstrings are those of the standard library's files (found here by ast.walk), over 200 characters
+    root = Path(sysconfig.get_paths()["stdlib"])
+    names = c.train_documents[len(topics.train_documents):]
+    files = sorted({n.split(":")[0] for n in names})
+    assert files == sorted(files) and names[0].split(":")[0] == files[0]
+    expected = set().union(*(_docstrings_by_walk(root / f, MIN_DOCSTRING) for f in files[:-1]))
+    val = c.vocab.decode(c.val)
+    kept = {d for d in expected if shared_substrings(d, val, 40) == 0}  # those quoting no validation text
+    assert all(d in added for d in kept)
+    assert sum(n.split(":")[0] in files[:-1] for n in names) == len(kept)  # and no others, each once
+    # no text of the validation documents in the docstrings; deduplicating the validation text against the
+    # larger training text leaves what deduplicating against the topics' training text leaves
+    assert shared_substrings(added, val, 40) == 0
+    assert deduplicate(val, train)[0] == deduplicate(val, topics_train)[0]
+
+
+def test_docstrings_quoting_validation_left_out(monkeypatch, topics):
+    from opsplit.data import text as text_mod
+
+    val = topics.vocab.decode(topics.val)
+    quote = "x" * 300 + val[1000:1040]  # one 40-character substring of the validation documents
+    fresh = "y" * 300
+    monkeypatch.setattr(text_mod, "_stdlib_docstrings",
+                        lambda max_chars: ({"a.py:f": quote, "b.py:g": fresh}, {"files": 2, "unparsed_files": 0,
+                                                                                "repeats": 0}))
+    c = load_text("pydoc_docstrings", seed=0)
+    assert c.info["docstrings_quoting_val"] == ["a.py:f"] and c.train_documents[-1] == "b.py:g"
+    assert c.vocab.decode(c.train).endswith("\n" + fresh) and quote not in c.vocab.decode(c.train)
