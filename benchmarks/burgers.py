@@ -48,7 +48,8 @@ OUT = Path(__file__).resolve().parent / "out" / "burgers"
 FIG = Path(__file__).resolve().parents[1] / "docs" / "figures" / "burgers_resolution.png"
 
 #: opsplit's variants: name -> (attention, scheme)
-VARIANTS = {f"{a}-{s}": (a, s) for a in ("galerkin", "fourier", "softmax") for s in ("lie", "strang")}
+#: ("none": no attention term, the attention-free splitting flow: what the attention adds)
+VARIANTS = {f"{a}-{s}": (a, s) for a in ("galerkin", "fourier", "softmax", "none") for s in ("lie", "strang")}
 MODELS = ("fno", *VARIANTS)
 
 #: published figures (relative L2 test error), with their budgets

@@ -174,3 +174,27 @@ def test_spectral_convolution_second_derivatives():
     g = _grid(n, ny)
     u = torch.randn(1, n, ny, dtype=F64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda u: op(u, grid=g), (u,))
+
+
+def test_attention_free_model_is_a_residual_fno_layer_per_step():
+    """``attention="none"``, ``nonlinearity="map"``, Lie: per step v <- gelu(v + h sum_j
+    kappa(x_i - x_j) v_j + v W_l + b) with the piece of that step (eq. S, Delta t = 1),
+    written out as the O(N^2) kernel sum, between the lifting and the projection."""
+    n_t, d, M1, n = 3, 5, 4, 11
+    m = NeuralOperatorTransformer("none", "lie", d_model=d, heads=1, n_steps=n_t, modes=M1, hidden=6,
+                                  nonlinearity="map", generator=torch.Generator().manual_seed(3), dtype=F64)
+    assert [type(s.terms[0]).__name__ for s in m.propagator.scheme.substeps] == ["SpectralConvolution", "Activation"]
+    conv = m.propagator.scheme.substeps[0].terms[0]
+    u = _smooth_field(n)
+    x = torch.arange(n, dtype=F64) / n
+    with torch.no_grad():
+        v = m.lifting(u)
+        for k in range(n_t):
+            w, wl, b = conv.weight.pieces[k], conv.local.pieces[k], conv.bias.pieces[k]
+            K = w[0, 0].expand(n, n, d, d).clone()
+            for mm in range(1, M1):
+                ph = (2 * math.pi * mm * (x[:, None] - x[None, :]))[..., None, None]
+                K = K + 2 * (w[0, mm] * torch.cos(ph) - w[1, mm] * torch.sin(ph))
+            v = torch.nn.functional.gelu(v + torch.einsum("ijab,zja->zib", K, v) / n + v @ wl + b)
+        ref = m.projection(v)
+        torch.testing.assert_close(m(u), ref, rtol=1e-12, atol=1e-12)

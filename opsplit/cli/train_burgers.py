@@ -27,7 +27,7 @@ examples:
 burgers.toml:
   task = "burgers"        # the continuous transformer as a neural operator (docs/burgers.md)
   [model]
-  attention = "galerkin"  # galerkin, fourier or softmax
+  attention = "galerkin"  # galerkin, fourier, softmax or none (no attention term)
   scheme = "strang"       # lie or strang
   [train]
   resolution = 256        # the grid of training
@@ -35,7 +35,7 @@ burgers.toml:
   eval_resolutions = [256, 512, 1024, 2048, 4096, 8192]
 """
 
-ATTENTIONS = ("galerkin", "fourier", "softmax")
+ATTENTIONS = ("galerkin", "fourier", "softmax", "none")
 SCHEMES = ("lie", "strang")
 NONLINEARITIES = ("ffn", "map")
 
@@ -130,11 +130,13 @@ def forward_flops(m: dict, n: int) -> tuple[float, float]:
         conv += 2.0 * n * d * d  # the local part
     ffn = 4.0 * n * d * f if m["nonlinearity"] == "ffn" else 0.0
     attn = 8.0 * n * d * k + (4.0 * n * k * k / h if m["attention"] != "softmax" else 4.0 * n * n * k)
+    n_att = 0 if m["attention"] == "none" else 1
+    attn *= n_att
     twice = 2 if m["scheme"] == "strang" else 1
     if m["nonlinearity"] == "ffn":  # convolution and feed-forward outer, the attention in the middle
-        per_step, calls = twice * (conv + ffn) + attn, 2 * twice + 1
+        per_step, calls = twice * (conv + ffn) + attn, 2 * twice + n_att
     else:  # convolution and attention outer, the activation map in the middle
-        per_step, calls = twice * (conv + attn), 2 * twice + 1
+        per_step, calls = twice * (conv + attn), twice * (1 + n_att) + 1
     edge = 2.0 * n * (1 + 2 * m["n_freq"]) * d + 2.0 * n * d * 128 + 2.0 * n * 128
     return m["n_steps"] * per_step + edge, float(m["n_steps"] * calls + 2)
 

@@ -25,6 +25,11 @@ the others twice), :math:`N_t` steps on :math:`[0, T]`, controls piecewise const
   ``modes`` modes): derivatives on the band it resolves (``conv=False`` leaves it out);
 * :math:`A_{\text{ffn}}`: the pointwise feed-forward integral operator (GELU).
 
+``attention="none"`` leaves :math:`A_{\text{att}}` out: the attention-free flow of the
+convolution integral and the pointwise terms (with ``nonlinearity="map"``, a splitting flow
+in the place of FNO's layers :math:`v \leftarrow \sigma(Kv + Wv)`) — the ablation that
+measures what the attention integral adds (``docs/burgers.md``).
+
 **Why it is resolution-invariant by construction.**  Every integral over :math:`\Omega_x`
 carries the quadrature weight :math:`h = L/N_x` (the attention integrals, the convolution);
 the convolution kernel is a function of the offset in units of :math:`L`, not of a grid
@@ -79,8 +84,8 @@ def _layerwise(module: nn.Module) -> None:
             if isinstance(child, PiecewiseConstant) and not child.positive:
                 setattr(mod, name, LayerwiseConstant(child.values.detach(), t0=child.t0, t1=child.t1, axes=child.axes))
 
-#: the attention integrals the model offers
-ATTENTIONS = ("galerkin", "fourier", "softmax")
+#: the attention integrals the model offers (``"none"``: no attention term)
+ATTENTIONS = ("galerkin", "fourier", "softmax", "none")
 #: the splitting schemes it offers
 SCHEMES = ("lie", "strang")
 #: where the model's pointwise nonlinearity is: a feed-forward term (``"ffn"``) or an
@@ -93,13 +98,15 @@ class NeuralOperatorTransformer(nn.Module):
     periodic :math:`\Omega_x` (see the module docstring).
 
     Args:
-        attention: ``"galerkin"``, ``"fourier"`` or ``"softmax"``.
+        attention: ``"galerkin"``, ``"fourier"``, ``"softmax"`` or ``"none"`` (no attention
+            term: the attention-free flow).
         scheme: ``"lie"`` or ``"strang"``.
         d_model: :math:`N_y`, the features of the state.
         heads: attention heads (``d_model`` must be divisible by it).
         n_steps: :math:`N_t` (one weight set per step).
         T: final time (default ``n_steps``: :math:`\Delta t = 1`).
-        modes: Fourier modes :math:`0..M` of the convolution kernel (``M + 1`` of them).
+        modes: the number of Fourier modes of the convolution kernel, :math:`0..M` with
+            :math:`M = \text{modes} - 1`.
         d_ff: hidden width of the feed-forward term.
         n_freq: frequencies of the positions.
         hidden: hidden width of the projection.
@@ -153,7 +160,9 @@ class NeuralOperatorTransformer(nn.Module):
         self.lifting = Lifting(in_channels, d, n_freq=n_freq, length=length, rule="left",
                                min_nodes=self.min_nodes, **fk)
         pieces = {"n_pieces": n_t, "t0": 0.0, "t1": T}
-        if attention == "softmax":
+        if attention == "none":
+            att = None
+        elif attention == "softmax":
             att = MultiHeadAttention.create(d, H, head_dim=head_dim, scale=1.0 / math.sqrt(head_dim), **pieces, **fk)
         else:
             cls = GalerkinAttention if attention == "galerkin" else FourierAttention
@@ -162,12 +171,12 @@ class NeuralOperatorTransformer(nn.Module):
             # the attention last: Strang evaluates the middle term once per step and the outer
             # ones twice, and the attention is the costliest term
             terms = [SpectralConvolution.create(d, modes, **pieces, **fk)] if conv else []
-            terms += [FeedForward.create(d, d_ff, activation="gelu", **pieces, **fk), att]
+            terms += [FeedForward.create(d, d_ff, activation="gelu", **pieces, **fk)] + ([att] if att else [])
         else:
             # the convolution with its local part, the attention, then the activation map (a
             # map substep: in the middle of a Strang step, applied once)
-            terms = [SpectralConvolution.create(d, modes, bias=True, local=True, **pieces, **fk), att,
-                     Activation("gelu")]
+            terms = [SpectralConvolution.create(d, modes, bias=True, local=True, **pieces, **fk)] + \
+                ([att] if att else []) + [Activation("gelu")]
         grid = Grid(x=Interval(length=length, rule="left"), y=Interval.paper(d))
         for op in terms:  # one parameter per step (LayerwiseConstant): no full-size gradient per use
             _layerwise(op)

@@ -80,7 +80,7 @@ CASES = cases(
     ("model-int-field", lambda: _model()(torch.zeros(2, 16, dtype=torch.long)), TypeError, r"floating-point"),
     ("model-float64-field", lambda: _model()(_field().double()), TypeError, r"expected a torch.float32 tensor"),
     ("model-attention-name", lambda: NeuralOperatorTransformer("linear"), ValueError,
-     r"attention: expected one of \('galerkin', 'fourier', 'softmax'\)"),
+     r"attention: expected one of \('galerkin', 'fourier', 'softmax', 'none'\)"),
     ("model-heads-divide", lambda: NeuralOperatorTransformer(d_model=6, heads=4), ValueError,
      r"d_model = 6 is not divisible by heads = 4"),
     ("spectral-too-few-nodes", lambda: _conv(8), ValueError, r"N_x = 8 nodes; the operator needs N_x >= 9"),
