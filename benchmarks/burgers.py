@@ -262,7 +262,8 @@ def check_solver(n: int = 50, seed: int = 0) -> None:
 
 
 def label(run: dict) -> str:
-    return f"{run['model']} (seed {run['seed']}{', subnormals flushed' if run.get('flush_denormal') else ''})"
+    what = ", no attention term" if run["model"].startswith("none-") else ""
+    return f"{run['model']} (seed {run['seed']}{what}{', subnormals flushed' if run.get('flush_denormal') else ''})"
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -308,7 +309,8 @@ def report(tag: str = "", extra_tags=()) -> None:
         e = {int(k): v for k, v in run["test_error"].items()}
         ks = sorted(e)
         style = dict(lw=2.2, color="k") if run["model"] == "fno" else dict(lw=1.3)
-        ax.plot(ks, [e[k] for k in ks], "o-", label=label(run), ms=3, **style)
+        fmt = "o--" if run["model"] == "fno" and run.get("flush_denormal") else "o-"
+        ax.plot(ks, [e[k] for k in ks], fmt, label=label(run), ms=3, **style)
     for name, tab in PUBLISHED.items():
         ks = sorted(tab)
         ax.plot(ks, [tab[k] for k in ks], "x--", color="gray" if "FNO" in name else "tab:brown", label=name)

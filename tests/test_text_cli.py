@@ -320,3 +320,22 @@ def test_text_estimate_counts_the_corpus_and_the_windows():
         # the validation windows: 23 times as many (the training is the same)
         assert train_text.estimate(std).seconds > 3 * train_text.estimate(pydoc).seconds
     assert corpus_chars("pydoc_topics", 20000) < 40000
+
+
+def test_the_continuous_recipe_keys(tmp_path):
+    """train.solvers / solvers_weights / kinetic reach the trainer: every step draws its
+    substep solver with the given weights and its loss is the data term plus the weighted
+    kinetic energy (steps.csv); the report says so."""
+    text = TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [1, 3]\n'
+                        "kinetic = 0.25\n").replace("steps = 6\n", "steps = 8\n")
+    cfg = tmp_path / "text.toml"
+    cfg.write_text(text)
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    rows = _rows(tmp_path / "r" / "train" / "steps.csv")
+    # (the model's own solver, explicit Euler, is recorded as an empty cell)
+    assert len(rows) == 8 and {r["solver"] or "euler" for r in rows} == {"euler", "heun"}
+    for r in rows:
+        assert float(r["kinetic"]) > 0
+        assert math.isclose(float(r["loss"]), float(r["data"]) + 0.25 * float(r["kinetic"]), rel_tol=1e-5)
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "substep solver drawn from ['euler', 'heun'] (weights: [1.0, 3.0]), kinetic cost weight 0.25" in report

@@ -309,7 +309,11 @@ def _cli_change(change, run_keys: dict) -> str:
     if change.where != "TrainConfig":
         return f"the model ([model] edited): {change.where + '.' if change.where else ''}{change.key} = " \
                f"{change.checkpoint!r} in the checkpoint, {change.model!r} now"
-    return f"{_cli_key(change, run_keys)} = {change.checkpoint!r} in the checkpoint, {change.model!r} in config.toml"
+    def shown(v):  # a setting left to its default is None in TrainConfig
+        return "unset (the default)" if v is None else repr(v)
+
+    return f"{_cli_key(change, run_keys)} = {shown(change.checkpoint)} in the checkpoint, {shown(change.model)} in " \
+           "config.toml"
 
 
 def _allowed_names(allow, run_keys: dict, data_keys) -> frozenset:

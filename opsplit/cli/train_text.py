@@ -36,6 +36,9 @@ text.toml:
   [train]
   steps = 150
   n_steps = [2, 4, 8]     # N_t of training: one value, or several (one drawn per step)
+  solvers = ["euler", "heun"]   # substep solvers of training (one drawn per step)
+  solvers_weights = [3, 1]      # their weights ("cost": each the same compute; "uniform")
+  kinetic = 0.1                 # the flow's relative kinetic energy (docs/continuity.md)
 """
 
 ATTENTIONS = ("softmax", "sliced_relu")
@@ -52,7 +55,8 @@ DATA_KEYS = ("data.corpus", "data.val_fraction", "data.split_seed", "data.max_ch
 #: the TrainConfig fields a resume compares -> the config keys that set them
 RUN_KEYS = {"lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
             "seed": "train.seed", "batch_size": "train.batch_size", "epochs": "train.steps",
-            "max_steps": "train.steps", "train_n_steps": "train.n_steps"}
+            "max_steps": "train.steps", "train_n_steps": "train.n_steps", "train_solvers": "train.solvers",
+            "train_solvers_weights": "train.solvers_weights"}
 
 SCHEMA = {
     TOP: {"task": Field("str", "text", "the training task: digits (a ViT on the bundled digits) or text "
@@ -74,6 +78,15 @@ SCHEMA = {
         "warmup_steps": Field("int", 15, "linear warm-up steps", at_least(0)),
         "n_steps": Field("int_list", [4], "N_t of training: one value, or several (each step draws one: "
                          "TrainConfig.train_n_steps)", at_least(1)),
+        "solvers": Field("str_list", ["euler"], "substep solvers of training: ['euler'] (the model's own), or "
+                         "several (each step draws one: TrainConfig.train_solvers)",
+                         choices=("euler", "heun", "rk4")),
+        "solvers_weights": Field("weights", "cost", "how train.solvers are drawn: cost (probability "
+                                 "proportional to 1/stages: each solver the same compute), uniform, or one "
+                                 "positive weight per solver"),
+        "kinetic": Field("float", 0.0, "weight of the flow's relative kinetic energy (a running cost that makes "
+                         "the flow easy to solve; docs/continuity.md)", at_least(0)),
+        "acceleration": Field("float", 0.0, "weight of the flow's relative acceleration", at_least(0)),
         "gradient": Field("str", "backprop", "how the gradient of J is computed", choices=GRADIENTS),
         "save_every": Field("int", 50, "checkpoint every this many steps (for --resume)", at_least(1)),
         "seed": seed_field("seed of the training windows and the trainer"),
@@ -119,12 +132,25 @@ check_new_folder = _digits.check_new_folder
 
 def check(cfg) -> None:
     """The cross-key checks (no corpus read, no model built)."""
-    m, d, g = cfg["model"], cfg["data"], cfg["generate"]
+    m, d, g, t = cfg["model"], cfg["data"], cfg["generate"], cfg["train"]
     if cfg[TOP]["task"] != "text":
         raise ConfigError(f"task: expected 'text' for this schema, got {cfg[TOP]['task']!r}")
     if m["attention"] == "softmax" and m["d_model"] % m["heads"]:
         raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']} (softmax heads "
                           f"split the features), got {m['heads']}")
+    for key in ("n_steps", "solvers"):
+        seen = [n for i, n in enumerate(t[key]) if n in t[key][:i]]
+        if seen:
+            raise ConfigError(f"train.{key}: expected distinct entries, got {seen[0]!r} twice in {t[key]}")
+    w = t["solvers_weights"]
+    if isinstance(w, list) and len(w) != len(t["solvers"]):
+        raise ConfigError(f"train.solvers_weights: expected 'cost', 'uniform' or one weight per solver of "
+                          f"train.solvers = {t['solvers']}, got {w}")
+    flows = [k for k in ("kinetic", "acceleration") if t[k]]
+    if flows and t["gradient"] != "backprop":
+        raise ConfigError(f"train.{flows[0]}: a flow cost reads every step of the forward solve, which "
+                          f"train.gradient = {t['gradient']!r} recomputes; expected train.gradient = 'backprop' "
+                          f"(or train.{flows[0]} = 0)")
     if d["max_chars"] == 1:
         raise ConfigError("data.max_chars: expected 0 (all) or at least 2 characters, got 1")
     if len(g["prompt"]) + g["max_new_tokens"] > m["context"]:
@@ -191,6 +217,11 @@ def estimate(cfg) -> Estimate:
     m, t, d, g = cfg["model"], cfg["train"], cfg["data"], cfg["generate"]
     N, dm = m["context"], m["d_model"]
     mean_n = sum(t["n_steps"]) / len(t["n_steps"])
+    if t["solvers"] != ["euler"]:  # the mean field evaluations per substep of the drawn solvers
+        from ..control.resolution import expected_stages
+
+        w = t["solvers_weights"]
+        mean_n *= expected_stages(t["solvers"], tuple(w) if isinstance(w, list) else "cost" if w == "cost" else None)
     fwd, calls = forward_flops(m, 1)
     work = Estimate(t["steps"] * t["batch_size"] * 3 * fwd * mean_n, t["steps"] * 3 * calls * mean_n)
     chars = _corpus_chars(d["corpus"], d["max_chars"])
@@ -275,20 +306,33 @@ def train_config(cfg, progress: bool = True):
 
     m, t = cfg["model"], cfg["train"]
     multi = None if t["n_steps"] == [m["layers"]] else tuple(t["n_steps"])
+    sol = None if t["solvers"] == ["euler"] else tuple(t["solvers"])
+    w = t["solvers_weights"]
+    weights = (tuple(w) if isinstance(w, list) else "cost" if w == "cost" else None) if sol else None
     return TrainConfig(epochs=1, batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
                        betas=(0.9, 0.99), schedule="cosine", warmup_steps=t["warmup_steps"], min_lr_ratio=0.1,
                        grad_clip=1.0, gradient=t["gradient"], seed=t["seed"], shuffle=False,
-                       train_n_steps=multi, save_every=t["save_every"], progress=progress,
+                       train_n_steps=multi, train_solvers=sol, train_solvers_weights=weights,
+                       save_every=t["save_every"], progress=progress,
                        extra=_digits.data_settings(cfg, DATA_KEYS))
+
+
+def objective(cfg):
+    """The objective: the next-character cross-entropy and the flow costs of ``train.kinetic``
+    and ``train.acceleration``."""
+    from ..control import Objective
+
+    t = cfg["train"]
+    return Objective(lm_loss, output="logits", kinetic=t["kinetic"], acceleration=t["acceleration"])
 
 
 def check_resumed(cfg, plan, folder: Path, allow=None) -> None:
     """``--resume``: the folder's checkpoint against this config, before anything is
     written (:func:`opsplit.cli.train.check_checkpoint`); one step per ``batch_size``
     windows."""
-    from ..control import Objective, Trainer
+    from ..control import Trainer
 
-    trainer = Trainer(plan["model"], Objective(lm_loss, output="logits"), train_config(cfg, progress=False))
+    trainer = Trainer(plan["model"], objective(cfg), train_config(cfg, progress=False))
     _digits.check_checkpoint(plan, folder, allow, trainer=trainer, total_steps=cfg["train"]["steps"],
                              run_keys=RUN_KEYS, data_keys=DATA_KEYS)
 
@@ -357,12 +401,12 @@ class _BitsBar:
 
 
 def fit(cfg, plan, folder: Path, progress: bool):
-    from ..control import Objective, Trainer
+    from ..control import Trainer
     from ..control.checkpoint import latest_checkpoint
 
     stop = _digits._InterruptAtStepEnd()
     bar = _BitsBar(cfg["train"]["steps"], progress)
-    trainer = Trainer(plan["model"], Objective(lm_loss, output="logits"), train_config(cfg, False),
+    trainer = Trainer(plan["model"], objective(cfg), train_config(cfg, False),
                       augment=bar.wrap(stop.wrap(None)))
     bar.trainer = trainer
     folder.mkdir(parents=True, exist_ok=True)
@@ -421,7 +465,11 @@ def run(cfg, plan, out, progress=True):
         f"{m['context']}) trained on {corpus.name} ({corpus.train.numel()} training characters in "
         f"{len(corpus.train_documents)} documents, {corpus.val.numel()} validation characters in "
         f"{len(corpus.val_documents)} documents, vocabulary {corpus.vocab.size}), AdamW, {trainer.step} steps of "
-        f"{t['batch_size']} windows at N_t in {t['n_steps']}" + (" (resumed from a checkpoint)" if resumed else "")
+        f"{t['batch_size']} windows at N_t in {t['n_steps']}"
+        + (f" with a substep solver drawn from {t['solvers']} (weights: {t['solvers_weights']})"
+           if t["solvers"] != ["euler"] else "")
+        + "".join(f", {k} cost weight {t[k]:g}" for k in ("kinetic", "acceleration") if t[k])
+        + (" (resumed from a checkpoint)" if resumed else "")
         + ". The controls are functions of t, so the model is evaluated and sampled at other N_t."
     )
     steps = history.steps

@@ -126,6 +126,32 @@ CLI = rows(
      "train.gradient: expected one of 'backprop', 'checkpoint', got 'adjoint'", cfg()),
     ("cli-text-n-t-0", ["train", *CFG, "--n-steps", "0", *OUT], "train.n_steps: expected values >= 1, got [0]",
      cfg()),
+    ("cli-text-n-steps-repeated", ["train", *CFG, *OUT], "train.n_steps: expected distinct entries, got 2 twice "
+     "in [2, 2]", cfg(**{"batch_size = 2\n": "batch_size = 2\nn_steps = [2, 2]\n"})),
+    ("cli-text-n-steps-negative", ["train", *CFG, *OUT], "train.n_steps: expected values >= 1, got [2, -1]",
+     cfg(**{"batch_size = 2\n": "batch_size = 2\nn_steps = [2, -1]\n"})),
+    ("cli-text-solver-unknown", ["train", *CFG, *OUT], "train.solvers: expected each of one of 'euler', 'heun', "
+     "'rk4', got 'midpoint'", cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["euler", "midpoint"]\n'})),
+    ("cli-text-solver-repeated", ["train", *CFG, *OUT], "train.solvers: expected distinct entries, got 'heun' twice",
+     cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["heun", "heun"]\n'})),
+    ("cli-text-solver-weights-count", ["train", *CFG, *OUT], "train.solvers_weights: expected 'cost', 'uniform' or "
+     "one weight per solver of train.solvers = ['euler', 'heun'], got [1.0]",
+     cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["euler", "heun"]\nsolvers_weights = [1]\n'})),
+    ("cli-text-solver-weights-zero", ["train", *CFG, *OUT], "train.solvers_weights: expected 'cost', 'uniform' or a "
+     "non-empty list of positive numbers, got [3.0, 0.0]",
+     cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["euler", "heun"]\nsolvers_weights = [3, 0]\n'})),
+    ("cli-text-solver-weights-name", ["train", *CFG, *OUT], "train.solvers_weights: expected 'cost', 'uniform' or a "
+     "non-empty list of positive numbers, got 'costly'",
+     cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers_weights = "costly"\n'})),
+    ("cli-text-kinetic-negative", ["train", *CFG, *OUT], "train.kinetic: expected",
+     cfg(**{"batch_size = 2\n": "batch_size = 2\nkinetic = -0.1\n"})),
+    ("cli-text-kinetic-nan", ["train", *CFG, *OUT], "train.kinetic: expected a finite number",
+     cfg(**{"batch_size = 2\n": "batch_size = 2\nkinetic = nan\n"})),
+    ("cli-text-acceleration-inf", ["train", *CFG, *OUT], "train.acceleration: expected a finite number",
+     cfg(**{"batch_size = 2\n": "batch_size = 2\nacceleration = inf\n"})),
+    ("cli-text-kinetic-checkpoint", ["train", *CFG, "--gradient", "checkpoint", *OUT], "train.kinetic: a flow cost "
+     "reads every step of the forward solve, which train.gradient = 'checkpoint' recomputes",
+     cfg(**{"batch_size = 2\n": "batch_size = 2\nkinetic = 0.1\n"})),
     ("cli-text-context-longer-than-data", ["train", *CFG, *OUT],
      "model.context: a window of 3000 characters and its targets need 3001 characters, but the validation split",
      cfg(**{"context = 24": "context = 3000", "max_chars = 20000": "max_chars = 12000"})),
@@ -212,6 +238,9 @@ RUN_ROWS = run_rows(
     ("resume-max-chars", RESUME, "differs from the run that wrote the checkpoint '{run}/train/checkpoints/"
      "step-00000002': data.max_chars = 20000 in the checkpoint, 30000 in config.toml",
      config_edit("max_chars = 20000", "max_chars = 30000")),
+    ("resume-solvers", RESUME, "train.solvers = unset (the default) in the checkpoint, ['euler', 'heun'] in "
+     "config.toml",
+     config_edit('solvers = ["euler"]', 'solvers = ["euler", "heun"]')),
     ("resume-split-seed", RESUME, "data.split_seed = 0 in the checkpoint, 7 in config.toml",
      config_edit("split_seed = 0", "split_seed = 7")),
     ("resume-val-fraction", RESUME, "data.val_fraction = 0.1 in the checkpoint, 0.2 in config.toml",
@@ -246,7 +275,8 @@ RUN_ROWS = run_rows(
         f / "train" / "checkpoints" / "step-00000002" / "meta.json").write_text("{")),
     ("resume-allow-unknown", (*RESUME, "--allow-changes", "train.lrx"), "--allow-changes: expected keys that a resume "
      "compares (data.corpus, data.max_chars, data.split_seed, data.val_fraction, train.batch_size, train.lr, "
-     "train.n_steps, train.seed, train.steps, train.warmup_steps, train.weight_decay), got 'train.lrx'"),
+     "train.n_steps, train.seed, train.solvers, train.solvers_weights, train.steps, train.warmup_steps, "
+     "train.weight_decay), got 'train.lrx'"),
     ("resume-allow-model-key", (*RESUME, "--allow-changes", "model.scheme"), "--allow-changes: expected keys that a "
      "resume compares", config_edit('scheme = "lie"', 'scheme = "strang"')),
     ("gen-nan-weights", GEN, "folder: checkpoint '{run}/train/checkpoints/step-00000002': the weights ",
