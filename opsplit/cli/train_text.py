@@ -26,7 +26,7 @@ examples:
   opsplit generate runs/text --prompt "The " --n-t 8
 
 text.toml:
-  task = "text"           # a character-level GPT on pydoc_data.topics
+  task = "text"           # a character-level GPT on pydoc_data.topics (data.corpus)
   [model]
   context = 256
   d_model = 128
@@ -44,7 +44,7 @@ text.toml:
 ATTENTIONS = ("softmax", "sliced_relu")
 SCHEMES = ("lie", "strang")
 GRADIENTS = ("backprop", "checkpoint")
-CORPORA = ("pydoc_topics", "stdlib")
+CORPORA = ("pydoc_topics", "stdlib", "pydoc_docstrings")
 VOCAB = "vocab.json"
 #: the smallest sampling temperature: below it the float32 logits divided by it leave one
 #: character with all the probability (or overflow), i.e. the most likely one (--greedy)
@@ -98,7 +98,8 @@ SCHEMA = {
         "val_fraction": Field("float", 0.1, "held-out share of the characters (whole documents)",
                               lambda v: None if 0 < v < 1 else "a number in (0, 1)"),
         "split_seed": seed_field("seed of the split by document"),
-        "max_chars": Field("int", 0, "use the first documents up to this many characters (0: all)", at_least(0)),
+        "max_chars": Field("int", 0, "use the first documents up to this many characters (0: all; "
+                           "pydoc_docstrings: caps the docstrings, the topics stay whole)", at_least(0)),
         "eval_windows": Field("int", 0, "validation windows evaluated (0: all)", at_least(0)),
     },
     "generate": {
