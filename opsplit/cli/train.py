@@ -408,19 +408,11 @@ def check(cfg) -> None:
                           "torchdiffeq, and model.solver = 'euler' has none (each substep is one "
                           "explicit Euler step); expected model.solver = 'rk4' with 'adjoint', or "
                           "train.gradient = 'backprop' or 'checkpoint'")
-    for key in ("train_n_steps", "eval_n_steps", "train_solvers", "eval_solvers"):
-        seen = [n for i, n in enumerate(t[key]) if n in t[key][:i]]
-        if seen:
-            what = "N_t" if key.endswith("n_steps") else "solvers"
-            raise ConfigError(f"train.{key}: expected distinct {what}, got {seen[0]} twice in {t[key]}")
+    check_distinct(t, ("train_n_steps", "eval_n_steps", "train_solvers", "eval_solvers"))
     if m["solver"] != "euler" and t["train_solvers"] != [m["solver"]]:
         raise ConfigError(f"train.train_solvers: the drawn solvers replace explicit-Euler substeps; with model.solver "
                           f"= {m['solver']!r} expected [{m['solver']!r}] (its own only), got {t['train_solvers']}")
-    flows = [k for k in ("kinetic", "acceleration", "defect") if t[k]]
-    if flows and t["gradient"] != "backprop":
-        raise ConfigError(f"train.{flows[0]}: a flow cost reads every step of the forward solve, which "
-                          f"train.gradient = {t['gradient']!r} recomputes; expected train.gradient = 'backprop' "
-                          f"(or train.{flows[0]} = 0)")
+    check_flow_costs(t, ("kinetic", "acceleration", "defect"))
     try:
         import sklearn  # noqa: F401
     except ImportError:
@@ -495,8 +487,8 @@ def estimate(cfg) -> Estimate:
     draws = t["train_n_steps"]
     from ..control.resolution import expected_stages
 
-    n_draw = expected_n_steps(draws, "cost" if t["n_steps_weights"] == "cost" else None)
-    n_draw *= expected_stages(t["train_solvers"], "cost" if t["solvers_weights"] == "cost" else None) / \
+    n_draw = expected_n_steps(draws, draw_weights(t["n_steps_weights"]))
+    n_draw *= expected_stages(t["train_solvers"], draw_weights(t["solvers_weights"])) / \
         {"euler": 1, "rk4": 4}[m["solver"]] if t["train_solvers"] != [m["solver"]] else 1.0
     fwd, calls = forward_flops(m, m["n_steps"])
     f_draw, c_draw = (fwd * n_draw / m["n_steps"], calls * n_draw / m["n_steps"])
@@ -579,6 +571,31 @@ def build_model(m: dict):
         raise ConfigError(f"model: {e}") from None
 
 
+def check_distinct(t: dict, keys) -> None:
+    """The lists ``train.<key>`` of ``keys`` (N_t or solver names) hold no entry twice."""
+    for key in keys:
+        seen = [n for i, n in enumerate(t[key]) if n in t[key][:i]]
+        if seen:
+            what = "N_t" if key.endswith("n_steps") else "solvers"
+            raise ConfigError(f"train.{key}: expected distinct {what}, got {seen[0]} twice in {t[key]}")
+
+
+def check_flow_costs(t: dict, keys) -> None:
+    """A flow cost (``train.<key>`` of ``keys`` non-zero) needs the forward solve's steps:
+    ``train.gradient = 'backprop'``."""
+    flows = [k for k in keys if t[k]]
+    if flows and t["gradient"] != "backprop":
+        raise ConfigError(f"train.{flows[0]}: a flow cost reads every step of the forward solve, which "
+                          f"train.gradient = {t['gradient']!r} recomputes; expected train.gradient = 'backprop' "
+                          f"(or train.{flows[0]} = 0)")
+
+
+def draw_weights(w):
+    """A config's draw weights as TrainConfig takes them: ``"cost"``, ``None`` (uniform) or
+    a tuple."""
+    return tuple(w) if isinstance(w, list) else "cost" if w == "cost" else None
+
+
 def train_config(cfg, progress: bool = True):
     from ..control import TrainConfig
 
@@ -590,9 +607,8 @@ def train_config(cfg, progress: bool = True):
                        schedule="cosine", warmup_steps=t["warmup_steps"], grad_clip=1.0,
                        gradient=t["gradient"], seed=t["seed"], save_every=t["save_every"],
                        train_n_steps=tns,
-                       train_n_steps_weights=("cost" if t["n_steps_weights"] == "cost" else None) if tns else None,
-                       train_solvers=sol, train_solvers_weights=("cost" if t["solvers_weights"] == "cost" else None)
-                       if sol else None,
+                       train_n_steps_weights=draw_weights(t["n_steps_weights"]) if tns else None,
+                       train_solvers=sol, train_solvers_weights=draw_weights(t["solvers_weights"]) if sol else None,
                        progress=progress, extra=data_settings(cfg, DATA_KEYS))
 
 

@@ -139,19 +139,12 @@ def check(cfg) -> None:
     if m["attention"] == "softmax" and m["d_model"] % m["heads"]:
         raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']} (softmax heads "
                           f"split the features), got {m['heads']}")
-    for key in ("n_steps", "solvers"):
-        seen = [n for i, n in enumerate(t[key]) if n in t[key][:i]]
-        if seen:
-            raise ConfigError(f"train.{key}: expected distinct entries, got {seen[0]!r} twice in {t[key]}")
+    _digits.check_distinct(t, ("n_steps", "solvers"))
     w = t["solvers_weights"]
     if isinstance(w, list) and len(w) != len(t["solvers"]):
         raise ConfigError(f"train.solvers_weights: expected 'cost', 'uniform' or one weight per solver of "
                           f"train.solvers = {t['solvers']}, got {w}")
-    flows = [k for k in ("kinetic", "acceleration") if t[k]]
-    if flows and t["gradient"] != "backprop":
-        raise ConfigError(f"train.{flows[0]}: a flow cost reads every step of the forward solve, which "
-                          f"train.gradient = {t['gradient']!r} recomputes; expected train.gradient = 'backprop' "
-                          f"(or train.{flows[0]} = 0)")
+    _digits.check_flow_costs(t, ("kinetic", "acceleration"))
     if d["max_chars"] == 1:
         raise ConfigError("data.max_chars: expected 0 (all) or at least 2 characters, got 1")
     if len(g["prompt"]) + g["max_new_tokens"] > m["context"]:
@@ -221,8 +214,7 @@ def estimate(cfg) -> Estimate:
     if t["solvers"] != ["euler"]:  # the mean field evaluations per substep of the drawn solvers
         from ..control.resolution import expected_stages
 
-        w = t["solvers_weights"]
-        mean_n *= expected_stages(t["solvers"], tuple(w) if isinstance(w, list) else "cost" if w == "cost" else None)
+        mean_n *= expected_stages(t["solvers"], _digits.draw_weights(t["solvers_weights"]))
     fwd, calls = forward_flops(m, 1)
     work = Estimate(t["steps"] * t["batch_size"] * 3 * fwd * mean_n, t["steps"] * 3 * calls * mean_n)
     chars = _corpus_chars(d["corpus"], d["max_chars"])
@@ -308,8 +300,7 @@ def train_config(cfg, progress: bool = True):
     m, t = cfg["model"], cfg["train"]
     multi = None if t["n_steps"] == [m["layers"]] else tuple(t["n_steps"])
     sol = None if t["solvers"] == ["euler"] else tuple(t["solvers"])
-    w = t["solvers_weights"]
-    weights = (tuple(w) if isinstance(w, list) else "cost" if w == "cost" else None) if sol else None
+    weights = _digits.draw_weights(t["solvers_weights"]) if sol else None
     return TrainConfig(epochs=1, batch_size=t["batch_size"], lr=t["lr"], weight_decay=t["weight_decay"],
                        betas=(0.9, 0.99), schedule="cosine", warmup_steps=t["warmup_steps"], min_lr_ratio=0.1,
                        grad_clip=1.0, gradient=t["gradient"], seed=t["seed"], shuffle=False,

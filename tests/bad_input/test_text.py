@@ -126,13 +126,13 @@ CLI = rows(
      "train.gradient: expected one of 'backprop', 'checkpoint', got 'adjoint'", cfg()),
     ("cli-text-n-t-0", ["train", *CFG, "--n-steps", "0", *OUT], "train.n_steps: expected values >= 1, got [0]",
      cfg()),
-    ("cli-text-n-steps-repeated", ["train", *CFG, *OUT], "train.n_steps: expected distinct entries, got 2 twice "
+    ("cli-text-n-steps-repeated", ["train", *CFG, *OUT], "train.n_steps: expected distinct N_t, got 2 twice "
      "in [2, 2]", cfg(**{"batch_size = 2\n": "batch_size = 2\nn_steps = [2, 2]\n"})),
     ("cli-text-n-steps-negative", ["train", *CFG, *OUT], "train.n_steps: expected values >= 1, got [2, -1]",
      cfg(**{"batch_size = 2\n": "batch_size = 2\nn_steps = [2, -1]\n"})),
     ("cli-text-solver-unknown", ["train", *CFG, *OUT], "train.solvers: expected each of one of 'euler', 'heun', "
      "'rk4', got 'midpoint'", cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["euler", "midpoint"]\n'})),
-    ("cli-text-solver-repeated", ["train", *CFG, *OUT], "train.solvers: expected distinct entries, got 'heun' twice",
+    ("cli-text-solver-repeated", ["train", *CFG, *OUT], "train.solvers: expected distinct solvers, got heun twice",
      cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["heun", "heun"]\n'})),
     ("cli-text-solver-weights-count", ["train", *CFG, *OUT], "train.solvers_weights: expected 'cost', 'uniform' or "
      "one weight per solver of train.solvers = ['euler', 'heun'], got [1.0]",
