@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -161,15 +162,47 @@ def evaluate(model, resolutions, *, n_test: int, seed: int, batch: int = 20, sub
     return out
 
 
+class CPUBudgetTrainer(Trainer):
+    """A :class:`~opsplit.control.Trainer` whose schedule follows CPU time, not the step count.
+
+    The cosine schedule's progress is the fraction of the CPU-time budget used so far,
+    ``p = (process_time() - start) / budget``, and training stops at the first optimizer
+    step that ends with ``p >= 1``.  So every model gets the same CPU time however the
+    machine's load changes its cost per step (a step-count schedule calibrated on the first
+    steps lets a model under a changing load overrun or underrun its budget).
+    """
+
+    def __init__(self, *args, budget_cpu_s: float, **kw):
+        self.budget_cpu_s = float(budget_cpu_s)
+        self._cpu0 = None
+        super().__init__(*args, **kw)
+
+    def fit(self, *args, **kw):
+        self._cpu0 = time.process_time()
+        return super().fit(*args, **kw)
+
+    def _lr_factor(self, step: int) -> float:  # called by the scheduler after each optimizer step
+        if self._cpu0 is None:
+            return 1.0
+        p = (time.process_time() - self._cpu0) / self.budget_cpu_s
+        if p >= 1.0:
+            self._total_steps = step  # the loop ends after this step
+        return 0.5 * (1 + math.cos(math.pi * min(p, 1.0)))
+
+
 def run_model(name: str, args) -> dict:
     train, test = load_burgers(args.train_res, n_train=args.n_train, n_test=args.n_test, seed=args.data_seed)
     model = build(name, args.seed, **model_kwargs(args))
     per_step = calibrate(build(name, args.seed, **model_kwargs(args)), train, args.batch)
     steps = max(1, int(args.budget / per_step))
-    config = TrainConfig(epochs=10**6, max_steps=steps, batch_size=args.batch, optimizer="adam", lr=args.lr,
+    config = TrainConfig(epochs=10**6, max_steps=10**9 if args.cpu_schedule else steps, batch_size=args.batch,
+                         optimizer="adam", lr=args.lr,
                          weight_decay=1e-4, schedule="cosine", warmup_steps=0, seed=args.seed,
                          eval_every=10**6, progress=False, grad_clip=args.grad_clip)
-    trainer = Trainer(model, Objective(relative_l2), config)
+    if args.cpu_schedule:
+        trainer = CPUBudgetTrainer(model, Objective(relative_l2), config, budget_cpu_s=args.budget)
+    else:
+        trainer = Trainer(model, Objective(relative_l2), config)
     t_cpu, t_wall, load0 = time.process_time(), time.perf_counter(), loadavg()
     trainer.fit(train)
     cpu, wall = time.process_time() - t_cpu, time.perf_counter() - t_wall
@@ -181,7 +214,8 @@ def run_model(name: str, args) -> dict:
     per_sample = evaluate(model, args.eval_res, n_test=args.n_test, seed=args.data_seed, subset=subset)
     errors = {r: float(np.mean(e)) for r, e in per_sample.items()}
     res = {"model": name, "seed": args.seed, "params": n_params(model), "train_res": args.train_res,
-           "budget_cpu_s": args.budget, "calibrated_s_per_step": per_step, "steps": trainer.step,
+           "budget_cpu_s": args.budget, "schedule": "cpu-time" if args.cpu_schedule else "steps",
+           "calibrated_s_per_step": per_step, "steps": trainer.step,
            "epochs": trainer.step * args.batch / len(train), "train_cpu_s": cpu, "train_wall_s": wall,
            "final_train_loss": float(np.mean([r["loss"] for r in hist[-50:]])), "test_error": errors,
            "test_errors_per_sample": per_sample,
@@ -355,6 +389,9 @@ def main(argv=None):
     p.add_argument("--flush-denormal", action="store_true",
                    help="flush subnormal floats to zero (torch.set_flush_denormal): softmax attention's "
                         "small probabilities otherwise slow the matrix products many times over")
+    p.add_argument("--cpu-schedule", action="store_true",
+                   help="the cosine schedule follows the CPU time used and training stops at the budget "
+                        "(instead of a step count calibrated on the first steps)")
     p.add_argument("--tag", default="", help="suffix of the result files")
     p.add_argument("--report", action="store_true")
     p.add_argument("--also-tags", nargs="+", default=[], help="--report: the runs of these tags as well")

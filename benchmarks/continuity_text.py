@@ -37,7 +37,7 @@ from ngram import best_baseline, dev_selected  # noqa: E402
 from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa: E402
 from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
 from opsplit.data.dedup import deduplicate, shared_substrings  # noqa: E402
-from opsplit.models import DecoderLM  # noqa: E402
+from opsplit.models import DecoderLM, convert_time_controls  # noqa: E402
 
 VARIANTS = {
     "one": {},
@@ -54,6 +54,11 @@ VARIANTS = {
     "heun_kin0.1": {"solvers": ("euler", "heun"), "solver_weights": "cost", "kinetic": 0.1},
     # the text recipe: Heun drawn for a quarter of the steps (1.25 field evaluations per substep on average)
     "cont": {"solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.1},
+    # controls smooth in t (Sander et al. 2022): the layer weights' L2 projection onto the
+    # first 4 Legendre polynomials of t (as many coefficients as layers), then trained
+    "leg": {"control": "legendre"},
+    "leg_cont": {"control": "legendre", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.1},
+    "leg_kin0.1": {"control": "legendre", "kinetic": 0.1},
 }
 
 
@@ -77,7 +82,9 @@ def config(args, v) -> TrainConfig:
                        progress=False)
 
 
-def build(args, vocab_size):
+def build(args, vocab_size, control: str = "piecewise_constant"):
+    """The model, nanoGPT's initial weights; ``control``: the layer weights' kind in time
+    (``convert_time_controls``: their L2 projection onto it, as many modes as layers)."""
     torch.manual_seed(args.seed)
     peer = tt.NanoGPT(vocab_size, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
     cfg = tt.opsplit_config(vocab_size, args)
@@ -85,7 +92,7 @@ def build(args, vocab_size):
         cfg = dataclasses.replace(cfg, residual_dropout=args.dropout, embedding_dropout=args.dropout)
     model = DecoderLM(cfg, generator=torch.Generator().manual_seed(args.seed))
     tt.copy_peer_weights(peer, model)
-    return model
+    return convert_time_controls(model, control, n_steps=args.layers, n_modes=args.layers)
 
 
 def run_one(name, args, corpus, val_dedup):
@@ -93,7 +100,7 @@ def run_one(name, args, corpus, val_dedup):
     train = text_windows(corpus.train, args.context, args.steps * args.batch, seed=args.seed, name="train")
     val_d = text_windows(val_dedup, args.context, name="val_dedup")
     val_full = text_windows(corpus.val, args.context, name="val")
-    model = build(args, corpus.vocab.size)
+    model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"))
     obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
                     acceleration=v.get("acceleration", 0.0))
     tr = Trainer(model, obj, config(args, v))
@@ -143,7 +150,7 @@ def timing(args, names, rounds: int, chunk: int) -> dict:
     runs = {}
     for name in names:
         v = VARIANTS[name]
-        model = build(args, corpus.vocab.size)
+        model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"))
         obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
                         acceleration=v.get("acceleration", 0.0))
         tr = Trainer(model, obj, config(args, v))

@@ -507,12 +507,12 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(dev)
         self.model.train()
         try:
-            while self.step < total:
+            while self.step < self._total_steps:  # (re-read: a schedule may end the run early)
                 epoch, offset = divmod(self.step, spe)
                 batches = self._epoch_batches(len(train), epoch)
                 t_ep = time.perf_counter()
                 for idx in batches[offset:]:
-                    if self.step >= total:
+                    if self.step >= self._total_steps:
                         break
                     t0 = time.perf_counter()
                     row = self._train_step(train, idx)
@@ -525,8 +525,8 @@ class Trainer:
                         bar.set_postfix(loss=f"{row['loss']:.4g}", epoch=epoch)
                     if out is not None and c.save_every and self.step % c.save_every == 0:
                         self._save_step(out)
-                epoch_done = self.step % spe == 0 or self.step >= total
-                if epoch_done and ((epoch + 1) % c.eval_every == 0 or self.step >= total):
+                epoch_done = self.step % spe == 0 or self.step >= self._total_steps
+                if epoch_done and ((epoch + 1) % c.eval_every == 0 or self.step >= self._total_steps):
                     erow = {"epoch": epoch, "step": self.step,
                             "train_loss": _mean(r["loss"] for r in self.history.steps if r["epoch"] == epoch),
                             "epoch_time": time.perf_counter() - t_ep,

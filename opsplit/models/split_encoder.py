@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_float, check_positive_int
-from ..controls import PiecewiseConstant, PiecewiseLinear, TimeBasis
+from ..controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear, TimeBasis
 from ..controls.projection import project_time
 from ..grid import Grid
 from ..operators import FeedForward, MultiHeadAttention, PointwiseAffine, PreNorm, ProjectionS1
@@ -67,7 +67,10 @@ SCHEMES = ("lie", "strang", "parallel", "hybrid")
 CONTROL_KINDS = ("piecewise_constant", "piecewise_linear", "legendre", "chebyshev", "cosine")
 
 
-def _new_control(kind: str, old: PiecewiseConstant, n_steps: int, n_modes: int):
+def _new_control(kind: str, old: PiecewiseConstant | LayerwiseConstant, n_steps: int, n_modes: int):
+    if isinstance(old, LayerwiseConstant):  # the same function of t: its pieces as one table
+        old = PiecewiseConstant(torch.stack([p.detach() for p in old.pieces]), t0=old.t0, t1=old.t1,
+                                axes=old.axes, requires_grad=False)
     rows = old.raw.detach()
     fk = {"dtype": rows.dtype, "device": rows.device}
     kw = dict(t0=old.t0, t1=old.t1, axes=old.axes)
@@ -81,9 +84,11 @@ def _new_control(kind: str, old: PiecewiseConstant, n_steps: int, n_modes: int):
 
 
 def convert_time_controls(module: nn.Module, kind: str, *, n_steps: int, n_modes: int = 3) -> nn.Module:
-    """Replace every (non-positive) :class:`~opsplit.controls.PiecewiseConstant` control inside
-    ``module`` by a control of ``kind`` (:data:`CONTROL_KINDS`), the :math:`L^2` projection of
-    the old one in time.  Shared controls stay shared.  Returns ``module``."""
+    """Replace every (non-positive) :class:`~opsplit.controls.PiecewiseConstant` or
+    :class:`~opsplit.controls.LayerwiseConstant` control inside ``module`` (a
+    :class:`~opsplit.models.DecoderLM`'s layer weights are the latter) by a control of
+    ``kind`` (:data:`CONTROL_KINDS`), the :math:`L^2` projection of the old one in time.
+    Shared controls stay shared.  Returns ``module``."""
     if kind not in CONTROL_KINDS:
         raise ValueError(f"control: expected one of {CONTROL_KINDS}, got {kind!r}")
     if kind == "piecewise_constant":
@@ -92,7 +97,8 @@ def convert_time_controls(module: nn.Module, kind: str, *, n_steps: int, n_modes
     memo: dict = {}
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, PiecewiseConstant) and not child.positive:
+            if (isinstance(child, LayerwiseConstant)
+                    or (isinstance(child, PiecewiseConstant) and not child.positive)):
                 if id(child) not in memo:
                     memo[id(child)] = _new_control(kind, child, n_steps, n_modes)
                 setattr(parent, name, memo[id(child)])
