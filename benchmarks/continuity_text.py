@@ -38,6 +38,9 @@ from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa:
 from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
 from opsplit.data.dedup import deduplicate, shared_substrings  # noqa: E402
 from opsplit.models import DecoderLM, convert_time_controls  # noqa: E402
+from opsplit.solvers import RK4, ExplicitEuler, Heun  # noqa: E402
+
+SOLVERS = {"euler": ExplicitEuler, "heun": Heun, "rk4": RK4}
 
 VARIANTS = {
     "one": {},
@@ -59,6 +62,10 @@ VARIANTS = {
     "leg": {"control": "legendre"},
     "leg_cont": {"control": "legendre", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.1},
     "leg_kin0.1": {"control": "legendre", "kinetic": 0.1},
+    # smooth controls solved with Heun substeps at N_t = 2: as many field evaluations as
+    # explicit Euler at N_t = 4 (the training grid is Heun at N_t = 2)
+    "leg_heun2": {"control": "legendre", "own_solver": "heun", "reference": 2},
+    "leg_heun2_kin0.1": {"control": "legendre", "own_solver": "heun", "reference": 2, "kinetic": 0.1},
 }
 
 
@@ -82,9 +89,10 @@ def config(args, v) -> TrainConfig:
                        progress=False)
 
 
-def build(args, vocab_size, control: str = "piecewise_constant"):
+def build(args, vocab_size, control: str = "piecewise_constant", solver: str = "euler", n_steps: int | None = None):
     """The model, nanoGPT's initial weights; ``control``: the layer weights' kind in time
-    (``convert_time_controls``: their L2 projection onto it, as many modes as layers)."""
+    (``convert_time_controls``: their L2 projection onto it, as many modes as layers);
+    ``solver``: the substep solver of its own (``"euler"``: GPT's layer)."""
     torch.manual_seed(args.seed)
     peer = tt.NanoGPT(vocab_size, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
     cfg = tt.opsplit_config(vocab_size, args)
@@ -92,6 +100,11 @@ def build(args, vocab_size, control: str = "piecewise_constant"):
         cfg = dataclasses.replace(cfg, residual_dropout=args.dropout, embedding_dropout=args.dropout)
     model = DecoderLM(cfg, generator=torch.Generator().manual_seed(args.seed))
     tt.copy_peer_weights(peer, model)
+    if solver != "euler":
+        for sub in model.decoder.scheme.substeps:
+            sub.solver = SOLVERS[solver]()
+    if n_steps is not None:  # the model's own N_t (its controls still live on [0, layers])
+        model.decoder.n_steps = n_steps
     return convert_time_controls(model, control, n_steps=args.layers, n_modes=args.layers)
 
 
@@ -100,7 +113,7 @@ def run_one(name, args, corpus, val_dedup):
     train = text_windows(corpus.train, args.context, args.steps * args.batch, seed=args.seed, name="train")
     val_d = text_windows(val_dedup, args.context, name="val_dedup")
     val_full = text_windows(corpus.val, args.context, name="val")
-    model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"))
+    model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"))
     obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
                     acceleration=v.get("acceleration", 0.0))
     tr = Trainer(model, obj, config(args, v))
@@ -121,8 +134,11 @@ def run_one(name, args, corpus, val_dedup):
     torch.save(model.state_dict(), out / f"{stem}.pt")
     print(json.dumps(res), flush=True)
     t = time.perf_counter()
-    c = continuity(model, val_d, loss=tt.lm_loss, output="logits", metric="bits", reference=args.layers,
-                   n_steps=args.eval_n, solvers=("trained", "rk4"), levels=args.levels, batch_size=args.eval_batch)
+    ref = v.get("reference", args.layers)  # the training grid's N_t
+    scale = ref / args.layers
+    c = continuity(model, val_d, loss=tt.lm_loss, output="logits", metric="bits", reference=ref,
+                   n_steps=[max(1, round(n * scale)) for n in args.eval_n], solvers=("trained", "rk4"),
+                   levels=[max(1, round(n * scale)) for n in args.levels], batch_size=args.eval_batch)
     res["continuity"] = c.to_dict()
     res["continuity"]["markdown"] = c.markdown()
     res["continuity"]["seconds"] = time.perf_counter() - t
@@ -150,7 +166,7 @@ def timing(args, names, rounds: int, chunk: int) -> dict:
     runs = {}
     for name in names:
         v = VARIANTS[name]
-        model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"))
+        model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"))
         obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
                         acceleration=v.get("acceleration", 0.0))
         tr = Trainer(model, obj, config(args, v))
