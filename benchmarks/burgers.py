@@ -297,13 +297,32 @@ def check_solver(n: int = 50, seed: int = 0) -> None:
 
 def label(run: dict) -> str:
     what = ", no attention term" if run["model"].startswith("none-") else ""
-    return f"{run['model']} (seed {run['seed']}{what}{', subnormals flushed' if run.get('flush_denormal') else ''})"
+    sched = ", CPU-time schedule" if run.get("schedule") == "cpu-time" else ""
+    return (f"{run['model']} (seed {run['seed']}, lr {run['lr']:g}{what}"
+            f"{', subnormals flushed' if run.get('flush_denormal') else ''}{sched})")
 
 
 # -- report ---------------------------------------------------------------------------------------------
-def report(tag: str = "", extra_tags=()) -> None:
-    """The table and the plot of the saved runs whose file name ends with ``tag`` (or with
-    one of ``extra_tags``)."""
+def seed_means(runs) -> None:
+    """Rows of the mean over weight seeds of the runs with the same model and settings (the
+    seeds listed), and for each seed run by both, opsplit's error over the peer's."""
+    groups: dict = {}
+    for run in runs:
+        key = (run["model"], run["lr"], run.get("schedule", "steps"), json.dumps(run["model_kwargs"], sort_keys=True))
+        groups.setdefault(key, []).append(run)
+    print("\n| model | learning rate | seeds | " + " | ".join(str(r) for r in RESOLUTIONS) + " |")
+    print("|" + "---|" * (3 + len(RESOLUTIONS)))
+    for (model, lr, _, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "fno", kv[0][0], kv[0][1])):
+        cells = [f"{np.mean([r['test_error'][str(k)] for r in rs]):.2e}" if all(str(k) in r["test_error"] for r in rs)
+                 else "" for k in RESOLUTIONS]
+        print(f"| {model} | {lr:g} | {', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | "
+              + " | ".join(cells) + " |")
+
+
+def report(tag: str = "", extra_tags=(), figure: Path | None = None) -> None:
+    """The table and the plot (``figure``, default ``docs/figures/burgers_resolution.png``)
+    of the saved runs whose file name ends with ``tag`` (or with one of ``extra_tags``), and
+    the means over seeds."""
     runs = [json.loads(p.read_text()) for t in (tag, *extra_tags) for p in sorted(OUT.glob(f"*-seed*{t}.json"))
             if p.name.endswith(f"{t}.json") and (t or p.stem.split("-seed")[1].isdigit())]
     if not runs:
@@ -333,6 +352,7 @@ def report(tag: str = "", extra_tags=()) -> None:
               f"{run['train_cpu_s']:.0f} | {run['train_wall_s']:.0f} | " + " | ".join(cells) + f" | {worst:.3f} |")
     for name, tab in PUBLISHED.items():
         print(f"| {name} | | | | | " + " | ".join(f"{tab[r]:.2e}" if r in tab else "" for r in res) + " | |")
+    seed_means(runs)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -356,9 +376,10 @@ def report(tag: str = "", extra_tags=()) -> None:
     ax.legend(fontsize=6.5, ncol=2)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    FIG.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(FIG, dpi=120)
-    print("wrote", FIG)
+    fig_path = Path(figure) if figure else FIG
+    fig_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(fig_path, dpi=120)
+    print("wrote", fig_path)
 
 
 def main(argv=None):
@@ -394,6 +415,8 @@ def main(argv=None):
                         "(instead of a step count calibrated on the first steps)")
     p.add_argument("--tag", default="", help="suffix of the result files")
     p.add_argument("--report", action="store_true")
+    p.add_argument("--figure", default=None, help="--report: where the plot goes (default: docs/figures/"
+                   "burgers_resolution.png)")
     p.add_argument("--also-tags", nargs="+", default=[], help="--report: the runs of these tags as well")
     p.add_argument("--check-solver", action="store_true")
     p.add_argument("--reevaluate", action="store_true",
@@ -403,7 +426,7 @@ def main(argv=None):
     if args.flush_denormal:
         torch.set_flush_denormal(True)
     if args.report:
-        return report(args.tag, args.also_tags)
+        return report(args.tag, args.also_tags, args.figure)
     if args.check_solver:
         return check_solver()
     if args.reevaluate:
