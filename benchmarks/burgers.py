@@ -18,7 +18,8 @@ checkpoints beside them) and ``--report`` assembles the table (``docs/burgers.md
 development machine is shared, and CPU time is what a model gets to use.  Each model runs a
 few calibration steps, then trains for as many optimizer steps as fit into the budget
 (cosine schedule over exactly those steps); the table reports the CPU time and the wall
-time actually taken.  Loss: the mean relative L2 error per sample, the test metric (FNO's
+time actually taken.  With ``--cpu-schedule`` the schedule follows the CPU time spent
+instead (:class:`CPUBudgetTrainer`) and every model stops at exactly its budget.  Loss: the mean relative L2 error per sample, the test metric (FNO's
 ``LpLoss``).  Optimizer: Adam, learning rate 1e-3, weight decay 1e-4 (FNO's), batch 20.
 """
 
