@@ -194,10 +194,10 @@ class CPUBudgetTrainer(Trainer):
 def run_model(name: str, args) -> dict:
     train, test = load_burgers(args.train_res, n_train=args.n_train, n_test=args.n_test, seed=args.data_seed)
     model = build(name, args.seed, **model_kwargs(args))
-    per_step = calibrate(build(name, args.seed, **model_kwargs(args)), train, args.batch)
-    steps = max(1, int(args.budget / per_step))
-    config = TrainConfig(epochs=10**6, max_steps=10**9 if args.cpu_schedule else steps, batch_size=args.batch,
-                         optimizer="adam", lr=args.lr,
+    # the step count of the budget (--cpu-schedule: none; the CPU time itself ends the run)
+    per_step = None if args.cpu_schedule else calibrate(build(name, args.seed, **model_kwargs(args)), train, args.batch)
+    config = TrainConfig(epochs=10**6, max_steps=10**9 if args.cpu_schedule else max(1, int(args.budget / per_step)),
+                         batch_size=args.batch, optimizer="adam", lr=args.lr,
                          weight_decay=1e-4, schedule="cosine", warmup_steps=0, seed=args.seed,
                          eval_every=10**6, progress=False, grad_clip=args.grad_clip)
     if args.cpu_schedule:
@@ -306,17 +306,18 @@ def label(run: dict) -> str:
 # -- report ---------------------------------------------------------------------------------------------
 def seed_means(runs) -> None:
     """Rows of the mean over weight seeds of the runs with the same model and settings (the
-    seeds listed), and for each seed run by both, opsplit's error over the peer's."""
+    seeds listed)."""
     groups: dict = {}
     for run in runs:
-        key = (run["model"], run["lr"], run.get("schedule", "steps"), json.dumps(run["model_kwargs"], sort_keys=True))
+        key = (run["model"], run["lr"], run.get("schedule", "steps"), json.dumps(run["model_kwargs"], sort_keys=True),
+               bool(run.get("flush_denormal")))
         groups.setdefault(key, []).append(run)
-    print("\n| model | learning rate | seeds | " + " | ".join(str(r) for r in RESOLUTIONS) + " |")
-    print("|" + "---|" * (3 + len(RESOLUTIONS)))
-    for (model, lr, _, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "fno", kv[0][0], kv[0][1])):
+    print("\n| model | learning rate | schedule | seeds | " + " | ".join(str(r) for r in RESOLUTIONS) + " |")
+    print("|" + "---|" * (4 + len(RESOLUTIONS)))
+    for (model, lr, sched, _, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "fno", kv[0])):
         cells = [f"{np.mean([r['test_error'][str(k)] for r in rs]):.2e}" if all(str(k) in r["test_error"] for r in rs)
                  else "" for k in RESOLUTIONS]
-        print(f"| {model} | {lr:g} | {', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | "
+        print(f"| {model} | {lr:g} | {sched} | {', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | "
               + " | ".join(cells) + " |")
 
 

@@ -35,12 +35,10 @@ from continuity import paired_steps  # noqa: E402
 from ngram import best_baseline, dev_selected  # noqa: E402
 
 from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa: E402
+from opsplit.control.swap import as_solver, field_substeps  # noqa: E402
 from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
 from opsplit.data.dedup import deduplicate, shared_substrings  # noqa: E402
 from opsplit.models import DecoderLM, convert_time_controls  # noqa: E402
-from opsplit.solvers import RK4, ExplicitEuler, Heun  # noqa: E402
-
-SOLVERS = {"euler": ExplicitEuler, "heun": Heun, "rk4": RK4}
 
 VARIANTS = {
     "one": {},
@@ -101,8 +99,8 @@ def build(args, vocab_size, control: str = "piecewise_constant", solver: str = "
     model = DecoderLM(cfg, generator=torch.Generator().manual_seed(args.seed))
     tt.copy_peer_weights(peer, model)
     if solver != "euler":
-        for sub in model.decoder.scheme.substeps:
-            sub.solver = SOLVERS[solver]()
+        for sub in field_substeps(model.decoder.scheme):
+            sub.solver = as_solver(solver, "own_solver")
     if n_steps is not None:  # the model's own N_t (its controls still live on [0, layers])
         model.decoder.n_steps = n_steps
     return convert_time_controls(model, control, n_steps=args.layers, n_modes=args.layers)

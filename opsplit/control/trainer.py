@@ -496,12 +496,11 @@ class Trainer:
 
     def _loop(self, train: TensorData, evald, spe: int, out: Path | None):
         c = self.config
-        total = self._total_steps
         bar = None
         if c.progress and self.rank == 0:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=total, initial=self.step, desc="train", leave=False, dynamic_ncols=True)
+            bar = tqdm(total=self._total_steps, initial=self.step, desc="train", leave=False, dynamic_ncols=True)
         dev = next(iter(self.params)).device
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
