@@ -64,6 +64,11 @@ VARIANTS = {
     # explicit Euler at N_t = 4 (the training grid is Heun at N_t = 2)
     "leg_heun2": {"control": "legendre", "own_solver": "heun", "reference": 2},
     "leg_heun2_kin0.1": {"control": "legendre", "own_solver": "heun", "reference": 2, "kinetic": 0.1},
+    # the parallel (unsplit) scheme: u <- u + dt (A(u) + F(u)), one Euler step of the whole
+    # field, so no splitting error between the training grid and the flow
+    "par": {"scheme": "parallel"},
+    "par_heun": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0)},
+    "par_cont": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.1},
 }
 
 
@@ -87,13 +92,15 @@ def config(args, v) -> TrainConfig:
                        progress=False)
 
 
-def build(args, vocab_size, control: str = "piecewise_constant", solver: str = "euler", n_steps: int | None = None):
+def build(args, vocab_size, control: str = "piecewise_constant", solver: str = "euler", n_steps: int | None = None,
+          scheme: str = "lie"):
     """The model, nanoGPT's initial weights; ``control``: the layer weights' kind in time
     (``convert_time_controls``: their L2 projection onto it, as many modes as layers);
-    ``solver``: the substep solver of its own (``"euler"``: GPT's layer)."""
+    ``solver``: the substep solver of its own (``"euler"``: GPT's layer); ``scheme``:
+    ``"lie"`` (GPT's layer at dt = 1) or ``"parallel"`` (both terms from the same state)."""
     torch.manual_seed(args.seed)
     peer = tt.NanoGPT(vocab_size, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
-    cfg = tt.opsplit_config(vocab_size, args)
+    cfg = tt.opsplit_config(vocab_size, args, scheme=scheme)
     if args.dropout:  # the residual (field) and embedding dropout of nanoGPT's small configurations
         cfg = dataclasses.replace(cfg, residual_dropout=args.dropout, embedding_dropout=args.dropout)
     model = DecoderLM(cfg, generator=torch.Generator().manual_seed(args.seed))
@@ -111,7 +118,8 @@ def run_one(name, args, corpus, val_dedup):
     train = text_windows(corpus.train, args.context, args.steps * args.batch, seed=args.seed, name="train")
     val_d = text_windows(val_dedup, args.context, name="val_dedup")
     val_full = text_windows(corpus.val, args.context, name="val")
-    model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"))
+    model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"),
+                  v.get("scheme", "lie"))
     obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
                     acceleration=v.get("acceleration", 0.0))
     tr = Trainer(model, obj, config(args, v))
@@ -164,7 +172,8 @@ def timing(args, names, rounds: int, chunk: int) -> dict:
     runs = {}
     for name in names:
         v = VARIANTS[name]
-        model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"))
+        model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"),
+                  v.get("scheme", "lie"))
         obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
                         acceleration=v.get("acceleration", 0.0))
         tr = Trainer(model, obj, config(args, v))

@@ -168,7 +168,7 @@ def test_own_decoder_padded_cache_steps_equal_recompute(attention):
     assert cache.length == seq.shape[1] - 1
 
 
-@pytest.mark.parametrize("scheme", ["lie", "strang"])
+@pytest.mark.parametrize("scheme", ["lie", "strang", "parallel"])
 def test_sliced_decoder_lm_cache_and_padding(scheme):
     """DecoderLM(attention="sliced_relu"): a left-padded batch with positions counted from the
     first real token (as generate makes them) gives each sample's logits alone; cached

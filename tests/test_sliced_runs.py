@@ -239,7 +239,7 @@ def _sliced_lm(scheme="lie", dtype=F64, heads=2):
     return DecoderLM(cfg, generator=torch.Generator().manual_seed(4), dtype=dtype).eval()
 
 
-@pytest.mark.parametrize("scheme", ["lie", "strang"])
+@pytest.mark.parametrize("scheme", ["lie", "strang", "parallel"])
 def test_greedy_text_with_the_runs_equals_recomputation(scheme):
     """DecoderLM(attention="sliced_relu"), Lie and Strang: greedy generation of 128 tokens with
     the cache (sorted runs: its entries are SlicedDecodeCache states) equals generation that

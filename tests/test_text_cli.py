@@ -150,6 +150,7 @@ def test_text_estimate_flops_match_flop_counter():
     from opsplit.cli.config import load
 
     for model in ({"context": 32, "d_model": 32}, {"context": 32, "d_model": 16, "scheme": "strang"},
+                  {"context": 32, "d_model": 16, "scheme": "parallel"},
                   {"context": 32, "d_model": 16, "attention": "sliced_relu", "heads": 3}):
         m = load(train_text.SCHEMA, data={"model": model})["model"]
         net = train_text.build_model(m, 60)

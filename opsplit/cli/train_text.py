@@ -32,7 +32,7 @@ text.toml:
   d_model = 128
   layers = 4              # control pieces on [0, T], T = layers; N_t = layers is GPT-2's stack
   attention = "softmax"   # softmax or sliced_relu
-  scheme = "lie"          # lie or strang
+  scheme = "lie"          # lie, strang or parallel (both terms from the same state)
   [train]
   steps = 150
   n_steps = [2, 4, 8]     # N_t of training: one value, or several (one drawn per step)
@@ -42,7 +42,7 @@ text.toml:
 """
 
 ATTENTIONS = ("softmax", "sliced_relu")
-SCHEMES = ("lie", "strang")
+SCHEMES = ("lie", "strang", "parallel")
 GRADIENTS = ("backprop", "checkpoint")
 CORPORA = ("pydoc_topics", "stdlib", "pydoc_docstrings")
 VOCAB = "vocab.json"

@@ -55,7 +55,12 @@ under autograd the :math:`O(n\,D)` sums of :mod:`opsplit.functional.sliced_decod
 ``scheme="strang"`` advances
 :math:`A` over half steps around a full step of :math:`F` (:class:`~opsplit.schemes.Strang`;
 first order with these explicit-Euler substeps, and no longer GPT-2's layer at
-:math:`\Delta t = 1`).
+:math:`\Delta t = 1`); ``scheme="parallel"`` evaluates both terms at the same state,
+:math:`u \leftarrow u + \Delta t\,(A(u) + F(u))` (:class:`~opsplit.schemes.Parallel`, eq. 59,
+with explicit-Euler substeps exactly one Euler step of :math:`u_t = A + F`: GPT-J's parallel
+block at :math:`\Delta t = 1`). Its only discretisation error is the substep solver's — no
+splitting error — so a solver swap (:func:`opsplit.control.swap.solved_with`: Heun or RK4
+advance both terms together) converges to the flow at the solver's order.
 
 Every input is checked before any compute: integer ids in ``[0, vocab_size)``, at least one
 token (``input_ids: empty prompt``), the mask's shape and values, the positions against a
@@ -96,7 +101,7 @@ from ..operators._fused import frozen_field, frozen_map
 from ..operators.activation import activation_fn
 from ..operators.context import ContextGrid
 from ..propagator import Propagator
-from ..schemes import Lie, Strang
+from ..schemes import Lie, Parallel, Strang
 from ..solvers import ExplicitEuler, Substep
 
 __all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
@@ -105,7 +110,7 @@ NORMS = ("rms", "layer")
 #: the attention term A (module docstring)
 ATTENTION_KINDS = ("softmax", "sliced_relu")
 #: the splitting of A and F
-DECODER_SCHEMES = ("lie", "strang")
+DECODER_SCHEMES = ("lie", "strang", "parallel")
 MLPS = ("gated", "plain")
 POSITIONS = ("rope", "learned")
 
@@ -283,9 +288,10 @@ class DecoderLM(nn.Module):
         p = c.residual_dropout
         a_term = FieldDropout(attention, p) if p else attention
         f_term = FieldDropout(ffn, p) if p else ffn
-        split = Strang if c.scheme == "strang" else Lie
-        scheme = split([Substep(PreNorm(a_term, norm1), ExplicitEuler()),
-                        Substep(PreNorm(f_term, norm2), ExplicitEuler())])
+        subs = [Substep(PreNorm(a_term, norm1), ExplicitEuler()), Substep(PreNorm(f_term, norm2), ExplicitEuler())]
+        # parallel: both terms from the same state, one Euler step of their sum (eq. 59); the
+        # loop, not vmap (the two terms differ, and the attention reads call-time inputs)
+        scheme = Parallel(subs, batch=False) if c.scheme == "parallel" else (Strang if c.scheme == "strang" else Lie)(subs)
         self.decoder = Propagator(scheme, L, t0=0.0, t1=float(L), grid=Grid.paper(None, E, nh=H))
         # named access (not registered again: the operators live in the scheme)
         self.__dict__["_parts"] = {"attention": attention, "ffn": ffn, "norms": (norm1, norm2)}
