@@ -198,3 +198,25 @@ def test_attention_free_model_is_a_residual_fno_layer_per_step():
             v = torch.nn.functional.gelu(v + torch.einsum("ijab,zja->zib", K, v) / n + v @ wl + b)
         ref = m.projection(v)
         torch.testing.assert_close(m(u), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("attention", ["none", "galerkin", "softmax"])
+def test_model_without_positions_commutes_with_shifts(attention):
+    """``n_freq=0`` (no position features): every term is a convolution, a pointwise map or
+    an attention integral over all of Omega_x, so the discrete model commutes with the shift
+    by any number of nodes, as the solution operator of a translation-invariant PDE on a
+    periodic domain does (Burgers); with position features it does not."""
+    n = 24
+    u = torch.randn(3, n, dtype=F64, generator=torch.Generator().manual_seed(5))
+    for n_freq, equivariant in ((0, True), (2, False)):
+        m = NeuralOperatorTransformer(attention, "lie", d_model=6, heads=1, n_steps=2, modes=5, hidden=6,
+                                      nonlinearity="map", n_freq=n_freq, generator=torch.Generator().manual_seed(4),
+                                      dtype=F64)
+        with torch.no_grad():
+            out = m(u)
+            for s in (1, 7):
+                shifted = m(torch.roll(u, s, dims=1))
+                if equivariant:
+                    torch.testing.assert_close(shifted, torch.roll(out, s, dims=1), rtol=1e-12, atol=1e-12)
+                else:
+                    assert (shifted - torch.roll(out, s, dims=1)).abs().max() > 1e-6
