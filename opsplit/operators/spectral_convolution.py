@@ -169,12 +169,13 @@ class SpectralConvolution(Operator):
         M1 = W.shape[0]
         if n < 2 * M1 - 1:
             check_periodic_grid(grid.with_shape(n, u.shape[-1]), "SpectralConvolution", 2 * M1 - 1)
+        L = grid.x.measure if grid.x.is_complete else n * grid.x.spacing
+        if L != 1.0:  # h * n = L: the quadrature weight h = L / n, on the (M + 1, N_y, N_y) modes
+            W = W * L
         # the transforms along the last dimension (channels first): contiguous FFTs
         U = torch.fft.rfft(u.transpose(-1, -2), dim=-1)[..., :M1]  # (B, N_y, M + 1): sum_j u_j e^{-2 pi i m j/n}
         V = torch.einsum("bim,mio->bom", U, W)
         out = torch.fft.irfft(V, n=n, dim=-1).transpose(-1, -2)  # (1/n) sum_m V_m e^{2 pi i m j / n} (+ conj)
-        L = grid.x.measure if grid.x.is_complete else n * grid.x.spacing
-        out = out * L  # h * n = L: the quadrature weight h = L / n
         if self.local is not None:
             out = out + grid.kernel_y(u, self.local(t, grid))
         if self.bias is not None:
