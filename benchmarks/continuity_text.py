@@ -69,6 +69,8 @@ VARIANTS = {
     "par": {"scheme": "parallel"},
     "par_heun": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0)},
     "par_cont": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.1},
+    "par_kin0.1": {"scheme": "parallel", "kinetic": 0.1},
+    "par_cont8": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (7.0, 1.0), "kinetic": 0.1},
 }
 
 
