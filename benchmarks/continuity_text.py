@@ -71,6 +71,10 @@ VARIANTS = {
     "par_cont": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.1},
     "par_kin0.1": {"scheme": "parallel", "kinetic": 0.1},
     "par_cont8": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (7.0, 1.0), "kinetic": 0.1},
+    # the steps' embedded local error estimate (flow_costs.FlowRecorder.defect) in the place of
+    # the kinetic energy: with the parallel scheme, exactly explicit Euler's local error
+    "par_def1": {"scheme": "parallel", "defect": 1.0},
+    "par_heun_def1": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "defect": 1.0},
 }
 
 
@@ -123,7 +127,7 @@ def run_one(name, args, corpus, val_dedup):
     model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"),
                   v.get("scheme", "lie"))
     obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
-                    acceleration=v.get("acceleration", 0.0))
+                    acceleration=v.get("acceleration", 0.0), defect=v.get("defect", 0.0))
     tr = Trainer(model, obj, config(args, v))
     load0 = os.getloadavg()[0]
     tr.fit(train, None)
@@ -177,7 +181,7 @@ def timing(args, names, rounds: int, chunk: int) -> dict:
         model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"),
                   v.get("scheme", "lie"))
         obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
-                        acceleration=v.get("acceleration", 0.0))
+                        acceleration=v.get("acceleration", 0.0), defect=v.get("defect", 0.0))
         tr = Trainer(model, obj, config(args, v))
         tr.model.train()
         runs[name] = tr
