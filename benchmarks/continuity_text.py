@@ -119,15 +119,21 @@ def build(args, vocab_size, control: str = "piecewise_constant", solver: str = "
     return convert_time_controls(model, control, n_steps=args.layers, n_modes=args.layers)
 
 
+def variant(args, vocab_size, v: dict):
+    """The model (:func:`build`) and the training objective (the running costs) of a variant."""
+    model = build(args, vocab_size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"),
+                  v.get("reference"), v.get("scheme", "lie"))
+    obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
+                    acceleration=v.get("acceleration", 0.0), defect=v.get("defect", 0.0))
+    return model, obj
+
+
 def run_one(name, args, corpus, val_dedup):
     v = VARIANTS[name]
     train = text_windows(corpus.train, args.context, args.steps * args.batch, seed=args.seed, name="train")
     val_d = text_windows(val_dedup, args.context, name="val_dedup")
     val_full = text_windows(corpus.val, args.context, name="val")
-    model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"),
-                  v.get("scheme", "lie"))
-    obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
-                    acceleration=v.get("acceleration", 0.0), defect=v.get("defect", 0.0))
+    model, obj = variant(args, corpus.vocab.size, v)
     tr = Trainer(model, obj, config(args, v))
     load0 = os.getloadavg()[0]
     tr.fit(train, None)
@@ -178,10 +184,7 @@ def timing(args, names, rounds: int, chunk: int) -> dict:
     runs = {}
     for name in names:
         v = VARIANTS[name]
-        model = build(args, corpus.vocab.size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"), v.get("reference"),
-                  v.get("scheme", "lie"))
-        obj = Objective(tt.lm_loss, output="logits", kinetic=v.get("kinetic", 0.0),
-                        acceleration=v.get("acceleration", 0.0), defect=v.get("defect", 0.0))
+        model, obj = variant(args, corpus.vocab.size, v)
         tr = Trainer(model, obj, config(args, v))
         tr.model.train()
         runs[name] = tr

@@ -289,9 +289,12 @@ class DecoderLM(nn.Module):
         a_term = FieldDropout(attention, p) if p else attention
         f_term = FieldDropout(ffn, p) if p else ffn
         subs = [Substep(PreNorm(a_term, norm1), ExplicitEuler()), Substep(PreNorm(f_term, norm2), ExplicitEuler())]
-        # parallel: both terms from the same state, one Euler step of their sum (eq. 59); the
-        # loop, not vmap (the two terms differ, and the attention reads call-time inputs)
-        scheme = Parallel(subs, batch=False) if c.scheme == "parallel" else (Strang if c.scheme == "strang" else Lie)(subs)
+        if c.scheme == "parallel":
+            # both terms from the same state, one Euler step of their sum (eq. 59); the loop, not
+            # vmap (the two terms differ, and the attention reads call-time inputs)
+            scheme = Parallel(subs, batch=False)
+        else:
+            scheme = (Strang if c.scheme == "strang" else Lie)(subs)
         self.decoder = Propagator(scheme, L, t0=0.0, t1=float(L), grid=Grid.paper(None, E, nh=H))
         # named access (not registered again: the operators live in the scheme)
         self.__dict__["_parts"] = {"attention": attention, "ffn": ffn, "norms": (norm1, norm2)}
