@@ -75,6 +75,10 @@ VARIANTS = {
     # the kinetic energy: with the parallel scheme, exactly explicit Euler's local error
     "par_def1": {"scheme": "parallel", "defect": 1.0},
     "par_heun_def1": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "defect": 1.0},
+    # RK4 drawn for a few steps: the objective then holds a solve close to the flow itself
+    # (RK4 at the training grid), beside the training grid's explicit Euler
+    "par_rk4_8": {"scheme": "parallel", "solvers": ("euler", "rk4"), "solver_weights": (7.0, 1.0)},
+    "par_rk4_16": {"scheme": "parallel", "solvers": ("euler", "rk4"), "solver_weights": (15.0, 1.0)},
 }
 
 
@@ -134,11 +138,13 @@ def run_one(name, args, corpus, val_dedup):
     val_d = text_windows(val_dedup, args.context, name="val_dedup")
     val_full = text_windows(corpus.val, args.context, name="val")
     model, obj = variant(args, corpus.vocab.size, v)
+    if args.init:  # continue from trained weights (a continuity phase after a one-N_t run)
+        model.load_state_dict(torch.load(args.init, weights_only=True))
     tr = Trainer(model, obj, config(args, v))
     load0 = os.getloadavg()[0]
     tr.fit(train, None)
     res = {"variant": name, "corpus": corpus_info(corpus), "overrides": {k: list(x) if isinstance(x, tuple) else x for k, x in v.items()},
-           "steps": args.steps, "batch": args.batch, "context": args.context, "dropout": args.dropout,
+           "init": args.init, "steps": args.steps, "batch": args.batch, "context": args.context, "dropout": args.dropout,
            "train_s": tr.elapsed,
            "load": [load0, os.getloadavg()[0]],
            "final_train_bpc": bits_per_char(statistics.fmean(r["data"] for r in tr.history.steps[-50:]))}
@@ -146,7 +152,8 @@ def run_one(name, args, corpus, val_dedup):
     res["val_bpc"] = bits_per_char(tr.evaluate(val_full)["loss"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}_{args.steps}" + (f"_d{args.dropout:g}" if args.dropout else "")
+    stem = f"{name}_{args.steps}" + (f"_d{args.dropout:g}" if args.dropout else "") + ("_from_" + Path(args.init).stem
+                                                                                      if args.init else "")
     if args.corpus != "pydoc_topics":
         stem += f"_{args.corpus}"
     torch.save(model.state_dict(), out / f"{stem}.pt")
@@ -225,6 +232,8 @@ def parser():
     p.add_argument("--eval-batch", type=int, default=64)
     p.add_argument("--eval-n", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     p.add_argument("--levels", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    p.add_argument("--init", default=None, help="start from these trained weights (a .pt the benchmark wrote for "
+                   "the same shape) instead of nanoGPT's initialisation")
     p.add_argument("--out", default="benchmarks/out/continuity_text")
     p.add_argument("--corpus", default="pydoc_topics", choices=("pydoc_topics", "pydoc_docstrings"),
                    help="training text: the topics' training split, or it and the standard library's docstrings "
