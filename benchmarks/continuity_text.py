@@ -76,6 +76,9 @@ VARIANTS = {
     # the kinetic energy: with the parallel scheme, exactly explicit Euler's local error
     "par_def1": {"scheme": "parallel", "defect": 1.0},
     "par_heun_def1": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "defect": 1.0},
+    # Heun for a quarter of the steps with a weaker kinetic energy
+    "par_cont_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.01},
+    "par_cont_k0.03": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.03},
     # the kinetic energy's weight annealed from 0.1 to 0 over the run (cosine), Heun for a
     # quarter of the steps throughout
     "par_cont_anneal": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0),
