@@ -85,15 +85,21 @@ class FourierLayer(nn.Module):
 class FNO1d(nn.Module):
     """The peer: lift (u(x), x) to ``width`` channels, four layers v <- gelu(K v + W v) (no
     activation after the last), project by two pointwise layers (128 hidden, GELU).  The
-    grid feature is ``linspace(0, 1, n)``, as in FNO's script."""
+    grid feature is ``linspace(0, 1, n)``, as in FNO's script.  ``output_scale`` scales the
+    last layer's initial weights and bias (1: FNO's script; the same knob as
+    :class:`~opsplit.models.NeuralOperatorTransformer`'s, for a like-for-like check)."""
 
-    def __init__(self, modes: int = 16, width: int = 64, layers: int = 4, generator=None):
+    def __init__(self, modes: int = 16, width: int = 64, layers: int = 4, generator=None, output_scale: float = 1.0):
         super().__init__()
         self.lift = nn.Linear(2, width)
         self.spectral = nn.ModuleList(FourierLayer(width, modes, generator) for _ in range(layers))
         self.pointwise = nn.ModuleList(nn.Conv1d(width, width, 1) for _ in range(layers))
         self.proj1 = nn.Linear(width, 128)
         self.proj2 = nn.Linear(128, 1)
+        if output_scale != 1.0:
+            with torch.no_grad():
+                self.proj2.weight.mul_(output_scale)
+                self.proj2.bias.mul_(output_scale)
 
     def forward(self, u):  # (B, n)
         B, n = u.shape
@@ -111,7 +117,7 @@ def build(name: str, seed: int, **kw) -> nn.Module:
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     if name == "fno":
-        return FNO1d(generator=g)
+        return FNO1d(generator=g, output_scale=kw.get("output_scale", 1.0))
     att, sch = VARIANTS[name]
     return NeuralOperatorTransformer(att, sch, generator=g, **kw)
 
@@ -222,7 +228,8 @@ def run_model(name: str, args) -> dict:
            "test_errors_per_sample": per_sample,
            "loadavg_start": load0, "loadavg_end": loadavg(), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "flush_denormal": args.flush_denormal, "python": platform.python_version(), "lr": args.lr, "batch": args.batch,
-           "model_kwargs": model_kwargs(args) if name != "fno" else {}, "curve": curve}
+           "model_kwargs": model_kwargs(args) if name != "fno" else (
+               {"output_scale": args.output_scale} if args.output_scale != 1.0 else {}), "curve": curve}
     OUT.mkdir(parents=True, exist_ok=True)
     tag = f"{name}-seed{args.seed}{args.tag}"
     (OUT / f"{tag}.json").write_text(json.dumps(res, indent=1))
@@ -404,7 +411,8 @@ def main(argv=None):
     p.add_argument("--d-ff", type=int, default=128)
     p.add_argument("--modes", type=int, default=16)
     p.add_argument("--n-freq", type=int, default=4)
-    p.add_argument("--output-scale", type=float, default=1.0)
+    p.add_argument("--output-scale", type=float, default=1.0, help="initial scale of the last projection layer (the "
+                   "target, u at t = 1, is about 1/50 of the input); for the FNO peer too (1: its script's)")
     p.add_argument("--nonlinearity", choices=("ffn", "map"), default="ffn")
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--softmax-subset", type=int, default=40,

@@ -79,6 +79,10 @@ VARIANTS = {
     # Heun for a quarter of the steps with a weaker kinetic energy
     "par_cont_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.01},
     "par_cont_k0.03": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0), "kinetic": 0.03},
+    # Heun for an eighth of the steps with a weak kinetic energy (about 1.2x the field evaluations)
+    "par_cont8_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (7.0, 1.0), "kinetic": 0.01},
+    "par_cont8_k0.005": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (7.0, 1.0),
+                         "kinetic": 0.005},
     # the kinetic energy's weight annealed from 0.1 to 0 over the run (cosine), Heun for a
     # quarter of the steps throughout
     "par_cont_anneal": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0),
