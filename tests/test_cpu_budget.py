@@ -46,3 +46,18 @@ def test_cpu_budget_trainer_stops_at_its_budget():
     assert lrs[0] == lr
     assert all(a >= c for a, c in zip(lrs, lrs[1:]))
     assert lrs[-1] < 0.5 * lr * (1 + math.cos(math.pi * 0.8))  # the last step ran past 80 % of the budget
+
+
+def test_fno_peer_output_scale_scales_only_its_last_layer():
+    """``--output-scale`` on the peer: the last layer's initial weights and bias times the
+    scale, every other weight as FNO's script draws it (the same random draws)."""
+    b = _bench()
+    ref, small = b.build("fno", 3), b.build("fno", 3, output_scale=0.1)
+    for (name, p), (name2, q) in zip(ref.named_parameters(), small.named_parameters()):
+        assert name == name2
+        if name.startswith("proj2."):
+            torch.testing.assert_close(q, 0.1 * p, rtol=1e-6, atol=0)
+        else:
+            assert torch.equal(p, q), name
+    u = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    assert not torch.allclose(ref(u), small(u))
