@@ -412,7 +412,8 @@ def main(argv=None):
     p.add_argument("--modes", type=int, default=16)
     p.add_argument("--n-freq", type=int, default=4)
     p.add_argument("--output-scale", type=float, default=1.0, help="initial scale of the last projection layer (the "
-                   "target, u at t = 1, is about 1/50 of the input); for the FNO peer too (1: its script's)")
+                   "target, u at t = 1, has 1.6 %% of the input's L2 norm on the training pairs); for the FNO peer "
+                   "too (1: its script's)")
     p.add_argument("--nonlinearity", choices=("ffn", "map"), default="ffn")
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--softmax-subset", type=int, default=40,

@@ -114,8 +114,9 @@ class NeuralOperatorTransformer(nn.Module):
         length: :math:`L`.
         in_channels, out_channels: channels of the input and output fields.
         output_scale: the initial size of the projection's output layer (relative to
-            ``nn.Linear``'s): a target much smaller than the input (Burgers at t = 1: about
-            1/50) is learned faster from a small initial output.
+            ``nn.Linear``'s): a target much smaller than the input (Burgers at t = 1: 1.6 %
+            of its L2 norm) can be learned faster from a small initial output
+            (``docs/burgers.md`` measures 0.1 on the attention-free flow and on the FNO peer).
         generator: for a reproducible initialisation.
         device, dtype: factory kwargs.
 
