@@ -306,6 +306,8 @@ def check_solver(n: int = 50, seed: int = 0) -> None:
 def label(run: dict) -> str:
     what = ", no attention term" if run["model"].startswith("none-") else ""
     sched = ", CPU-time schedule" if run.get("schedule") == "cpu-time" else ""
+    os_ = run["model_kwargs"].get("output_scale", 1.0)
+    what += f", output scale {os_:g}" if os_ != 1.0 else ""
     return (f"{run['model']} (seed {run['seed']}, lr {run['lr']:g}{what}"
             f"{', subnormals flushed' if run.get('flush_denormal') else ''}{sched})")
 
@@ -319,12 +321,12 @@ def seed_means(runs) -> None:
         key = (run["model"], run["lr"], run.get("schedule", "steps"), json.dumps(run["model_kwargs"], sort_keys=True),
                bool(run.get("flush_denormal")))
         groups.setdefault(key, []).append(run)
-    print("\n| model | learning rate | schedule | seeds | " + " | ".join(str(r) for r in RESOLUTIONS) + " |")
-    print("|" + "---|" * (4 + len(RESOLUTIONS)))
-    for (model, lr, sched, _, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "fno", kv[0])):
+    print("\n| model | learning rate | schedule | output scale | seeds | " + " | ".join(str(r) for r in RESOLUTIONS) + " |")
+    print("|" + "---|" * (5 + len(RESOLUTIONS)))
+    for (model, lr, sched, kw, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "fno", kv[0])):
         cells = [f"{np.mean([r['test_error'][str(k)] for r in rs]):.2e}" if all(str(k) in r["test_error"] for r in rs)
                  else "" for k in RESOLUTIONS]
-        print(f"| {model} | {lr:g} | {sched} | {', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | "
+        print(f"| {model} | {lr:g} | {sched} | {json.loads(kw).get('output_scale', 1.0):g} | {', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | "
               + " | ".join(cells) + " |")
 
 
@@ -428,7 +430,7 @@ def main(argv=None):
     p.add_argument("--report", action="store_true")
     p.add_argument("--figure", default=None, help="--report: where the plot goes (default: docs/figures/"
                    "burgers_resolution.png)")
-    p.add_argument("--also-tags", nargs="+", default=[], help="--report: the runs of these tags as well")
+    p.add_argument("--also-tags", nargs="+", action="extend", default=[], help="--report: the runs of these tags as well (repeatable: --also-tags=-a --also-tags=-b)")
     p.add_argument("--check-solver", action="store_true")
     p.add_argument("--reevaluate", action="store_true",
                    help="evaluate the saved models of --tag at --eval-res too (no training)")
