@@ -91,6 +91,8 @@ class FNO1d(nn.Module):
 
     def __init__(self, modes: int = 16, width: int = 64, layers: int = 4, generator=None, output_scale: float = 1.0):
         super().__init__()
+        if not (math.isfinite(output_scale) and output_scale > 0):
+            raise ValueError(f"FNO1d.output_scale: expected a finite number > 0, got {output_scale!r}")
         self.lift = nn.Linear(2, width)
         self.spectral = nn.ModuleList(FourierLayer(width, modes, generator) for _ in range(layers))
         self.pointwise = nn.ModuleList(nn.Conv1d(width, width, 1) for _ in range(layers))

@@ -7,6 +7,7 @@ import math
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from opsplit.control import Objective, TrainConfig
@@ -61,3 +62,10 @@ def test_fno_peer_output_scale_scales_only_its_last_layer():
             assert torch.equal(p, q), name
     u = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
     assert not torch.allclose(ref(u), small(u))
+
+
+def test_fno_peer_refuses_a_bad_output_scale():
+    b = _bench()
+    for bad in (0.0, -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="output_scale"):
+            b.build("fno", 0, output_scale=bad)
