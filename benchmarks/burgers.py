@@ -45,6 +45,7 @@ from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
 from opsplit.data.burgers import RESOLUTIONS, load_burgers  # noqa: E402
 from opsplit.data.burgers_solver import solve_burgers  # noqa: E402
 from opsplit.models import NeuralOperatorTransformer  # noqa: E402
+from opsplit.operators import FourierMultiplier  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out" / "burgers"
 FIG = Path(__file__).resolve().parents[1] / "docs" / "figures" / "burgers_resolution.png"
@@ -87,9 +88,12 @@ class FNO1d(nn.Module):
     activation after the last), project by two pointwise layers (128 hidden, GELU).  The
     grid feature is ``linspace(0, 1, n)``, as in FNO's script.  ``output_scale`` scales the
     last layer's initial weights and bias (1: FNO's script; the same knob as
-    :class:`~opsplit.models.NeuralOperatorTransformer`'s, for a like-for-like check)."""
+    :class:`~opsplit.models.NeuralOperatorTransformer`'s, for a like-for-like check);
+    ``output_modes`` band-limits the output as that model's option does (``None``: FNO's
+    script)."""
 
-    def __init__(self, modes: int = 16, width: int = 64, layers: int = 4, generator=None, output_scale: float = 1.0):
+    def __init__(self, modes: int = 16, width: int = 64, layers: int = 4, generator=None, output_scale: float = 1.0,
+                 output_modes: int | None = None):
         super().__init__()
         if not (math.isfinite(output_scale) and output_scale > 0):
             raise ValueError(f"FNO1d.output_scale: expected a finite number > 0, got {output_scale!r}")
@@ -98,6 +102,7 @@ class FNO1d(nn.Module):
         self.pointwise = nn.ModuleList(nn.Conv1d(width, width, 1) for _ in range(layers))
         self.proj1 = nn.Linear(width, 128)
         self.proj2 = nn.Linear(128, 1)
+        self.output_filter = None if output_modes is None else FourierMultiplier(output_modes)
         if output_scale != 1.0:
             with torch.no_grad():
                 self.proj2.weight.mul_(output_scale)
@@ -111,7 +116,8 @@ class FNO1d(nn.Module):
             v = K(v) + W(v)
             if k < len(self.spectral) - 1:
                 v = F.gelu(v)
-        return self.proj2(F.gelu(self.proj1(v.transpose(1, 2)))).squeeze(-1)
+        w = self.proj2(F.gelu(self.proj1(v.transpose(1, 2)))).squeeze(-1)
+        return w if self.output_filter is None else self.output_filter(w)
 
 
 # -- models, loss, training ------------------------------------------------------------------------
@@ -119,7 +125,7 @@ def build(name: str, seed: int, **kw) -> nn.Module:
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     if name == "fno":
-        return FNO1d(generator=g, output_scale=kw.get("output_scale", 1.0))
+        return FNO1d(generator=g, output_scale=kw.get("output_scale", 1.0), output_modes=kw.get("output_modes"))
     att, sch = VARIANTS[name]
     return NeuralOperatorTransformer(att, sch, generator=g, **kw)
 
@@ -231,7 +237,8 @@ def run_model(name: str, args) -> dict:
            "loadavg_start": load0, "loadavg_end": loadavg(), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "flush_denormal": args.flush_denormal, "python": platform.python_version(), "lr": args.lr, "batch": args.batch,
            "model_kwargs": model_kwargs(args) if name != "fno" else (
-               {"output_scale": args.output_scale} if args.output_scale != 1.0 else {}), "curve": curve}
+               {k: v for k, v in (("output_scale", args.output_scale), ("output_modes", args.output_modes))
+                if v != {"output_scale": 1.0, "output_modes": None}[k]}), "curve": curve}
     OUT.mkdir(parents=True, exist_ok=True)
     tag = f"{name}-seed{args.seed}{args.tag}"
     (OUT / f"{tag}.json").write_text(json.dumps(res, indent=1))
@@ -243,6 +250,7 @@ def model_kwargs(args) -> dict:
     return {"d_model": args.d_model, "heads": args.heads, "n_steps": args.n_steps, "d_ff": args.d_ff,
             "modes": args.modes, "n_freq": args.n_freq, "output_scale": args.output_scale,
             "nonlinearity": args.nonlinearity, "head_dim": args.head_dim,
+            **({"output_modes": args.output_modes} if args.output_modes is not None else {}),
             **({"T": args.T} if args.T else {})}
 
 
@@ -310,6 +318,8 @@ def label(run: dict) -> str:
     sched = ", CPU-time schedule" if run.get("schedule") == "cpu-time" else ""
     os_ = run["model_kwargs"].get("output_scale", 1.0)
     what += f", output scale {os_:g}" if os_ != 1.0 else ""
+    om = run["model_kwargs"].get("output_modes")
+    what += f", output modes 0..{om - 1}" if om else ""
     return (f"{run['model']} (seed {run['seed']}, lr {run['lr']:g}{what}"
             f"{', subnormals flushed' if run.get('flush_denormal') else ''}{sched})")
 
@@ -418,6 +428,9 @@ def main(argv=None):
     p.add_argument("--output-scale", type=float, default=1.0, help="initial scale of the last projection layer (the "
                    "target, u at t = 1, has 1.6 %% of the input's L2 norm on the training pairs); for the FNO peer "
                    "too (1: its script's)")
+    p.add_argument("--output-modes", type=int, default=None, help="band-limit the output to the Fourier modes "
+                   "0..M (this many modes) by a trainable multiplier, initialised to the orthogonal projection "
+                   "(opsplit.operators.FourierMultiplier); for the FNO peer too (default: none, its script's)")
     p.add_argument("--nonlinearity", choices=("ffn", "map"), default="ffn")
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--softmax-subset", type=int, default=40,

@@ -69,3 +69,19 @@ def test_fno_peer_refuses_a_bad_output_scale():
     for bad in (0.0, -0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="output_scale"):
             b.build("fno", 0, output_scale=bad)
+
+
+def test_fno_peer_output_modes_band_limits_only_its_output():
+    """``--output-modes`` on the peer: every weight drawn as without it, the output the
+    orthogonal projection of the plain peer's onto the modes kept (at initialisation)."""
+    b = _bench()
+    ref, lim = b.build("fno", 3), b.build("fno", 3, output_modes=5)
+    named = dict(lim.named_parameters())
+    for name, p in ref.named_parameters():
+        assert torch.equal(p, named.pop(name)), name
+    assert list(named) == ["output_filter.factors"]
+    u = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full, out = torch.fft.rfft(ref(u)), torch.fft.rfft(lim(u))
+    torch.testing.assert_close(out[:, :5], full[:, :5], rtol=1e-5, atol=1e-7)
+    assert out[:, 5:].abs().max() < 1e-6 * full[:, :5].abs().max()

@@ -55,6 +55,7 @@ from ..operators import (
     Activation,
     FeedForward,
     FourierAttention,
+    FourierMultiplier,
     GalerkinAttention,
     Lifting,
     MultiHeadAttention,
@@ -117,6 +118,12 @@ class NeuralOperatorTransformer(nn.Module):
             ``nn.Linear``'s): a target much smaller than the input (Burgers at t = 1: 1.6 %
             of its L2 norm) can be learned faster from a small initial output
             (``docs/burgers.md`` measures 0.1 on the attention-free flow and on the FNO peer).
+        output_modes: when given, the output is band-limited to the Fourier modes
+            :math:`0..M` (``output_modes`` = :math:`M + 1`) by a trainable multiplier
+            (:class:`~opsplit.operators.FourierMultiplier`, initialised to the orthogonal
+            projection): the projection :math:`G` becomes the pointwise map followed by
+            that integral operator over :math:`\Omega_x`.  ``None``: the pointwise
+            projection alone.
         generator: for a reproducible initialisation.
         device, dtype: factory kwargs.
 
@@ -129,7 +136,7 @@ class NeuralOperatorTransformer(nn.Module):
                  n_steps: int = 4, T: float | None = None, modes: int = 16, d_ff: int = 128, n_freq: int = 4,
                  hidden: int = 128, conv: bool = True, length: float = 1.0, in_channels: int = 1,
                  out_channels: int = 1, output_scale: float = 1.0, nonlinearity: str = "ffn",
-                 head_dim: int | None = None, generator: torch.Generator | None = None, device=None, dtype=None):
+                 head_dim: int | None = None, output_modes: int | None = None, generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"NeuralOperatorTransformer.attention: expected one of {ATTENTIONS}, got {attention!r}")
@@ -158,6 +165,9 @@ class NeuralOperatorTransformer(nn.Module):
         self.attention_kind, self.scheme_kind, self.nonlinearity = attention, scheme, nonlinearity
         self.d_model, self.heads, self.modes, self.length = d, H, modes, length
         self.min_nodes = 2 * modes - 1 if conv else 1
+        if output_modes is not None:
+            output_modes = check_positive_int(output_modes, "NeuralOperatorTransformer.output_modes")
+            self.min_nodes = max(self.min_nodes, 2 * output_modes - 1)
         self.lifting = Lifting(in_channels, d, n_freq=n_freq, length=length, rule="left",
                                min_nodes=self.min_nodes, **fk)
         pieces = {"n_pieces": n_t, "t0": 0.0, "t1": T}
@@ -184,6 +194,8 @@ class NeuralOperatorTransformer(nn.Module):
         sch = Lie(terms) if scheme == "lie" else Strang(terms)
         self.propagator = Propagator(sch, n_t, t0=0.0, t1=T, grid=grid)
         self.projection = Projection(d, hidden, out_channels, **fk)
+        self.output_filter = (None if output_modes is None else
+                              FourierMultiplier(output_modes, out_channels, length=length, **fk))
         self.reset_parameters(generator)
 
     @torch.no_grad()
@@ -194,13 +206,16 @@ class NeuralOperatorTransformer(nn.Module):
         with gain ``0.1`` plus ``0.1 I`` on the diagonal — small terms, so that the
         initial flow is close to the identity (Cao's initialisation, larger); the
         convolution's modes uniform in :math:`[0, 1/N_y^2)` (FNO's); the feed-forward
-        kernels as ``nn.Linear`` with the output layer scaled by 0.1; biases zero."""
+        kernels as ``nn.Linear`` with the output layer scaled by 0.1; biases zero; the
+        output multiplier (``output_modes``) the orthogonal projection."""
         def rand(shape):
             return torch.rand(shape, generator=generator, dtype=torch.float64)
 
         def uniform(shape, bound):
             return (rand(shape) * 2 - 1) * bound
 
+        if self.output_filter is not None:
+            self.output_filter.reset_parameters()
         for lin, s in ((self.lifting.linear, 1.0), (self.projection.fc1, 1.0), (self.projection.fc2, self.output_scale)):
             b = 1.0 / math.sqrt(lin.weight.shape[1])
             lin.weight.copy_(uniform(lin.weight.shape, s * b))
@@ -242,7 +257,8 @@ class NeuralOperatorTransformer(nn.Module):
         """``u`` ``(B, N_x)`` at :math:`x_j = jL/N_x` -> ``(B, N_x)`` (see the class docstring)."""
         v = self.lifting(u)
         v = self.propagator(v, n_steps=n_steps)
-        return self.projection(v)
+        w = self.projection(v)
+        return w if self.output_filter is None else self.output_filter(w)
 
     def extra_repr(self) -> str:
         return (f"attention={self.attention_kind!r}, scheme={self.scheme_kind!r}, d_model={self.d_model}, "

@@ -13,6 +13,7 @@ from .droppath import DropPath, FieldDropPath, StateDropout
 from .feedforward import FeedForward
 from .ffn import FFNIntegral
 from .fourier_attention import FourierAttention
+from .fourier_multiplier import FourierMultiplier
 from .galerkin_attention import GalerkinAttention
 from .gated_ffn import GatedFeedForward
 from .grouped_attention import GroupedQueryAttention
@@ -70,6 +71,7 @@ __all__ = [
     "SpectralConvolution",
     "Lifting",
     "Projection",
+    "FourierMultiplier",
     "periodic_positions",
 ]
 
