@@ -91,6 +91,10 @@ VARIANTS = {
     # (RK4 at the training grid), beside the training grid's explicit Euler
     "par_rk4_8": {"scheme": "parallel", "solvers": ("euler", "rk4"), "solver_weights": (7.0, 1.0)},
     "par_rk4_16": {"scheme": "parallel", "solvers": ("euler", "rk4"), "solver_weights": (15.0, 1.0)},
+    # Heun on a part of every batch instead of on a part of the steps, its loss weighted
+    # apart from its share of the work: (fraction of the windows, weight of their loss)
+    "par_split8_w0.5_k0.01": {"scheme": "parallel", "split": (0.125, 0.5), "kinetic": 0.01},
+    "par_split8_w0.5": {"scheme": "parallel", "split": (0.125, 0.5)},
 }
 
 
@@ -152,14 +156,47 @@ class AnnealedKinetic(Objective):
         return super().forward(model, inputs, targets, **k)
 
 
+class SplitSolverObjective(Objective):
+    """The objective with Heun on the first ``fraction`` of every training batch and the
+    model's own solver on the rest: ``(1 - weight) J_own(rest) + weight J_heun(part)``, each
+    ``J`` the objective (data term and running costs) on its part of the batch.  The work is
+    ``1 + fraction`` field evaluations per step while the Heun solve's share of the objective
+    is ``weight`` (drawing Heun for a fraction of the steps ties the two)."""
+
+    def __init__(self, *a, fraction: float, weight: float, **k):
+        super().__init__(*a, **k)
+        if not (0.0 < fraction < 1.0 and 0.0 < weight < 1.0):
+            raise ValueError(f"split: expected a fraction and a weight in (0, 1), got {fraction!r}, {weight!r}")
+        self.fraction, self.weight = float(fraction), float(weight)
+
+    def forward(self, model, inputs, targets, **k):
+        if not model.training:
+            return super().forward(model, inputs, targets, **k)
+        from opsplit.control import solved_with
+        from opsplit.control.objective import ObjectiveValue
+
+        m = max(1, int(round(self.fraction * inputs.shape[0])))
+        with solved_with(k.get("costs_model") or model, solver="heun"):
+            jh = super().forward(model, inputs[:m], targets[:m], **k)
+        je = super().forward(model, inputs[m:], targets[m:], **k)
+        w = self.weight
+        mix = lambda a, b: None if a is None else (1 - w) * a + w * b  # noqa: E731
+        return ObjectiveValue(mix(je.total, jh.total), mix(je.data, jh.data), mix(je.smoothness, jh.smoothness),
+                              mix(je.energy, jh.energy), je.outputs, mix(je.kinetic, jh.kinetic),
+                              mix(je.acceleration, jh.acceleration), mix(je.defect, jh.defect))
+
+
 def variant(args, vocab_size, v: dict):
     """The model (:func:`build`) and the training objective (the running costs) of a variant."""
     model = build(args, vocab_size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"),
                   v.get("reference"), v.get("scheme", "lie"))
     k = dict(output="logits", kinetic=v.get("kinetic", 0.0), acceleration=v.get("acceleration", 0.0),
              defect=v.get("defect", 0.0))
-    obj = (AnnealedKinetic(tt.lm_loss, total_steps=args.steps, **k) if v.get("anneal") else
-           Objective(tt.lm_loss, **k))
+    if v.get("split"):
+        obj = SplitSolverObjective(tt.lm_loss, fraction=v["split"][0], weight=v["split"][1], **k)
+    else:
+        obj = (AnnealedKinetic(tt.lm_loss, total_steps=args.steps, **k) if v.get("anneal") else
+               Objective(tt.lm_loss, **k))
     return model, obj
 
 
