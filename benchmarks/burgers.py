@@ -333,13 +333,15 @@ def seed_means(runs) -> None:
         key = (run["model"], run["lr"], run.get("schedule", "steps"), json.dumps(run["model_kwargs"], sort_keys=True),
                bool(run.get("flush_denormal")))
         groups.setdefault(key, []).append(run)
-    print("\n| model | learning rate | schedule | output scale | seeds | " + " | ".join(str(r) for r in RESOLUTIONS) + " |")
-    print("|" + "---|" * (5 + len(RESOLUTIONS)))
+    print("\n| model | learning rate | schedule | output scale | output modes | seeds | "
+          + " | ".join(str(r) for r in RESOLUTIONS) + " |")
+    print("|" + "---|" * (6 + len(RESOLUTIONS)))
     for (model, lr, sched, kw, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "fno", kv[0])):
         cells = [f"{np.mean([r['test_error'][str(k)] for r in rs]):.2e}" if all(str(k) in r["test_error"] for r in rs)
                  else "" for k in RESOLUTIONS]
-        print(f"| {model} | {lr:g} | {sched} | {json.loads(kw).get('output_scale', 1.0):g} | {', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | "
-              + " | ".join(cells) + " |")
+        kwd = json.loads(kw)
+        print(f"| {model} | {lr:g} | {sched} | {kwd.get('output_scale', 1.0):g} | {kwd.get('output_modes') or 'all'} | "
+              f"{', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | " + " | ".join(cells) + " |")
 
 
 def report(tag: str = "", extra_tags=(), figure: Path | None = None) -> None:

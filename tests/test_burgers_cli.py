@@ -69,6 +69,28 @@ def test_burgers_run_folder(data_dir):
     assert "neural operator on Burgers" in (run / "report.md").read_text()
 
 
+def test_burgers_band_limited_output_keys(data_dir):
+    """``model.output_modes`` and ``model.output_scale`` reach the model: its output on the
+    evaluation grids holds no mode above the band."""
+    from opsplit.cli import train_burgers as tb
+
+    cfg = data_dir / "burgers.toml"
+    cfg.write_text(TOML.format(attention="none").replace("n_freq = 2", "n_freq = 2\noutput_modes = 3\n"
+                                                          "output_scale = 0.1").replace("[8, 16, 64]", "[16, 64]"))
+    run = data_dir / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    m = dict(attention="none", scheme="strang", d_model=8, heads=2, head_dim=0, nonlinearity="ffn", n_steps=2, modes=4,
+             d_ff=8, n_freq=2, seed=0, output_scale=0.1, output_modes=3)
+    model = tb.build_model(m)
+    assert model.output_filter is not None and model.output_filter.modes == 3 and model.output_scale == 0.1
+    x = torch.arange(64) / 64
+    with torch.no_grad():
+        out = model(torch.sin(2 * math.pi * x)[None] + 0.2 * torch.cos(2 * math.pi * 5 * x)[None])
+    spec = torch.fft.rfft(out, dim=-1).abs()
+    assert spec[:, 3:].max() < 1e-5 * spec[:, :3].max()
+    assert [int(r["resolution"]) for r in _rows(run / "eval_resolution.csv")] == [16, 64]
+
+
 def test_burgers_refusals_before_work(data_dir, capsys):
     cfg = data_dir / "b.toml"
     cfg.write_text(TOML.format(attention="galerkin").replace("eval_resolutions = [8, 16, 64]",
@@ -78,6 +100,15 @@ def test_burgers_refusals_before_work(data_dir, capsys):
     cfg.write_text(TOML.format(attention="galerkin").replace("resolution = 16", "resolution = 4"))
     assert main(["train", "--config", str(cfg), "--print-config"]) == 2
     assert "at least 2 * 4 - 1 = 7 nodes, got 4" in capsys.readouterr().err
+    # a band-limited output needs grids that carry its modes (here more than the convolution's)
+    cfg.write_text(TOML.format(attention="galerkin").replace("n_freq = 2", "n_freq = 2\noutput_modes = 5"))
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "train.eval_resolutions" in err and "model.output_modes" in err and "2 * 5 - 1 = 9 nodes, got 8" in err
+    for key, bad in (("output_modes", "-1"), ("output_scale", "0.0"), ("output_scale", "nan"), ("output_modes", "1.5")):
+        cfg.write_text(TOML.format(attention="galerkin").replace("n_freq = 2", f"n_freq = 2\n{key} = {bad}"))
+        assert main(["train", "--config", str(cfg), "--print-config"]) == 2
+        assert f"model.{key}" in capsys.readouterr().err
     cfg.write_text(TOML.format(attention="cosine"))
     assert main(["train", "--config", str(cfg), "--print-config"]) == 2
     assert "model.attention" in capsys.readouterr().err

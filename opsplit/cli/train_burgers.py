@@ -57,6 +57,11 @@ SCHEMA = {
         "modes": Field("int", 16, "Fourier modes 0..M of the convolution kernel (M + 1 of them)", at_least(1)),
         "d_ff": Field("int", 128, "hidden width of the feed-forward term", at_least(1)),
         "n_freq": Field("int", 4, "frequencies of the periodic positions", at_least(0)),
+        "output_scale": Field("float", 1.0, "initial size of the projection's output layer relative to nn.Linear's "
+                              "(docs/burgers.md: 0.1 for a target much smaller than the input)", positive),
+        "output_modes": Field("int", 0, "band-limit the output to the Fourier modes 0..M, this many of them, by a "
+                              "trainable multiplier (opsplit.operators.FourierMultiplier; 0: no band limit)",
+                              at_least(0)),
         "seed": seed_field("seed of the initial weights"),
     },
     "train": {
@@ -105,14 +110,17 @@ def check(cfg) -> None:
     if d["points"] % 2:
         raise ConfigError(f"data.points: expected an even number of nodes, got {d['points']}")
     need = 2 * m["modes"] - 1
+    what = f"convolution has {m['modes']} Fourier modes"
+    if 2 * m["output_modes"] - 1 > need:
+        need, what = 2 * m["output_modes"] - 1, f"output keeps {m['output_modes']} Fourier modes (model.output_modes)"
     for key, values in (("train.resolution", [t["resolution"]]), ("train.eval_resolutions", t["eval_resolutions"])):
         for r in values:
             if d["points"] % r:
                 raise ConfigError(f"{key}: expected divisors of data.points = {d['points']} (the data is "
                                   f"subsampled), got {r}")
             if r < need:
-                raise ConfigError(f"{key}: the model's convolution has {m['modes']} Fourier modes and needs grids "
-                                  f"of at least 2 * {m['modes']} - 1 = {need} nodes, got {r}")
+                raise ConfigError(f"{key}: the model's {what} and needs grids of at least "
+                                  f"2 * {(need + 1) // 2} - 1 = {need} nodes, got {r}")
     if t["batch_size"] > d["n_train"]:
         raise ConfigError(f"train.batch_size: expected at most data.n_train = {d['n_train']}, got {t['batch_size']}")
 
@@ -188,7 +196,9 @@ def build_model(m: dict):
             return NeuralOperatorTransformer(m["attention"], m["scheme"], d_model=m["d_model"], heads=m["heads"],
                                              head_dim=m["head_dim"] or None, nonlinearity=m["nonlinearity"],
                                              n_steps=m["n_steps"], modes=m["modes"], d_ff=m["d_ff"],
-                                             n_freq=m["n_freq"], generator=torch.Generator().manual_seed(m["seed"]))
+                                             n_freq=m["n_freq"], output_scale=m.get("output_scale", 1.0),
+                                             output_modes=m.get("output_modes") or None,
+                                             generator=torch.Generator().manual_seed(m["seed"]))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
 
