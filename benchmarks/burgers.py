@@ -274,6 +274,29 @@ def reevaluate(args) -> None:
         print(path.name, {r: f"{np.mean(e):.3e}" for r, e in per.items()}, flush=True)
 
 
+def error_spectrum(args) -> None:
+    """For the saved models of ``--tag`` (and ``--also-tags``): the share of each test pair's
+    squared error (at the training grid) in the Fourier modes 3 and above, averaged over the
+    pairs — where a pointwise projection leaves its errors (the target holds almost no
+    energy there)."""
+    _, test = load_burgers(args.train_res, n_test=args.n_test, seed=args.data_seed)
+    mag = torch.fft.rfft(test.targets).abs().mean(0)
+    print("the targets' mean mode magnitudes relative to mode 1, modes 0..4: "
+          + ", ".join(f"{float(v):.1e}" for v in mag[:5] / mag[1]))
+    for t in (args.tag, *args.also_tags):
+        for path in sorted(OUT.glob(f"*-seed*{t}.json")):
+            if not path.name.endswith(f"{t}.json"):
+                continue
+            res = json.loads(path.read_text())
+            model = build(res["model"], res["seed"], **res["model_kwargs"])
+            model.load_state_dict(torch.load(path.with_suffix(".pt"), weights_only=True))
+            model.eval()
+            with torch.no_grad():
+                e2 = torch.fft.rfft(model(test.inputs) - test.targets).abs().square()
+            share = float((e2[:, 3:].sum(-1) / e2.sum(-1)).mean())
+            print(f"{path.stem}: share of the squared error in modes >= 3: {share:.3f}", flush=True)
+
+
 # -- the data checks ---------------------------------------------------------------------------------
 def check_solver(n: int = 50, seed: int = 0) -> None:
     """Self-convergence of the stored fields and the energy identity."""
@@ -451,6 +474,8 @@ def main(argv=None):
     p.add_argument("--check-solver", action="store_true")
     p.add_argument("--reevaluate", action="store_true",
                    help="evaluate the saved models of --tag at --eval-res too (no training)")
+    p.add_argument("--error-spectrum", action="store_true",
+                   help="the saved models of --tag (and --also-tags): the share of the test error in modes >= 3")
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.flush_denormal:
@@ -461,6 +486,8 @@ def main(argv=None):
         return check_solver()
     if args.reevaluate:
         return reevaluate(args)
+    if args.error_spectrum:
+        return error_spectrum(args)
     for name in args.models:
         r = run_model(name, args)
         print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
