@@ -95,6 +95,9 @@ VARIANTS = {
     # apart from its share of the work: (fraction of the windows, weight of their loss)
     "par_split8_w0.5_k0.01": {"scheme": "parallel", "split": (0.125, 0.5), "kinetic": 0.01},
     "par_split8_w0.5": {"scheme": "parallel", "split": (0.125, 0.5)},
+    # the weight equal to the share: Heun for a quarter of the steps in expectation, but
+    # every step's gradient holds both solves (no draws)
+    "par_split4_w0.25_k0.01": {"scheme": "parallel", "split": (0.25, 0.25), "kinetic": 0.01},
 }
 
 
