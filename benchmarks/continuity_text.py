@@ -98,6 +98,9 @@ VARIANTS = {
     # the weight equal to the share: Heun for a quarter of the steps in expectation, but
     # every step's gradient holds both solves (no draws)
     "par_split4_w0.25_k0.01": {"scheme": "parallel", "split": (0.25, 0.25), "kinetic": 0.01},
+    # the same weight on an eighth of the batch (the cost of Heun for an eighth of the steps)
+    "par_split8_w0.25_k0.01": {"scheme": "parallel", "split": (0.125, 0.25), "kinetic": 0.01},
+    "par_split8_w0.35_k0.01": {"scheme": "parallel", "split": (0.125, 0.35), "kinetic": 0.01},
 }
 
 
