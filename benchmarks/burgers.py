@@ -254,15 +254,22 @@ def model_kwargs(args) -> dict:
             **({"T": args.T} if args.T else {})}
 
 
-def reevaluate(args) -> None:
-    """Evaluate the saved models of ``--tag`` at ``--eval-res`` as well (e.g. grids coarser
-    than the training grid), merged into their result files; nothing is retrained."""
-    for path in sorted(OUT.glob(f"*-seed*{args.tag}.json")):
-        if not path.name.endswith(f"{args.tag}.json"):
+def saved_runs(tag: str):
+    """``(path, result, model)`` of every saved run whose file name ends with ``tag``: the
+    result file read, the model built as it was and its trained weights loaded."""
+    for path in sorted(OUT.glob(f"*-seed*{tag}.json")):
+        if not path.name.endswith(f"{tag}.json"):
             continue
         res = json.loads(path.read_text())
         model = build(res["model"], res["seed"], **res["model_kwargs"])
         model.load_state_dict(torch.load(path.with_suffix(".pt"), weights_only=True))
+        yield path, res, model
+
+
+def reevaluate(args) -> None:
+    """Evaluate the saved models of ``--tag`` at ``--eval-res`` as well (e.g. grids coarser
+    than the training grid), merged into their result files; nothing is retrained."""
+    for path, res, model in saved_runs(args.tag):
         subset = ({r: args.softmax_subset for r in args.eval_res if r > 2048}
                   if res["model"].startswith("softmax") else None)
         per = evaluate(model, args.eval_res, n_test=len(res["test_errors_per_sample"][str(res["train_res"])]),
@@ -284,12 +291,7 @@ def error_spectrum(args) -> None:
     print("the targets' mean mode magnitudes relative to mode 1, modes 0..4: "
           + ", ".join(f"{float(v):.1e}" for v in mag[:5] / mag[1]))
     for t in (args.tag, *args.also_tags):
-        for path in sorted(OUT.glob(f"*-seed*{t}.json")):
-            if not path.name.endswith(f"{t}.json"):
-                continue
-            res = json.loads(path.read_text())
-            model = build(res["model"], res["seed"], **res["model_kwargs"])
-            model.load_state_dict(torch.load(path.with_suffix(".pt"), weights_only=True))
+        for path, _, model in saved_runs(t):
             model.eval()
             with torch.no_grad():
                 e2 = torch.fft.rfft(model(test.inputs) - test.targets).abs().square()

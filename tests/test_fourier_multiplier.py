@@ -84,6 +84,7 @@ def test_gradcheck():
     random_factors(op, gen)
     w = torch.randn(2, 9, 2, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda w: op(w), (w,))
+    assert torch.autograd.gradgradcheck(lambda w: op(w) ** 2, (w,))  # second derivatives through the FFTs
     # the factors: through a functional call of the module
     assert torch.autograd.gradcheck(lambda f: torch.func.functional_call(op, {"factors": f}, (w,)),
                                     (op.factors.detach().clone().requires_grad_(),))

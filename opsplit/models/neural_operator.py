@@ -195,7 +195,7 @@ class NeuralOperatorTransformer(nn.Module):
         self.propagator = Propagator(sch, n_t, t0=0.0, t1=T, grid=grid)
         self.projection = Projection(d, hidden, out_channels, **fk)
         self.output_filter = (None if output_modes is None else
-                              FourierMultiplier(output_modes, out_channels, length=length, **fk))
+                              FourierMultiplier(output_modes, out_channels, **fk))
         self.reset_parameters(generator)
 
     @torch.no_grad()

@@ -38,7 +38,6 @@ from torch import Tensor, nn
 from .._checks import (
     check_finite,
     check_float_dtype,
-    check_positive_float,
     check_positive_int,
     check_tensor,
 )
@@ -54,19 +53,18 @@ class FourierMultiplier(nn.Module):
         modes: :math:`M + 1`, the modes :math:`0..M` kept.
         channels: :math:`C`, the channels of the field (each with its own factors);
             ``1`` also accepts ``(B, N_x)``.
-        length: :math:`L` (the output does not depend on it: (P) is a projection onto
-            modes; kept for the error messages and the repr).
+
+    The output does not depend on :math:`L`: (P) acts on the modes of the samples.
 
     ``factors`` ``(2, M + 1, C)`` holds the real and imaginary parts of :math:`c_0, \dots,
     c_M` (the imaginary part of :math:`c_0` is not used: a real field has a real mean),
     initialised to :math:`c_m = 1`, the orthogonal projection.
     """
 
-    def __init__(self, modes: int, channels: int = 1, *, length: float = 1.0, device=None, dtype=None):
+    def __init__(self, modes: int, channels: int = 1, *, device=None, dtype=None):
         super().__init__()
         self.modes = check_positive_int(modes, "FourierMultiplier.modes")
         self.channels = check_positive_int(channels, "FourierMultiplier.channels")
-        self.length = check_positive_float(length, "FourierMultiplier.length")
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.factors = nn.Parameter(torch.zeros(2, self.modes, self.channels, **fk))
         self.reset_parameters()
@@ -93,7 +91,7 @@ class FourierMultiplier(nn.Module):
         n = w.shape[1]
         if n < self.min_nodes:
             raise ValueError(
-                f"FourierMultiplier: the field has N_x = {n} nodes on [0, {self.length:g}); the multiplier keeps "
+                f"FourierMultiplier: the field has N_x = {n} nodes; the multiplier keeps "
                 f"the modes |m| <= {self.modes - 1} and needs N_x >= {self.min_nodes} (fewer nodes would alias them)")
         check_float_dtype(w, "FourierMultiplier input")
         check_finite(w, "FourierMultiplier input")

@@ -15,7 +15,7 @@ from opsplit.data.burgers import BurgersCacheError
 from opsplit.grid import Interval
 from opsplit.models import IntegralPatchEmbedding, NeuralOperatorTransformer, PatchEmbedding
 from opsplit.models.integral_patch import PixelQuadrature
-from opsplit.operators import GalerkinAttention, Lifting, SpectralConvolution
+from opsplit.operators import FourierMultiplier, GalerkinAttention, Lifting, SpectralConvolution
 
 from ._table import cases, run_case
 
@@ -97,6 +97,19 @@ CASES = cases(
                                                          norm_weights=torch.ones(2, 2)),
      TypeError, r"norm_weights: expected a pair"),
     ("galerkin-eps", lambda: GalerkinAttention.create(4, 2, eps=0.0), ValueError, r"eps: expected a finite number > 0"),
+    ("model-output-modes-nodes",
+     lambda: NeuralOperatorTransformer("none", "lie", d_model=4, heads=1, modes=4, output_modes=6)(_field(10)),
+     ValueError, r"N_x = 10 nodes; this model needs N_x >= 11"),
+    ("model-output-modes-zero", lambda: NeuralOperatorTransformer(output_modes=0), ValueError, r"output_modes"),
+    ("multiplier-too-few-nodes", lambda: FourierMultiplier(8)(torch.zeros(1, 14)), ValueError,
+     r"N_x = 14 nodes; the multiplier keeps the modes \|m\| <= 7 and needs N_x >= 15"),
+    ("multiplier-nan-field", lambda: FourierMultiplier(4)(_with(float("nan"))), ValueError,
+     r"FourierMultiplier input: expected finite values, found 1 NaN"),
+    ("multiplier-channels", lambda: FourierMultiplier(4, 2)(torch.zeros(1, 16, 3)), ValueError,
+     r"expected shape \(B, N_x, 2\)"),
+    ("multiplier-int-field", lambda: FourierMultiplier(4)(torch.zeros(1, 16, dtype=torch.long)), TypeError,
+     r"floating-point"),
+    ("multiplier-modes", lambda: FourierMultiplier(0), ValueError, r"FourierMultiplier.modes"),
     ("lifting-trapezoid", lambda: Lifting(1, 4, rule="trapezoid"), ValueError, r"periodic grid"),
     ("data-resolution-divides", lambda: load_burgers(300, n_train=1, n_test=1, points=64), ValueError,
      r"resolution: expected a divisor of points = 64 .* got 300"),
