@@ -85,3 +85,20 @@ def test_fno_peer_output_modes_band_limits_only_its_output():
         full, out = torch.fft.rfft(ref(u)), torch.fft.rfft(lim(u))
     torch.testing.assert_close(out[:, :5], full[:, :5], rtol=1e-5, atol=1e-7)
     assert out[:, 5:].abs().max() < 1e-6 * full[:, :5].abs().max()
+
+
+def test_report_pairs_each_opsplit_setting_with_the_peer_seed_by_seed(capsys):
+    """The per-seed ratios the docs quote: only the seeds both settings ran, each opsplit
+    error divided by the peer's on the same seed."""
+    bench = _bench()
+
+    def run(model, lr, seed, err):
+        return {"model": model, "lr": lr, "seed": seed, "test_error": {"256": err}}
+
+    groups = {("fno", 2e-3): [run("fno", 2e-3, 0, 4.0), run("fno", 2e-3, 1, 2.0), run("fno", 2e-3, 2, 1.0)],
+              ("none-lie", 5e-3): [run("none-lie", 5e-3, 0, 2.0), run("none-lie", 5e-3, 1, 4.0)]}
+    bench.paired_ratios(groups)
+    out = capsys.readouterr().out
+    # seeds 0 and 1 only: 2/4 = 0.5 and 4/2 = 2; geometric mean 1; means 3 / 3 = 1; ahead on one
+    assert "seeds 0, 1:" in out and "per seed 0.50, 2.00" in out
+    assert "geometric mean 1.00" in out and "ratio of the means 1.00" in out and "ahead on 1 of 2" in out
