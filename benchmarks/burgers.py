@@ -376,14 +376,20 @@ def paired_ratios(groups: dict, res: str = "256") -> None:
     the means (< 1: opsplit ahead)."""
     peers = {k: {r["seed"]: r for r in rs} for k, rs in groups.items() if k[0] == "fno"}
     ours = {k: {r["seed"]: r for r in rs} for k, rs in groups.items() if k[0] != "fno"}
-    for (pm, plr, *_), p in sorted(peers.items()):
-        for (om, olr, *_), o in sorted(ours.items()):
+
+    def name(key) -> str:  # the settings that tell the groups of the seed-means table apart
+        kwd = json.loads(key[3]) if len(key) > 3 else {}
+        return (f"{key[0]} (lr {key[1]:g}, output scale {kwd.get('output_scale', 1.0):g}, "
+                f"output modes {kwd.get('output_modes') or 'all'})")
+
+    for pk, p in sorted(peers.items()):
+        for ok, o in sorted(ours.items()):
             seeds = sorted(set(p) & set(o))
             if not seeds or not all(res in p[s]["test_error"] and res in o[s]["test_error"] for s in seeds):
                 continue
             r = [o[s]["test_error"][res] / p[s]["test_error"][res] for s in seeds]
             mean = np.mean([o[s]["test_error"][res] for s in seeds]) / np.mean([p[s]["test_error"][res] for s in seeds])
-            print(f"{om} (lr {olr:g}) / {pm} (lr {plr:g}) at {res} nodes, seeds {', '.join(map(str, seeds))}: "
+            print(f"{name(ok)} / {name(pk)} at {res} nodes, seeds {', '.join(map(str, seeds))}: "
                   f"per seed {', '.join(f'{x:.2f}' for x in r)}; geometric mean {float(np.exp(np.mean(np.log(r)))):.2f}, "
                   f"ratio of the means {mean:.2f}, ahead on {sum(x < 1 for x in r)} of {len(r)}")
 
