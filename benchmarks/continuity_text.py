@@ -98,6 +98,7 @@ VARIANTS = {
     # the weight equal to the share: Heun for a quarter of the steps in expectation, but
     # every step's gradient holds both solves (no draws)
     "par_split4_w0.25_k0.01": {"scheme": "parallel", "split": (0.25, 0.25), "kinetic": 0.01},
+    "par_split4_w0.25": {"scheme": "parallel", "split": (0.25, 0.25)},
     # the same weight on an eighth of the batch (the cost of Heun for an eighth of the steps)
     "par_split8_w0.25_k0.01": {"scheme": "parallel", "split": (0.125, 0.25), "kinetic": 0.01},
     "par_split8_w0.35_k0.01": {"scheme": "parallel", "split": (0.125, 0.35), "kinetic": 0.01},
@@ -318,12 +319,14 @@ def parser():
     p.add_argument("--timing", type=int, default=0, help="paired training cost of --variants against the first: "
                    "this many rounds")
     p.add_argument("--chunk", type=int, default=10, help="optimizer steps per variant per timing round")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: every figure in docs/continuity.md "
+                   "unless it says otherwise; 2: both cores of the 2-core machine)")
     return p
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.report:
         for f in sorted(Path(args.out).glob("*.json")):
             if not f.name.startswith("ngram"):
