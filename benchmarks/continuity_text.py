@@ -99,6 +99,11 @@ VARIANTS = {
     # every step's gradient holds both solves (no draws)
     "par_split4_w0.25_k0.01": {"scheme": "parallel", "split": (0.25, 0.25), "kinetic": 0.01},
     "par_split4_w0.25": {"scheme": "parallel", "split": (0.25, 0.25)},
+    # the same objective through the library (TrainConfig.train_solvers_split: the shares of
+    # the draw's weights, here 3 : 1, as parts of every batch; the Heun windows are the last
+    # quarter of the batch where SplitSolverObjective takes the first)
+    "par_split_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0),
+                        "solvers_split": True, "kinetic": 0.01},
     # the same weight on an eighth of the batch (the cost of Heun for an eighth of the steps)
     "par_split8_w0.25_k0.01": {"scheme": "parallel", "split": (0.125, 0.25), "kinetic": 0.01},
     "par_split8_w0.35_k0.01": {"scheme": "parallel", "split": (0.125, 0.35), "kinetic": 0.01},
@@ -118,7 +123,8 @@ def data(args):
 def config(args, v) -> TrainConfig:
     tns = tuple(v["train_n_steps"]) if v.get("train_n_steps") else None
     sol = tuple(v["solvers"]) if v.get("solvers") else None
-    return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None, epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
+    return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None,
+                       train_solvers_split=bool(sol and v.get("solvers_split")), epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
                        weight_decay=args.weight_decay, betas=(0.9, 0.99), schedule="cosine",
                        warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio, grad_clip=1.0, seed=args.seed,
                        shuffle=False, train_n_steps=tns, train_n_steps_weights=v.get("weights") if tns else None,
@@ -168,7 +174,9 @@ class SplitSolverObjective(Objective):
     model's own solver on the rest: ``(1 - weight) J_own(rest) + weight J_heun(part)``, each
     ``J`` the objective (data term and running costs) on its part of the batch.  The work is
     ``1 + fraction`` field evaluations per step while the Heun solve's share of the objective
-    is ``weight`` (drawing Heun for a fraction of the steps ties the two)."""
+    is ``weight`` (drawing Heun for a fraction of the steps ties the two).  With the weight
+    equal to the fraction this is the library's ``TrainConfig.train_solvers_split`` (variant
+    ``par_split_k0.01``); this class is kept for the weights apart from the share."""
 
     def __init__(self, *a, fraction: float, weight: float, **k):
         super().__init__(*a, **k)

@@ -350,6 +350,27 @@ def test_train_tiny_config(tmp_path):
     assert "training_curve.png" in (out / "report.md").read_text()
 
 
+def test_train_solvers_split_key(tmp_path, capsys):
+    """train.solvers_split = true on the digits task: every batch shared between the drawn
+    solvers' list (no solver drawn per step), the report says so; the model's own solver alone
+    is refused before anything is written."""
+    out = tmp_path / "split"
+    toml = TRAIN.replace("[train]", '[train]\ntrain_n_steps = [2]\ntrain_solvers = ["euler", "heun"]\n'
+                         "solvers_split = true")
+    assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
+    steps = _rows(out / "train" / "steps.csv")
+    assert len(steps) == 8 and all(not r.get("solver") for r in steps)
+    assert "every batch shared between the substep solvers ['euler', 'heun'] (cost weights)" in \
+        (out / "report.md").read_text()
+    bad = tmp_path / "bad"
+    toml = TRAIN.replace("[train]", '[train]\ntrain_solvers = ["euler"]\nsolvers_split = true')
+    capsys.readouterr()
+    assert main(["train", "--config", _toml(tmp_path, toml, "b.toml"), "--out", str(bad), "--no-progress"]) == 2
+    assert "train.solvers_split: shares every batch between the solvers of train.train_solvers" in \
+        capsys.readouterr().err
+    assert not bad.exists()
+
+
 def test_train_is_seeded_whatever_the_global_rng(tmp_path):
     """model.seed and train.seed fix the whole run: two runs started from different global
     RNG states write the same losses (the patch embedding and read-out draw from torch's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 
 import pytest
 import torch
@@ -340,3 +341,32 @@ def test_the_continuous_recipe_keys(tmp_path):
         assert math.isclose(float(r["loss"]), float(r["data"]) + 0.25 * float(r["kinetic"]), rel_tol=1e-5)
     report = (tmp_path / "r" / "report.md").read_text()
     assert "substep solver drawn from ['euler', 'heun'] (weights: [1.0, 3.0]), kinetic cost weight 0.25" in report
+
+
+def test_solvers_split_key_shares_every_batch(tmp_path, capsys):
+    """train.solvers_split = true: no draw (no solver column filled), every step's loss the
+    mean over its windows solved by their parts' solvers, the report says so; a config that
+    cannot split (the model's own solver only, a batch leaving a solver no window) is
+    refused before anything is written."""
+    text = TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [3, 1]\n'
+                        "solvers_split = true\nkinetic = 0.1\n")
+    cfg = tmp_path / "text.toml"
+    cfg.write_text(text)
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    rows = _rows(tmp_path / "r" / "train" / "steps.csv")
+    assert len(rows) == 6 and all(not r.get("solver") for r in rows)
+    assert all(math.isclose(float(r["loss"]), float(r["data"]) + 0.1 * float(r["kinetic"]), rel_tol=1e-5)
+               for r in rows)
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "every batch shared between the substep solvers ['euler', 'heun'] (weights: [3.0, 1.0])" in report
+    for bad, match in ((TEXT.replace("n_steps = [1, 2]\n", "solvers_split = true\n"),
+                        r"train\.solvers_split: shares every batch between the solvers of train\.solvers"),
+                       (TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [7, 1]\n'
+                                     "solvers_split = true\n"),
+                        r"train\.solvers_split: a batch of 4 gives 'heun' no window")):
+        cfg.write_text(bad)
+        out = tmp_path / "bad"
+        capsys.readouterr()
+        assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 2
+        assert re.search(match, capsys.readouterr().err)
+        assert not out.exists()

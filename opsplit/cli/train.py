@@ -93,6 +93,9 @@ SCHEMA = {
                                "list ([model.solver]: its own only)", choices=("euler", "heun", "rk4")),
         "solvers_weights": Field("str", "cost", "how the solvers are drawn: cost (probability proportional to "
                                  "1/stages) or uniform", choices=("cost", "uniform")),
+        "solvers_split": Field("bool", False, "share every batch between train_solvers (each its share of the "
+                               "images by solvers_weights, the objective the mean over all) instead of drawing one "
+                               "per step: TrainConfig.train_solvers_split"),
         "n_steps_weights": Field("str", "cost", "how the N_t of train_n_steps are drawn: cost (probability "
                                  "proportional to 1/N_t: each resolution the same compute) or uniform",
                                  choices=("cost", "uniform")),
@@ -412,6 +415,7 @@ def check(cfg) -> None:
     if m["solver"] != "euler" and t["train_solvers"] != [m["solver"]]:
         raise ConfigError(f"train.train_solvers: the drawn solvers replace explicit-Euler substeps; with model.solver "
                           f"= {m['solver']!r} expected [{m['solver']!r}] (its own only), got {t['train_solvers']}")
+    check_solvers_split(t, "train_solvers", "solvers_weights", t["batch_size"], [m["solver"]])
     check_flow_costs(t, ("kinetic", "acceleration", "defect"))
     try:
         import sklearn  # noqa: F401
@@ -580,6 +584,24 @@ def check_distinct(t: dict, keys) -> None:
             raise ConfigError(f"train.{key}: expected distinct {what}, got {seen[0]} twice in {t[key]}")
 
 
+def check_solvers_split(t: dict, key: str, weights_key: str, batch_size: int, own: list) -> None:
+    """``train.solvers_split``: needs several solvers in ``train.<key>``, and a batch that gives
+    each of them a window (:func:`opsplit.control.resolution.split_sizes`)."""
+    if not t["solvers_split"]:
+        return
+    if t[key] == own:
+        raise ConfigError(f"train.solvers_split: shares every batch between the solvers of train.{key}, which "
+                          f"holds only the model's own {own}; expected several solvers, or solvers_split = false")
+    from ..control.resolution import split_sizes
+
+    sizes = split_sizes(batch_size, tuple(t[key]), draw_weights(t[weights_key]))
+    empty = [s for s, n in zip(t[key], sizes) if n == 0]
+    if empty:
+        raise ConfigError(f"train.solvers_split: a batch of {batch_size} gives {empty[0]!r} no window (windows per "
+                          f"solver {dict(zip(t[key], sizes))}); expected a larger train.batch_size or "
+                          f"{weights_key}")
+
+
 def check_flow_costs(t: dict, keys) -> None:
     """A flow cost (``train.<key>`` of ``keys`` non-zero) needs the forward solve's steps:
     ``train.gradient = 'backprop'``."""
@@ -609,6 +631,7 @@ def train_config(cfg, progress: bool = True):
                        train_n_steps=tns,
                        train_n_steps_weights=draw_weights(t["n_steps_weights"]) if tns else None,
                        train_solvers=sol, train_solvers_weights=draw_weights(t["solvers_weights"]) if sol else None,
+                       train_solvers_split=bool(sol and t["solvers_split"]),
                        progress=progress, extra=data_settings(cfg, DATA_KEYS))
 
 
@@ -782,8 +805,8 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
         f"test images), AdamW, {t['gradient']} gradients, {trainer.step} steps"
         + (f", each at an N_t drawn from {t['train_n_steps']} ({t['n_steps_weights']} weights)"
            if len(t["train_n_steps"]) > 1 else "")
-        + (f" with a substep solver drawn from {t['train_solvers']} ({t['solvers_weights']} weights)"
-           if t["train_solvers"] != [m["solver"]] else "")
+        + (f" with {'every batch shared between the substep solvers' if t['solvers_split'] else 'a substep solver drawn from'}"
+           f" {t['train_solvers']} ({t['solvers_weights']} weights)" if t["train_solvers"] != [m["solver"]] else "")
         + "".join(f", {k} cost weight {t[k]:g}" for k in ("kinetic", "acceleration", "defect") if t[k])
         + (" (resumed from a checkpoint)" if resumed else "") + ". "
         "The trained controls are functions of t, so the model is also solved at other N_t and with other "

@@ -38,6 +38,7 @@ text.toml:
   n_steps = [2, 4, 8]     # N_t of training: one value, or several (one drawn per step)
   solvers = ["euler", "heun"]   # substep solvers of training (one drawn per step)
   solvers_weights = [3, 1]      # their weights ("cost": each the same compute; "uniform")
+  solvers_split = true          # each batch shared between them by the weights (no draw)
   kinetic = 0.1                 # the flow's relative kinetic energy (docs/continuity.md)
 """
 
@@ -56,7 +57,7 @@ DATA_KEYS = ("data.corpus", "data.val_fraction", "data.split_seed", "data.max_ch
 RUN_KEYS = {"lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
             "seed": "train.seed", "batch_size": "train.batch_size", "epochs": "train.steps",
             "max_steps": "train.steps", "train_n_steps": "train.n_steps", "train_solvers": "train.solvers",
-            "train_solvers_weights": "train.solvers_weights"}
+            "train_solvers_weights": "train.solvers_weights", "train_solvers_split": "train.solvers_split"}
 
 SCHEMA = {
     TOP: {"task": Field("str", "text", "the training task: digits (a ViT on the bundled digits) or text "
@@ -84,6 +85,9 @@ SCHEMA = {
         "solvers_weights": Field("weights", "cost", "how train.solvers are drawn: cost (probability "
                                  "proportional to 1/stages: each solver the same compute), uniform, or one "
                                  "positive weight per solver"),
+        "solvers_split": Field("bool", False, "share every batch between train.solvers (each its share of the "
+                               "windows by train.solvers_weights, the objective the mean over all) instead of "
+                               "drawing one per step: TrainConfig.train_solvers_split"),
         "kinetic": Field("float", 0.0, "weight of the flow's relative kinetic energy (a running cost that makes "
                          "the flow easy to solve; docs/continuity.md)", at_least(0)),
         "acceleration": Field("float", 0.0, "weight of the flow's relative acceleration", at_least(0)),
@@ -144,6 +148,7 @@ def check(cfg) -> None:
     if isinstance(w, list) and len(w) != len(t["solvers"]):
         raise ConfigError(f"train.solvers_weights: expected 'cost', 'uniform' or one weight per solver of "
                           f"train.solvers = {t['solvers']}, got {w}")
+    _digits.check_solvers_split(t, "solvers", "solvers_weights", t["batch_size"], ["euler"])
     _digits.check_flow_costs(t, ("kinetic", "acceleration"))
     if d["max_chars"] == 1:
         raise ConfigError("data.max_chars: expected 0 (all) or at least 2 characters, got 1")
@@ -305,7 +310,8 @@ def train_config(cfg, progress: bool = True):
                        betas=(0.9, 0.99), schedule="cosine", warmup_steps=t["warmup_steps"], min_lr_ratio=0.1,
                        grad_clip=1.0, gradient=t["gradient"], seed=t["seed"], shuffle=False,
                        train_n_steps=multi, train_solvers=sol, train_solvers_weights=weights,
-                       save_every=t["save_every"], progress=progress,
+                       train_solvers_split=bool(sol and t["solvers_split"]), save_every=t["save_every"],
+                       progress=progress,
                        extra=_digits.data_settings(cfg, DATA_KEYS))
 
 
@@ -458,8 +464,8 @@ def run(cfg, plan, out, progress=True):
         f"{len(corpus.train_documents)} documents, {corpus.val.numel()} validation characters in "
         f"{len(corpus.val_documents)} documents, vocabulary {corpus.vocab.size}), AdamW, {trainer.step} steps of "
         f"{t['batch_size']} windows at N_t in {t['n_steps']}"
-        + (f" with a substep solver drawn from {t['solvers']} (weights: {t['solvers_weights']})"
-           if t["solvers"] != ["euler"] else "")
+        + (f" with {'every batch shared between the substep solvers' if t['solvers_split'] else 'a substep solver drawn from'}"
+           f" {t['solvers']} (weights: {t['solvers_weights']})" if t["solvers"] != ["euler"] else "")
         + "".join(f", {k} cost weight {t[k]:g}" for k in ("kinetic", "acceleration") if t[k])
         + (" (resumed from a checkpoint)" if resumed else "")
         + ". The controls are functions of t, so the model is evaluated and sampled at other N_t."

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..data.base import check_int
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
-from .resolution import check_n_steps_list, check_weights
+from .resolution import check_n_steps_list, check_weights, split_sizes
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES", "check_int", "check_float", "config_changes"]
 
@@ -128,6 +128,7 @@ _CHECKS = {
     "train_n_steps_weights": _weights,
     "train_solvers": _solvers,
     "train_solvers_weights": _weights,
+    "train_solvers_split": _bool,
     "seed": _seed,
     "shuffle": _bool,
     "drop_last": _bool,
@@ -183,6 +184,12 @@ class TrainConfig:
         train_solvers_weights: how they are drawn: ``None`` uniformly, ``"cost"`` with
             probability proportional to 1 / (field evaluations per substep), or one weight per
             entry.  Drawn independently of ``train_n_steps``.
+        train_solvers_split: ``True``: no draw — every step solves a share of its batch with
+            each solver of ``train_solvers`` (shares = the draw's probabilities, rounded by
+            :func:`~opsplit.control.resolution.split_sizes`) and the objective is the mean
+            over all the batch's windows: the drawn objective's expectation, at the same
+            expected work, without its variance (docs/continuity.md measures both).  Needs
+            ``train_solvers``, and a ``batch_size`` that gives every solver a window.
         seed: seeds the parameters' RNG use during training, the data order and the
             augmentation generator.
         shuffle: reshuffle the training data every epoch (seeded).
@@ -228,6 +235,7 @@ class TrainConfig:
     train_n_steps_weights: str | tuple | None = None
     train_solvers: tuple | None = None
     train_solvers_weights: str | tuple | None = None
+    train_solvers_split: bool = False
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
@@ -254,6 +262,16 @@ class TrainConfig:
                              "weigh)")
         if isinstance(w, tuple):
             check_weights(w, len(self.train_solvers), "TrainConfig.train_solvers_weights")
+        if self.train_solvers_split:
+            if self.train_solvers is None:
+                raise ValueError("TrainConfig.train_solvers_split: a split of every batch between solvers needs "
+                                 "train_solvers (the solvers it shares the batch between)")
+            sizes = split_sizes(self.batch_size, self.train_solvers, self.train_solvers_weights)
+            empty = [s for s, m in zip(self.train_solvers, sizes) if m == 0]
+            if empty:
+                raise ValueError(f"TrainConfig.train_solvers_split: a batch of {self.batch_size} gives "
+                                 f"{empty[0]!r} no window (windows per solver {dict(zip(self.train_solvers, sizes))}); "
+                                 "expected a batch_size at least as large as 1 / its share, or a larger weight")
 
     def __setattr__(self, name, value):
         # every assignment is checked, at construction and after it: a config stays valid
@@ -308,7 +326,7 @@ def _refuse_unknown(d: dict) -> None:
 #: data order and batches (restored step counter), the gradient clipping and the N_t draws
 _RESUME_FIXED = ("optimizer", "lr", "weight_decay", "betas", "momentum", "schedule", "warmup_steps", "min_lr_ratio",
                  "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps", "train_n_steps_weights",
-                 "train_solvers", "train_solvers_weights")
+                 "train_solvers", "train_solvers_weights", "train_solvers_split")
 
 
 def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size: int = 1, world_size: int = 1,

@@ -55,6 +55,27 @@ class ObjectiveValue:
     acceleration: Tensor | None = None
     defect: Tensor | None = None
 
+    @classmethod
+    def mixture(cls, values, weights) -> ObjectiveValue:
+        """``sum_i weights[i] * values[i]`` term by term (the objective of a batch solved in
+        parts, ``weights`` their shares); the outputs of the parts concatenated along the
+        batch, in order.  A term present in one part is present in all (the same objective)."""
+        values, weights = list(values), [float(w) for w in weights]
+        if not values or len(values) != len(weights):
+            raise ValueError(f"ObjectiveValue.mixture: expected one weight per value, got {len(values)} values and "
+                             f"{len(weights)} weights")
+
+        def mix(name):
+            terms = [getattr(v, name) for v in values]
+            if any(t is None for t in terms):
+                return None
+            return sum(w * t for w, t in zip(weights, terms))
+
+        outs = [v.outputs for v in values]
+        outputs = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        return cls(mix("total"), mix("data"), mix("smoothness"), mix("energy"), outputs, mix("kinetic"),
+                   mix("acceleration"), mix("defect"))
+
     def as_floats(self) -> dict:
         out = {"loss": float(self.total.detach()), "data": float(self.data.detach())}
         if self.smoothness is not None:

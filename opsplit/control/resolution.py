@@ -19,6 +19,17 @@ continuous model is, not one discrete map (:mod:`opsplit.control.continuity` mea
 ``train_solvers_weights="cost"``: probability proportional to 1/stages, so Heun, two field
 evaluations per substep, is drawn half as often as Euler): the solver-swap test as a part
 of the objective (:func:`opsplit.control.swap.solved_with`).
+
+``TrainConfig.train_solvers_split = True`` takes the same probabilities as **shares of every
+batch** instead of draws: each step solves the share :math:`p_i` of its windows with solver
+:math:`i` (:func:`split_sizes`: :math:`m_i \approx p_i B` windows, rounded by largest
+remainder) and the objective is the mean over all :math:`B` windows,
+
+.. math::  J = \sum_i \frac{m_i}{B}\, J_i\big(\text{windows of part } i\big),
+
+the expectation of the drawn objective at the same expected work (``(euler, heun)`` with
+weights ``(3, 1)``: 1.25 field evaluations per window in every step), without the draw's
+variance: every step's gradient holds every solver.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import math
 import torch
 
 __all__ = ["n_steps_probabilities", "expected_n_steps", "draw_n_steps", "check_n_steps_list", "draw_solver",
-           "expected_stages"]
+           "expected_stages", "solver_probabilities", "split_sizes"]
 
 
 def check_n_steps_list(v, name: str) -> tuple[int, ...]:
@@ -94,7 +105,9 @@ def draw_n_steps(n_steps, weights, generator: torch.Generator) -> int:
     return n_steps[int(torch.multinomial(p, 1, generator=generator))]
 
 
-def _solver_probabilities(solvers, weights) -> list[float]:
+def solver_probabilities(solvers, weights=None) -> list[float]:
+    """The probability of each of ``solvers`` (``weights``: ``None`` uniform, ``"cost"``
+    proportional to 1 / stages, or one weight > 0 per solver)."""
     from .swap import STAGES
 
     if weights is None:
@@ -107,11 +120,25 @@ def expected_stages(solvers, weights=None) -> float:
     """The mean field evaluations per substep of a solver draw."""
     from .swap import STAGES
 
-    return sum(p * STAGES[s] for p, s in zip(_solver_probabilities(solvers, weights), solvers))
+    return sum(p * STAGES[s] for p, s in zip(solver_probabilities(solvers, weights), solvers))
 
 
 def draw_solver(solvers, weights, generator: torch.Generator) -> str:
     """One solver name of ``solvers`` drawn with ``generator`` (``weights``: ``None``,
     ``"cost"``: probability proportional to 1 / stages, or a list)."""
-    p = torch.tensor(_solver_probabilities(solvers, weights), dtype=torch.float64)
+    p = torch.tensor(solver_probabilities(solvers, weights), dtype=torch.float64)
     return solvers[int(torch.multinomial(p, 1, generator=generator))]
+
+
+def split_sizes(batch: int, solvers, weights=None) -> list[int]:
+    """Windows of a batch of ``batch`` for each of ``solvers`` under
+    ``TrainConfig.train_solvers_split``: :math:`p_i B` (:func:`solver_probabilities`)
+    rounded down, the remaining windows to the largest remainders (ties to the earlier
+    solver); the sizes sum to ``batch``, and a solver may get none in a small batch."""
+    p = solver_probabilities(solvers, weights)
+    exact = [q * batch for q in p]
+    sizes = [math.floor(e + 1e-9) for e in exact]
+    order = sorted(range(len(p)), key=lambda i: (-(exact[i] - sizes[i]), i))
+    for i in order[: batch - sum(sizes)]:
+        sizes[i] += 1
+    return sizes

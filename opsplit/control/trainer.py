@@ -68,9 +68,9 @@ from .distributed import any_rank, check_data_parallel
 from .flow_costs import check_flow_costs
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
-from .objective import Objective
+from .objective import Objective, ObjectiveValue
 from .paths import check_out_dir, check_path
-from .resolution import draw_n_steps, draw_solver
+from .resolution import draw_n_steps, draw_solver, split_sizes
 from .swap import solved_with
 
 __all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
@@ -215,6 +215,10 @@ class Trainer:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"Trainer: expected 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         self.rank, self.world_size = rank, world_size
+        if self.config.train_solvers_split and (world_size > 1 or forward_model is not None):
+            raise ValueError("TrainConfig.train_solvers_split: the split calls the model once per solver in a "
+                             "step, and a data-parallel wrapper (forward_model, world_size > 1) expects one call "
+                             "per backward; use the draw (train_solvers_split=False) for data-parallel training")
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.params = params
         names = {id(p): n for n, p in model.named_parameters()}
@@ -553,13 +557,16 @@ class Trainer:
         if c.train_n_steps is not None:
             kw["n_steps"] = draw_n_steps(c.train_n_steps, c.train_n_steps_weights, self.generator)
         solver = None
-        if c.train_solvers is not None:
+        if c.train_solvers is not None and not c.train_solvers_split:
             solver = draw_solver(c.train_solvers, c.train_solvers_weights, self.generator)
             if solver == _own_solver(self.model):
                 solver = None  # the model's own solver: nothing to swap
         self.optimizer.zero_grad(set_to_none=True)
-        with solved_with(self.model, solver=solver) if solver is not None else contextlib.nullcontext():
-            val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
+        if c.train_solvers is not None and c.train_solvers_split:
+            val = self._split_objective(x, y, kw)
+        else:
+            with solved_with(self.model, solver=solver) if solver is not None else contextlib.nullcontext():
+                val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
         loss_ok = bool(torch.isfinite(val.total))
         if not loss_ok and self.world_size == 1:
             raise FloatingPointError(f"step {self.step}: the objective is {float(val.total)}; lower the "
@@ -592,6 +599,24 @@ class Trainer:
         if solver is not None:
             row["solver"] = solver
         return row
+
+    def _split_objective(self, x, y, kw) -> ObjectiveValue:
+        """``TrainConfig.train_solvers_split``: the batch in consecutive parts, part i solved
+        with ``train_solvers[i]`` (:func:`~opsplit.control.resolution.split_sizes`), the
+        objective their mean weighted by the windows of each (the mean over the batch)."""
+        c = self.config
+        n = len(y)
+        own = _own_solver(self.model)
+        values, shares, start = [], [], 0
+        for name, m in zip(c.train_solvers, split_sizes(n, c.train_solvers, c.train_solvers_weights)):
+            if m == 0:  # a short last batch of an epoch
+                continue
+            part = slice(start, start + m)
+            start += m
+            with solved_with(self.model, solver=name) if name != own else contextlib.nullcontext():
+                values.append(self.objective(self.forward_model, x[part], y[part], costs_model=self.model, **kw))
+            shares.append(m / n)
+        return ObjectiveValue.mixture(values, shares)
 
     def _refuse_gradient(self, loss: float, norm: float):
         """Stop before the optimizer step on a non-finite gradient, naming the parameters."""
