@@ -234,17 +234,20 @@ def text(args):
     from opsplit.data import load_text, text_windows
     from opsplit.models import DecoderLM
 
-    corpus = load_text("pydoc_topics", seed=args.split_seed)
-    vocab = corpus.vocab.size
-    if args.recipe:  # a model saved by benchmarks/continuity_text.py; its settings are that script's defaults
+    if args.recipe:  # a model saved by benchmarks/continuity_text.py: that script's settings (--recipe-args)
+        import shlex
+
         import continuity_text as ct
 
-        ns = ct.main_args(["--dropout", str(args.dropout)])  # dropout: the weights' layout (off in evaluation)
-        model = ct.build(ns, vocab)
+        # dropout: the weights' layout (off in evaluation); the shape, scheme and corpus of the run
+        ns = ct.main_args(["--dropout", str(args.dropout), *shlex.split(args.recipe_args)])
+        rc, _, _, _, val_dedup, _ = ct.data(ns)
+        model, _ = ct.variant(ns, rc.vocab.size, ct.VARIANTS[args.recipe_variant])
         model.load_state_dict(torch.load(args.recipe))
-        _, _, _, _, val_dedup, _ = ct.data(ns)
-        args.context = ns.context
+        args.context, args.layers = ns.context, ns.layers
         return text_eval(args, model, text_windows(val_dedup, ns.context, name="val_dedup"), T=model.decoder.t1)
+    corpus = load_text("pydoc_topics", seed=args.split_seed)
+    vocab = corpus.vocab.size
     # train_text's functions read these names from its own argparse namespace
     ns = argparse.Namespace(context=args.context, d_model=args.d_model, heads=args.heads, layers=args.layers,
                             batch=args.batch, eval_batch=64, lr=args.lr, weight_decay=0.0, warmup=args.warmup,
@@ -419,6 +422,10 @@ def main(argv=None):
     t.add_argument("--multi", type=int, nargs="+", default=[2, 4, 8], help="train_n_steps")
     t.add_argument("--split-seed", type=int, default=0)
     t.add_argument("--dropout", type=float, default=0.0, help="--recipe: the residual dropout it was trained with")
+    t.add_argument("--recipe-args", default="", help="--recipe: the continuity_text.py flags it was trained with "
+                   "(shape and corpus, e.g. \"--layers 8 --d-model 88 --corpus pydoc_docstrings\")")
+    t.add_argument("--recipe-variant", default="cont", help="--recipe: its continuity_text.py variant (the scheme, "
+                   "the solver and the controls' kind of the saved weights)")
     t.add_argument("--reference-n-t", type=int, default=256,
                    help="the continuous model (each solve's error in bits/char): Richardson's extrapolation "
                    "of N_t / 2 and N_t fixed steps")

@@ -140,6 +140,15 @@ CLI = rows(
     ("cli-text-solver-weights-zero", ["train", *CFG, *OUT], "train.solvers_weights: expected 'cost', 'uniform' or a "
      "non-empty list of positive numbers, got [3.0, 0.0]",
      cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["euler", "heun"]\nsolvers_weights = [3, 0]\n'})),
+    ("cli-text-solvers-split-own-only", ["train", *CFG, *OUT], "train.solvers_split: shares every batch between "
+     "the solvers of train.solvers, which holds only the model's own ['euler']",
+     cfg(**{"batch_size = 2\n": "batch_size = 2\nsolvers_split = true\n"})),
+    ("cli-text-solvers-split-batch", ["train", *CFG, *OUT], "train.solvers_split: a batch of 2 gives 'heun' no "
+     "window (windows per solver {'euler': 2, 'heun': 0})",
+     cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["euler", "heun"]\nsolvers_weights = [3, 1]\n'
+            "solvers_split = true\n"})),
+    ("cli-text-solvers-split-not-bool", ["train", *CFG, *OUT], "train.solvers_split: expected",
+     cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers = ["euler", "heun"]\nsolvers_split = 1\n'})),
     ("cli-text-solver-weights-name", ["train", *CFG, *OUT], "train.solvers_weights: expected 'cost', 'uniform' or a "
      "non-empty list of positive numbers, got 'costly'",
      cfg(**{"batch_size = 2\n": 'batch_size = 2\nsolvers_weights = "costly"\n'})),
