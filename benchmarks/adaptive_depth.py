@@ -240,6 +240,9 @@ def text(args):
         import continuity_text as ct
 
         # dropout: the weights' layout (off in evaluation); the shape, scheme and corpus of the run
+        if args.recipe_variant not in ct.VARIANTS:
+            raise SystemExit(f"--recipe-variant: expected one of continuity_text.py's variants "
+                             f"{sorted(ct.VARIANTS)}, got {args.recipe_variant!r}")
         ns = ct.main_args(["--dropout", str(args.dropout), *shlex.split(args.recipe_args)])
         rc, _, _, _, val_dedup, _ = ct.data(ns)
         model, _ = ct.variant(ns, rc.vocab.size, ct.VARIANTS[args.recipe_variant])

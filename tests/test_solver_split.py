@@ -11,7 +11,7 @@ from torch import nn
 from opsplit import Propagator
 from opsplit.control import Objective, TrainConfig, Trainer
 from opsplit.control.objective import ObjectiveValue
-from opsplit.control.resolution import solver_probabilities, split_sizes
+from opsplit.control.resolution import solver_probabilities, solvers_left_out, split_sizes
 from opsplit.operators import FFNIntegral
 from opsplit.schemes import Lie
 from opsplit.solvers import ExplicitEuler, Substep
@@ -24,6 +24,8 @@ def test_split_sizes_round_the_shares_and_keep_the_batch():
     assert split_sizes(64, ("euler", "heun"), "cost") == [43, 21]  # 2/3 and 1/3 of 64: 42.67, 21.33
     assert split_sizes(10, ("euler", "heun", "rk4")) == [4, 3, 3]  # ties to the earlier solver
     assert split_sizes(2, ("euler", "heun"), (3.0, 1.0)) == [2, 0]
+    assert solvers_left_out(2, ("euler", "heun"), (3.0, 1.0)) == (["heun"], {"euler": 2, "heun": 0})
+    assert solvers_left_out(4, ("euler", "heun"), (3.0, 1.0)) == ([], {"euler": 3, "heun": 1})
     g = torch.Generator().manual_seed(0)
     for batch, k in itertools.product((1, 2, 3, 7, 16, 33, 64, 100), (1, 2, 3)):
         w = tuple(float(x) for x in torch.rand(k, generator=g) + 0.05)

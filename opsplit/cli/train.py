@@ -592,14 +592,12 @@ def check_solvers_split(t: dict, key: str, weights_key: str, batch_size: int, ow
     if t[key] == own:
         raise ConfigError(f"train.solvers_split: shares every batch between the solvers of train.{key}, which "
                           f"holds only the model's own {own}; expected several solvers, or solvers_split = false")
-    from ..control.resolution import split_sizes
+    from ..control.resolution import solvers_left_out
 
-    sizes = split_sizes(batch_size, tuple(t[key]), draw_weights(t[weights_key]))
-    empty = [s for s, n in zip(t[key], sizes) if n == 0]
+    empty, sizes = solvers_left_out(batch_size, tuple(t[key]), draw_weights(t[weights_key]))
     if empty:
         raise ConfigError(f"train.solvers_split: a batch of {batch_size} gives {empty[0]!r} no window (windows per "
-                          f"solver {dict(zip(t[key], sizes))}); expected a larger train.batch_size or "
-                          f"{weights_key}")
+                          f"solver {sizes}); expected a larger train.batch_size or {weights_key}")
 
 
 def check_flow_costs(t: dict, keys) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..data.base import check_int
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
-from .resolution import check_n_steps_list, check_weights, split_sizes
+from .resolution import check_n_steps_list, check_weights, solvers_left_out
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES", "check_int", "check_float", "config_changes"]
 
@@ -266,11 +266,10 @@ class TrainConfig:
             if self.train_solvers is None:
                 raise ValueError("TrainConfig.train_solvers_split: a split of every batch between solvers needs "
                                  "train_solvers (the solvers it shares the batch between)")
-            sizes = split_sizes(self.batch_size, self.train_solvers, self.train_solvers_weights)
-            empty = [s for s, m in zip(self.train_solvers, sizes) if m == 0]
+            empty, sizes = solvers_left_out(self.batch_size, self.train_solvers, self.train_solvers_weights)
             if empty:
                 raise ValueError(f"TrainConfig.train_solvers_split: a batch of {self.batch_size} gives "
-                                 f"{empty[0]!r} no window (windows per solver {dict(zip(self.train_solvers, sizes))}); "
+                                 f"{empty[0]!r} no window (windows per solver {sizes}); "
                                  "expected a batch_size at least as large as 1 / its share, or a larger weight")
 
     def __setattr__(self, name, value):

@@ -39,7 +39,7 @@ import math
 import torch
 
 __all__ = ["n_steps_probabilities", "expected_n_steps", "draw_n_steps", "check_n_steps_list", "draw_solver",
-           "expected_stages", "solver_probabilities", "split_sizes"]
+           "expected_stages", "solver_probabilities", "split_sizes", "solvers_left_out"]
 
 
 def check_n_steps_list(v, name: str) -> tuple[int, ...]:
@@ -142,3 +142,10 @@ def split_sizes(batch: int, solvers, weights=None) -> list[int]:
     for i in order[: batch - sum(sizes)]:
         sizes[i] += 1
     return sizes
+
+
+def solvers_left_out(batch: int, solvers, weights=None) -> tuple[list[str], dict]:
+    """The solvers a split of a batch of ``batch`` gives no window (:func:`split_sizes`), and
+    the windows of each: what a config with ``train_solvers_split`` is checked by."""
+    sizes = dict(zip(solvers, split_sizes(batch, solvers, weights)))
+    return [s for s, m in sizes.items() if m == 0], sizes

@@ -562,7 +562,7 @@ class Trainer:
             if solver == _own_solver(self.model):
                 solver = None  # the model's own solver: nothing to swap
         self.optimizer.zero_grad(set_to_none=True)
-        if c.train_solvers is not None and c.train_solvers_split:
+        if c.train_solvers_split:  # (a consistent config holds train_solvers with it)
             val = self._split_objective(x, y, kw)
         else:
             with solved_with(self.model, solver=solver) if solver is not None else contextlib.nullcontext():
