@@ -254,6 +254,66 @@ def run_one(name, args, corpus, val_dedup):
     return res
 
 
+class _PieceMix(torch.nn.Module):
+    """A scheme that takes the steps starting at the times in ``rk4_at`` with ``rk4`` (the
+    trained scheme solved with RK4 substeps, :func:`~opsplit.control.solved_with`) and every
+    other step with the trained scheme ``own``: one RK4 piece in an explicit-Euler solve."""
+
+    def __init__(self, own, rk4, rk4_at):
+        super().__init__()
+        self.own, self.rk4, self.rk4_at = own, rk4, set(rk4_at)
+
+    @property
+    def substeps(self):
+        return self.own.substeps
+
+    def check(self, g):
+        self.own.check(g)
+        self.rk4.check(g)
+
+    def advance(self, t, dt, u, g):
+        return (self.rk4 if round(t) in self.rk4_at else self.own).advance(t, dt, u, g)
+
+
+def pieces(args, corpus, val_dedup) -> list[dict]:
+    """Where the RK4 gap of trained weights (``--init``, the first variant's model) lives:
+    bits/char on the deduplicated validation text with RK4 on one piece of [0, layers] and
+    the training grid's explicit Euler (N_t = layers) on the others, and with RK4 on all
+    but one piece, as differences to the training grid."""
+    from opsplit.control import solved_with
+
+    if not args.init:
+        raise SystemExit("--pieces: give the trained weights with --init")
+    model, _ = variant(args, corpus.vocab.size, VARIANTS[args.variants[0]])
+    model.load_state_dict(torch.load(args.init, weights_only=True))
+    model.eval()
+    val = text_windows(val_dedup, args.context, name="val_dedup")
+    prop, own = model.decoder, model.decoder.scheme
+
+    def bits(rk4, at):
+        prop.scheme = _PieceMix(own, rk4, at)
+        try:
+            tot = 0.0
+            for i in range(0, len(val), args.eval_batch):
+                x, y = val.inputs[i:i + args.eval_batch], val.targets[i:i + args.eval_batch]
+                tot += float(tt.lm_loss(model(x).logits, y)) * y.numel()
+            return bits_per_char(tot / val.targets.numel())
+        finally:
+            prop.scheme = rk4
+
+    every = set(range(args.layers))
+    with torch.no_grad(), solved_with(model, solver="rk4"):
+        rk4 = prop.scheme
+        grid = bits(rk4, set())
+        rows = [{"rk4_on": "none", "bits": grid}, {"rk4_on": "all", "bits": bits(rk4, every)}]
+        for k in range(args.layers):
+            rows.append({"rk4_on": f"piece {k}", "bits": bits(rk4, {k})})
+            rows.append({"rk4_on": f"all but piece {k}", "bits": bits(rk4, every - {k})})
+    for r in rows:
+        r["delta"] = r["bits"] - grid
+    return rows
+
+
 def corpus_info(corpus) -> dict:
     """What identifies the training text: the corpus, the Python that shipped it, the
     SHA-256 of the training text (the standard library differs between versions)."""
@@ -327,6 +387,8 @@ def parser():
     p.add_argument("--timing", type=int, default=0, help="paired training cost of --variants against the first: "
                    "this many rounds")
     p.add_argument("--chunk", type=int, default=10, help="optimizer steps per variant per timing round")
+    p.add_argument("--pieces", action="store_true", help="where the RK4 gap of the --init weights lives: RK4 "
+                   "on one piece (and on all but one) of the training grid's explicit-Euler solve")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: every figure in docs/continuity.md "
                    "unless it says otherwise; 2: both cores of the 2-core machine)")
     return p
@@ -367,6 +429,10 @@ def main(argv=None):
             json.dumps(b, indent=1))
         print(json.dumps(b["best"]), json.dumps(b["full_val"]["best"]), json.dumps(sel["choice"]),
               sel["val_dedup_bpc"])
+        return
+    if args.pieces:
+        for r in pieces(args, corpus, val_dedup):
+            print(f"RK4 on {r['rk4_on']:>18}: {r['bits']:.4f} ({r['delta']:+.4f})", flush=True)
         return
     for name in args.variants:
         print(summary(run_one(name, args, corpus, val_dedup)), flush=True)
