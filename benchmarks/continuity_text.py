@@ -107,6 +107,9 @@ VARIANTS = {
     # the same weight on an eighth of the batch (the cost of Heun for an eighth of the steps)
     "par_split8_w0.25_k0.01": {"scheme": "parallel", "split": (0.125, 0.25), "kinetic": 0.01},
     "par_split8_w0.35_k0.01": {"scheme": "parallel", "split": (0.125, 0.35), "kinetic": 0.01},
+    # each piece of [0, layers] solved with Heun with probability 1/4, drawn per step (the
+    # same expected work as Heun for a quarter of the steps; every call on the whole batch)
+    "par_pmix4_k0.01": {"scheme": "parallel", "piece_heun": 0.25, "kinetic": 0.01},
 }
 
 
@@ -201,13 +204,49 @@ class SplitSolverObjective(Objective):
                               mix(je.acceleration, jh.acceleration), mix(je.defect, jh.defect))
 
 
+class PieceSolverObjective(Objective):
+    """The objective of a solve that takes each piece of [0, layers] with Heun substeps with
+    probability ``p`` (drawn per optimizer step, the same for every window) and with the
+    model's own explicit Euler otherwise: 1 + p field evaluations per piece in expectation,
+    every call on the whole batch.  A model trained on its Euler solve fits its pieces to
+    each other's Euler errors (``--pieces``); mixing the pieces' solvers at random denies
+    the fit a fixed neighbour.  At evaluation the model's own solve."""
+
+    def __init__(self, *a, p: float, seed: int, **k):
+        super().__init__(*a, **k)
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"piece_heun: expected a probability in (0, 1), got {p!r}")
+        self.p, self.gen = float(p), torch.Generator().manual_seed(seed)
+
+    def forward(self, model, inputs, targets, **k):
+        if not model.training:
+            return super().forward(model, inputs, targets, **k)
+        from opsplit.control import solved_with
+
+        prop = model.decoder
+        own = prop.scheme
+        n = round(prop.t1 - prop.t0)
+        heun_at = {i for i in range(n) if float(torch.rand((), generator=self.gen)) < self.p}
+        if not heun_at:
+            return super().forward(model, inputs, targets, **k)
+        with solved_with(model, solver="heun"):
+            heun = prop.scheme
+            prop.scheme = _PieceMix(own, heun, heun_at)
+            try:
+                return super().forward(model, inputs, targets, **k)
+            finally:
+                prop.scheme = heun
+
+
 def variant(args, vocab_size, v: dict):
     """The model (:func:`build`) and the training objective (the running costs) of a variant."""
     model = build(args, vocab_size, v.get("control", "piecewise_constant"), v.get("own_solver", "euler"),
                   v.get("reference"), v.get("scheme", "lie"))
     k = dict(output="logits", kinetic=v.get("kinetic", 0.0), acceleration=v.get("acceleration", 0.0),
              defect=v.get("defect", 0.0))
-    if v.get("split"):
+    if v.get("piece_heun"):
+        obj = PieceSolverObjective(tt.lm_loss, p=v["piece_heun"], seed=args.seed, **k)
+    elif v.get("split"):
         obj = SplitSolverObjective(tt.lm_loss, fraction=v["split"][0], weight=v["split"][1], **k)
     else:
         obj = (AnnealedKinetic(tt.lm_loss, total_steps=args.steps, **k) if v.get("anneal") else
@@ -256,8 +295,9 @@ def run_one(name, args, corpus, val_dedup):
 
 class _PieceMix(torch.nn.Module):
     """A scheme that takes the steps starting at the times in ``rk4_at`` with ``rk4`` (the
-    trained scheme solved with RK4 substeps, :func:`~opsplit.control.solved_with`) and every
-    other step with the trained scheme ``own``: one RK4 piece in an explicit-Euler solve."""
+    trained scheme solved with other substeps, :func:`~opsplit.control.solved_with`: RK4 for
+    ``--pieces``, Heun for :class:`PieceSolverObjective`) and every other step with the
+    trained scheme ``own``."""
 
     def __init__(self, own, rk4, rk4_at):
         super().__init__()
