@@ -204,6 +204,28 @@ class SplitSolverObjective(Objective):
                               mix(je.acceleration, jh.acceleration), mix(je.defect, jh.defect))
 
 
+class _PieceMix(torch.nn.Module):
+    """A scheme that takes the steps starting at the times in ``other_at`` with ``other``
+    (the trained scheme solved with other substeps, :func:`~opsplit.control.solved_with`:
+    RK4 for ``--pieces``, Heun for :class:`PieceSolverObjective`) and every other step with
+    the trained scheme ``own``.  The steps are the pieces of [0, layers] (N_t = layers)."""
+
+    def __init__(self, own, other, other_at):
+        super().__init__()
+        self.own, self.other, self.other_at = own, other, set(other_at)
+
+    @property
+    def substeps(self):
+        return self.own.substeps
+
+    def check(self, g):
+        self.own.check(g)
+        self.other.check(g)
+
+    def advance(self, t, dt, u, g):
+        return (self.other if round(t) in self.other_at else self.own).advance(t, dt, u, g)
+
+
 class PieceSolverObjective(Objective):
     """The objective of a solve that takes each piece of [0, layers] with Heun substeps with
     probability ``p`` (drawn per optimizer step, the same for every window) and with the
@@ -293,28 +315,6 @@ def run_one(name, args, corpus, val_dedup):
     return res
 
 
-class _PieceMix(torch.nn.Module):
-    """A scheme that takes the steps starting at the times in ``rk4_at`` with ``rk4`` (the
-    trained scheme solved with other substeps, :func:`~opsplit.control.solved_with`: RK4 for
-    ``--pieces``, Heun for :class:`PieceSolverObjective`) and every other step with the
-    trained scheme ``own``."""
-
-    def __init__(self, own, rk4, rk4_at):
-        super().__init__()
-        self.own, self.rk4, self.rk4_at = own, rk4, set(rk4_at)
-
-    @property
-    def substeps(self):
-        return self.own.substeps
-
-    def check(self, g):
-        self.own.check(g)
-        self.rk4.check(g)
-
-    def advance(self, t, dt, u, g):
-        return (self.rk4 if round(t) in self.rk4_at else self.own).advance(t, dt, u, g)
-
-
 def pieces(args, corpus, val_dedup) -> list[dict]:
     """Where the RK4 gap of trained weights (``--init``, the first variant's model) lives:
     bits/char on the deduplicated validation text with RK4 on one piece of [0, layers] and
@@ -324,25 +324,22 @@ def pieces(args, corpus, val_dedup) -> list[dict]:
 
     if not args.init:
         raise SystemExit("--pieces: give the trained weights with --init")
-    model, _ = variant(args, corpus.vocab.size, VARIANTS[args.variants[0]])
+    v = VARIANTS[args.variants[0]]
+    model, obj = variant(args, corpus.vocab.size, v)
     model.load_state_dict(torch.load(args.init, weights_only=True))
-    model.eval()
+    evaluator = Trainer(model, obj, config(args, v))
     val = text_windows(val_dedup, args.context, name="val_dedup")
     prop, own = model.decoder, model.decoder.scheme
 
     def bits(rk4, at):
         prop.scheme = _PieceMix(own, rk4, at)
         try:
-            tot = 0.0
-            for i in range(0, len(val), args.eval_batch):
-                x, y = val.inputs[i:i + args.eval_batch], val.targets[i:i + args.eval_batch]
-                tot += float(tt.lm_loss(model(x).logits, y)) * y.numel()
-            return bits_per_char(tot / val.targets.numel())
+            return bits_per_char(evaluator.evaluate(val)["loss"])
         finally:
             prop.scheme = rk4
 
     every = set(range(args.layers))
-    with torch.no_grad(), solved_with(model, solver="rk4"):
+    with solved_with(model, solver="rk4"):
         rk4 = prop.scheme
         grid = bits(rk4, set())
         rows = [{"rk4_on": "none", "bits": grid}, {"rk4_on": "all", "bits": bits(rk4, every)}]
