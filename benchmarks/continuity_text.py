@@ -107,6 +107,8 @@ VARIANTS = {
     # the same weight on an eighth of the batch (the cost of Heun for an eighth of the steps)
     "par_split8_w0.25_k0.01": {"scheme": "parallel", "split": (0.125, 0.25), "kinetic": 0.01},
     "par_split8_w0.35_k0.01": {"scheme": "parallel", "split": (0.125, 0.35), "kinetic": 0.01},
+    # a quarter of every batch with Heun, weighted 0.3 (the work of the quarter split, a stronger pull to the flow)
+    "par_split4_w0.3_k0.01": {"scheme": "parallel", "split": (0.25, 0.3), "kinetic": 0.01},
     # each piece of [0, layers] solved with Heun with probability 1/4, drawn per step (the
     # same expected work as Heun for a quarter of the steps; every call on the whole batch)
     "par_pmix4_k0.01": {"scheme": "parallel", "piece_heun": 0.25, "kinetic": 0.01},

@@ -369,6 +369,12 @@ def test_train_solvers_split_key(tmp_path, capsys):
     assert "train.solvers_split: shares every batch between the solvers of train.train_solvers" in \
         capsys.readouterr().err
     assert not bad.exists()
+    toml = TRAIN.replace("[train]", '[train]\ntrain_solvers = ["euler", "heun"]\nsolvers_split = true\n'
+                         "solvers_split_weights = [0.7, 0.2, 0.1]")
+    assert main(["train", "--config", _toml(tmp_path, toml, "c.toml"), "--out", str(bad), "--no-progress"]) == 2
+    assert "train.solvers_split_weights: expected 'shares' or one weight per solver of train.train_solvers" in \
+        capsys.readouterr().err
+    assert not bad.exists()
 
 
 def test_train_is_seeded_whatever_the_global_rng(tmp_path):

@@ -52,10 +52,11 @@ def _rel(v, u):
     return (v.square().sum(-1) / (c.square().sum(-1) + 1e-5 * u.shape[-1])).mean()
 
 
-def _by_hand(W, x, y, m_euler, n=3, T=1.5, kinetic=0.0):
+def _by_hand(W, x, y, m_euler, n=3, T=1.5, kinetic=0.0, weights=None):
     """The objective of the split written out: windows [0, m) by explicit Euler, the rest by
     Heun (k1 = uW, k2 = (u + dt k1)W, u + dt/2 (k1 + k2)), each part's mean squared error and
-    relative kinetic energy, weighted by the part's windows."""
+    relative kinetic energy, weighted by the part's windows (or by ``weights``: Euler's,
+    Heun's)."""
     dt = T / n
     total = 0.0
     for part, heun in ((slice(0, m_euler), False), (slice(m_euler, len(x)), True)):
@@ -67,7 +68,7 @@ def _by_hand(W, x, y, m_euler, n=3, T=1.5, kinetic=0.0):
             new = u + dt * (0.5 * (k1 + (u + dt * k1) @ W) if heun else k1)
             kin = kin + dt * _rel((new - u) / dt, u)
             u = new
-        share = u.shape[0] / len(x)
+        share = u.shape[0] / len(x) if weights is None else weights[heun]
         total = total + share * ((u - y[part]).square().mean() + kinetic * kin)
     return total
 
@@ -96,6 +97,27 @@ def test_a_split_step_is_the_gradient_step_of_the_mean_over_windows_solved_by_th
     # the model is left with its own solver
     assert type(model.prop.scheme.substeps[0].solver).__name__ == "ExplicitEuler"
     assert "solver" not in tr.history.steps[0]
+
+
+def test_split_weights_set_each_parts_share_of_the_objective_not_its_windows():
+    g = torch.Generator().manual_seed(2)
+    W0 = torch.randn(4, 4, dtype=D, generator=g) / 2
+    x = torch.randn(8, 2, 4, dtype=D, generator=g)
+    y = torch.randn(8, 2, 4, dtype=D, generator=g)
+    model = Linear(W0)
+    cfg = TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=0.1, shuffle=False, progress=False,
+                      train_solvers=["euler", "heun"], train_solvers_weights=[3, 1], train_solvers_split=True,
+                      train_solvers_split_weights=[1.4, 0.6])  # 0.7 and 0.3 of the objective, 6 and 2 windows
+    assert cfg.to_dict()["train_solvers_split_weights"] == [1.4, 0.6]
+    tr = Trainer(model, Objective("mse", kinetic=0.2), cfg)
+    tr.fit((x, y))
+    W = W0.clone().requires_grad_(True)
+    J = _by_hand(W, x, y, 6, kinetic=0.2, weights=(0.7, 0.3))
+    (grad,) = torch.autograd.grad(J, W)
+    assert tr.history.steps[0]["loss"] == pytest.approx(float(J.detach()), rel=1e-12)
+    torch.testing.assert_close(next(model.parameters()).detach(), W0 - 0.1 * grad, rtol=1e-12, atol=1e-14)
+    # not the shares' objective
+    assert float(_by_hand(W0, x, y, 6, kinetic=0.2)) != pytest.approx(float(J.detach()), rel=1e-6)
 
 
 def test_a_short_last_batch_is_split_too_and_float32_trains():

@@ -359,8 +359,21 @@ def test_solvers_split_key_shares_every_batch(tmp_path, capsys):
                for r in rows)
     report = (tmp_path / "r" / "report.md").read_text()
     assert "every batch shared between the substep solvers ['euler', 'heun'] (weights: [3.0, 1.0])" in report
+    # the parts weighted apart from their shares (TrainConfig.train_solvers_split_weights)
+    cfg.write_text(text.replace("solvers_split = true\n", "solvers_split = true\nsolvers_split_weights = [7, 3]\n"))
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "w"), "--no-progress"]) == 0
+    report = (tmp_path / "w" / "report.md").read_text()
+    assert "(weights: [3.0, 1.0]; the parts weighted [7.0, 3.0] in the objective)" in report
+    w_rows = _rows(tmp_path / "w" / "train" / "steps.csv")
+    assert float(w_rows[0]["loss"]) != pytest.approx(float(rows[0]["loss"]), rel=1e-6)
     for bad, match in ((TEXT.replace("n_steps = [1, 2]\n", "solvers_split = true\n"),
                         r"train\.solvers_split: shares every batch between the solvers of train\.solvers"),
+                       (TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_split_weights = [7, 3]\n'),
+                        r"train\.solvers_split_weights: weights of a split batch's parts, but train\.solvers_split"),
+                       (text.replace("solvers_split = true\n", "solvers_split = true\nsolvers_split_weights = [1]\n"),
+                        r"train\.solvers_split_weights: expected 'shares' or one weight per solver of train\.solvers"),
+                       (text.replace("solvers_split = true\n", 'solvers_split = true\nsolvers_split_weights = "cost"\n'),
+                        r"train\.solvers_split_weights: expected 'shares' or a non-empty list of positive numbers"),
                        (TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [7, 1]\n'
                                      "solvers_split = true\n"),
                         r"train\.solvers_split: a batch of 4 gives 'heun' no window")):

@@ -74,6 +74,12 @@ _KINDS: dict[str, tuple[str, Callable]] = {
         lambda v: v in ("cost", "uniform") if isinstance(v, str) else
         isinstance(v, list) and len(v) > 0 and all(_is_num(x) and x > 0 for x in v),
     ),
+    # the objective's weights of a split batch's parts: their shares of the windows, or given
+    "split_weights": (
+        "'shares' or a non-empty list of positive numbers",
+        lambda v: v == "shares" if isinstance(v, str) else
+        isinstance(v, list) and len(v) > 0 and all(_is_num(x) and x > 0 for x in v),
+    ),
 }
 
 
@@ -83,8 +89,9 @@ class Field:
 
     Args:
         kind: ``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"int_list"``,
-            ``"float_list"``, ``"str_list"`` or ``"weights"`` (``"cost"``, ``"uniform"`` or a
-            list of positive numbers).
+            ``"float_list"``, ``"str_list"``, ``"weights"`` (``"cost"``, ``"uniform"`` or a
+            list of positive numbers) or ``"split_weights"`` (``"shares"`` or a list of positive
+            numbers).
         default: its value when neither the file nor a flag sets it.
         help: what it means (shown in error messages and ``--help``).
         check: ``check(value) -> str | None``: a description of what was expected when the
@@ -102,7 +109,7 @@ class Field:
         desc, test = _KINDS[self.kind]
         if self.kind == "float" and _is_int(value):
             value = float(value)
-        if self.kind in ("float_list", "weights") and isinstance(value, list):
+        if self.kind in ("float_list", "weights", "split_weights") and isinstance(value, list):
             value = [float(x) if _is_int(x) else x for x in value]
         if not test(value):
             raise ConfigError(f"{name}: expected {desc}, got {_short(value)} ({type(value).__name__})")

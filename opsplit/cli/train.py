@@ -96,6 +96,10 @@ SCHEMA = {
         "solvers_split": Field("bool", False, "share every batch between train_solvers (each its share of the "
                                "images by solvers_weights, the objective the mean over all) instead of drawing one "
                                "per step: TrainConfig.train_solvers_split"),
+        "solvers_split_weights": Field("split_weights", "shares", "with solvers_split, the objective's weight of "
+                                       "each solver's part: shares (each its share of the windows: the mean over "
+                                       "the batch) or one positive weight per solver, normalised "
+                                       "(TrainConfig.train_solvers_split_weights)"),
         "n_steps_weights": Field("str", "cost", "how the N_t of train_n_steps are drawn: cost (probability "
                                  "proportional to 1/N_t: each resolution the same compute) or uniform",
                                  choices=("cost", "uniform")),
@@ -587,6 +591,13 @@ def check_distinct(t: dict, keys) -> None:
 def check_solvers_split(t: dict, key: str, weights_key: str, batch_size: int, own: list) -> None:
     """``train.solvers_split``: needs several solvers in ``train.<key>``, and a batch that gives
     each of them a window (:func:`opsplit.control.resolution.split_sizes`)."""
+    sw = t["solvers_split_weights"]
+    if sw != "shares" and not t["solvers_split"]:
+        raise ConfigError("train.solvers_split_weights: weights of a split batch's parts, but train.solvers_split = "
+                          "false; expected 'shares', or solvers_split = true")
+    if sw != "shares" and len(sw) != len(t[key]):
+        raise ConfigError(f"train.solvers_split_weights: expected 'shares' or one weight per solver of "
+                          f"train.{key} = {t[key]}, got {sw}")
     if not t["solvers_split"]:
         return
     if t[key] == own:
@@ -610,6 +621,13 @@ def check_flow_costs(t: dict, keys) -> None:
                           f"(or train.{flows[0]} = 0)")
 
 
+def split_weights(t: dict):
+    """``train.solvers_split_weights`` as TrainConfig takes them: ``None`` (the shares, or no
+    split) or a tuple."""
+    w = t["solvers_split_weights"]
+    return tuple(w) if t["solvers_split"] and isinstance(w, list) else None
+
+
 def draw_weights(w):
     """A config's draw weights as TrainConfig takes them: ``"cost"``, ``None`` (uniform) or
     a tuple."""
@@ -630,6 +648,7 @@ def train_config(cfg, progress: bool = True):
                        train_n_steps_weights=draw_weights(t["n_steps_weights"]) if tns else None,
                        train_solvers=sol, train_solvers_weights=draw_weights(t["solvers_weights"]) if sol else None,
                        train_solvers_split=bool(sol and t["solvers_split"]),
+                       train_solvers_split_weights=split_weights(t) if sol else None,
                        progress=progress, extra=data_settings(cfg, DATA_KEYS))
 
 
@@ -804,7 +823,9 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
         + (f", each at an N_t drawn from {t['train_n_steps']} ({t['n_steps_weights']} weights)"
            if len(t["train_n_steps"]) > 1 else "")
         + (f" with {'every batch shared between the substep solvers' if t['solvers_split'] else 'a substep solver drawn from'}"
-           f" {t['train_solvers']} ({t['solvers_weights']} weights)" if t["train_solvers"] != [m["solver"]] else "")
+           f" {t['train_solvers']} ({t['solvers_weights']} weights"
+           + (f"; the parts weighted {t['solvers_split_weights']} in the objective" if split_weights(t) else "") + ")"
+           if t["train_solvers"] != [m["solver"]] else "")
         + "".join(f", {k} cost weight {t[k]:g}" for k in ("kinetic", "acceleration", "defect") if t[k])
         + (" (resumed from a checkpoint)" if resumed else "") + ". "
         "The trained controls are functions of t, so the model is also solved at other N_t and with other "

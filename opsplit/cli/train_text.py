@@ -57,7 +57,8 @@ DATA_KEYS = ("data.corpus", "data.val_fraction", "data.split_seed", "data.max_ch
 RUN_KEYS = {"lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
             "seed": "train.seed", "batch_size": "train.batch_size", "epochs": "train.steps",
             "max_steps": "train.steps", "train_n_steps": "train.n_steps", "train_solvers": "train.solvers",
-            "train_solvers_weights": "train.solvers_weights", "train_solvers_split": "train.solvers_split"}
+            "train_solvers_weights": "train.solvers_weights", "train_solvers_split": "train.solvers_split",
+            "train_solvers_split_weights": "train.solvers_split_weights"}
 
 SCHEMA = {
     TOP: {"task": Field("str", "text", "the training task: digits (a ViT on the bundled digits) or text "
@@ -88,6 +89,10 @@ SCHEMA = {
         "solvers_split": Field("bool", False, "share every batch between train.solvers (each its share of the "
                                "windows by train.solvers_weights, the objective the mean over all) instead of "
                                "drawing one per step: TrainConfig.train_solvers_split"),
+        "solvers_split_weights": Field("split_weights", "shares", "with solvers_split, the objective's weight of "
+                                       "each solver's part: shares (each its share of the windows: the mean over "
+                                       "the batch) or one positive weight per solver, normalised "
+                                       "(TrainConfig.train_solvers_split_weights)"),
         "kinetic": Field("float", 0.0, "weight of the flow's relative kinetic energy (a running cost that makes "
                          "the flow easy to solve; docs/continuity.md)", at_least(0)),
         "acceleration": Field("float", 0.0, "weight of the flow's relative acceleration", at_least(0)),
@@ -310,7 +315,8 @@ def train_config(cfg, progress: bool = True):
                        betas=(0.9, 0.99), schedule="cosine", warmup_steps=t["warmup_steps"], min_lr_ratio=0.1,
                        grad_clip=1.0, gradient=t["gradient"], seed=t["seed"], shuffle=False,
                        train_n_steps=multi, train_solvers=sol, train_solvers_weights=weights,
-                       train_solvers_split=bool(sol and t["solvers_split"]), save_every=t["save_every"],
+                       train_solvers_split=bool(sol and t["solvers_split"]),
+                       train_solvers_split_weights=_digits.split_weights(t) if sol else None, save_every=t["save_every"],
                        progress=progress,
                        extra=_digits.data_settings(cfg, DATA_KEYS))
 
@@ -465,7 +471,9 @@ def run(cfg, plan, out, progress=True):
         f"{len(corpus.val_documents)} documents, vocabulary {corpus.vocab.size}), AdamW, {trainer.step} steps of "
         f"{t['batch_size']} windows at N_t in {t['n_steps']}"
         + (f" with {'every batch shared between the substep solvers' if t['solvers_split'] else 'a substep solver drawn from'}"
-           f" {t['solvers']} (weights: {t['solvers_weights']})" if t["solvers"] != ["euler"] else "")
+           f" {t['solvers']} (weights: {t['solvers_weights']}"
+           + (f"; the parts weighted {t['solvers_split_weights']} in the objective" if _digits.split_weights(t) else "")
+           + ")" if t["solvers"] != ["euler"] else "")
         + "".join(f", {k} cost weight {t[k]:g}" for k in ("kinetic", "acceleration") if t[k])
         + (" (resumed from a checkpoint)" if resumed else "")
         + ". The controls are functions of t, so the model is evaluated and sampled at other N_t."

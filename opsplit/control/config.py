@@ -75,6 +75,14 @@ def _weights(v, name):
     return check_weights(v, None, name)
 
 
+def _split_weights(v, name):
+    # the objective's weights of the split's parts: None (their shares) or one weight > 0 each
+    if isinstance(v, str):
+        raise ValueError(f"{name}: expected None (each part weighted by its share of the batch) or a list of "
+                         f"weights > 0, one per solver, got {v!r}")
+    return check_weights(v, None, name)
+
+
 def _solvers(v, name):
     if v is None:
         return None
@@ -129,6 +137,7 @@ _CHECKS = {
     "train_solvers": _solvers,
     "train_solvers_weights": _weights,
     "train_solvers_split": _bool,
+    "train_solvers_split_weights": _split_weights,
     "seed": _seed,
     "shuffle": _bool,
     "drop_last": _bool,
@@ -190,6 +199,11 @@ class TrainConfig:
             over all the batch's windows: the drawn objective's expectation, at the same
             expected work, without its variance (docs/continuity.md measures both).  Needs
             ``train_solvers``, and a ``batch_size`` that gives every solver a window.
+        train_solvers_split_weights: with ``train_solvers_split``, the objective's weight of
+            each solver's part, one weight > 0 per solver, normalised to sum 1 (``None``: each
+            part its share of the batch, the mean over all windows).  The work stays that of
+            the shares; the weights set how much of the objective each solve carries
+            (docs/continuity.md: Heun on a quarter of every batch weighted 0.3).
         seed: seeds the parameters' RNG use during training, the data order and the
             augmentation generator.
         shuffle: reshuffle the training data every epoch (seeded).
@@ -236,6 +250,7 @@ class TrainConfig:
     train_solvers: tuple | None = None
     train_solvers_weights: str | tuple | None = None
     train_solvers_split: bool = False
+    train_solvers_split_weights: tuple | None = None
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
@@ -271,6 +286,14 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.train_solvers_split: a batch of {self.batch_size} gives "
                                  f"{empty[0]!r} no window (windows per solver {sizes}); "
                                  "expected a batch_size at least as large as 1 / its share, or a larger weight")
+        w = self.train_solvers_split_weights
+        if w is not None:
+            if not self.train_solvers_split:
+                raise ValueError("TrainConfig.train_solvers_split_weights: weights of the split's parts without "
+                                 "train_solvers_split (no batch is split); expected None, or train_solvers_split=True")
+            if len(w) != len(self.train_solvers):
+                raise ValueError(f"TrainConfig.train_solvers_split_weights: expected one weight per solver of "
+                                 f"train_solvers = {self.train_solvers}, got {len(w)}")
 
     def __setattr__(self, name, value):
         # every assignment is checked, at construction and after it: a config stays valid
@@ -295,7 +318,7 @@ class TrainConfig:
         d["betas"] = list(self.betas)
         if self.train_n_steps is not None:
             d["train_n_steps"] = list(self.train_n_steps)
-        for k in ("train_n_steps_weights", "train_solvers", "train_solvers_weights"):
+        for k in ("train_n_steps_weights", "train_solvers", "train_solvers_weights", "train_solvers_split_weights"):
             if isinstance(getattr(self, k), tuple):
                 d[k] = list(getattr(self, k))
         return d
@@ -325,7 +348,7 @@ def _refuse_unknown(d: dict) -> None:
 #: data order and batches (restored step counter), the gradient clipping and the N_t draws
 _RESUME_FIXED = ("optimizer", "lr", "weight_decay", "betas", "momentum", "schedule", "warmup_steps", "min_lr_ratio",
                  "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps", "train_n_steps_weights",
-                 "train_solvers", "train_solvers_weights", "train_solvers_split")
+                 "train_solvers", "train_solvers_weights", "train_solvers_split", "train_solvers_split_weights")
 
 
 def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size: int = 1, world_size: int = 1,

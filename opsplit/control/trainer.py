@@ -603,19 +603,24 @@ class Trainer:
     def _split_objective(self, x, y, kw) -> ObjectiveValue:
         """``TrainConfig.train_solvers_split``: the batch in consecutive parts, part i solved
         with ``train_solvers[i]`` (:func:`~opsplit.control.resolution.split_sizes`), the
-        objective their mean weighted by the windows of each (the mean over the batch)."""
+        objective their mean weighted by the windows of each (the mean over the batch), or
+        by ``train_solvers_split_weights`` (normalised over the parts that have windows)."""
         c = self.config
         n = len(y)
         own = _own_solver(self.model)
+        fixed = c.train_solvers_split_weights
         values, shares, start = [], [], 0
-        for name, m in zip(c.train_solvers, split_sizes(n, c.train_solvers, c.train_solvers_weights)):
+        for i, (name, m) in enumerate(zip(c.train_solvers, split_sizes(n, c.train_solvers, c.train_solvers_weights))):
             if m == 0:  # a short last batch of an epoch
                 continue
             part = slice(start, start + m)
             start += m
             with solved_with(self.model, solver=name) if name != own else contextlib.nullcontext():
                 values.append(self.objective(self.forward_model, x[part], y[part], costs_model=self.model, **kw))
-            shares.append(m / n)
+            shares.append(m / n if fixed is None else fixed[i])
+        if fixed is not None:
+            total = sum(shares)
+            shares = [s / total for s in shares]
         return ObjectiveValue.mixture(values, shares)
 
     def _refuse_gradient(self, loss: float, norm: float):
