@@ -109,6 +109,9 @@ VARIANTS = {
     "par_split8_w0.35_k0.01": {"scheme": "parallel", "split": (0.125, 0.35), "kinetic": 0.01},
     # a quarter of every batch with Heun, weighted 0.3 (the work of the quarter split, a stronger pull to the flow)
     "par_split4_w0.3_k0.01": {"scheme": "parallel", "split": (0.25, 0.3), "kinetic": 0.01},
+    # the same through the library (TrainConfig.train_solvers_split_weights: Euler 0.7, Heun 0.3)
+    "par_splitw0.3_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0),
+                            "solvers_split": True, "split_weights": (0.7, 0.3), "kinetic": 0.01},
     # each piece of [0, layers] solved with Heun with probability 1/4, drawn per step (the
     # same expected work as Heun for a quarter of the steps; every call on the whole batch)
     "par_pmix4_k0.01": {"scheme": "parallel", "piece_heun": 0.25, "kinetic": 0.01},
@@ -129,7 +132,8 @@ def config(args, v) -> TrainConfig:
     tns = tuple(v["train_n_steps"]) if v.get("train_n_steps") else None
     sol = tuple(v["solvers"]) if v.get("solvers") else None
     return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None,
-                       train_solvers_split=bool(sol and v.get("solvers_split")), epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
+                       train_solvers_split=bool(sol and v.get("solvers_split")),
+                       train_solvers_split_weights=v.get("split_weights"), epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
                        weight_decay=args.weight_decay, betas=(0.9, 0.99), schedule="cosine",
                        warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio, grad_clip=1.0, seed=args.seed,
                        shuffle=False, train_n_steps=tns, train_n_steps_weights=v.get("weights") if tns else None,
