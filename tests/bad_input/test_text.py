@@ -284,7 +284,8 @@ RUN_ROWS = run_rows(
         f / "train" / "checkpoints" / "step-00000002" / "meta.json").write_text("{")),
     ("resume-allow-unknown", (*RESUME, "--allow-changes", "train.lrx"), "--allow-changes: expected keys that a resume "
      "compares (data.corpus, data.max_chars, data.split_seed, data.val_fraction, train.batch_size, train.lr, "
-     "train.n_steps, train.seed, train.solvers, train.solvers_split, train.solvers_weights, train.steps, train.warmup_steps, "
+     "train.n_steps, train.seed, train.solvers, train.solvers_split, train.solvers_split_weights, train.solvers_weights, "
+     "train.steps, train.warmup_steps, "
      "train.weight_decay), got 'train.lrx'"),
     ("resume-allow-model-key", (*RESUME, "--allow-changes", "model.scheme"), "--allow-changes: expected keys that a "
      "resume compares", config_edit('scheme = "lie"', 'scheme = "strang"')),
