@@ -51,6 +51,10 @@ def _is_num(v):
     return math.isfinite(v) if isinstance(v, float) else -_INT_LIMIT <= v < _INT_LIMIT
 
 
+def _positive_list(v) -> bool:
+    return isinstance(v, list) and len(v) > 0 and all(_is_num(x) and x > 0 for x in v)
+
+
 _KINDS: dict[str, tuple[str, Callable]] = {
     "int": ("an integer (64-bit)", _is_int),
     "float": ("a finite number", _is_num),
@@ -71,14 +75,12 @@ _KINDS: dict[str, tuple[str, Callable]] = {
     # the weights of a draw: by cost, uniform, or given
     "weights": (
         "'cost', 'uniform' or a non-empty list of positive numbers",
-        lambda v: v in ("cost", "uniform") if isinstance(v, str) else
-        isinstance(v, list) and len(v) > 0 and all(_is_num(x) and x > 0 for x in v),
+        lambda v: v in ("cost", "uniform") if isinstance(v, str) else _positive_list(v),
     ),
     # the objective's weights of a split batch's parts: their shares of the windows, or given
     "split_weights": (
         "'shares' or a non-empty list of positive numbers",
-        lambda v: v == "shares" if isinstance(v, str) else
-        isinstance(v, list) and len(v) > 0 and all(_is_num(x) and x > 0 for x in v),
+        lambda v: v == "shares" if isinstance(v, str) else _positive_list(v),
     ),
 }
 
