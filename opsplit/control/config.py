@@ -276,7 +276,7 @@ class TrainConfig:
             raise ValueError("TrainConfig.train_solvers_weights: weights without train_solvers (the solvers they "
                              "weigh)")
         if isinstance(w, tuple):
-            check_weights(w, len(self.train_solvers), "TrainConfig.train_solvers_weights")
+            check_weights(w, len(self.train_solvers), "TrainConfig.train_solvers_weights", "train_solvers")
         if self.train_solvers_split:
             if self.train_solvers is None:
                 raise ValueError("TrainConfig.train_solvers_split: a split of every batch between solvers needs "

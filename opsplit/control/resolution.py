@@ -59,9 +59,10 @@ def check_n_steps_list(v, name: str) -> tuple[int, ...]:
     return out
 
 
-def check_weights(w, n: int | None, name: str):
+def check_weights(w, n: int | None, name: str, of: str = "train_n_steps"):
     """``None``, ``"uniform"`` (as ``None``), ``"cost"`` or a list of positive finite weights
-    (of length ``n`` when given)."""
+    (of length ``n`` when given: one per entry of the list ``of`` names, e.g.
+    ``"train_solvers"``)."""
     if w is None or w == "uniform":
         return None
     if w == "cost":
@@ -78,7 +79,7 @@ def check_weights(w, n: int | None, name: str):
             raise ValueError(f"{name}: expected finite weights > 0, got {x!r}")
         out.append(float(x))
     if n is not None and len(out) != n:
-        raise ValueError(f"{name}: expected one weight per entry of train_n_steps ({n}), got {len(out)}")
+        raise ValueError(f"{name}: expected one weight per entry of {of} ({n}), got {len(out)}")
     return tuple(out)
 
 

@@ -122,6 +122,12 @@ CASES = cases(
     ("train_solvers-weights-nan", lambda: TrainConfig(train_solvers=["euler", "heun"],
                                                       train_solvers_weights=[1.0, NAN]), ValueError,
      r"TrainConfig\.train_solvers_weights: expected finite weights > 0"),
+    # issue 42, finding 11c: the length error names the list the weights weigh
+    ("train_solvers-weights-length", lambda: TrainConfig(train_solvers=["euler", "heun"], train_solvers_weights=[1.0]),
+     ValueError, r"TrainConfig\.train_solvers_weights: expected one weight per entry of train_solvers \(2\), got 1$"),
+    ("train_solvers-weights-length-config", lambda: TrainConfig(train_solvers=["euler", "heun", "rk4"]).replace(
+        train_solvers_weights=[1.0, 2.0]), ValueError,
+     r"TrainConfig\.train_solvers_weights: expected one weight per entry of train_solvers \(3\), got 2$"),
     ("train_solvers-cannot-run-fit", lambda: fit_in_empty_dir(objective=Objective("mse"), model=TwoTerms(),
                                                               train_solvers=["euler"]), ValueError,
      r"solved_with\.solver: 'euler' cannot run the term FFNIntegral: ExplicitEuler advances 1 operator"),
