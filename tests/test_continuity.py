@@ -184,3 +184,80 @@ def test_accuracy_table_of_a_classifier_and_its_plot(tmp_path):
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+# -- the continuity table of a language model ------------------------------------------------------
+_TEXT = [
+    "The solver-swap test solves the same controls at other step counts and with other solvers. ",
+    "A model of its controls keeps its loss when the time grid is refined; a model of its grid does not. ",
+    "Operator splitting advances the attention term and the feed-forward term one after the other. ",
+    "Strang splitting takes half a step of one term, a full step of the other, and half a step again. ",
+    "Characters are tokens here: the vocabulary is the set of characters of the training documents. ",
+]
+
+
+def _text_lm():
+    """A small character-level GPT as ``opsplit train --task text`` builds it (float64, its
+    weights spread so the logits are far from uniform) and windows of validation text."""
+    from opsplit.cli import train_text as tt
+    from opsplit.data import char_corpus, text_windows
+
+    corpus = char_corpus({f"d{i}": t * 2 for i, t in enumerate(_TEXT)}, val_fraction=0.4, seed=0)
+    m = {"d_model": 16, "heads": 2, "layers": 2, "context": 12, "attention": "softmax", "scheme": "lie", "seed": 0}
+    model = tt.build_model(m, corpus.vocab.size).double()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=D))
+    val = text_windows(corpus.val, m["context"], name="validation")
+    assert len(val) >= 5
+    val = TensorData(val.inputs[:5], val.targets[:5])
+    return tt, model, corpus.val, val, m["context"]
+
+
+def test_language_model_bits_per_char_equal_the_trainers_evaluation_and_a_direct_computation():
+    """The table of a DecoderLM on windows of text (``loss="cross_entropy", output="logits"``):
+    every row's bits per character equals the trainer's evaluation of the text objective
+    (``Trainer.evaluate`` with ``opsplit.cli.train_text``'s objective, at that N_t and solver)
+    and a direct computation: F.cross_entropy of the logits of each window of context + 1
+    characters, the first context characters in, the last context characters the targets."""
+    import torch.nn.functional as F
+
+    from opsplit.control import TrainConfig, Trainer
+    from opsplit.data import bits_per_char
+
+    tt, model, ids, val, C = _text_lm()
+    trainer = Trainer(model, tt.objective({"train": {"kinetic": 0.0, "acceleration": 0.0}}),
+                      TrainConfig(eval_batch_size=2, progress=False))
+    c = continuity(model, val, loss="cross_entropy", output="logits", metric="bits_per_char", n_steps=[2, 4],
+                   solvers=["trained", "heun"], levels=[], batch_size=2)
+    assert c.metric == "bits_per_char" and not c.higher_is_better
+    assert {(r["solver"], r["n_steps"]) for r in c.rows} == {("euler", 2), ("euler", 4), ("heun", 2), ("heun", 4)}
+    windows = torch.stack([ids[k * C: k * C + C + 1] for k in range(len(val))])  # (5, C + 1)
+    for r in c.rows:
+        n = r["n_steps"]
+        with solved_with(model, solver=None if r["solver"] == "euler" else r["solver"]):
+            want = bits_per_char(trainer.evaluate(val, n_steps=n)["loss"])
+            with torch.no_grad():
+                logits = model(windows[:, :-1], n_steps=n).logits
+        direct = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1)))
+        assert r["bits_per_char"] == pytest.approx(want, rel=1e-12), r
+        assert r["bits_per_char"] == pytest.approx(direct / math.log(2.0), rel=1e-12), r
+        assert r["loss"] == pytest.approx(direct, rel=1e-12), r
+    # the rows differ (another N_t, another solver is another solve)
+    assert len({round(r["bits_per_char"], 12) for r in c.rows}) == 4
+
+
+def test_language_model_default_metric_is_the_per_position_accuracy():
+    """The call of the finding: ``continuity(DecoderLM, (inputs, targets), loss="cross_entropy",
+    output="logits")`` with sequence logits (B, N, V) and targets (B, N): the accuracy over every
+    position, against the argmax of the logits counted by hand."""
+    _, model, _, val, _ = _text_lm()
+    c = continuity(model, (val.inputs, val.targets), loss="cross_entropy", output="logits", n_steps=[2, 4],
+                   solvers=["trained"], levels=[2, 4, 8])
+    assert c.metric == "accuracy"
+    for r in c.rows:
+        with torch.no_grad():
+            pred = model(val.inputs, n_steps=r["n_steps"]).logits.argmax(-1)
+        assert r["accuracy"] == pytest.approx(float((pred == val.targets).double().mean()), rel=1e-12)
+    assert len(c.errors) == 2 and len(c.differences) == 2

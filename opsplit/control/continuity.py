@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from ..analysis.convergence import OrderFit, fit_order
 from .swap import (
@@ -213,7 +214,22 @@ class Continuity:
         return fig
 
 
-def _metric_fn(metric, objective):
+def _data_term(objective):
+    """The objective's data term as :func:`continuity` evaluates it: ``"cross_entropy"`` over
+    every position of sequence logits ``(B, ..., C)`` against targets ``(B, ...)`` (their mean
+    over all positions: the next-token cross-entropy of a language model on windows whose
+    targets are the inputs shifted by one, as :func:`~opsplit.data.text_windows` makes them
+    and the text trainer's objective reads them); for ``(B, C)`` logits it is the
+    objective's own cross-entropy."""
+    if objective.loss == "cross_entropy":
+        def ce(out, y):
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1).long())
+
+        return ce
+    return objective.data_term
+
+
+def _metric_fn(metric, objective, data_term):
     """``(name, fn(outputs, targets) -> (sum, count), higher_is_better)``."""
     if callable(metric) and not isinstance(metric, str):
         name = getattr(metric, "__name__", "metric")
@@ -230,11 +246,11 @@ def _metric_fn(metric, objective):
             return float((out.argmax(-1) == y).sum()), y.numel()
 
         return "accuracy", fn, True
-    if metric in ("loss", "bits"):
-        scale = 1.0 / math.log(2.0) if metric == "bits" else 1.0
+    if metric in ("loss", "bits", "bits_per_char"):
+        scale = 1.0 if metric == "loss" else 1.0 / math.log(2.0)
 
         def fn(out, y):
-            return float(objective.data_term(out, y)) * scale * out.shape[0], out.shape[0]
+            return float(data_term(out, y)) * scale * out.shape[0], out.shape[0]
 
         return metric, fn, False
     if metric == "mse":
@@ -242,7 +258,7 @@ def _metric_fn(metric, objective):
             return float((out - y).square().mean()) * out.shape[0], out.shape[0]
 
         return "mse", fn, False
-    raise ValueError(f"continuity.metric: expected 'accuracy', 'loss', 'bits', 'mse' or a callable "
+    raise ValueError(f"continuity.metric: expected 'accuracy', 'loss', 'bits', 'bits_per_char', 'mse' or a callable "
                      f"fn(outputs, targets) -> float, got {metric!r}")
 
 
@@ -278,12 +294,21 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
         model: an ``nn.Module`` holding opsplit propagators whose forward takes ``n_steps=``
             (what the trainer trains: an ``ImageClassifier``, a ``DecoderLM``, a
             ``Propagator``, ...).
-        data: a :class:`~opsplit.data.TensorData` or ``(inputs, targets)``.
+        data: a :class:`~opsplit.data.TensorData` or ``(inputs, targets)``.  For a language
+            model: windows of token ids ``(B, N)`` and their next-token targets ``(B, N)``
+            (``targets[:, i]`` the token after ``inputs[:, i]``), as
+            :func:`~opsplit.data.text_windows` makes them and the trainer reads them; targets
+            equal to the inputs are refused (the shift forgotten).
         loss, output: as in :class:`~opsplit.control.Objective` (``"cross_entropy"``,
             ``"mse"`` or a callable; ``output`` selects a field of a structured output, e.g.
-            ``"logits"``).
-        metric: ``"accuracy"`` (default for cross-entropy), ``"loss"`` (default otherwise),
-            ``"bits"`` (the loss in bits: bits per character of a language model), ``"mse"``
+            ``"logits"``).  ``"cross_entropy"`` takes class logits ``(B, C)`` with targets
+            ``(B,)``, or sequence logits ``(B, N, C)`` with targets ``(B, N)``: the mean over
+            every position, the figure ``Trainer.evaluate`` reports for the text objective
+            (``opsplit.cli.train_text.lm_loss``).  The outputs of the first sample are checked
+            against ``loss``, ``metric`` and every target before the table is computed.
+        metric: ``"accuracy"`` (default for cross-entropy; per position for sequence logits),
+            ``"loss"`` (default otherwise), ``"bits"`` or ``"bits_per_char"`` (the loss in bits:
+            bits per character of a character-level language model, ``loss / ln 2``), ``"mse"``
             or a callable ``fn(outputs, targets) -> float`` (a batch mean).
         n_steps: the :math:`N_t` of the table (default: half to 16 times ``reference``).
         reference: the training grid's :math:`N_t` (default: the model's own, the
@@ -316,7 +341,8 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
     objective = loss if isinstance(loss, Objective) else Objective(loss, output=output)
     if metric is None:
         metric = "accuracy" if objective.is_classification else "loss"
-    mname, mfn, higher = _metric_fn(metric, objective)
+    data_term = _data_term(objective)
+    mname, mfn, higher = _metric_fn(metric, objective, data_term)
     ref = props[0].n_steps if reference is None else check_int(reference, "continuity.reference", 1)
     ns = default_n_steps(ref) if n_steps is None else _n_list(n_steps, "continuity.n_steps")
     if ref not in ns:
@@ -350,6 +376,8 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
         with solved_with(model, solver=obj, scheme=None if sch == "trained" else sch):
             pass
     T = float(props[0].t1 - props[0].t0)
+    _check_outputs(model, data, objective, mname, mfn, data_term, ref, output if not isinstance(loss, Objective)
+                   else loss.output)
 
     was = model.training
     model.eval()
@@ -367,7 +395,7 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
                         out = objective.select(model(x, n_steps=n))
                         s_, c_ = mfn(out, y)
                         tot, cnt = tot + s_, cnt + c_
-                        ltot += float(objective.data_term(out, y)) * x.shape[0]
+                        ltot += float(data_term(out, y)) * x.shape[0]
                         seen += x.shape[0]
                         if base and n in lv:
                             chunks.append(out.detach().to(torch.float64).cpu())
@@ -394,6 +422,101 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
         if len(diffs) >= 2 and all(d > 0 for d in diffs):
             fit = fit_order([T / n for n in lv[:-1]], diffs)
     return Continuity(rows, mname, refrow, lv, errors, diffs, fit, higher, T)
+
+
+def _shape(t) -> str:
+    return "(" + ", ".join(map(str, t)) + ("," if len(t) == 1 else "") + ")"
+
+
+def _bshape(t) -> str:
+    """``(B, n1, n2, ...)``: a sample shape ``t`` behind the batch."""
+    return "(B" + "".join(f", {n}" for n in t) + ")"
+
+
+@torch.no_grad()
+def _check_outputs(model, data, objective, mname: str, mfn, data_term, ref: int, output) -> None:
+    """The model's outputs on the first sample (at the training grid) against the loss, the
+    metric and the targets of every sample, before the table is computed: a mismatch of
+    ``data``, ``loss`` and ``output`` is named with the shapes expected."""
+    from .objective import _select
+
+    was = model.training
+    model.eval()
+    try:
+        x, y = data[torch.arange(1)]
+        raw = model(x, n_steps=ref)
+    finally:
+        model.train(was)
+    shown = "the model's output" if output is None else f"the model's output {output!r}"
+    if output is None and not isinstance(raw, Tensor):
+        raise TypeError(f"continuity.output: the model returns a {type(raw).__name__}, not a tensor; pass output= "
+                        f"(an attribute name such as 'logits', or a callable)")
+    if isinstance(output, str) and not hasattr(raw, output):
+        fields = list(getattr(raw, "__dataclass_fields__", {})) or (
+            [k for k in vars(raw) if not k.startswith("_")] if hasattr(raw, "__dict__") else [])
+        raise ValueError(f"continuity.output: the model's {type(raw).__name__} has no field {output!r}"
+                         + (f"; it has {fields}" if fields else ""))
+    out = _select(raw, output)
+    if not isinstance(out, Tensor):
+        raise TypeError(f"continuity.output: {shown} is a {type(out).__name__}, expected a tensor")
+    if out.dim() == 0 or out.shape[0] != 1:
+        raise ValueError(f"continuity.output: {shown} on one input has shape {_shape(out.shape)}; expected the batch "
+                         "first, (1, ...)")
+    targets = data.targets
+    tshape = tuple(targets.shape[1:]) if isinstance(targets, Tensor) else None
+    oshape = tuple(out.shape[1:])
+    loss = objective.loss
+    if loss == "cross_entropy":
+        if not out.is_floating_point() or out.dim() < 2:
+            raise ValueError(f"continuity.loss: 'cross_entropy' reads class logits (B, C) or sequence logits (B, N, C) "
+                             f"(output='logits' of a language model); {shown} has shape {_bshape(oshape)} "
+                             f"and dtype {out.dtype}")
+        C = out.shape[-1]
+        want = _bshape(oshape[:-1])
+        kind = "class indices" if out.dim() == 2 else "next-token ids (the inputs shifted by one)"
+        if tshape is None or tshape != oshape[:-1]:
+            got = type(targets).__name__ if tshape is None else _shape(tuple(targets.shape))
+            raise ValueError(f"continuity.data: loss 'cross_entropy' on {shown} of shape {_bshape(oshape)} "
+                             f"expects targets {want} of {kind}; got targets of shape {got}")
+        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+            raise TypeError(f"continuity.data: loss 'cross_entropy' expects integer targets ({kind}), got dtype "
+                            f"{targets.dtype}")
+        inputs = data.inputs
+        if out.dim() > 2 and isinstance(inputs, Tensor) and inputs.shape == targets.shape and \
+                bool(torch.equal(inputs, targets.to(inputs.dtype))):
+            raise ValueError(
+                "continuity.data: the targets are the inputs; the cross-entropy of sequence logits reads "
+                "next-token targets, targets[:, i] the token after inputs[:, i] (the trainer's text convention: "
+                "opsplit.data.text_windows(ids, context), or (ids[:, :-1], ids[:, 1:]) from windows of context + 1 "
+                "tokens)")
+        if targets.numel():
+            lo, hi = int(targets.min()), int(targets.max())
+            if lo < 0 or hi >= C:
+                raise ValueError(f"continuity.data: loss 'cross_entropy' on {C} classes expects targets in "
+                                 f"[0, {C - 1}], got range [{lo}, {hi}]")
+    elif loss == "mse":
+        if tshape is None or tshape != oshape:
+            got = type(targets).__name__ if tshape is None else _shape(tuple(targets.shape))
+            raise ValueError(f"continuity.data: loss 'mse' expects targets of the shape of {shown}, "
+                             f"{_bshape(oshape)}; got targets of shape {got}")
+        if not targets.is_floating_point():
+            raise TypeError(f"continuity.data: loss 'mse' expects floating-point targets, got dtype {targets.dtype}")
+    if mname == "mse" and loss != "mse" and (tshape is None or tshape != oshape):
+        got = type(targets).__name__ if tshape is None else _shape(tuple(targets.shape))
+        raise ValueError(f"continuity.metric: 'mse' compares {shown}, {_bshape(oshape)}, with targets of "
+                         f"that shape; got targets of shape {got}")
+    for what, fn in (("loss", data_term), ("metric", mfn)):
+        try:
+            v = fn(out, y)
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            raise ValueError(f"continuity.{what}: it fails on {shown} of shape {_shape(tuple(out.shape))} and targets "
+                             f"of shape {_shape(tuple(y.shape))} (the first sample): {e}") from e
+        if what == "loss":
+            try:
+                float(v)
+            except (RuntimeError, ValueError, TypeError) as e:
+                raise ValueError(f"continuity.loss: expected a scalar loss on {shown} of shape "
+                                 f"{_shape(tuple(out.shape))}, got {e}") from e
 
 
 def _cost(model, n: int) -> float:

@@ -232,3 +232,88 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input(case):
     run_case(case)
+
+
+# -- the continuity table of a language model: data, loss and output against the model's outputs --
+# (opsplit.control.continuity checks the first sample's outputs against the loss, the metric and every
+# target before the table is computed)
+def _lm():
+    from opsplit.models import DecoderConfig, DecoderLM
+
+    cfg = DecoderConfig(vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_ff=16, norm="layer", mlp="plain",
+                        activation="gelu", positions="learned", max_positions=16, tie_embeddings=True)
+    return DecoderLM(cfg, generator=torch.Generator().manual_seed(0))
+
+
+_IDS = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(0))
+_X, _Y = _IDS[:, :-1], _IDS[:, 1:]
+
+
+def _lm_cont(data, **kw):
+    kw.setdefault("loss", "cross_entropy")
+    kw.setdefault("output", "logits")
+    return continuity(_lm(), data, n_steps=[2], solvers=["trained"], levels=[], **kw)
+
+
+class Scalar(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = _prop()
+
+    def forward(self, x, n_steps=None):
+        return self.p(x, n_steps=n_steps).sum()
+
+
+LM_CASES = cases(
+    ("continuity-lm-targets-are-inputs", lambda: _lm_cont((_X, _X)), ValueError,
+     r"continuity\.data: the targets are the inputs; the cross-entropy of sequence logits reads next-token "
+     r"targets"),
+    ("continuity-lm-targets-longer", lambda: _lm_cont((_X, _IDS)), ValueError,
+     r"continuity\.data: loss 'cross_entropy' on the model's output 'logits' of shape \(B, 7, 11\) expects "
+     r"targets \(B, 7\) of next-token ids .*got targets of shape \(4, 8\)"),
+    ("continuity-lm-targets-one-per-window", lambda: _lm_cont((_X, _Y[:, -1])), ValueError,
+     r"continuity\.data: .* expects targets \(B, 7\) .*got targets of shape \(4,\)"),
+    ("continuity-lm-targets-float", lambda: _lm_cont((_X, _Y.double())), TypeError,
+     r"continuity\.data: loss 'cross_entropy' expects integer targets"),
+    ("continuity-lm-targets-out-of-vocab", lambda: _lm_cont((_X, _Y.clamp(max=9).index_fill(1, torch.tensor([3]),
+                                                                                              11))), ValueError,
+     r"continuity\.data: loss 'cross_entropy' on 11 classes expects targets in \[0, 10\], got range \[\d+, 11\]"),
+    ("continuity-lm-no-output", lambda: _lm_cont((_X, _Y), output=None), TypeError,
+     r"continuity\.output: the model returns a DecoderOutput, not a tensor; pass output="),
+    ("continuity-lm-output-typo", lambda: _lm_cont((_X, _Y), output="logit"), ValueError,
+     r"continuity\.output: the model's DecoderOutput has no field 'logit'; it has \['logits', "),
+    ("continuity-lm-hidden-state", lambda: _lm_cont((_X, _Y.clamp(min=8)), output="last_hidden_state"), ValueError,
+     r"continuity\.data: loss 'cross_entropy' on 8 classes expects targets in \[0, 7\]"),
+    ("continuity-lm-mse-loss", lambda: _lm_cont((_X, _Y), loss="mse"), ValueError,
+     r"continuity\.data: loss 'mse' expects targets of the shape of the model's output 'logits', \(B, 7, 11\); "
+     r"got targets of shape \(4, 7\)"),
+    ("continuity-lm-mse-metric", lambda: _lm_cont((_X, _Y), metric="mse"), ValueError,
+     r"continuity\.metric: 'mse' compares the model's output 'logits', \(B, 7, 11\), with targets of that shape"),
+    ("continuity-lm-unflattened-callable-loss", lambda: _lm_cont(
+        (_X, _Y), loss=lambda o, y: torch.nn.functional.cross_entropy(o, y)), ValueError,
+     r"continuity\.loss: it fails on the model's output 'logits' of shape \(1, 7, 11\) and targets of shape "
+     r"\(1, 7\) \(the first sample\)"),
+    ("continuity-lm-callable-loss-shape", lambda: _lm_cont((_X, _Y), loss=lambda o, y: o.sum((0, 1))), ValueError,
+     r"continuity\.loss: it fails .*Objective\.loss: the callable returned shape \(11,\)"),
+    ("continuity-lm-callable-metric", lambda: _lm_cont(
+        (_X, _Y), metric=lambda o, y: torch.nn.functional.nll_loss(o, y)), ValueError,
+     r"continuity\.metric: it fails on the model's output 'logits' of shape \(1, 7, 11\)"),
+    ("continuity-lm-bits-name", lambda: _lm_cont((_X, _Y), metric="bpc"), ValueError,
+     r"continuity\.metric: expected 'accuracy', 'loss', 'bits', 'bits_per_char', 'mse'"),
+    ("continuity-class-targets-2d", lambda: continuity(Wrapped(), (DATA.inputs, torch.zeros(4, 2).long())),
+     ValueError, r"continuity\.data: loss 'cross_entropy' on the model's output of shape \(B, 6\) expects targets "
+     r"\(B\) of class indices; got targets of shape \(4, 2\)"),
+    ("continuity-class-mse-targets", lambda: continuity(Wrapped(), (DATA.inputs, torch.zeros(4, 5)), loss="mse"),
+     ValueError, r"continuity\.data: loss 'mse' expects targets of the shape of the model's output, \(B, 6\); got "
+     r"targets of shape \(4, 5\)"),
+    ("continuity-class-mse-int-targets", lambda: continuity(Wrapped(), (DATA.inputs, torch.zeros(4, 6).long()),
+                                                            loss="mse"), TypeError,
+     r"continuity\.data: loss 'mse' expects floating-point targets, got dtype torch\.int64"),
+    ("continuity-scalar-output", lambda: continuity(Scalar(), DATA, loss="mse"), ValueError,
+     r"continuity\.output: the model's output on one input has shape \(\); expected the batch first"),
+)
+
+
+@pytest.mark.parametrize("case", LM_CASES)
+def test_bad_input_language_model(case):
+    run_case(case)
