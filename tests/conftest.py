@@ -1,8 +1,13 @@
 import os
 
 # OpenMP threads that spin while waiting slow small ops down by orders of magnitude on a
-# busy machine; set before torch starts its thread pool
+# busy machine; set before torch starts its thread pool.  One thread (torch, OpenMP, BLAS,
+# and every subprocess a test starts): the suite must pass while other CPU-bound jobs run
+# beside it, and threads that wait for each other on a loaded machine make the time of a
+# test, and so any timeout, depend on the load
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -17,7 +22,7 @@ settings.register_profile(
 )
 settings.load_profile("opsplit")
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+torch.set_num_threads(1)
 
 DEVICE_PARAMS = [
     "cpu",

@@ -204,7 +204,7 @@ CPU = [*COMMON, "--device", "cpu"]  # gloo even where CUDA is available
 RTOL = 1e-12
 
 
-def _torchrun(args, nproc=2, timeout=150):
+def _torchrun(args, nproc=2, timeout=1800):  # a guard against a hang, not a measure of speed
     last = None
     for _ in range(3):  # a port taken between _free_port and torchrun: try another
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),

@@ -116,7 +116,7 @@ import sys, torch
 sys.path.insert(0, {tests!r})
 from _train_helpers import TinyClassifier, tiny_config, tiny_data
 from opsplit.control import Objective, Trainer
-torch.set_num_threads({threads})
+torch.set_num_threads(1)  # as the parent's run: bit for bit needs the same thread count
 torch.manual_seed(12345)  # a different global RNG state: the checkpoint must restore it
 m = TinyClassifier(seed=99)  # other initial values: the checkpoint must overwrite them
 tr = Trainer(m, Objective("cross_entropy"), tiny_config())
@@ -126,25 +126,36 @@ torch.save({{"losses": torch.tensor([r["loss"] for r in h.steps], dtype=torch.fl
 """
 
 
+#: a guard against a hung child process only, not a measure of speed: the child's work takes
+#: seconds of CPU, and a loaded machine may stretch that many times over
+HANG_GUARD_S = 1800
+
+
 def test_kill_and_resume_bit_exact(tmp_path):
     cfg = tiny_config()  # 4 epochs of 3 steps, dropout, shuffling, cosine + warm-up, AdamW, clipping
     data = tiny_data()
-    # uninterrupted
-    m_full = TinyClassifier()
-    h_full = Trainer(m_full, Objective("cross_entropy"), cfg).fit(data)
-    # the same run writing a checkpoint every 5 steps: what a run killed after step 5
-    # (mid-epoch) leaves behind is its step-5 checkpoint
-    m_a = TinyClassifier()
-    Trainer(m_a, Objective("cross_entropy"), cfg, save_every=5, keep_checkpoints=10).fit(
-        data, out_dir=tmp_path / "run", plot=False)
+    # one intra-op thread here and in the child: the same reductions (bit for bit), and no
+    # OpenMP threads waiting for each other on a loaded machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        # uninterrupted
+        m_full = TinyClassifier()
+        h_full = Trainer(m_full, Objective("cross_entropy"), cfg).fit(data)
+        # the same run writing a checkpoint every 5 steps: what a run killed after step 5
+        # (mid-epoch) leaves behind is its step-5 checkpoint
+        m_a = TinyClassifier()
+        Trainer(m_a, Objective("cross_entropy"), cfg, save_every=5, keep_checkpoints=10).fit(
+            data, out_dir=tmp_path / "run", plot=False)
+    finally:
+        torch.set_num_threads(threads)
     ck = tmp_path / "run" / "checkpoints" / "step-00000005"
     assert ck.is_dir()
     # a new process, new objects: resume from the checkpoint to the end
     res = tmp_path / "res.pt"
-    code = _RESUME.format(tests=str(Path(__file__).parent), threads=torch.get_num_threads(),
-                          out=str(tmp_path / "run"), ck=str(ck), res=str(res))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env, timeout=120)
+    code = _RESUME.format(tests=str(Path(__file__).parent), out=str(tmp_path / "run"), ck=str(ck), res=str(res))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env, timeout=HANG_GUARD_S)
     got = torch.load(res)
     full = torch.tensor([r["loss"] for r in h_full.steps], dtype=torch.float64)
     assert got["losses"].shape == (12,)

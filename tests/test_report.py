@@ -184,9 +184,12 @@ def test_findings_agree_with_the_tables(quick):
     for lv, scheme, solver, n_t, sec, err in clauses:
         for k in re.findall(r"1e(-?\d+)", lv):
             ok = [r for r in runs if float(r["rel_error"]) <= 10.0 ** int(k)]
-            best = min(ok, key=lambda r: float(r["seconds"]))
-            assert (scheme, solver, n_t, sec, err) == (best["scheme"], best["solver"], best["n_t"],
-                                                       best["seconds"], best["rel_error"]), (k, best)
+            # the cheapest by the table's 4 significant digits: wall times that round alike
+            # (their order depends on the machine's load) are all the cheapest run
+            fastest = min(float(r["seconds"]) for r in ok)
+            best = [(r["scheme"], r["solver"], r["n_t"], r["seconds"], r["rel_error"]) for r in ok
+                    if float(r["seconds"]) == fastest]
+            assert (scheme, solver, n_t, sec, err) in best, (k, best)
     # training: the history's first and last evaluated epoch
     hist = page.tables["t-train-epochs"]["rows"]
     m = re.search(r"after (\d+) optimizer steps \((\d+) epochs\) the test loss fell from (\S+) to (\S+) and "
