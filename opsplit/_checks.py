@@ -317,3 +317,44 @@ def check_positive_values(owner, values: Tensor | None, name: str, what: str = "
     if not bool((values > 0).all()):
         raise ValueError(f"{name}: expected {what} > 0, got min {float(values.detach().min()):g}")
     owner.__dict__[slot] = (values, key)
+
+
+def check_select_index(index, batch_size: int | None, name: str = "index") -> Tensor:
+    """The batch rows a cache keeps (``KVCache.select``, ``SlicedDecodeCache.select``): ``index``
+    is a 1-D ``torch.int64`` / ``torch.int32`` tensor of row indices in ``[0, batch_size)`` (a
+    permutation, a subset, repeats: beam search) or a 1-D bool mask of length ``batch_size``
+    (``True`` = keep the row).  Negative indices are refused, not counted from the end (a ``-1``
+    is often a "no row" marker).  Returns the rows as a 1-D int64 tensor (on ``index``'s
+    device), or raises a ``TypeError`` / ``ValueError`` starting with ``name`` before the caller
+    changes anything.  An empty selection (no index, or a mask of ``False``) is refused: a cache
+    continues at least one sequence.  ``batch_size=None`` (an empty cache): the range and the
+    mask's length are not checked.  Reads the indices' range (one reduction, a host
+    synchronisation on an accelerator): once per select, not per token."""
+    what = (f"a 1-D tensor of row indices (torch.int64 or torch.int32) in [0, {batch_size})"
+            if batch_size is not None else "a 1-D tensor of row indices (torch.int64 or torch.int32)")
+    what += " or a 1-D bool mask" + (f" of length {batch_size}" if batch_size is not None else "")
+    if not isinstance(index, Tensor):
+        raise TypeError(f"{name}: expected {what}, got {type(index).__name__}")
+    if index.dtype != torch.bool and index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name}: expected {what}, got dtype {index.dtype}")
+    if index.dim() != 1:
+        raise ValueError(f"{name}: expected {what}, got shape {tuple(index.shape)}")
+    if index.dtype == torch.bool:
+        if batch_size is not None and index.shape[0] != batch_size:
+            raise ValueError(f"{name}: a bool mask of length {index.shape[0]}, but the cache holds {batch_size} "
+                             f"sequences (expected {what})")
+        rows = torch.nonzero(index).flatten()
+        if rows.numel() == 0:
+            raise ValueError(f"{name}: the mask keeps no sequence; a cache continues at least one (start a new "
+                             "cache instead)")
+        return rows
+    if index.numel() == 0:
+        raise ValueError(f"{name}: selects no sequence (an empty index); a cache continues at least one (start a "
+                         "new cache instead)")
+    rows = index.to(torch.int64)
+    lo, hi = (int(x) for x in torch.aminmax(rows))
+    if lo < 0 or (batch_size is not None and hi >= batch_size):
+        rng = f"[0, {batch_size - 1}]" if batch_size is not None else "[0, B)"
+        raise ValueError(f"{name}: row indices must lie in {rng} (negative indices are refused, not counted from "
+                         f"the end), got range [{lo}, {hi}]")
+    return rows

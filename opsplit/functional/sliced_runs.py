@@ -69,6 +69,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._checks import check_select_index
 from ._inputs import bandwidth_rows, check_centered
 from ._inputs import key_weights as combine_key_weights
 from ._windows import KAPPA_FAST
@@ -176,6 +177,7 @@ class SlicedDecodeCache:
         """Eq. 7 of queries ``zq`` ``(B, H, M)`` over every cached key -> ``(B, H, M, D)``."""
         fn = "SlicedDecodeCache.bump"
         q = self._check_queries(fn, zq)
+        self._check_grad(fn, bandwidth)
         b = self._bandwidth(fn, bandwidth)
         return self._out(self._combine_bump(self._parts(q, None, b=b)), zq.shape)
 
@@ -191,13 +193,24 @@ class SlicedDecodeCache:
     def step_bump(self, zq: Tensor, zk: Tensor, v: Tensor, bandwidth, *,
                   key_weights: Tensor | None = None) -> Tensor:
         """:meth:`step_relu` for eq. 7 with bandwidth ``b > 0``."""
-        return self._step("SlicedDecodeCache.step_bump", zq, zk, v, key_weights, bandwidth=bandwidth)
+        return self._step("SlicedDecodeCache.step_bump", zq, zk, v, key_weights, bump=True, bandwidth=bandwidth)
+
+    @property
+    def batch_size(self) -> int | None:
+        """The number of sequences ``B`` (``None`` before the first keys)."""
+        return self.B
 
     def select(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (e.g. after dropping finished sequences)."""
+        """Keep the batch rows ``index`` (after dropping finished sequences, or reordering
+        beams): a 1-D ``torch.int64`` / ``torch.int32`` tensor of row indices in ``[0, B)`` (a
+        subset, a permutation, repeated rows) or a 1-D bool mask of length ``B`` (``True`` =
+        keep).  Anything else (negative indices, an empty selection, another dtype or rank) is
+        refused with an error naming ``index`` before the cache changes
+        (:func:`opsplit._checks.check_select_index`)."""
+        index = check_select_index(index, self.B, "SlicedDecodeCache.select: index")
         if self.R is None:
             return
-        index = torch.as_tensor(index, device=self.device)
+        index = index.to(self.device)
         rows = (index.unsqueeze(1) * self.H + torch.arange(self.H, device=self.device)).reshape(-1)
         R, Rn = self.R, rows.numel()
         if self.n:
@@ -266,7 +279,10 @@ class SlicedDecodeCache:
                     n_bad = int((~torch.isfinite(x)).sum())
                     raise ValueError(f"{fn}: {name}: expected finite {what}, found {n_bad} NaN/inf entries")
 
-    def _check_keys(self, fn, zk, v, key_weights, zq=None):
+    def _check_keys(self, fn, zk, v, key_weights, zq=None, bump=False, bandwidth=None):
+        """Every check of new keys (and the queries and bandwidth of a step) before the cache
+        changes: returns ``(z (R, m), x (R, m, D), w (R, m) or None)`` and, with ``bump``, the
+        bandwidths ``(R,)``."""
         if zq is not None:
             self._check_tensor(fn, "zq", zq, 3, "(B, H, m)")
         self._check_tensor(fn, "zk", zk, 3, "(B, H, m)")
@@ -280,7 +296,7 @@ class SlicedDecodeCache:
         if zq is not None and zq.shape != zk.shape:
             raise ValueError(f"{fn}: zq: expected the shape of zk {tuple(zk.shape)} (one query per new "
                              f"token), got {tuple(zq.shape)}")
-        self._check_grad(fn, zq, zk, v, key_weights)
+        self._check_grad(fn, zq, zk, v, key_weights, bandwidth)
         self._check_same(fn, "zk", zk)
         if zq is not None:
             self._check_same(fn, "zq", zq)
@@ -293,13 +309,16 @@ class SlicedDecodeCache:
         named = [("zk", zk, "scores"), ("v", v, "values")]
         self._check_finite(fn, *([("zq", zq, "scores")] if zq is not None else []), *named)
         w = combine_key_weights(fn, None, key_weights, zk.shape, zk.dtype, zk.device)
+        b = None
+        if bump:  # a missing bandwidth is refused as in bump(), not read as eq. 3
+            b = bandwidth_rows(fn, bandwidth, zk.shape[:2], zk.dtype, zk.device).reshape(-1)
         if self.B is None:
             self._init(zk, v)
         R, m = self.R, zk.shape[2]
         z = zk.reshape(R, m)
         x = v.reshape(R, m, self.D)
         w = None if w is None else w.reshape(R, m)
-        return z, x, w
+        return (z, x, w, b) if bump else (z, x, w)
 
     def _check_queries(self, fn, zq):
         self._check_tensor(fn, "zq", zq, 3, "(B, H, M)")
@@ -731,9 +750,12 @@ class SlicedDecodeCache:
             self.nt = 0
         self._append_rows(z, v, w)
 
-    def _step(self, fn, zq, zk, v, key_weights, *, centered=True, bandwidth=None):
-        z, x, w = self._check_keys(fn, zk, v, key_weights, zq=zq)
-        b = None if bandwidth is None else self._bandwidth(fn, bandwidth)
+    def _step(self, fn, zq, zk, v, key_weights, *, centered=True, bump=False, bandwidth=None):
+        if bump:
+            z, x, w, b = self._check_keys(fn, zk, v, key_weights, zq=zq, bump=True, bandwidth=bandwidth)
+        else:
+            z, x, w = self._check_keys(fn, zk, v, key_weights, zq=zq)
+            b = None
         shape = zq.shape
         if self.length == 0:  # the prefill: the causal forward kernel, then the runs
             kw = None if w is None else w.view(shape)

@@ -45,6 +45,8 @@ import weakref
 import torch
 from torch import Tensor
 
+from .._checks import check_select_index
+
 __all__ = ["KVCache"]
 
 
@@ -125,11 +127,17 @@ class KVCache:
     def begin(self, n_tokens: int = 0) -> None:
         """Start a call that runs ``n_tokens`` new tokens: every (operator, step) may append
         once until the next ``begin``."""
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int):
+            raise TypeError(f"KVCache.begin: n_tokens: expected an int >= 0 (the tokens of the call), got {n_tokens!r}")
+        if n_tokens < 0:
+            raise ValueError(f"KVCache.begin: n_tokens: expected an int >= 0 (the tokens of the call), got {n_tokens}")
         self._touched = set()
         self._fed += n_tokens
 
     @staticmethod
     def _key(op, t) -> tuple:
+        if isinstance(t, bool) or not isinstance(t, (int, float, Tensor)) or isinstance(t, Tensor) and t.numel() != 1:
+            raise TypeError(f"KVCache: t: expected a number (the step's start time), got {type(t).__name__}")
         return id(op), float(t)
 
     def past(self, op, t) -> int:
@@ -160,6 +168,8 @@ class KVCache:
         """The object ``op`` keeps at step ``t`` instead of tensors (made by ``make()`` the
         first time; it has ``length`` and ``select(index)``), for an append in this call (once
         per call, as :meth:`update`)."""
+        if not callable(make):
+            raise TypeError(f"KVCache.state: make: expected a callable that makes the state, got {type(make).__name__}")
         key = self._touch(op, t)
         if key in self._entries:
             raise RuntimeError(f"KVCache: {type(op).__name__} at t = {float(t):g} cached tensors already "
@@ -178,6 +188,14 @@ class KVCache:
         """Append the new tokens' ``tensors`` for ``op`` at step ``t`` and return the whole
         prefix (cached, then new) of each.  ``key_max``: :math:`\\max|\\cdot|` of the new
         ``tensors[0]`` (the keys), kept for :meth:`key_max` (module docstring)."""
+        if not tensors or not all(isinstance(x, Tensor) for x in tensors):
+            raise TypeError("KVCache.update: tensors: expected one or more torch.Tensors, got "
+                            f"{[type(x).__name__ for x in tensors]}")
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < tensors[0].dim():
+            raise ValueError(f"KVCache.update: dim: expected the token dimension of the tensors (an int in "
+                             f"[0, {tensors[0].dim()})), got {dim!r}")
+        if key_max is not None and (isinstance(key_max, bool) or not isinstance(key_max, (int, float, Tensor))):
+            raise TypeError(f"KVCache.update: key_max: expected a number or None, got {type(key_max).__name__}")
         key = self._touch(op, t)
         if key in self._states:
             raise RuntimeError(f"KVCache: {type(op).__name__} at t = {float(t):g} keeps sorted runs built without "
@@ -221,15 +239,39 @@ class KVCache:
         buf.narrow(dim, 0, x.shape[dim]).copy_(x)
         return buf
 
-    def select(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` of every entry (e.g. after dropping sequences)."""
+    def batch_size(self) -> int | None:
+        """The number of sequences the cache holds (``None`` while it holds none: no call yet)."""
+        if self._use is not None:
+            return self._use[1]
         for e in self._entries.values():
-            e[2] = tuple(x.index_select(0, index.to(x.device)) for x in e[2])
+            return int(e[2][0].shape[0])
+        for e in self._states.values():
+            b = getattr(e[2], "batch_size", None)
+            if b is not None:
+                return b
+        return None
+
+    def select(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` of every entry (after dropping finished sequences, or
+        reordering beams): a 1-D ``torch.int64`` / ``torch.int32`` tensor of row indices in
+        ``[0, B)`` (a subset, a permutation, repeated rows), or a 1-D bool mask of length ``B``
+        (``True`` = keep).  Negative indices, an empty selection and anything else are refused
+        with an error naming ``index`` (:func:`opsplit._checks.check_select_index`) before the
+        cache changes, so a refused select leaves it usable.  The next call continues the kept
+        sequences, in the order ``index`` gives them."""
+        rows = check_select_index(index, self.batch_size(), "KVCache.select: index")
+        on = {}
+        for e in self._entries.values():
+            dev = e[2][0].device
+            r = on.get(dev)
+            if r is None:
+                r = on[dev] = rows.to(dev)
+            e[2] = tuple(x.index_select(0, r) for x in e[2])
             e[5] = None  # the kept maximum may belong to a dropped row
         for st in self._states.values():
-            st[2].select(index)
+            st[2].select(rows)
         if self._use is not None:
-            self._use = (self._use[0], int(index.numel()), *self._use[2:])
+            self._use = (self._use[0], int(rows.numel()), *self._use[2:])
 
     def __repr__(self) -> str:
         return f"KVCache(entries={len(self._entries) + len(self._states)}, length={self.length})"

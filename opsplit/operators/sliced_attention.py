@@ -61,7 +61,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_float, check_positive_int
+from .._checks import check_positive_float, check_positive_int, check_select_index
 from ..controls import Constant, Control, PiecewiseConstant, as_control
 from ..functional import (
     causal_sliced_relu_attention,
@@ -297,10 +297,17 @@ class _SortedRuns:
     def length(self) -> int:
         return self.runs.length
 
+    @property
+    def batch_size(self) -> int | None:
+        return self.runs.batch_size
+
     def select(self, index: Tensor) -> None:
-        self.runs.select(index)
+        """Keep the batch rows ``index`` (checked by :meth:`SlicedDecodeCache.select`, before
+        either part changes)."""
+        rows = check_select_index(index, self.runs.batch_size, "KVCache.select: index")
+        self.runs.select(rows)
         if self.padding is not None:
-            self.padding = self.padding.index_select(0, index.to(self.padding.device))
+            self.padding = self.padding.index_select(0, rows.to(self.padding.device))
 
     def key_weights(self, name: str, kpm: Tensor | None, zk: Tensor) -> Tensor | None:
         """The weights ``(B, 1, m)`` of the ``m`` new keys from the call's key-padding mask
