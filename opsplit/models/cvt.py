@@ -69,6 +69,7 @@ from ..operators import (
 from ..propagator import Propagator
 from ..schemes import Hybrid, Lie, Stage, Stages
 from ..solvers import Exact, ExplicitEuler, Substep
+from ._guard import check_output
 from .hf import register_hf_converter
 from .paper import paper_scheme
 
@@ -199,6 +200,7 @@ class CvtReadout(nn.Module):
                 nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, u: Tensor, grid: ImageGrid) -> Tensor:
+        check_parameters_finite(self, "CvtReadout")
         if self.use_cls_token:
             if grid.n_prefix < 1:
                 raise ValueError("CvtReadout: use_cls_token=True, but the last stage has no class token")
@@ -318,7 +320,11 @@ class CvT(nn.Module):
     ``pixel_values`` and are raised before any compute: a size some stencil does not fit
     (or whose query grid is not the state's grid), channel mismatches, a dtype or device
     other than the model's, non-finite values, and in training mode a batch norm that would
-    see one value per channel.
+    see one value per channel.  Before them, every parameter and buffer is checked finite,
+    named by its qualified name (``CvT: parameters must be finite, but propagator.….sigma2.value
+    hold(s) NaN/inf``); the output and the logits are checked finite, and a non-finite one
+    re-reads every parameter first (a NaN written through ``.data`` is named).  An empty batch
+    ``(0, C, H, W)`` gives empty outputs, as Hugging Face's ``CvtModel`` does.
     """
 
     def __init__(self, num_channels: int, stages, *, num_labels: int | None = None,
@@ -435,8 +441,6 @@ class CvT(nn.Module):
         B, C, H, W = pixel_values.shape
         if C != self.num_channels:
             raise ValueError(f"pixel_values: channel mismatch: expected {self.num_channels} channels, got {C}")
-        if B < 1:
-            raise ValueError("pixel_values: empty batch")
         if H < 1 or W < 1:
             raise ValueError(f"pixel_values: empty images (H, W) = ({H}, {W})")
         check_like_module(pixel_values, self, "pixel_values", "the CvT")
@@ -471,19 +475,27 @@ class CvT(nn.Module):
             g = st.body.output_grid(g)
 
     def forward(self, pixel_values: Tensor) -> CvTOutput:
-        grid = self._check_pixels(pixel_values)
+        # every parameter first, by its qualified name (a NaN in a sigma_2 is named, not reported
+        # as a stage the images do not fit); re-read only after a parameter changes
         check_parameters_finite(self, "CvT")
-        f = ImageGrid.from_image(pixel_values)  # the image is the initial state on the input grid
-        # the pixels and the parameters are checked above, naming them (one pass over the pixels)
-        u = self.propagator(f, grid=grid, check_finite_input=False)
-        check_finite(u, "CvT output", f"produced from finite pixels and finite parameters: an intermediate value "
-                                      f"left the range of {u.dtype}; scale the input down or use float64")
-        g = self.scheme.output_grid(grid)
-        prefix, spatial = g.split(u)
-        B = u.shape[0]
-        image = spatial.transpose(1, 2).reshape(B, g.y.n, *g.size)
-        cls = None if self.specs[-1].cls_token is False else prefix
-        logits = None if self.readout is None else self.readout(u, g)
+        grid = self._check_pixels(pixel_values)
+        try:
+            f = ImageGrid.from_image(pixel_values)  # the image is the initial state on the input grid
+            # the pixels and the parameters are checked above, naming them (one pass over the pixels)
+            u = self.propagator(f, grid=grid, check_finite_input=False)
+            check_output(u, "CvT output")
+            g = self.scheme.output_grid(grid)
+            prefix, spatial = g.split(u)
+            B = u.shape[0]
+            image = spatial.transpose(1, 2).reshape(B, g.y.n, *g.size)
+            cls = None if self.specs[-1].cls_token is False else prefix
+            logits = None
+            if self.readout is not None:
+                logits = self.readout(u, g)
+                check_output(logits, "CvT logits")
+        except ValueError:  # a NaN written through .data (no version change) is named first
+            check_parameters_finite(self, "CvT", fresh=True)
+            raise
         return CvTOutput(last_hidden_state=image, cls_token_value=cls, logits=logits)
 
     # -- Hugging Face ---------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie, Parallel, Strang
 from ..solvers import ExplicitEuler, Substep
+from ._guard import check_output
 
 __all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
 
@@ -408,12 +409,11 @@ class DecoderLM(nn.Module):
         B, N = input_ids.shape
         if N == 0:
             raise ValueError(f"input_ids: empty prompt (shape {tuple(input_ids.shape)}): expected at least one token")
-        if B == 0:
-            raise ValueError(f"input_ids: empty batch (shape {tuple(input_ids.shape)})")
         _, device = self._dtype_device()
         if input_ids.device != device:
             raise ValueError(f"input_ids: on device {input_ids.device}, the model is on {device}")
-        lo, hi = (int(input_ids.min()), int(input_ids.max())) if values else (0, 0)
+        # (an empty batch B = 0 has no ids to read: its output is an empty batch, as torch's modules give)
+        lo, hi = (int(input_ids.min()), int(input_ids.max())) if values and B else (0, 0)
         if lo < 0 or hi >= c.vocab_size:
             raise ValueError(f"input_ids: token ids must lie in [0, {c.vocab_size - 1}] (vocab_size = "
                              f"{c.vocab_size}), got range [{lo}, {hi}]")
@@ -491,12 +491,19 @@ class DecoderLM(nn.Module):
                position_ids: Tensor | None = None, cache: KVCache | None = None,
                n_steps: int | None = None, check_values: bool = True) -> Tensor:
         """:math:`G` without the read-out: the normalised final state ``(B, N, d_model)``.
-        ``check_values=False`` skips the propagator's finiteness checks of the parameters,
-        the input and the output (generation: checked at the prompt, unchanged after)."""
+        Every parameter is checked finite before any compute, named by its qualified name
+        (``DecoderLM: parameters must be finite, but embedding.weight hold(s) NaN/inf``: also
+        the row of a token the input does not use; re-read only after a parameter changes);
+        a ``ValueError`` raised during the solve (a non-finite state) re-reads every
+        parameter first, so a NaN written through ``.data`` is named.  ``check_values=False``
+        skips these checks and the propagator's finiteness checks of the input and the
+        output (generation: checked at the prompt, unchanged after)."""
         if n_steps is not None:
             n_steps = check_positive_int(n_steps, "n_steps (N_t)")
         past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache, values=check_values,
                                        n_steps=n_steps)
+        if check_values and self.check_finite_input:
+            check_parameters_finite(self, type(self).__name__)
         u = self.embed(input_ids, past, position_ids, check=False)  # check_inputs (or generate) checked them
         ctx = {}
         if mask is not None and not bool(mask.all()):
@@ -525,7 +532,20 @@ class DecoderLM(nn.Module):
         new tokens, the mask covers cached and new ones, and the cache is extended."""
         h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps)
         W = self.head_weight
-        return DecoderOutput(logits=None if W is None else F.linear(h, W), last_hidden_state=h, cache=cache)
+        logits = None if W is None else self._read_out(h, W, True)
+        return DecoderOutput(logits=logits, last_hidden_state=h, cache=cache)
+
+    def _read_out(self, h: Tensor, W: Tensor, check_values: bool) -> Tensor:
+        """The logits ``<h, E_v>``, checked finite (a non-finite one re-reads every parameter
+        first: a NaN written through ``.data`` into the read-out table is named)."""
+        logits = F.linear(h, W)
+        if check_values and self.check_finite_input:
+            try:
+                check_output(logits, f"{type(self).__name__} logits")
+            except ValueError:
+                check_parameters_finite(self, type(self).__name__, fresh=True)
+                raise
+        return logits
 
     def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                           position_ids: Tensor | None = None, cache: KVCache | None = None,
@@ -537,7 +557,7 @@ class DecoderLM(nn.Module):
             raise ValueError("DecoderLM.next_token_logits: the model has no read-out (lm_head=False)")
         h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps,
                         check_values=check_values)
-        return F.linear(h[:, -1], W)
+        return self._read_out(h[:, -1], W, check_values)
 
     def decode_steps(self, cache: KVCache, *, n_steps: int | None = None):
         """The decode steps of one generation, after its prompt went through

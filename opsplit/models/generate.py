@@ -42,9 +42,12 @@ step is a full forward pass, :math:`O(n^2 d)` attention and :math:`n` feed-forwa
 evaluations per layer.
 
 **Checks once per call.**  Every argument, the prompt (ids in range, the mask, the
-positions against a learned table, including the ``max_new_tokens`` it will reach), the
-parameters (finite) and the grid with every operator's controls are checked before any
-compute, at the first step (the prompt).  The later steps feed tokens the model produced,
+positions against a learned table, including the ``max_new_tokens`` it will reach), every
+parameter of the model (finite, named by its qualified name, read afresh at every call: a
+NaN in the embedding row of a token the prompt does not use, or one written through
+``.data``, is refused before the first step) and the grid with every operator's controls
+are checked before any compute, at the first step (the prompt).  An empty batch is refused
+(``input_ids: empty batch``).  The later steps feed tokens the model produced,
 with the same parameters and positions made here: a model that provides
 ``decode_steps(cache)`` (:meth:`~opsplit.models.DecoderLM.decode_steps`) runs them without
 checks, with its controls evaluated once for the whole generation
@@ -63,7 +66,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._checks import check_positive_float, check_positive_int
+from .._checks import check_parameters_finite, check_positive_float, check_positive_int
 from ..operators import KVCache
 
 __all__ = ["generate", "select_next_token", "MODEL_DEFAULT"]
@@ -219,7 +222,14 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             isinstance(input_ids, Tensor) and input_ids.dim() == 2 and not input_ids.is_floating_point() and \
             bool((input_ids == pad_token_id).any()):
         attention_mask = (input_ids != pad_token_id).long()  # Hugging Face's inferred padding
+    if isinstance(input_ids, Tensor) and input_ids.dim() == 2 and input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids: empty batch (shape {tuple(input_ids.shape)}): expected at least one prompt")
     _, mask = model.check_inputs(input_ids, attention_mask)
+    if isinstance(model, torch.nn.Module):
+        # every parameter, read now (fresh: also one written through .data, which changes no version
+        # counter), named by its qualified name: the decode steps run no checks, and a NaN in the
+        # embedding row of a token the prompt does not use would surface only once it is generated
+        check_parameters_finite(model, type(model).__name__, fresh=True)
     if pad_token_id is None and eos:
         pad_token_id = eos[0]
     B, N = input_ids.shape

@@ -27,7 +27,8 @@ tokens that converge to the integral (P) at the quadrature's order (second order
 midpoint values; ``tests/test_integral_patch.py``).
 
 :class:`IntegralPatchEmbedding` is ViT's :class:`~opsplit.models.PatchEmbedding` evaluated
-this way; :class:`OnPixelGrid` puts the same quadrature in front of any image model whose
+this way (its pixels are checked finite before the averages, which mix every pixel of a
+row and of a column); :class:`OnPixelGrid` puts the same quadrature in front of any image model whose
 first operator is a convolution with cell-constant kernel (opsplit's CvT).
 """
 
@@ -36,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int
+from .._checks import check_finite, check_parameters_finite, check_positive_int
 from .vit import PatchEmbedding, _pair
 
 __all__ = ["area_weights", "PixelQuadrature", "IntegralPatchEmbedding", "OnPixelGrid"]
@@ -67,15 +68,27 @@ class PixelQuadrature(nn.Module):
         super().__init__()
         self.size = _pair(size, "PixelQuadrature.size")
 
-    def forward(self, images: Tensor) -> Tensor:
+    def check_input(self, images, name: str = "PixelQuadrature: images") -> None:
+        """Type, rank, floating dtype and at least one pixel per axis (values: :meth:`forward`)."""
         if not isinstance(images, Tensor) or images.dim() != 4:
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"PixelQuadrature: images: expected shape (B, C, H, W), got {shape}")
+            raise ValueError(f"{name}: expected shape (B, C, H, W), got {shape}")
         if not images.is_floating_point():
-            raise TypeError(f"PixelQuadrature: images: expected a floating-point tensor, got {images.dtype}")
+            raise TypeError(f"{name}: expected a floating-point tensor, got {images.dtype}")
         H, W = images.shape[-2:]
         if H < 1 or W < 1:
-            raise ValueError(f"PixelQuadrature: images: expected at least one pixel per axis, got {(H, W)}")
+            raise ValueError(f"{name}: expected at least one pixel per axis, got {(H, W)}")
+
+    def forward(self, images: Tensor) -> Tensor:
+        """The averages ``(B, C, H_0, W_0)``, after :meth:`check_input` and a check of finite
+        pixel values (the area matrices mix every pixel of a row and a column: one NaN pixel
+        would make whole rows of averages NaN)."""
+        self.check_input(images)
+        check_finite(images, "PixelQuadrature: images")
+        return self._average(images)
+
+    def _average(self, images: Tensor) -> Tensor:
+        H, W = images.shape[-2:]
         if (H, W) == self.size:
             return images
         R = area_weights(H, self.size[0], images.dtype, images.device)
@@ -109,8 +122,11 @@ class IntegralPatchEmbedding(PatchEmbedding):
         return new
 
     def patches(self, pixel_values: Tensor) -> Tensor:
+        r""":math:`\mathbf R` of the reference-grid averages (the pixels' values are checked by
+        :meth:`forward`)."""
         if isinstance(pixel_values, Tensor) and pixel_values.dim() == 4 and pixel_values.shape[1] == self.num_channels:
-            pixel_values = self.quadrature(pixel_values)
+            self.quadrature.check_input(pixel_values, "pixel_values")
+            pixel_values = self.quadrature._average(pixel_values)
         return super().patches(pixel_values)
 
 
@@ -128,4 +144,11 @@ class OnPixelGrid(nn.Module):
         self.quadrature = PixelQuadrature(size)
 
     def forward(self, images: Tensor, *args, **kwargs):
-        return self.model(self.quadrature(images), *args, **kwargs)
+        """``model(quadrature(images))``: the parameters (named ``model.…``) and the pixels
+        (``PixelQuadrature: images``) are checked finite first."""
+        check_parameters_finite(self, "OnPixelGrid")
+        try:
+            return self.model(self.quadrature(images), *args, **kwargs)
+        except ValueError:
+            check_parameters_finite(self, "OnPixelGrid", fresh=True)
+            raise

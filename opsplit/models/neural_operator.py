@@ -48,7 +48,13 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_dtype_arg, check_generator, check_positive_float, check_positive_int
+from .._checks import (
+    check_dtype_arg,
+    check_generator,
+    check_parameters_finite,
+    check_positive_float,
+    check_positive_int,
+)
 from ..controls import LayerwiseConstant, PiecewiseConstant
 from ..grid import Grid, Interval
 from ..operators import (
@@ -64,6 +70,7 @@ from ..operators import (
 )
 from ..propagator import Propagator
 from ..schemes import Lie, Strang
+from ._guard import check_output
 
 __all__ = ["NeuralOperatorTransformer", "ATTENTIONS", "SCHEMES", "NONLINEARITIES"]
 
@@ -254,11 +261,29 @@ class NeuralOperatorTransformer(nn.Module):
                         b.fill_(torch.zeros(b.n_pieces, *b.shape))
 
     def forward(self, u: Tensor, *, n_steps: int | None = None) -> Tensor:
-        """``u`` ``(B, N_x)`` at :math:`x_j = jL/N_x` -> ``(B, N_x)`` (see the class docstring)."""
-        v = self.lifting(u)
-        v = self.propagator(v, n_steps=n_steps)
-        w = self.projection(v)
-        return w if self.output_filter is None else self.output_filter(w)
+        """``u`` ``(B, N_x)`` at :math:`x_j = jL/N_x` -> ``(B, N_x)`` (see the class docstring).
+
+        Before any compute: every parameter finite (a NaN/inf is named by its qualified name,
+        e.g. ``projection.fc2.weight``; re-read only after it changes), then ``u``
+        (:meth:`Lifting.check_input <opsplit.operators.Lifting.check_input>`: shape, dtype,
+        nodes, finite, periodic) and the grid against every operator.  The output is checked
+        finite; a non-finite one re-reads every parameter first (a NaN written through
+        ``.data`` changes no version counter), so such a parameter is named rather than the
+        output.  An empty batch gives an empty batch."""
+        check_parameters_finite(self, "NeuralOperatorTransformer")
+        try:
+            v = self.lifting._lift(self.lifting.check_input(u))
+            # the parameters are checked above, the lifted field's finiteness with the output
+            v = self.propagator(v, n_steps=n_steps, check_finite_input=False)
+            w = self.projection._project(v)
+            if self.output_filter is not None:
+                w = self.output_filter._multiply(w.unsqueeze(-1) if w.dim() == 2 else w)
+                w = w.squeeze(-1) if self.projection.out_channels == 1 else w
+            check_output(w, "NeuralOperatorTransformer output")
+        except ValueError:
+            check_parameters_finite(self, "NeuralOperatorTransformer", fresh=True)
+            raise
+        return w
 
     def extra_repr(self) -> str:
         return (f"attention={self.attention_kind!r}, scheme={self.scheme_kind!r}, d_model={self.d_model}, "

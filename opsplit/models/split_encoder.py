@@ -44,7 +44,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_float, check_positive_int
+from .._checks import (
+    check_finite,
+    check_float_dtype,
+    check_like_module,
+    check_parameters_finite,
+    check_positive_float,
+    check_positive_int,
+)
 from ..controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear, TimeBasis
 from ..controls.projection import project_time
 from ..grid import Grid
@@ -52,6 +59,7 @@ from ..operators import FeedForward, MultiHeadAttention, PointwiseAffine, PreNor
 from ..propagator import Propagator
 from ..schemes import Hybrid, Lie, Parallel, Strang
 from ..solvers import ExplicitEuler, Substep
+from ._guard import check_output
 from .vit import ClassTokenReadout, PatchEmbedding
 
 __all__ = [
@@ -241,10 +249,21 @@ class ImageClassifier(nn.Module):
         self.readout = ClassTokenReadout(d, n_classes, **fk)  # G
 
     def forward(self, images: Tensor, *, n_steps: int | None = None) -> Tensor:
-        u = self.encoder(self.embedding(images), n_steps=n_steps)
-        if self.norm is not None:
-            u = self.norm(u)
-        return self.readout(u)
+        """Logits ``(B, n_classes)`` of images ``(B, C, H, W)``.  Every parameter is checked
+        finite first (named by its qualified name), then the pixels (``pixel_values``, by the
+        embedding); the logits are checked finite, and a non-finite value found anywhere
+        re-reads every parameter first (a NaN written through ``.data`` is named)."""
+        check_parameters_finite(self, "ImageClassifier")
+        try:
+            u = self.encoder(self.embedding(images), n_steps=n_steps)
+            if self.norm is not None:
+                u = self.norm(u)
+            out = self.readout(u)
+            check_output(out, "ImageClassifier output")
+        except ValueError:
+            check_parameters_finite(self, "ImageClassifier", fresh=True)
+            raise
+        return out
 
 
 class SequenceForecaster(nn.Module):
@@ -314,12 +333,30 @@ class SequenceForecaster(nn.Module):
         self.readout.bias.zero_()
 
     def forward(self, x: Tensor, *, n_steps: int | None = None) -> Tensor:
+        """Predictions ``(B, L)`` from windows ``x`` ``(B, L)``.  Before any compute: every
+        parameter finite (named by its qualified name), ``x``'s shape, floating dtype (the
+        model's), device and finite values; the output is checked finite (a non-finite one
+        re-reads every parameter first)."""
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.window:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"SequenceForecaster: expected windows of shape (B, {self.window}), got {shape}")
+        check_float_dtype(x, "SequenceForecaster: x")
+        check_like_module(x, self, "SequenceForecaster: x", "the SequenceForecaster")
+        check_parameters_finite(self, "SequenceForecaster")
+        check_finite(x, "SequenceForecaster: x")
+        try:
+            out = self._forecast(x, n_steps)
+            check_output(out, "SequenceForecaster output")
+        except ValueError:
+            check_parameters_finite(self, "SequenceForecaster", fresh=True)
+            raise
+        return out
+
+    def _forecast(self, x: Tensor, n_steps: int | None) -> Tensor:
         if self.center:
             mu = x.mean(1, keepdim=True)
-            s = x.std(1, keepdim=True) + self.eps
+            # (an empty batch: torch's std warns of zero degrees of freedom; its result is empty)
+            s = (x.std(1, keepdim=True) if x.shape[0] else x[:, :1]) + self.eps
         else:
             mu = torch.zeros_like(x[:, :1])
             s = x.square().mean(1, keepdim=True).sqrt() + self.eps

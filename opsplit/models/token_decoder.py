@@ -45,7 +45,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_float, check_positive_int
+from .._checks import check_parameters_finite, check_positive_float, check_positive_int
 from ..controls import PiecewiseConstant
 from ..grid import Grid
 from ..operators import (
@@ -62,6 +62,7 @@ from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie
 from ..solvers import ExplicitEuler, Substep
+from ._guard import check_output
 
 __all__ = ["ATTENTIONS", "AttentionDecoder", "TokenClassifier"]
 
@@ -236,12 +237,22 @@ class TokenClassifier(nn.Module):
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, *, n_steps: int | None = None) -> Tensor:
         """Logits ``(B, N, n_classes)``; ``attention_mask`` ``(B, N)`` of 0/1 (0 = padding)
         removes the padded tokens from every key measure (their own logits are not
-        meaningful), as for :meth:`next_token_logits`."""
+        meaningful), as for :meth:`next_token_logits`.  Every parameter is checked finite
+        before any compute, named by its qualified name (also the embedding row of a token
+        the input does not use); the logits are checked finite, and a non-finite value found
+        anywhere re-reads every parameter first (a NaN written through ``.data`` is named)."""
         self._check_tokens(tokens)
         mask = self._check_mask(tokens, attention_mask, 0)
         grid = None if mask is None else ContextGrid.of(self.encoder.grid, key_padding_mask=~mask)
-        u = self.encoder(self.embedding(tokens), n_steps=n_steps, grid=grid)
-        return self.readout(self.norm(u))
+        check_parameters_finite(self, "TokenClassifier")
+        try:
+            u = self.encoder(self.embedding(tokens), n_steps=n_steps, grid=grid)
+            out = self.readout(self.norm(u))
+            check_output(out, "TokenClassifier output")
+        except ValueError:  # a NaN written through .data (no version change) is named first
+            check_parameters_finite(self, "TokenClassifier", fresh=True)
+            raise
+        return out
 
     def _check_mask(self, tokens: Tensor, attention_mask, past: int) -> Tensor | None:
         """The 0/1 mask ``(B, past + N)`` as a bool ``True`` = token, or ``None`` when absent or
@@ -307,8 +318,18 @@ class TokenClassifier(nn.Module):
             cache.begin(input_ids.shape[1])
             ctx["kv_cache"] = cache
         grid = ContextGrid.of(self.encoder.grid, **ctx) if ctx else None
-        u = self.encoder(self.embedding(input_ids), n_steps=n_steps, grid=grid, check_finite_input=check_values)
-        return self.readout(self.norm(u[:, -1]))
+        if not check_values:
+            u = self.encoder(self.embedding(input_ids), n_steps=n_steps, grid=grid, check_finite_input=False)
+            return self.readout(self.norm(u[:, -1]))
+        check_parameters_finite(self, "TokenClassifier")
+        try:
+            u = self.encoder(self.embedding(input_ids), n_steps=n_steps, grid=grid)
+            out = self.readout(self.norm(u[:, -1]))
+            check_output(out, "TokenClassifier output")
+        except ValueError:
+            check_parameters_finite(self, "TokenClassifier", fresh=True)
+            raise
+        return out
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """:func:`opsplit.models.generate.generate` with this model."""

@@ -39,11 +39,13 @@ from torch import Tensor, nn
 from .._checks import (
     check_finite,
     check_like_module,
+    check_parameters_finite,
     check_positive_int,
     check_probability,
     check_tensor,
 )
 from ..operators.activation import activation_fn
+from ._guard import check_output
 from .hf import from_hf, register_hf_converter
 from .torch_exact import TorchEncoder
 
@@ -135,8 +137,16 @@ class PatchEmbedding(nn.Module):
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         r"""``(B, C, H, W)`` floating-point pixels (cast to the model's dtype, as Hugging Face's
-        ViT does) -> :math:`\mathbf u_0`, shape ``(B, N_x, N_y)``."""
+        ViT does) -> :math:`\mathbf u_0`, shape ``(B, N_x, N_y)``.  Before any compute: the
+        parameters finite (named), the pixels' type, device and finite values
+        (``pixel_values: expected finite values``); an empty batch gives an empty batch."""
         self.check_input(pixel_values)
+        check_parameters_finite(self, type(self).__name__)
+        check_finite(pixel_values, "pixel_values")
+        return self._embed(pixel_values)
+
+    def _embed(self, pixel_values: Tensor) -> Tensor:
+        """:math:`F` on checked pixels."""
         pixel_values = pixel_values.to(self.weight.dtype)
         R = self.patches(pixel_values)
         u = torch.nn.functional.linear(R, self.weight.t(), self.bias)  # R E + b
@@ -186,6 +196,8 @@ class ClassTokenReadout(nn.Module):
                 f"class token), got {tuple(u.shape)}"
             )
         check_like_module(u, self, "ClassTokenReadout: u", "the ClassTokenReadout")
+        check_parameters_finite(self, "ClassTokenReadout")
+        check_finite(u[:, 0], "ClassTokenReadout: u", "in the class token u[:, 0], the row it reads")
         z = torch.nn.functional.linear(u[:, 0], self.weight.t(), self.bias)
         return activation_fn(self.activation)(z)
 
@@ -232,7 +244,11 @@ class ViT(nn.Module):
 
     def forward(self, pixel_values: Tensor, *, bool_masked_pos=None, interpolate_pos_encoding=None) -> ViTOutput:
         """``pixel_values`` ``(B, C, H, W)`` (floating point, on the model's device; cast to its
-        dtype as Hugging Face does).  ``bool_masked_pos`` and ``interpolate_pos_encoding``
+        dtype as Hugging Face does).  Every parameter is checked finite (named by its qualified
+        name) and so are the pixels, before any compute (skipped with
+        ``encoder.check_finite_input = False``); the encoder checks its output, each read-out
+        its class token; a non-finite value found there re-reads every parameter first, so
+        that one written through ``.data`` is named.  ``bool_masked_pos`` and ``interpolate_pos_encoding``
         (Hugging Face's options) are refused: not converted."""
         if bool_masked_pos is not None:
             raise ValueError("bool_masked_pos: masked image modelling (the mask token) is not converted")
@@ -241,14 +257,26 @@ class ViT(nn.Module):
                 f"interpolate_pos_encoding: not converted; the model takes images of size {self.embedding.image_size}"
             )
         self.embedding.check_input(pixel_values)
-        if self.encoder.check_finite_input:
+        values = self.encoder.check_finite_input
+        if values:  # every parameter, by its qualified name (re-read only after it changes)
+            check_parameters_finite(self, "ViT")
             check_finite(pixel_values, "pixel_values")
-        u = self.encoder(self.embedding(pixel_values))
-        return ViTOutput(
-            last_hidden_state=u,
-            pooler_output=None if self.pooler is None else self.pooler(u),
-            logits=None if self.classifier is None else self.classifier(u),
-        )
+        try:
+            u = self.encoder(self.embedding._embed(pixel_values))
+            out = ViTOutput(
+                last_hidden_state=u,
+                pooler_output=None if self.pooler is None else self.pooler(u),
+                logits=None if self.classifier is None else self.classifier(u),
+            )
+            if values:
+                for name in ("pooler_output", "logits"):
+                    if getattr(out, name) is not None:
+                        check_output(getattr(out, name), f"ViT {name}")
+        except ValueError:
+            if values:  # a NaN written through .data (no version change) is named first
+                check_parameters_finite(self, "ViT", fresh=True)
+            raise
+        return out
 
 
 # -- Hugging Face ----------------------------------------------------------------------------

@@ -38,9 +38,11 @@ from torch import Tensor, nn
 from .._checks import (
     check_finite,
     check_float_dtype,
+    check_parameters_finite,
     check_positive_int,
     check_tensor,
 )
+from .spectral_convolution import irfft_nodes, rfft_modes
 
 __all__ = ["FourierMultiplier"]
 
@@ -55,6 +57,10 @@ class FourierMultiplier(nn.Module):
             ``1`` also accepts ``(B, N_x)``.
 
     The output does not depend on :math:`L`: (P) acts on the modes of the samples.
+
+    ``forward`` checks the field (shape, node count, floating dtype, finite values) and the
+    factors (finite, named) before any compute; an empty batch ``(0, N_x, C)`` gives an empty
+    batch, as ``torch.nn`` modules do.
 
     ``factors`` ``(2, M + 1, C)`` holds the real and imaginary parts of :math:`c_0, \dots,
     c_M` (the imaginary part of :math:`c_0` is not used: a real field has a real mean),
@@ -95,11 +101,17 @@ class FourierMultiplier(nn.Module):
                 f"the modes |m| <= {self.modes - 1} and needs N_x >= {self.min_nodes} (fewer nodes would alias them)")
         check_float_dtype(w, "FourierMultiplier input")
         check_finite(w, "FourierMultiplier input")
+        check_parameters_finite(self, "FourierMultiplier")
+        out = self._multiply(w)
+        return out.squeeze(-1) if squeeze else out
+
+    def _multiply(self, w: Tensor) -> Tensor:
+        """(P) on a checked ``(B, N_x, C)`` field (an empty batch gives an empty batch)."""
+        n = w.shape[1]
         f = self.factors.to(w.dtype)
         c = torch.complex(f[0], torch.cat([torch.zeros_like(f[1, :1]), f[1, 1:]], 0))  # (M + 1, C), c_0 real
-        W = torch.fft.rfft(w.transpose(1, 2), dim=-1)[..., : self.modes]  # (B, C, M + 1): N_x * w^h_m
-        out = torch.fft.irfft(W * c.transpose(0, 1), n=n, dim=-1).transpose(1, 2)  # sum_m c_m w^h_m e^{2 pi i m j/n}
-        return out.squeeze(-1) if squeeze else out
+        W = rfft_modes(w.transpose(1, 2), self.modes)  # (B, C, M + 1): N_x * w^h_m
+        return irfft_nodes(W * c.transpose(0, 1), n).transpose(1, 2)  # sum_m c_m w^h_m e^{2 pi i m j/n}
 
     def extra_repr(self) -> str:
         return f"modes={self.modes}, channels={self.channels}, min_nodes={self.min_nodes}"

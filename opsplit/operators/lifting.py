@@ -27,6 +27,9 @@ jump across the seam :math:`x = L \to 0` is more than ``periodic_tol`` times its
 between neighbouring nodes is refused (a non-periodic function is not data on this domain),
 and so is a batch whose first and last samples are equal (to rounding) in every sample and channel (both
 ends :math:`x = 0` and :math:`x = L` of a periodic function sampled: a node counted twice).
+The projection's input ``(B, N_x, N_y)`` is checked the same way (floating, the parameters'
+dtype and device, finite).  Both check their own parameters finite (named) before any
+compute, and map an empty batch ``B = 0`` to an empty batch, as ``nn.Linear`` does.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from torch import Tensor, nn
 from .._checks import (
     check_finite,
     check_float_dtype,
+    check_parameters_finite,
     check_positive_float,
     check_positive_int,
     check_tensor,
@@ -68,8 +72,6 @@ def check_field(u, name: str, channels: int | None, min_nodes: int = 1) -> Tenso
         raise ValueError(f"{name}: expected a field of shape (B, N_x) or (B, N_x, C), got shape {tuple(u.shape)}")
     if channels is not None and u.shape[-1] != channels:
         raise ValueError(f"{name}: expected {channels} channel(s) in the last dimension, got shape {tuple(u.shape)}")
-    if u.shape[0] == 0:
-        raise ValueError(f"{name}: empty batch, shape {tuple(u.shape)}")
     if u.shape[1] < min_nodes:
         raise ValueError(
             f"{name}: the field has N_x = {u.shape[1]} nodes; this model needs N_x >= {min_nodes} (its Fourier "
@@ -81,7 +83,7 @@ def check_field(u, name: str, channels: int | None, min_nodes: int = 1) -> Tenso
 def check_periodic(u: Tensor, name: str, tol: float) -> None:
     """Refuse a field ``(B, N_x, C)`` whose jump across the seam exceeds ``tol`` times its
     largest interior step (per sample and channel)."""
-    if skip_value_checks() or u.shape[1] < 3:
+    if skip_value_checks() or u.shape[1] < 3 or u.shape[0] == 0:  # (an empty batch has no samples to check)
         return
     with torch.no_grad():
         inner = (u[:, 1:] - u[:, :-1]).abs().amax(1)
@@ -152,8 +154,13 @@ class Lifting(nn.Module):
         return u
 
     def forward(self, u: Tensor) -> Tensor:
-        """``u`` ``(B, N_x)`` or ``(B, N_x, C)`` -> ``(B, N_x, N_y)``."""
-        u = self.check_input(u)
+        """``u`` ``(B, N_x)`` or ``(B, N_x, C)`` -> ``(B, N_x, N_y)`` (the parameters checked
+        finite, named, and ``u`` by :meth:`check_input`, before any compute)."""
+        check_parameters_finite(self, "Lifting")
+        return self._lift(self.check_input(u))
+
+    def _lift(self, u: Tensor) -> Tensor:
+        """(F) on a checked field ``(B, N_x, C)``."""
         B, n, _ = u.shape
         if self.n_freq:
             p = self.positions(n, u.dtype, u.device).expand(B, n, 2 * self.n_freq)
@@ -188,10 +195,28 @@ class Projection(nn.Module):
         self.fc1 = nn.Linear(n_y, hidden, device=device, dtype=dtype)
         self.fc2 = nn.Linear(hidden, out_channels, device=device, dtype=dtype)
 
-    def forward(self, v: Tensor) -> Tensor:
-        v = check_tensor(v, "Projection input")
+    def check_input(self, v, name: str = "Projection input") -> Tensor:
+        """A floating state ``(B, N_x, N_y)`` on the dtype and device of the parameters, with
+        finite values (as :meth:`Lifting.check_input`)."""
+        v = check_tensor(v, name)
+        check_float_dtype(v, name)
         if v.dim() != 3 or v.shape[-1] != self.n_y:
-            raise ValueError(f"Projection input: expected shape (B, N_x, {self.n_y}), got {tuple(v.shape)}")
+            raise ValueError(f"{name}: expected shape (B, N_x, {self.n_y}), got {tuple(v.shape)}")
+        p = self.fc1.weight
+        if v.dtype != p.dtype or v.device != p.device:
+            raise TypeError(f"{name}: expected a {p.dtype} tensor on {p.device} (the model's), got {v.dtype} on "
+                            f"{v.device}")
+        check_finite(v, name)
+        return v
+
+    def forward(self, v: Tensor) -> Tensor:
+        """``v`` ``(B, N_x, N_y)`` -> ``(B, N_x)`` or ``(B, N_x, C)`` (the parameters checked
+        finite, named, and ``v`` by :meth:`check_input`, before any compute)."""
+        check_parameters_finite(self, "Projection")
+        return self._project(self.check_input(v))
+
+    def _project(self, v: Tensor) -> Tensor:
+        """(G) on a checked state."""
         h = self.fc1(v)
         h = F.gelu(h) if self.activation == "gelu" else F.relu(h)
         w = self.fc2(h)

@@ -55,7 +55,25 @@ from ..grid import Grid
 from ._heads import control_shape
 from .base import Operator
 
-__all__ = ["SpectralConvolution", "check_periodic_grid"]
+__all__ = ["SpectralConvolution", "check_periodic_grid", "rfft_modes", "irfft_nodes"]
+
+
+def rfft_modes(x: Tensor, modes: int) -> Tensor:
+    """``torch.fft.rfft(x, dim=-1)[..., :modes]``: the first ``modes`` coefficients of the real
+    DFT along the last dimension.  A tensor with no rows (an empty batch) gives the empty
+    result, on ``x``'s autograd graph, without a transform (MKL's FFT refuses a transform of
+    zero rows: "Inconsistent configuration parameters")."""
+    if x.numel() == 0:
+        return torch.complex(x[..., :modes], x[..., :modes])
+    return torch.fft.rfft(x, dim=-1)[..., :modes]
+
+
+def irfft_nodes(X: Tensor, n: int) -> Tensor:
+    """``torch.fft.irfft(X, n=n, dim=-1)``; no rows give the empty result ``(..., n)`` on
+    ``X``'s autograd graph (see :func:`rfft_modes`)."""
+    if X.numel() == 0:
+        return X.real.sum(-1, keepdim=True).expand(*X.shape[:-1], n).clone()
+    return torch.fft.irfft(X, n=n, dim=-1)
 
 
 def check_periodic_grid(grid: Grid, who: str, min_nodes: int = 1) -> None:
@@ -173,9 +191,9 @@ class SpectralConvolution(Operator):
         if L != 1.0:  # h * n = L: the quadrature weight h = L / n, on the (M + 1, N_y, N_y) modes
             W = W * L
         # the transforms along the last dimension (channels first): contiguous FFTs
-        U = torch.fft.rfft(u.transpose(-1, -2), dim=-1)[..., :M1]  # (B, N_y, M + 1): sum_j u_j e^{-2 pi i m j/n}
+        U = rfft_modes(u.transpose(-1, -2), M1)  # (B, N_y, M + 1): sum_j u_j e^{-2 pi i m j/n}
         V = torch.einsum("bim,mio->bom", U, W)
-        out = torch.fft.irfft(V, n=n, dim=-1).transpose(-1, -2)  # (1/n) sum_m V_m e^{2 pi i m j / n} (+ conj)
+        out = irfft_nodes(V, n).transpose(-1, -2)  # (1/n) sum_m V_m e^{2 pi i m j / n} (+ conj)
         if self.local is not None:
             out = out + grid.kernel_y(u, self.local(t, grid))
         if self.bias is not None:
