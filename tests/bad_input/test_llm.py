@@ -88,6 +88,28 @@ def sliced():
                                    attention="sliced_relu")).eval()
 
 
+def sliced_seeded():
+    return DecoderLM(DecoderConfig(30, 8, 1, 2, 8, norm="layer", mlp="plain", positions="learned", max_positions=16,
+                                   attention="sliced_relu"), generator=torch.Generator().manual_seed(0)).eval()
+
+
+def llama_seeded(**kw):
+    return DecoderLM(DecoderConfig(30, 8, 2, 2, 8, n_kv_heads=1, **kw), generator=torch.Generator().manual_seed(0)).eval()
+
+
+def nan_row_generated_later(make, *, data=False, value=float("nan")):
+    """A model from ``make()`` whose embedding row of a token it generates from ``IDS`` (not a
+    prompt token: an untied read-out gives it finite logits) holds ``value`` in one entry, written
+    in place, or through ``.data`` after a first generation (the cached check has seen it
+    finite)."""
+    m = make()
+    out = m.generate(IDS, 6)
+    tok = next(t for t in out[:, IDS.shape[1]:].flatten().tolist() if t not in IDS.flatten().tolist())
+    with torch.no_grad():
+        (m.embedding.weight.data if data else m.embedding.weight)[tok, 1] = value
+    return m
+
+
 def gqa(**kw):
     args = dict(WQ=torch.zeros(8, 4, 2), WK=torch.zeros(8, 2, 2), WV=torch.zeros(8, 2, 2), WO=torch.zeros(4, 2, 8))
     args.update(kw)
@@ -185,7 +207,46 @@ CALLS = cases(
      r"attention_mask: padding needs an AttentionDecoder encoder .* got Propagator"),
     ("sliced-mask-shape", lambda: sliced()(IDS, torch.ones(2, 2)), ValueError,
      r"attention_mask: expected shape \(B, past \+ N\) = \(2, 3\)"),
+    # finding 11a: a NaN in the embedding row of a token the prompt does not use stopped the
+    # sliced decoder's generation mid-way ("SlicedDecodeCache.step_relu: zq: expected finite
+    # scores"); every parameter is now checked, by name, at generate's start
+    ("gen-nan-row-unused-sliced", lambda: nan_row_generated_later(sliced_seeded).generate(IDS, 6), ValueError,
+     r"^DecoderLM: parameters must be finite, but embedding\.weight hold\(s\) NaN/inf"),
+    ("gen-nan-row-unused-sliced-data", lambda: nan_row_generated_later(sliced_seeded, data=True).generate(IDS, 6),
+     ValueError, r"^DecoderLM: parameters must be finite, but embedding\.weight hold\(s\) NaN/inf"),
+    # finding 13g: the same row of a softmax (Llama-style) decoder surfaced as "the attention
+    # scores s*<q, k> may reach nan"
+    ("gen-nan-row-generated-llama", lambda: nan_row_generated_later(llama_seeded).generate(IDS, 6), ValueError,
+     r"^DecoderLM: parameters must be finite, but embedding\.weight hold\(s\) NaN/inf"),
+    ("gen-inf-row-generated-llama-data",
+     lambda: nan_row_generated_later(llama_seeded, data=True, value=float("inf")).generate(IDS, 6), ValueError,
+     r"^DecoderLM: parameters must be finite, but embedding\.weight hold\(s\) NaN/inf"),
+    ("gen-nan-row-own", lambda: nan_row_generated_later(
+        lambda: __import__("opsplit.models", fromlist=["x"]).TokenClassifier(
+            30, 30, __import__("opsplit.models", fromlist=["x"]).AttentionDecoder(8, 2, 8, n_steps=1),
+            generator=torch.Generator().manual_seed(0)).eval()).generate(IDS, 6), ValueError,
+     r"^TokenClassifier: parameters must be finite, but embedding\.weight hold\(s\) NaN/inf"),
+    # the forward names the read-out's and the final norm's parameters too (their NaN gave NaN logits)
+    ("fwd-nan-head", lambda: _poke(llama_seeded(), "head")(IDS), ValueError,
+     r"^DecoderLM: parameters must be finite, but head hold\(s\) NaN/inf"),
+    ("fwd-nan-final-norm", lambda: _poke(llama_seeded(), "final_norm.1.weight.value")(IDS), ValueError,
+     r"^DecoderLM: parameters must be finite, but final_norm\.1\.weight\.value hold"),
+    ("fwd-nan-head-data", lambda: _poke(llama_seeded(), "head", data=True)(IDS), ValueError,
+     r"^DecoderLM: parameters must be finite, but head hold\(s\) NaN/inf"),
+    ("gen-empty-batch", lambda: lm().generate(IDS[:0], 2), ValueError, r"^input_ids: empty batch"),
 )
+
+
+def _poke(model, name, *, data=False):
+    """``model`` with a NaN in the first entry of its parameter ``name`` (through ``.data`` after
+    a first call)."""
+    if data:
+        with torch.no_grad():
+            model(IDS)
+    p = dict(model.named_parameters())[name]
+    with torch.no_grad():
+        (p.data if data else p).view(-1)[0] = float("nan")
+    return model
 
 PARTS = cases(
     ("cfg-kv-heads", lambda: DecoderConfig(10, 8, 1, 4, 8, n_kv_heads=3), ValueError,
