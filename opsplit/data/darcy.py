@@ -38,15 +38,15 @@ FNO does): 85, 141, 211, 421 at ``s = 421`` (``r = 5, 3, 2, 1``).  ``resolution 
 divide ``s - 1``.  The subsampled coefficient is the fine one at the coarse nodes, so a
 finer grid carries information a coarser one does not.
 
-**Cache.**  Generated on first use (about 0.5--1 s a sample at ``s = 421`` on one core) and
-kept under ``$OPSPLIT_DATA_DIR`` if set, else ``$XDG_CACHE_HOME/opsplit``, else
+**Cache.**  Generated on first use (``docs/darcy.md`` has the time per sample) and kept
+under ``$OPSPLIT_DATA_DIR`` if set, else ``$XDG_CACHE_HOME/opsplit``, else
 ``~/.cache/opsplit`` (folder ``darcy/``), one file per split: a ``.npz`` holding the sign of
 :math:`\psi` as packed bits (``mask``, ``ceil(s^2/8)`` bytes a sample) and ``u`` at every node
 as float32 (``4 s^2`` bytes: 709 kB at ``s = 421``), and a ``.json`` beside it with the
 generation settings, the shapes and the SHA-256 of the ``.npz``.  Every load recomputes the
 checksum and checks the settings, shapes and dtypes: a truncated, edited or foreign file is
 never used.  By default it is regenerated (with a warning); ``on_corrupt="error"`` raises
-:class:`DarcyCacheError` instead.  The scheme is :mod:`opsplit.data._cache`'s.
+:class:`DarcyCacheError` instead.  The scheme is ``opsplit/data/_cache.py``'s.
 """
 
 from __future__ import annotations
@@ -150,9 +150,14 @@ def darcy_pairs(n: int, *, split: str = "train", seed: int = 0, s: int = S, a_po
     mask = np.empty((n, s, s), dtype=bool)
     u = np.empty((n, s, s))
     for i in range(n):
-        mask[i] = grf_neumann(_normals(seed, _SPLITS[split], start + i, s)) >= 0
-        u[i] = solve_darcy(np.where(mask[i], a_pos, a_neg), 1.0, face=face)
+        mask[i], u[i] = _sample(seed, _SPLITS[split], start + i, s, a_pos, a_neg, face)
     return mask, u
+
+
+def _sample(seed: int, split: int, i: int, s: int, a_pos: float, a_neg: float, face: str):
+    """Sample ``i``: its mask (bool ``(s, s)``) and solution (float64 ``(s, s)``)."""
+    mask = grf_neumann(_normals(seed, split, i, s)) >= 0
+    return mask, solve_darcy(np.where(mask, a_pos, a_neg), 1.0, face=face)
 
 
 def _settings(split, seed, n, s, a_pos, a_neg, face) -> dict:
@@ -194,9 +199,13 @@ def _generate(settings: dict, folder: Path) -> dict:
         raise ValueError(f"load_darcy.n_{st['split']}: {st['n']:,} samples at s = {st['s']} take "
                          f"{human_bytes(need)} on disk; the cache folder {str(folder)!r} has {human_bytes(free)} "
                          f"free (pass cache_dir= elsewhere, or fewer samples)")
-    mask, u = darcy_pairs(st["n"], split=st["split"], seed=st["seed"], s=st["s"], a_pos=st["a_pos"],
-                          a_neg=st["a_neg"], face=st["face"])
-    return {"mask": np.packbits(mask.reshape(st["n"], -1), axis=-1), "u": u.astype(np.float32)}
+    n, s = st["n"], st["s"]
+    out = {"mask": np.empty((n, (s * s + 7) // 8), np.uint8), "u": np.empty((n, s, s), np.float32)}
+    for i in range(n):  # sample by sample into the stored arrays: no float64 copy of the set
+        mask, u = _sample(st["seed"], _SPLITS[st["split"]], i, s, st["a_pos"], st["a_neg"], st["face"])
+        out["mask"][i] = np.packbits(mask.ravel())
+        out["u"][i] = u
+    return out
 
 
 def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, s: int = S, seed: int = 0,
@@ -268,9 +277,10 @@ def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, 
     for name, n in (("n_train", n_train), ("n_test", n_test)):
         if n > _MAX_SAMPLES:
             raise ValueError(f"load_darcy.{name}: expected at most {_MAX_SAMPLES:,} samples, got {n:,}")
+    # the stored arrays and the returned tensors of both splits, the unpacked masks of one
     itemsize = torch.empty((), dtype=dtype).element_size()
-    per = _sample_bytes(s) + s * s + resolution**2 * itemsize * (4 if coordinates else 2)
-    need = (n_train + n_test) * per + solve
+    per = _sample_bytes(s) + resolution**2 * (itemsize * (4 if coordinates else 2) + 1)
+    need = (n_train + n_test) * per + max(n_train, n_test) * s * s + solve
     if need > free:
         name = "n_train" if n_train >= n_test else "n_test"
         raise ValueError(f"load_darcy.{name}: n_train + n_test = {n_train + n_test:,} samples at s = {s} "
@@ -288,7 +298,8 @@ def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, 
                                      on_corrupt=on_corrupt, regenerate=regenerate, error=DarcyCacheError,
                                      what="Darcy cache", owner="load_darcy", stacklevel=4)
         mask = np.unpackbits(arrays["mask"], axis=-1, count=s * s).reshape(n, s, s)[:, ::r, ::r]
-        a = torch.from_numpy(np.where(mask.astype(bool), a_pos, a_neg)).to(dtype)
+        a = torch.where(torch.from_numpy(np.ascontiguousarray(mask)).bool(), torch.tensor(a_pos, dtype=dtype),
+                        torch.tensor(a_neg, dtype=dtype))
         u = torch.from_numpy(np.ascontiguousarray(arrays["u"][:, ::r, ::r])).to(dtype)
         if coordinates:
             xx = torch.from_numpy(np.stack(np.meshgrid(x, x, indexing="ij"), axis=-1)).to(dtype)

@@ -25,11 +25,9 @@ The matrix is symmetric positive definite.
 **Solve.**  A sparse direct solve per coefficient (:func:`scipy.sparse.linalg.splu`): the
 unknowns are ordered by a geometric nested dissection of the grid (recursive bisection by
 grid lines, the separators last; computed once per ``s`` with the matrix's sparsity
-pattern), which keeps the factor at :math:`O(n \log n)` entries for :math:`n = (s - 2)^2`
-(at ``s = 421``: :math:`1.6 \cdot 10^7` entries in ``L + U``, against :math:`2.0 \cdot 10^7`
-for SuperLU's default COLAMD order and :math:`1.1 \cdot 10^7` for its minimum degree on
-:math:`A^T + A`, which both factor 3--6x slower); no pivoting is needed (an SPD matrix), so
-SuperLU runs in its symmetric mode with the diagonal as pivots.  The checks
+pattern), which keeps the factors at :math:`O(n \log n)` entries for :math:`n = (s - 2)^2`
+(``docs/darcy.md`` compares it with SuperLU's own orderings); no pivoting is needed (an SPD
+matrix), so SuperLU runs in its symmetric mode with the diagonal as pivots.  The checks
 (``tests/test_darcy_data.py``): a manufactured solution with a smooth variable coefficient
 converges at order 2, and the solution satisfies the discrete equations to round-off.
 """
@@ -54,8 +52,8 @@ _LEAF = 8
 
 def factor_entries(s: int) -> float:
     """An upper estimate of the entries of the sparse ``L + U`` factors at ``s x s`` nodes,
-    for the size guards: ``6 n log2 n`` for ``n`` interior unknowns (nested dissection;
-    measured: ``4.4, 4.7, 5.1, 5.3 n log2 n`` at ``s = 101, 201, 421, 841``)."""
+    for the size guards: ``6 n log2 n`` for ``n`` interior unknowns (the nested dissection's
+    factors have ``4.4, 4.7, 5.1, 5.3 n log2 n`` at ``s = 101, 201, 421, 841``)."""
     n = max(s - 2, 1) ** 2
     return 6.0 * n * max(math.log2(n), 1.0)
 

@@ -51,7 +51,7 @@ def _low_memory(**kw):
 
 def _full_disk(**kw):
     with mock.patch("opsplit.data.darcy.free_disk", return_value=1000.0), \
-            mock.patch("opsplit.data.darcy.darcy_pairs", side_effect=AssertionError("computed")):
+            mock.patch("opsplit.data.darcy._sample", side_effect=AssertionError("computed")):
         return _load(**kw)
 
 
