@@ -251,3 +251,172 @@ def test_transformers_4_gpt2_attention_scale(scale_attn_weights):
     ids, mask = left_padded(hf.config.vocab_size, 2, 6, seed)
     with torch.no_grad():
         assert torch.equal(ours(ids, mask).logits, ref(ids, mask).logits)
+
+
+# -- what the modules hold, not what the config says ------------------------------------------------
+def _perturbed(model, seed=0, scale=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype))
+    return model.eval()
+
+
+def _logits_err(a, b):
+    return float((a - b).detach().abs().max() / b.detach().abs().max())
+
+
+def test_gpt2_config_head_count_edited_after_the_build():
+    """A GPT-2 built with 3 heads whose ``config.n_head`` was then set to 2: its attention
+    modules still split the features into 3 heads of 4 (HF's forward reads ``head_dim``), and
+    the converted model computes HF's logits (it was 0.19-0.78 off with the config's count);
+    to_hf rebuilds the 3-head model."""
+    torch.manual_seed(0)
+    hf = _perturbed(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=30, n_embd=12, n_layer=2, n_head=3, n_positions=16)).double())
+    hf.config.n_head = 2
+    ours = from_hf(hf)
+    assert ours.config.n_heads == 3 and ours.config.head_dim == 4
+    ids, mask = left_padded(30, 3, 9, 0)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+        assert _logits_err(ours(ids, mask).logits, ref) <= 1e-12
+        back = to_hf(ours)
+        assert back.config.n_head == 3
+        assert _logits_err(back(input_ids=ids, attention_mask=mask).logits, ref) <= 1e-12
+
+
+def test_llama_config_head_counts_edited_after_the_build():
+    """A Llama built with 4 query and 2 key/value heads of 4 features whose config was then set
+    to 2 and 1 heads: the converted model reads the heads from the projections (HF's forward
+    does) and computes HF's logits; to_hf rebuilds the 4-head model."""
+    torch.manual_seed(0)
+    hf = _perturbed(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=30, hidden_size=16, intermediate_size=12, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=4, max_position_embeddings=64)).double())
+    hf.config.num_attention_heads, hf.config.num_key_value_heads = 2, 1
+    ours = from_hf(hf)
+    assert (ours.config.n_heads, ours.config.n_kv_heads, ours.config.head_dim) == (4, 2, 4)
+    ids, mask = left_padded(30, 3, 9, 1)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+        assert _logits_err(ours(ids, mask).logits, ref) <= 1e-12
+        back = to_hf(ours)
+        assert (back.config.num_attention_heads, back.config.num_key_value_heads) == (4, 2)
+        assert _logits_err(back(input_ids=ids, attention_mask=mask).logits, ref) <= 1e-12
+
+
+HALF = [(f, dt) for f in ("llama", "qwen2", "mistral") for dt in (torch.float16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("family,dtype", HALF, ids=[f"{f}-{str(dt)[6:]}" for f, dt in HALF])
+def test_half_precision_llama_family_converts(family, dtype):
+    """A Llama-family model cast with ``.to(float16 / bfloat16)`` (nothing edited) holds its
+    rotary frequencies rounded to that dtype (``inv_freq``, 2e-4..2e-3 from the float32 ones):
+    it converts, the rotary angles made from the rounded frequencies as HF's forward makes
+    them, and the logits at 40 positions are HF's to two units of the dtype's rounding
+    (with float32 frequencies bfloat16 Llama was 3% off at 64 positions); to_hf gives HF's
+    model back, bit for bit."""
+    seed = {"qwen2": 3}.get(family, 0)  # qwen2 seed 3: head_dim 4 (seed 0's 2 has the one frequency 1)
+    f32 = build(family, seed, dtype=torch.float32).model.rotary_emb.inv_freq.double()
+    hf = build(family, seed, dtype=torch.float32).to(dtype)
+    assert hf.model.rotary_emb.inv_freq.dtype == dtype
+    assert float(((hf.model.rotary_emb.inv_freq.double() - f32).abs() / f32).max()) > 1e-5  # rounded
+    ours = from_hf(hf)
+    assert ours.embedding.weight.dtype == dtype
+    ids, mask = left_padded(hf.config.vocab_size, 2, 40, 0)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits.double()
+        err = _logits_err(ours(ids, mask).logits.double(), ref)
+        assert err <= 2 * torch.finfo(dtype).eps, err
+        back = to_hf(ours)
+        assert torch.equal(back.model.rotary_emb.inv_freq, hf.model.rotary_emb.inv_freq)
+        assert torch.equal(back(input_ids=ids, attention_mask=mask).logits.double(), ref)
+        # the converted model moved to float32 keeps HF's rounded frequencies, and so does to_hf
+        ours32 = ours.float()
+        back32 = to_hf(ours32)
+        assert back32.model.rotary_emb.inv_freq.dtype == torch.float32
+        assert torch.equal(back32.model.rotary_emb.inv_freq, hf.model.rotary_emb.inv_freq.float())
+        assert _logits_err(back32(input_ids=ids, attention_mask=mask).logits, ours32(ids, mask).logits) <= 1e-5
+
+
+# -- to_hf exports what the converted model computes ---------------------------------------------
+def _sigma_state(model, s1=0.3, s2=1.7):
+    state = model.state_dict()
+    for k in state:
+        if k.endswith("sigma1.value"):
+            state[k] = torch.tensor(s1, dtype=state[k].dtype)
+        elif k.endswith("sigma2.value"):
+            state[k] = torch.tensor(s2, dtype=state[k].dtype)
+    return state
+
+
+@pytest.mark.parametrize("lm", [True, False], ids=["lm", "base"])
+def test_to_hf_folds_layer_norm_sigmas_into_weight_and_bias(lm):
+    """A converted GPT-2 whose LayerNorms' S1 sigmas (sigma1 = 0.3, sigma2 = 1.7, every norm)
+    were changed through load_state_dict: to_hf's model computes the changed model's outputs
+    (it was 0.30 off: the sigmas were not exported) — HF's LayerNorm weight gamma sigma2 and
+    bias gamma sigma1 + beta — and hf_state_dict(grads=True) is the gradient with respect to
+    HF's parameters of that model."""
+    hf = build("gpt2", 1, lm=lm)
+    ours = from_hf(hf)
+    ours.load_state_dict(_sigma_state(ours))
+    ids, mask = left_padded(hf.config.vocab_size, 3, 9, 1)
+    key = "logits" if lm else "last_hidden_state"
+    out = getattr(ours(ids, mask), key)
+    back = to_hf(ours)
+    ref = getattr(back(input_ids=ids, attention_mask=mask), key)
+    assert _logits_err(out, ref) <= 1e-12
+    assert _logits_err(out, getattr(hf(input_ids=ids, attention_mask=mask), key)) > 1e-2  # the change is seen
+    w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    mine = hf_state_dict(ours, grads=True)
+    for n, p in back.named_parameters():
+        assert float((mine[n] - p.grad).abs().max()) <= 1e-10 * float(p.grad.abs().max()), n
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_to_hf_exports_rms_norm_sigma_eps_and_rotary_base(family):
+    """A converted Llama-family model with its RMS norms' eps set to 1e-2, its rotary base to
+    55 and its sphere sigma2 changed through load_state_dict: to_hf's model computes what the
+    changed model computes (the eps and the base were taken from the recorded config)."""
+    hf = build(family, 0)
+    ours = from_hf(hf)
+    ours.load_state_dict(_sigma_state(ours, s2=1.3))
+    for m in (ours.norms[0][0], ours.norms[1][0], ours.final_norm[0]):
+        m.eps = 1e-2
+    ours.attention.rotary.theta = 55.0
+    ids, mask = left_padded(hf.config.vocab_size, 3, 9, 0)
+    with torch.no_grad():
+        out = ours(ids, mask).logits
+        back = to_hf(ours)
+        assert back.config.rms_norm_eps == 1e-2
+        assert _logits_err(back(input_ids=ids, attention_mask=mask).logits, out) <= 1e-12
+        assert _logits_err(hf(input_ids=ids, attention_mask=mask).logits, out) > 1e-3
+
+
+def test_to_hf_exports_gpt2_eps_scale_and_dropouts():
+    """GPT-2: the LayerNorms' eps, a score scale of 1 (scale_attn_weights=False) and the three
+    dropouts as the converted model holds them now."""
+    from opsplit.operators import FieldDropout
+
+    hf = build("gpt2", 0)
+    ours = from_hf(hf)
+    for m in (ours.norms[0][-1], ours.norms[1][-1], ours.final_norm[0]):
+        m.projection.eps = 1e-2
+    ours.attention.scale = 1.0
+    ours.attention.dropout = 0.25
+    for m in ours.decoder.modules():
+        if isinstance(m, FieldDropout):
+            m.p = 0.125
+    ours.config.embedding_dropout = 0.0625
+    ids, mask = left_padded(hf.config.vocab_size, 3, 9, 0)
+    with torch.no_grad():
+        back = to_hf(ours)
+        c = back.config
+        assert (c.layer_norm_epsilon, c.scale_attn_weights, c.attn_pdrop, c.resid_pdrop, c.embd_pdrop) == \
+            (1e-2, False, 0.25, 0.125, 0.0625)
+        out = ours(ids, mask).logits
+        assert _logits_err(back(input_ids=ids, attention_mask=mask).logits, out) <= 1e-12
+        assert _logits_err(hf(input_ids=ids, attention_mask=mask).logits, out) > 1e-3

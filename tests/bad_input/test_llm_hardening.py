@@ -356,3 +356,115 @@ def test_cache(case):
 @pytest.mark.parametrize("case", CONVERT)
 def test_convert(case):
     run_case(case)
+
+
+# -- from_hf reads the modules; to_hf exports what the converted model computes, or refuses ---------
+def gpt2_attn_attr(**attrs):
+    m = gpt2_raw(n_layer=2)
+    for k, v in attrs.items():
+        layer, name = k.split("__")
+        setattr(m.transformer.h[int(layer)].attn, name, v)
+    return m
+
+
+def llama_attn_attr(name, value):
+    m = llama_raw()
+    setattr(m.model.layers[1].self_attn, name, value)
+    return m
+
+
+def half_scaled_inv_freq(dtype, factor):
+    m = llama_raw(rope_theta=500000.0).to(dtype)
+    m.model.rotary_emb.inv_freq.mul_(factor)
+    return m
+
+
+def edited(kind="llama", **changes):
+    """A converted model with ``changes`` made after the conversion (attribute paths with
+    ``__`` for ``.``; ``norms0``/``norms1`` the first map of each pre-norm)."""
+    m = from_hf(llama_raw() if kind == "llama" else gpt2_raw())
+    for path, v in changes.items():
+        obj, *rest = path.split("__")
+        target = {"norms0": m.norms[0][0], "norms1": m.norms[1][-1]}.get(obj, getattr(m, obj, None))
+        for r in rest[:-1]:
+            target = getattr(target, r)
+        setattr(target, rest[-1], v)
+    return m
+
+
+def in_solved_with(model, **kw):
+    from opsplit.control import solved_with
+
+    with solved_with(model, **kw):
+        return to_hf(model)
+
+
+def refined_grid(model):
+    from opsplit.grid import Grid, Interval
+
+    g = model.decoder.grid
+    model.decoder.grid = Grid(Interval(spacing=0.5), g.y, g.h)
+    return model
+
+
+def sigma_control(model):
+    from opsplit.controls import PiecewiseConstant
+
+    model.final_norm[0].projection.sigma2 = PiecewiseConstant(torch.ones(2, dtype=torch.float32), t0=0.0, t1=1.0)
+    return model
+
+
+EXPORT = cases(
+    ("gpt2-attn-heads-attribute", lambda: from_hf(gpt2_attn_attr(**{"0__num_heads": 3})), ValueError,
+     r"from_hf: GPT2LMHeadModel\.transformer\.h\[0\]\.attn: num_heads \* head_dim = 3 \* 4 != embed_dim = 8"),
+    ("gpt2-attn-head-dim-str", lambda: from_hf(gpt2_attn_attr(**{"1__head_dim": "4"})), ValueError,
+     r"h\[1\]\.attn: expected integer num_heads and head_dim attributes, got num_heads = 2, head_dim = '4'"),
+    ("gpt2-layers-differ-in-heads", lambda: from_hf(gpt2_attn_attr(**{"1__num_heads": 1, "1__head_dim": 8})),
+     ValueError, r"from_hf: GPT2LMHeadModel\.transformer: layers differ in \(num_heads, head_dim\) of the attention "
+                 r"modules \['\(1, 8\)', '\(2, 4\)'\]"),
+    ("llama-kv-groups-attribute", lambda: from_hf(llama_attn_attr("num_key_value_groups", 1)), ValueError,
+     r"layers\[1\]\.self_attn: 2 query heads and 1 key/value heads .* do not fit num_key_value_groups = 1"),
+    ("llama-head-dim-attribute", lambda: from_hf(llama_attn_attr("head_dim", 3)), ValueError,
+     r"layers\[1\]\.self_attn\.q_proj: 8 outputs are not a whole number of heads of head_dim = 3"),
+    ("rope-half-inv-freq-scaled", lambda: from_hf(half_scaled_inv_freq(torch.float16, 1.01)), ValueError,
+     r"rotary_emb\.inv_freq: .* by up to 0\.01\d* relative, compared in the buffer's torch\.float16"),
+    ("rope-bf16-inv-freq-scaled", lambda: from_hf(half_scaled_inv_freq(torch.bfloat16, 1.05)), ValueError,
+     r"rotary_emb\.inv_freq: .* relative, compared in the buffer's torch\.bfloat16"),
+    ("to-hf-n-steps", lambda: to_hf(edited(decoder__n_steps=4)), ValueError,
+     r"to_hf: model\.decoder solves N_t = 4 steps on \[0, 2\]; Hugging Face's network is N_t = n_layers = 2 steps"),
+    ("to-hf-heun", lambda: in_solved_with(from_hf(llama_raw()), solver="heun"), ValueError,
+     r"to_hf: model\.decoder\.scheme\.substeps\[0\] is solved by Heun"),
+    ("to-hf-strang", lambda: in_solved_with(from_hf(gpt2_raw()), scheme="strang"), ValueError,
+     r"to_hf: model\.decoder\.scheme is Strang; Hugging Face's layer is the Lie scheme"),
+    ("to-hf-refined-grid", lambda: to_hf(refined_grid(from_hf(llama_raw()))), ValueError,
+     r"to_hf: model\.decoder\.grid is Grid\(x=\[N nodes, h=0\.5, midpoint\].*; Hugging Face's model is the "
+     r"paper's grid"),
+    ("to-hf-llama-scale", lambda: to_hf(edited(attention__scale=0.3)), ValueError,
+     r"to_hf: model\.attention\.scale = 0\.3; Hugging Face's LlamaForCausalLM scales the scores by head_dim \*\* "
+     r"-0\.5 = 0\.5"),
+    ("to-hf-gpt2-scale", lambda: to_hf(edited("gpt2", attention__scale=0.3)), ValueError,
+     r"to_hf: model\.attention\.scale = 0\.3; Hugging Face's GPT-2 scales the scores by head_dim \*\* -0\.5 = 0\.5 "
+     r"\(scale_attn_weights=True\) or 1"),
+    ("to-hf-gpt2-eps-differ", lambda: to_hf(edited("gpt2", norms1__projection__eps=1e-3)), ValueError,
+     r"to_hf: the model's LayerNorm eps differ \(norms\[0\] = 1e-05, norms\[1\] = 0\.001, final_norm\[0\] = 1e-05\); "
+     r"Hugging Face's config holds one layer_norm_epsilon"),
+    ("to-hf-llama-eps-differ", lambda: to_hf(edited(norms0__eps=1e-3)), ValueError,
+     r"to_hf: the model's RMS norm eps differ \(norms\[0\]\[0\] = 0\.001, norms\[1\]\[0\] = 1e-06"),
+    ("to-hf-rms-compute-dtype", lambda: to_hf(edited(norms0__compute_dtype=None)), ValueError,
+     r"to_hf: model\.norms\[0\]\[0\]: the RMS norm is computed in None; Hugging Face's computes it in torch\.float32"),
+    ("to-hf-rotary-compute-dtype", lambda: to_hf(edited(attention__rotary__compute_dtype=None)), ValueError,
+     r"to_hf: model\.attention\.rotary is RotaryEmbedding\(head_dim=4, theta=10000\); Hugging Face's "
+     r"LlamaForCausalLM rotates heads of head_dim 4 with float32 angles"),
+    ("to-hf-llama-embedding-dropout", lambda: to_hf(edited(config__embedding_dropout=0.1)), ValueError,
+     r"to_hf: the model's embedding dropout \(model\.config\.embedding_dropout\) is 0\.1; Hugging Face's "
+     r"LlamaForCausalLM has none"),
+    ("to-hf-activation", lambda: to_hf(edited(ffn__activation="relu")), ValueError,
+     r"to_hf: model\.ffn\.activation = 'relu' differs from the converted 'silu'"),
+    ("to-hf-sigma-control", lambda: to_hf(sigma_control(from_hf(gpt2_raw()))), ValueError,
+     r"to_hf: final_norm\[0\]\.projection\.sigma2: expected a constant scalar .*got PiecewiseConstant"),
+)
+
+
+@pytest.mark.parametrize("case", EXPORT)
+def test_export(case):
+    run_case(case)
