@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from opsplit._files import sha256_of
 from opsplit.data import DarcyCacheError, load_darcy
 from opsplit.data import darcy as darcy_mod
 from opsplit.data.darcy import darcy_cache_dir, darcy_pairs, grf_neumann
@@ -324,6 +325,42 @@ def _npz_missing(npz, meta):
     npz.unlink()
 
 
+def _json_not_object(npz, meta):
+    meta.write_text("[1, 2]")
+
+
+def _rewrite_with_checksum(npz, meta, arrays):
+    """Replace the arrays and record the new file's checksum: only the structural checks
+    (keys, shapes, dtypes, finiteness) can catch it."""
+    np.savez(npz, **arrays)
+    info = json.loads(meta.read_text())
+    info["sha256"] = sha256_of(npz)
+    meta.write_text(json.dumps(info))
+
+
+def _foreign_keys(npz, meta):
+    with np.load(npz) as z:
+        _rewrite_with_checksum(npz, meta, {"a": z["u"], "u": z["u"]})
+
+
+def _float64_u(npz, meta):
+    with np.load(npz) as z:
+        _rewrite_with_checksum(npz, meta, {"mask": z["mask"], "u": z["u"].astype(np.float64)})
+
+
+def _fewer_samples(npz, meta):
+    with np.load(npz) as z:
+        _rewrite_with_checksum(npz, meta, {"mask": z["mask"][:2], "u": z["u"][:2]})
+
+
+def _nan_u(npz, meta):
+    with np.load(npz) as z:
+        u = z["u"].copy()
+    u[1, 3, 3] = np.nan
+    with np.load(npz) as z:
+        _rewrite_with_checksum(npz, meta, {"mask": z["mask"], "u": u})
+
+
 DAMAGE = {
     "truncated": (_truncate, "checksum mismatch"),
     "bit-flipped": (_flip_bit, "checksum mismatch"),
@@ -334,6 +371,11 @@ DAMAGE = {
     "npz-is-folder": (_npz_folder, r"unreadable \(IsADirectoryError"),
     "json-is-folder": (_json_folder, r"unreadable metadata \(IsADirectoryError"),
     "npz-missing": (_npz_missing, r"unreadable \(FileNotFoundError"),
+    "json-not-an-object": (_json_not_object, "settings"),
+    "foreign-keys-rechecksummed": (_foreign_keys, r"unreadable \(ValueError: holds \['a', 'u'\]"),
+    "float64-rechecksummed": (_float64_u, r"u has shape \(4, 21, 21\) and dtype float64, expected \(4, 21, 21\) float32"),
+    "fewer-samples-rechecksummed": (_fewer_samples, r"mask has shape \(2, 56\)"),
+    "nan-rechecksummed": (_nan_u, "u holds NaN/inf"),
 }
 
 
