@@ -92,11 +92,14 @@ def darcy_cache_dir(cache_dir=None) -> Path:
     return data_cache_dir("darcy", cache_dir, name="load_darcy.cache_dir")
 
 
-def grf_scales(s: int, alpha: float = ALPHA, tau: float = TAU) -> np.ndarray:
+def grf_scales(s: int, alpha: float = ALPHA, tau: float = TAU, *, name: str = "grf_scales") -> np.ndarray:
     r"""The standard deviations of the cosine coefficients :math:`b_k` of the field,
     :math:`\psi(x, y) = \sum_{k_1, k_2 = 0}^{s - 1} b_k \cos(\pi k_1 x)\cos(\pi k_2 y)`:
     :math:`c_{k_1} c_{k_2}\,\tau^{\alpha - 1}(\pi^2|k|^2 + \tau^2)^{-\alpha/2}`, zero at
-    :math:`k = 0`; ``(s, s)``."""
+    :math:`k = 0`; ``(s, s)``.  (``name``: the caller's, in error messages.)"""
+    s = check_int(s, f"{name}.s", 1)
+    alpha = check_positive_float(alpha, f"{name}.alpha")
+    tau = check_positive_float(tau, f"{name}.tau")
     k = np.arange(s, dtype=np.float64)
     c = np.where(k == 0, 1.0, math.sqrt(2.0))
     k2 = k[:, None] ** 2 + k[None, :] ** 2
@@ -115,10 +118,10 @@ def grf_neumann(xi: np.ndarray, alpha: float = ALPHA, tau: float = TAU) -> np.nd
     if xi.ndim < 2 or xi.shape[-1] != xi.shape[-2] or xi.shape[-1] < 2:
         raise ValueError(f"grf_neumann.xi: expected a square grid of at least 2 x 2 nodes, shape (..., s, s), "
                          f"got {xi.shape}")
-    alpha = check_positive_float(alpha, "grf_neumann.alpha")
-    tau = check_positive_float(tau, "grf_neumann.tau")
+    if not np.isfinite(xi).all():
+        raise ValueError("grf_neumann.xi: expected finite values, found NaN/inf")
     s = xi.shape[-1]
-    b = xi * grf_scales(s, alpha, tau)
+    b = xi * grf_scales(s, alpha, tau, name="grf_neumann")
     # DCT-I: y_i = x_0 + (-1)^i x_{s-1} + 2 sum_{0<n<s-1} x_n cos(pi i n/(s-1)); halving the
     # inner coefficients makes it the plain sum  sum_n b_n cos(pi i n/(s-1))
     import scipy.fft  # imported on use: opsplit.data stays quick to import

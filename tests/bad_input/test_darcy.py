@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from opsplit.data import load_darcy
-from opsplit.data.darcy import DarcyCacheError, darcy_pairs, grf_neumann
+from opsplit.data.darcy import DarcyCacheError, darcy_pairs, grf_neumann, grf_scales
 from opsplit.data.darcy_solver import darcy_matrix, solve_darcy
 
 from ._table import cases, run_case
@@ -94,6 +94,10 @@ CASES = cases(
     ("grf-1x1", lambda: grf_neumann(np.zeros((1, 1))), ValueError, r"^grf_neumann\.xi: expected a square grid of at least 2"),
     ("grf-list", lambda: grf_neumann([[0.0, 1.0], [1.0, 0.0]]), TypeError, r"^grf_neumann\.xi: expected a real numpy array"),
     ("grf-alpha-zero", lambda: grf_neumann(np.zeros((4, 4)), alpha=0), ValueError, r"^grf_neumann\.alpha: expected a finite number > 0"),
+    ("grf-nan", lambda: grf_neumann(_with(NAN)), ValueError, r"^grf_neumann\.xi: expected finite values"),
+    ("grf-bool", lambda: grf_neumann(np.ones((4, 4), bool)), TypeError, r"^grf_neumann\.xi: expected a real numpy array"),
+    ("grf-scales-s-zero", lambda: grf_scales(0), ValueError, r"^grf_scales\.s: expected an integer >= 1"),
+    ("grf-scales-alpha-negative", lambda: grf_scales(4, alpha=-2.0), ValueError, r"^grf_scales\.alpha: expected a finite number > 0"),
     ("grf-tau-nan", lambda: grf_neumann(np.zeros((4, 4)), tau=NAN), ValueError, r"^grf_neumann\.tau: expected a finite number > 0"),
     ("pairs-split", lambda: darcy_pairs(1, split="val", s=5), ValueError, r"^darcy_pairs\.split: expected 'train' or 'test'"),
     ("pairs-negative-n", lambda: darcy_pairs(-1, s=5), ValueError, r"^darcy_pairs\.n: expected an integer >= 0"),
