@@ -416,8 +416,31 @@ def test_damaged_larger_set_is_not_used_for_a_prefix(tmp_path, monkeypatch):
     _flip_bit(*_train_files(tmp_path))
     calls = []
     real = darcy_mod._generate
-    monkeypatch.setattr(darcy_mod, "_generate", lambda st, folder: calls.append(st["n"]) or real(st, folder))
+    monkeypatch.setattr(darcy_mod, "_generate",
+                        lambda st, folder, start=0: calls.append((st["n"], start)) or real(st, folder, start))
     small, _ = load_darcy(21, n_train=2, n_test=1, s=21, cache_dir=tmp_path)
-    assert calls == [2]  # the train prefix generated afresh; the test prefix read
+    assert calls == [(2, 0)]  # the train prefix generated afresh; the test prefix read
     mask, u = darcy_pairs(2, s=21)
     np.testing.assert_allclose(small.targets.numpy(), u, rtol=0, atol=1e-6)
+
+
+def test_larger_set_extends_a_cached_smaller_one(tmp_path, monkeypatch):
+    """A larger set reads the largest cached smaller one and generates only the samples after
+    it; the result equals a set generated whole; a smaller set is read from the smallest
+    larger one."""
+    calls = []
+    real = darcy_mod._generate
+    monkeypatch.setattr(darcy_mod, "_generate",
+                        lambda st, folder, start=0: calls.append((st["split"], st["n"], start)) or real(st, folder, start))
+    kw = dict(s=21, cache_dir=tmp_path / "grown")
+    load_darcy(21, n_train=2, n_test=1, **kw)
+    load_darcy(21, n_train=3, n_test=2, **kw)
+    grown, grown_test = load_darcy(21, n_train=5, n_test=2, **kw)
+    assert calls == [("train", 2, 0), ("test", 1, 0), ("train", 3, 2), ("test", 2, 1), ("train", 5, 3)]
+    whole, whole_test = load_darcy(21, n_train=5, n_test=2, s=21, cache_dir=tmp_path / "whole")
+    torch.testing.assert_close(grown.inputs, whole.inputs, rtol=0, atol=0)
+    torch.testing.assert_close(grown.targets, whole.targets, rtol=0, atol=0)
+    torch.testing.assert_close(grown_test.targets, whole_test.targets, rtol=0, atol=0)
+    calls.clear()
+    one, _ = load_darcy(21, n_train=1, n_test=1, **kw)
+    assert calls == [] and "-train-seed0-n2-" in one.info["cache"]

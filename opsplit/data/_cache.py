@@ -132,25 +132,28 @@ def write_arrays(stem: Path, settings: dict, arrays: dict) -> None:
 
 
 def cached_arrays(folder: Path, prefix: str, stem_of: Callable[[dict], str], settings: dict,
-                  spec_of: Callable[[dict], dict], generate: Callable[[dict], dict], *, count: str = "n",
-                  on_corrupt: str = "regenerate", regenerate: bool = False,
+                  spec_of: Callable[[dict], dict], generate: Callable[[dict, int], dict], *, count: str = "n",
+                  on_corrupt: str = "regenerate", regenerate: bool = False, extend: bool = False,
                   error: type[CacheError] = CacheError, what: str = "cache", owner: str = "load",
                   stacklevel: int = 3) \
         -> tuple[dict, Path | None]:
-    """The arrays of ``settings``: read from the cache (the exact file, else the prefix of a
-    cached set with the same settings and more samples), else generated and written.
+    """The arrays of ``settings``: read from the cache (the exact file, else the prefix of the
+    smallest cached set with the same settings and more samples), else generated and written.
 
     Args:
         folder: the cache folder.
-        prefix: the file names' prefix (``"darcy-"``), for the search of larger sets.
+        prefix: the file names' prefix (``"darcy-"``), for the search of other sets.
         stem_of: the file name (no suffix) of a settings dict.
         settings: the generation settings; ``settings[count]`` is the number of samples, the
             first dimension of every array.
         spec_of: ``{key: (shape, dtype)}`` of a settings dict.
-        generate: ``settings -> arrays``.
+        generate: ``(settings, start) -> arrays`` of samples ``start .. settings[count] - 1``.
         on_corrupt: ``"regenerate"`` (warn, generate, rewrite) or ``"error"`` (raise
             ``error``) for a file that fails its checks.
         regenerate: ignore the cached files.
+        extend: samples are generated independently of each other (sample ``i`` the same
+            whatever the set's size): the largest cached set with fewer samples is read and
+            only the samples after it are generated.
         owner: the public function's name, in messages.
         stacklevel: of the warnings, counted from the ``warnings.warn`` line (3: the caller of
             this function's caller).
@@ -159,6 +162,7 @@ def cached_arrays(folder: Path, prefix: str, stem_of: Callable[[dict], str], set
         ``(arrays, stem)``: ``stem`` is the file the arrays came from or were written to,
         ``None`` when the write failed (a warning says why; the arrays are used uncached).
     """
+    n = settings[count]
     stem = folder / stem_of(settings)
     exact = _path(stem, ".npz"), _path(stem, ".json")
     if not regenerate and any(os.path.lexists(p) for p in exact):
@@ -168,24 +172,40 @@ def cached_arrays(folder: Path, prefix: str, stem_of: Callable[[dict], str], set
             if on_corrupt == "error":
                 raise error(f"{e}; delete the file or call {owner}(..., regenerate=True)") from None
             warnings.warn(f"{e}; regenerating it", stacklevel=stacklevel)
+    larger, smaller = [], []
     if not regenerate and folder.is_dir():
         others = {k: v for k, v in settings.items() if k != count}
-        for meta in sorted(folder.glob(f"{prefix}*.json")):
+        for meta in folder.glob(f"{prefix}*.json"):
             try:
                 other = json.loads(meta.read_text())["settings"]
                 n_other = other[count]
                 same = {k: v for k, v in other.items() if k != count} == others
-                larger = isinstance(n_other, int) and n_other >= settings[count]
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
-            if not (same and larger) or meta.parent / meta.stem == stem:
+            if not same or isinstance(n_other, bool) or not isinstance(n_other, int) or n_other < 1 \
+                    or meta.parent / meta.stem == stem:
                 continue
-            try:
-                arrays = read_arrays(meta.parent / meta.stem, other, spec_of(other), error=error, what=what)
-            except CacheError:
-                continue
-            return {k: v[: settings[count]] for k, v in arrays.items()}, meta.parent / meta.stem
-    arrays = generate(settings)
+            (larger if n_other >= n else smaller).append((n_other, str(meta), other))
+    for _, meta, other in sorted(larger):  # the smallest larger set first: the least to read
+        try:
+            arrays = read_arrays(Path(meta[:-5]), other, spec_of(other), error=error, what=what)
+        except CacheError:
+            continue
+        return {k: v[:n] for k, v in arrays.items()}, Path(meta[:-5])
+    head = None
+    for _, meta, other in sorted(smaller, reverse=True) if extend else ():
+        try:
+            head = read_arrays(Path(meta[:-5]), other, spec_of(other), error=error, what=what)
+            break
+        except CacheError:
+            continue
+    if head is None:
+        arrays = generate(settings, 0)
+    else:
+        start = len(next(iter(head.values())))
+        tail = generate(settings, start)
+        arrays = {k: np.concatenate([head[k], tail[k]]) for k in head}
+        del head, tail
     try:
         write_arrays(stem, settings, arrays)
     except OSError as e:

@@ -30,7 +30,8 @@ with the arithmetic mean of the neighbouring nodes' ``a`` at the faces (FNO's
 
 **Samples and seeds.**  The normals :math:`\xi` of sample ``i`` of split ``split`` (0:
 train, 1: test) come from ``numpy.random.default_rng([seed, split, i])``: a data set with
-fewer samples is a prefix of one with more, and the train and test draws never coincide.
+fewer samples is a prefix of one with more (a larger set is read from a cached smaller one
+and only the samples after it are generated), and the train and test draws never coincide.
 
 **Resolutions.**  :func:`load_darcy` returns the pairs subsampled to ``resolution`` nodes
 per side, every ``r``-th node with ``r = (s - 1)/(resolution - 1)`` (``[::r, ::r]``, as
@@ -195,19 +196,20 @@ def _factor_bytes(s: int) -> float:
     return 16 * factor_entries(s) + 100 * s * s
 
 
-def _generate(settings: dict, folder: Path) -> dict:
+def _generate(settings: dict, folder: Path, start: int = 0) -> dict:
+    """Samples ``start .. n - 1`` of ``settings``, in the stored layout."""
     st = settings
-    need, free = st["n"] * _sample_bytes(st["s"]) + 4096, free_disk(folder)
-    if need > free:
-        raise ValueError(f"load_darcy.n_{st['split']}: {st['n']:,} samples at s = {st['s']} take "
-                         f"{human_bytes(need)} on disk; the cache folder {str(folder)!r} has {human_bytes(free)} "
-                         f"free (pass cache_dir= elsewhere, or fewer samples)")
     n, s = st["n"], st["s"]
-    out = {"mask": np.empty((n, (s * s + 7) // 8), np.uint8), "u": np.empty((n, s, s), np.float32)}
-    for i in range(n):  # sample by sample into the stored arrays: no float64 copy of the set
-        mask, u = _sample(st["seed"], _SPLITS[st["split"]], i, s, st["a_pos"], st["a_neg"], st["face"])
-        out["mask"][i] = np.packbits(mask.ravel())
-        out["u"][i] = u
+    need, free = n * _sample_bytes(s) + 4096, free_disk(folder)
+    if need > free:
+        raise ValueError(f"load_darcy.n_{st['split']}: {n:,} samples at s = {s} take {human_bytes(need)} on "
+                         f"disk; the cache folder {str(folder)!r} has {human_bytes(free)} free (pass cache_dir= "
+                         f"elsewhere, or fewer samples)")
+    out = {"mask": np.empty((n - start, (s * s + 7) // 8), np.uint8), "u": np.empty((n - start, s, s), np.float32)}
+    for j in range(n - start):  # sample by sample into the stored arrays: no float64 copy of the set
+        mask, u = _sample(st["seed"], _SPLITS[st["split"]], start + j, s, st["a_pos"], st["a_neg"], st["face"])
+        out["mask"][j] = np.packbits(mask.ravel())
+        out["u"][j] = u
     return out
 
 
@@ -297,8 +299,9 @@ def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, 
 
     def part(split, n):
         st = _settings(split, seed, n, s, float(a_pos), float(a_neg), face)
-        arrays, stem = cached_arrays(folder, "darcy-", _stem, st, _spec, lambda st_: _generate(st_, folder),
-                                     on_corrupt=on_corrupt, regenerate=regenerate, error=DarcyCacheError,
+        arrays, stem = cached_arrays(folder, "darcy-", _stem, st, _spec,
+                                     lambda st_, start: _generate(st_, folder, start), on_corrupt=on_corrupt,
+                                     regenerate=regenerate, extend=True, error=DarcyCacheError,
                                      what="Darcy cache", owner="load_darcy", stacklevel=4)
         mask = np.unpackbits(arrays["mask"], axis=-1, count=s * s).reshape(n, s, s)[:, ::r, ::r]
         a = torch.where(torch.from_numpy(np.ascontiguousarray(mask)).bool(), torch.tensor(a_pos, dtype=dtype),
