@@ -27,13 +27,67 @@ from ._checks import (
     check_positive_int,
     check_tensor,
 )
-from .adaptive import PIController, _stops, check_adaptive, solve_adaptive, time_tolerance
+from .adaptive import ON_FAILURE, PIController, _estimator, _stops, check_adaptive, solve_adaptive, time_tolerance
 from .grid import Grid, check_grid
 from .revolve import checkpointed_steps as _checkpointed_steps
 from .revolve import revolve_steps
 from .schemes.base import Scheme, changes_grid
 
 __all__ = ["Propagator", "AdaptivePropagator"]
+
+
+def _nonneg_int(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an integer >= 0, got {v!r}")
+    if v < 0:
+        raise ValueError(f"{name}: expected an integer >= 0, got {v}")
+    return v
+
+
+def _check_t0(prop, v):
+    v = check_finite_float(v, "Propagator.t0")
+    t1 = prop.__dict__.get("t1")
+    if t1 is not None and not v < t1:
+        raise ValueError(f"Propagator.t0: expected t0 < t1 = {t1:g}, got t0={v:g} (to move the interval past t1, "
+                         "set t1 first)")
+    return v
+
+
+def _check_t1(prop, v):
+    v = check_finite_float(v, "Propagator.t1 (T)")
+    t0 = prop.__dict__.get("t0")
+    if t0 is not None and not t0 < v:
+        raise ValueError(f"Propagator.t1 (T): expected t0 < t1, got t0={t0:g}, t1={v:g}")
+    return v
+
+
+def _check_scheme(prop, v):
+    if not isinstance(v, Scheme):
+        raise TypeError(f"{type(prop).__name__}.scheme: expected an opsplit Scheme, got {type(v).__name__}")
+    return v
+
+
+def _check_snapshots(prop, v):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"Propagator.checkpoint_snapshots: expected None or an integer >= 1, got {v!r}")
+    if v < 1:
+        raise ValueError(f"Propagator.checkpoint_snapshots: expected None or an integer >= 1, got {v}")
+    return v
+
+
+#: the checks of the attributes a user may set, at construction and after it (``prop.n_steps =
+#: 0`` raises like ``Propagator(scheme, 0)``): ``check(propagator, value) -> value``
+_SETTABLE = {
+    "n_steps": lambda p, v: check_positive_int(v, "Propagator.n_steps (N_t)"),
+    "t0": _check_t0,
+    "t1": _check_t1,
+    "grid": lambda p, v: check_grid(v, "Propagator.grid") or Grid.paper(None, None),
+    "scheme": _check_scheme,
+    "checkpoint_every": lambda p, v: _nonneg_int(v, "Propagator.checkpoint_every"),
+    "checkpoint_snapshots": _check_snapshots,
+}
 
 
 class Propagator(nn.Module):
@@ -75,6 +129,12 @@ class Propagator(nn.Module):
     The value checks (finiteness) are skipped under ``torch.compile`` and ``torch.jit``
     tracing (see :mod:`opsplit._checks`) and with ``check_finite_input=False``.
 
+    **Attributes stay valid.**  ``n_steps``, ``t0``, ``t1``, ``grid``, ``scheme``,
+    ``checkpoint_every`` and ``checkpoint_snapshots`` are checked whenever they are set, as
+    by the constructor (``prop.n_steps = 0`` raises a ``ValueError`` naming
+    ``Propagator.n_steps``; ``prop.t1 = t`` needs ``t0 < t``: to move the interval past
+    ``t1``, set ``t1`` first).
+
     **Saving and loading.**  Save the parameters, not the module:
     ``torch.save(model.state_dict(), path)``, then build the same model (same constructor
     arguments) and ``model.load_state_dict(torch.load(path))`` — this works with
@@ -87,6 +147,14 @@ class Propagator(nn.Module):
     checkpoint_every: int = 0
     #: binomial checkpointing: at most this many stored block states (None: one per block)
     checkpoint_snapshots: int | None = None
+
+    def __setattr__(self, name, value):
+        # ``n_steps``, ``t0``, ``t1``, ``grid``, ``scheme`` and the checkpointing attributes
+        # are checked whenever they are set, as in the constructor: a propagator stays valid
+        check = _SETTABLE.get(name)
+        if check is not None:
+            value = check(self, value)
+        super().__setattr__(name, value)
 
     def __init__(
         self,
@@ -101,15 +169,10 @@ class Propagator(nn.Module):
         if not isinstance(scheme, Scheme):
             raise TypeError(f"Propagator.scheme: expected an opsplit Scheme, got {type(scheme).__name__}")
         self.scheme = scheme
-        self.n_steps = check_positive_int(n_steps, "Propagator.n_steps (N_t)")
-        self.t0 = check_finite_float(t0, "Propagator.t0")
-        if t1 is None:
-            self.t1 = float(self.t0 + self.n_steps)
-        else:
-            self.t1 = check_finite_float(t1, "Propagator.t1 (T)")
-            if self.t1 <= self.t0:
-                raise ValueError(f"Propagator.t1 (T): expected t0 < t1, got t0={t0}, t1={t1}")
-        self.grid = check_grid(grid, "Propagator.grid") or Grid.paper(None, None)
+        self.n_steps = n_steps
+        self.t0 = t0
+        self.t1 = float(self.t0 + self.n_steps) if t1 is None else t1
+        self.grid = grid
         self._step_hooks: OrderedDict = OrderedDict()
 
     def register_step_hook(self, hook):
@@ -386,6 +449,23 @@ class AdaptivePropagator(Propagator):
         check_adaptive(scheme, self.t0, self.t1, self.controller, torch.float64, estimator, on_failure)
         self.estimator, self.per_sample, self.on_failure = estimator, per_sample, on_failure
         self.last_stats = None
+
+    def __setattr__(self, name, value):
+        # the adaptive settings are checked whenever they are set (and the interval, the grid
+        # and the scheme by Propagator); a solve re-checks them all against the state's dtype
+        if name == "controller" and not isinstance(value, PIController):
+            raise TypeError(f"AdaptivePropagator.controller: expected an opsplit.adaptive.PIController, got "
+                            f"{type(value).__name__}")
+        if name == "per_sample" and value not in (True, False):
+            raise TypeError(f"AdaptivePropagator.per_sample: expected True or False, got {value!r}")
+        if name == "on_failure" and (not isinstance(value, str) or value not in ON_FAILURE):
+            raise ValueError(f"AdaptivePropagator.on_failure: expected one of {ON_FAILURE}, got {value!r}")
+        if name == "estimator" and "last_stats" in self.__dict__:  # (the constructor checks its own)
+            try:
+                _estimator(self.scheme, value)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"AdaptivePropagator.{e}") from None
+        super().__setattr__(name, value)
 
     @classmethod
     def from_propagator(cls, prop: Propagator, **kwargs) -> AdaptivePropagator:

@@ -453,3 +453,30 @@ def test_exact_midpoint_rejects_composite_relaxation():
 
     with pytest.raises(ValueError, match="ExactMidpoint cannot advance Relaxation"):
         Substep(Relaxation([ProjectionS2()]), ExactMidpoint())
+
+
+# -- issue 42, finding 13e: attributes set after construction -------------------------------------
+def test_attributes_set_after_construction_act_as_given_to_the_constructor():
+    """A valid value set after construction gives the propagator (scheme) the constructor
+    builds with it: N_t, the interval (moved past its end: t1 first), the compositions'
+    merge, Parallel's batch (it used to stay with the group)."""
+    from opsplit.schemes import TripleJump
+
+    (a, _), (b, _) = _ffn(4, 1), _ffn(4, 2)
+    x = torch.randn(2, 3, 4, dtype=D, generator=torch.Generator().manual_seed(0))
+    p = Propagator(Strang([a, b]), 2)
+    p.n_steps = 5
+    torch.testing.assert_close(p(x), Propagator(Strang([a, b]), 5, t1=2.0)(x), rtol=0, atol=0)
+    p.t1, p.t0 = 4.0, 3.0  # [0, 2] -> [3, 4]: t1 first
+    torch.testing.assert_close(p(x), Propagator(Strang([a, b]), 5, t0=3.0, t1=4.0)(x), rtol=0, atol=0)
+    p.t0, p.t1 = 0.5, 1.0  # back below: t0 first
+    assert (p.t0, p.t1, p.dt()) == (0.5, 1.0, 0.1)
+    tj = TripleJump([a, b])
+    tj.merge = False
+    fresh = TripleJump([a, b], merge=False)
+    assert tj.calls == fresh.calls and tj.clock_range == fresh.clock_range and len(tj.calls) > len(TripleJump([a, b]).calls)
+    torch.testing.assert_close(Propagator(tj, 3)(x), Propagator(fresh, 3)(x), rtol=0, atol=0)
+    par = Parallel([a, b])
+    par.batch = False
+    assert par.batch is False and par._group.batch is False  # the group that batches follows
+    torch.testing.assert_close(Propagator(par, 2)(x), Propagator(Parallel([a, b], batch=False), 2)(x), rtol=0, atol=0)

@@ -16,7 +16,14 @@ from .._checks import check_time, check_time_step
 from ..grid import check_grid
 from ..solvers import Substep
 
-__all__ = ["Scheme", "changes_grid"]
+__all__ = ["Scheme", "changes_grid", "fixed_at_construction"]
+
+
+def fixed_at_construction(obj, name: str, why: str) -> AttributeError:
+    """The error for an attribute that cannot change after construction (derived state was
+    built from it): ``raise fixed_at_construction(self, "groups", "its parallel groups ...")``."""
+    cls = type(obj).__name__
+    return AttributeError(f"{cls}.{name}: fixed at construction ({why}); build a new {cls} instead")
 
 
 def changes_grid(substep) -> bool:
@@ -36,6 +43,18 @@ class Scheme(nn.Module):
     order: int = 1
     #: whether the scheme passes a grid transfer's new grid on to the substeps after it
     threads_grid: bool = False
+
+    def __setattr__(self, name, value):
+        # what a scheme is cannot be changed on one instance: its order (the order conditions
+        # of its coefficients, read by the adaptive step-size controller), whether it threads
+        # grids, and its substeps (from which schemes derive their plans)
+        if name in ("order", "threads_grid") and not isinstance(getattr(type(self), name, None), property):
+            raise AttributeError(f"{type(self).__name__}.{name}: a property of the scheme's class ({name} = "
+                                 f"{getattr(type(self), name)!r}), not of one scheme; define a subclass to declare "
+                                 "another")
+        if name == "substeps" and "substeps" in self.__dict__.get("_modules", {}):
+            raise fixed_at_construction(self, name, "the scheme's plan is built from its substeps")
+        super().__setattr__(name, value)
 
     def __init__(self, substeps):
         super().__init__()

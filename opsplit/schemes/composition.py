@@ -208,13 +208,23 @@ class Composition(Scheme):
 
     def __init__(self, substeps, *, merge: bool = True):
         super().__init__(substeps)
-        self.merge = bool(merge)
-        self.calls = substep_calls(self.sweeps(), len(self.substeps), self.merge)
-        ends = [0.0] + [a for _, a, _ in self.calls] + [a + c for _, a, c in self.calls]
-        #: the substeps' clocks stay in [t + lo dt, t + hi dt] (units of dt)
-        self.clock_range = (min(ends), max(ends))
         self._controls = None
-        self._check_reversible()
+        self.merge = bool(merge)  # (makes calls and clock_range, and checks the reversibility)
+
+    def __setattr__(self, name, value):
+        # ``merge`` may change after construction: the calls and their clock range follow it
+        if name == "merge":
+            if not isinstance(value, bool):
+                raise TypeError(f"{type(self).__name__}.merge: expected True or False, got {value!r}")
+            calls = substep_calls(self.sweeps(), len(self.substeps), value)
+            self._check_reversible(calls)
+            ends = [0.0] + [a for _, a, _ in calls] + [a + c for _, a, c in calls]
+            super().__setattr__("calls", calls)
+            #: the substeps' clocks stay in [t + lo dt, t + hi dt] (units of dt)
+            super().__setattr__("clock_range", (min(ends), max(ends)))
+        elif name in ("calls", "clock_range"):
+            raise AttributeError(f"{type(self).__name__}.{name}: made from the sweeps and merge; set merge instead")
+        super().__setattr__(name, value)
 
     @classmethod
     def sweeps(cls) -> list[tuple[float, int]]:  # pragma: no cover - abstract
@@ -225,8 +235,8 @@ class Composition(Scheme):
         """Substep calls per step."""
         return len(self.calls)
 
-    def _check_reversible(self) -> None:
-        for k, _, c in self.calls:
+    def _check_reversible(self, calls=None) -> None:
+        for k, _, c in self.calls if calls is None else calls:
             if c < 0:
                 why = irreversibility(self.substeps[k])
                 if why is not None:

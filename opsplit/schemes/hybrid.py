@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import Scheme, changes_grid
-from .parallel import ParallelGroup
+from .base import Scheme, changes_grid, fixed_at_construction
+from .parallel import ParallelGroup, _check_batch
 
 __all__ = ["Hybrid"]
 
@@ -78,10 +78,21 @@ class Hybrid(Scheme):
                     f"Hybrid.groups[{gi}]: a grid transfer must be the only substep of its group (the states "
                     f"of a parallel group are averaged, so they must live on one grid); got group {list(g)}"
                 )
-        self.batch = batch
         self._parts = nn.ModuleList(
-            ParallelGroup([self.substeps[i] for i in g], batch=batch) for g in self.groups
+            ParallelGroup([self.substeps[i] for i in g], batch=_check_batch(batch)) for g in self.groups
         )
+        self.batch = batch
+
+    def __setattr__(self, name, value):
+        # ``batch`` may change after construction (passed on to every group: new plans); the
+        # groups and the parts built from them may not
+        if name == "batch":
+            value = _check_batch(value, f"{type(self).__name__}.batch")
+            for part in self._parts:
+                part.batch = value
+        elif name in ("groups", "_transfers") and name in self.__dict__:
+            raise fixed_at_construction(self, name, "its parallel groups are built from them")
+        super().__setattr__(name, value)
 
     @staticmethod
     def _check_groups(groups, n: int) -> tuple[tuple[int, ...], ...]:

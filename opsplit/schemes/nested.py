@@ -45,17 +45,19 @@ class SchemeFlow(Operator):
 
     def __init__(self, scheme: Scheme):
         super().__init__()
-        if not isinstance(scheme, Scheme):
-            raise TypeError(
-                f"SchemeFlow.scheme: expected an opsplit Scheme, got {type(scheme).__name__}"
-            )
-        moving = [type(s.terms[0]).__name__ for s in scheme.modules() if hasattr(s, "terms") and changes_grid(s)]
-        if moving:
-            raise ValueError(
-                f"SchemeFlow: {type(scheme).__name__} moves the state to another grid (grid transfer "
-                f"{moving[0]}); a substep's state stays on its grid"
-            )
         self.scheme = scheme
+
+    def __setattr__(self, name, value):
+        if name == "scheme":  # checked at construction and whenever it is set
+            if not isinstance(value, Scheme):
+                raise TypeError(f"SchemeFlow.scheme: expected an opsplit Scheme, got {type(value).__name__}")
+            moving = [type(s.terms[0]).__name__ for s in value.modules() if hasattr(s, "terms") and changes_grid(s)]
+            if moving:
+                raise ValueError(
+                    f"SchemeFlow: {type(value).__name__} moves the state to another grid (grid transfer "
+                    f"{moving[0]}); a substep's state stays on its grid"
+                )
+        super().__setattr__(name, value)
 
     @property
     def order(self) -> int:

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from ..operators.base import Operator
 from ..solvers import Substep
 from ..solvers.base import Solver
-from .base import Scheme
+from .base import Scheme, fixed_at_construction
 
 __all__ = ["Parallel", "ScaledOperator", "ParallelGroup"]
 
@@ -153,9 +153,9 @@ def _signature(sub: nn.Module):
     return (tuple(mods), params, buffers)
 
 
-def _check_batch(batch):
-    if batch not in (True, False, "auto"):
-        raise ValueError(f"batch: expected True, False or 'auto', got {batch!r}")
+def _check_batch(batch, name: str = "batch"):
+    if not (batch is True or batch is False or (isinstance(batch, str) and batch == "auto")):
+        raise ValueError(f"{name}: expected True, False or 'auto', got {batch!r}")
     return batch
 
 
@@ -192,6 +192,21 @@ class ParallelGroup(nn.Module):
         # when it is replaced (``substep.solver = Heun()``), never the stale one
         self._sources = substeps
         self._plan = None
+
+    def __setattr__(self, name, value):
+        # ``batch`` may change after construction (the plan is made again); ``auto_numel``
+        # must stay a positive integer; ``K`` is the number of substeps the group was built with
+        if name == "batch":
+            value = _check_batch(value, f"{type(self).__name__}.batch")
+            self.__dict__["_plan"] = None
+        elif name == "auto_numel":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"ParallelGroup.auto_numel: expected an integer >= 0 (the largest state batched on "
+                                 f"the CPU), got {value!r}")
+            self.__dict__["_plan"] = None
+        elif name == "K" and "K" in self.__dict__:
+            raise fixed_at_construction(self, name, "the number of substeps the group scales its terms by")
+        super().__setattr__(name, value)
 
     def _follow_solvers(self) -> None:
         for s, src in zip(self._scaled, self._sources):
@@ -306,8 +321,14 @@ class Parallel(Scheme):
 
     def __init__(self, substeps, *, batch="auto"):
         super().__init__(substeps)
-        self.batch = _check_batch(batch)
-        self._group = ParallelGroup(list(self.substeps), batch=batch)
+        self._group = ParallelGroup(list(self.substeps), batch=_check_batch(batch))
+        self.batch = batch
+
+    def __setattr__(self, name, value):
+        if name == "batch":  # checked, and passed on to the group that batches (a new plan)
+            value = _check_batch(value, f"{type(self).__name__}.batch")
+            self._group.batch = value
+        super().__setattr__(name, value)
 
     def _apply(self, fn, *args, **kwargs):
         self._group.reset_plan()

@@ -50,10 +50,14 @@ class Relaxation(Operator):
         if not steps:
             raise ValueError("Relaxation: expected at least one inner substep")
         self.steps = nn.ModuleList(s if isinstance(s, Substep) else Substep(s) for s in steps)
-        weight = check_finite_float(weight, "Relaxation.weight")
-        if not 0.0 < weight <= 1.0:
-            raise ValueError(f"Relaxation.weight: expected 0 < weight <= 1, got {weight}")
         self.weight = weight
+
+    def __setattr__(self, name, value):
+        if name == "weight":  # checked at construction and whenever it is set
+            value = check_finite_float(value, "Relaxation.weight")
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"Relaxation.weight: expected 0 < weight <= 1, got {value}")
+        super().__setattr__(name, value)
 
     def check(self, grid: Grid) -> None:
         for s in self.steps:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from .._checks import check_positive_int
-from .base import Scheme
+from .base import Scheme, fixed_at_construction
 
 __all__ = ["Stage", "Stages", "Schedule", "describe_substep"]
 
@@ -92,6 +92,13 @@ class Stage(nn.Module):
         self.name = name
         self.entry_labels = _labels(entry_labels, 0 if entry is None else len(entry.substeps), "entry_labels")
         self.body_labels = _labels(body_labels, len(body.substeps), "body_labels")
+
+    def __setattr__(self, name, value):
+        # a Stages holding this stage made its stage boundaries and schedule from these
+        if name in ("body", "entry", "n_steps", "duration", "entry_labels", "body_labels") and (
+                name in self.__dict__ or name in self.__dict__.get("_modules", {})):
+            raise fixed_at_construction(self, name, "a Stages made its stage boundaries and schedule from it")
+        super().__setattr__(name, value)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, n_steps={self.n_steps}, duration={self.duration:g}"
@@ -172,6 +179,11 @@ class Stages(Scheme):
         for s in stages:
             bounds.append(bounds[-1] + s.duration)
         self.bounds = tuple(bounds)
+
+    def __setattr__(self, name, value):
+        if name in ("stages", "t0", "bounds") and (name in self.__dict__ or name in self.__dict__.get("_modules", {})):
+            raise fixed_at_construction(self, name, "the stage boundaries are made from t0 and the stages' durations")
+        super().__setattr__(name, value)
 
     # -- the Scheme interface -------------------------------------------------------------
     @property

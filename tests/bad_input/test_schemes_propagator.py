@@ -8,7 +8,8 @@ from torch import nn
 from opsplit import Grid, Interval, Propagator
 from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2
 from opsplit.operators.transfer import PrependTokens
-from opsplit.schemes import Hybrid, Lie, Parallel, Relaxation, SchemeFlow, Strang
+from opsplit import AdaptivePropagator
+from opsplit.schemes import BlanesMoan, Hybrid, Lie, Parallel, Relaxation, SchemeFlow, Stage, Stages, Strang, TripleJump
 from opsplit.solvers import (
     RK4,
     CatchUp,
@@ -136,6 +137,74 @@ PROPAGATOR = cases(
 )
 
 
+def _set(obj, **attrs):
+    """Set attributes after construction (issue 42, finding 13e: they were not checked)."""
+    def call():
+        o = obj()
+        for k, v in attrs.items():
+            setattr(o, k, v)
+    return call
+
+
+def _solved(make, **attrs):
+    """Set attributes, then solve: the solve must not start (it used to run)."""
+    def call():
+        p = make()
+        for k, v in attrs.items():
+            setattr(p, k, v)
+        return p(u(2, 3, 5))
+    return call
+
+
+def _adaptive():
+    return AdaptivePropagator(Strang([ffn(), ffn()]), t1=1.0, rtol=1e-3)
+
+
+# issue 42, finding 13e: attributes set after construction are checked as the constructor checks them
+AFTER_CONSTRUCTION = cases(
+    ("set-n_steps=-2", _solved(prop, n_steps=-2), ValueError, r"^Propagator\.n_steps \(N_t\): expected a positive integer \(>= 1\), got -2"),
+    ("set-n_steps=0", _solved(prop, n_steps=0), ValueError, r"^Propagator\.n_steps \(N_t\): expected a positive integer \(>= 1\), got 0"),
+    ("set-n_steps-float", _set(prop, n_steps=2.5), TypeError, r"^Propagator\.n_steps \(N_t\): expected a positive integer, got 2\.5"),
+    ("set-n_steps-str", _set(prop, n_steps="4"), TypeError, r"^Propagator\.n_steps \(N_t\): expected a positive integer"),
+    ("set-t1-below-t0-lie", _solved(prop, t1=-1.0), ValueError, r"^Propagator\.t1 \(T\): expected t0 < t1, got t0=0, t1=-1"),
+    ("set-t1-below-t0-strang", _solved(lambda: Propagator(Strang([ffn(), ffn()]), 2), t1=-1.0), ValueError, r"^Propagator\.t1 \(T\): expected t0 < t1"),
+    ("set-t1-below-t0-blanes-moan", _solved(lambda: Propagator(BlanesMoan([ffn(), ffn()]), 2), t1=-1.0), ValueError, r"^Propagator\.t1 \(T\): expected t0 < t1"),
+    ("set-t1-below-t0-triple-jump", _solved(lambda: Propagator(TripleJump([ffn(), ffn()]), 2), t1=-1.0), ValueError, r"^Propagator\.t1 \(T\): expected t0 < t1"),
+    ("set-t1-equal-t0", _set(prop, t1=0.0), ValueError, r"^Propagator\.t1 \(T\): expected t0 < t1, got t0=0, t1=0"),
+    ("set-t0-above-t1", _solved(prop, t0=3.0), ValueError, r"^Propagator\.t0: expected t0 < t1 = 2, got t0=3 \(to move the interval past t1, set t1 first\)"),
+    ("set-t1-nan", _set(prop, t1=NAN), ValueError, r"^Propagator\.t1 \(T\): expected a finite number, got nan"),
+    ("set-t0-inf", _set(prop, t0=-INF), ValueError, r"^Propagator\.t0: expected a finite number"),
+    ("set-t1-str", _set(prop, t1="2"), TypeError, r"^Propagator\.t1 \(T\)"),
+    ("set-grid-str", _set(prop, grid="paper"), TypeError, r"^Propagator\.grid: expected an opsplit Grid"),
+    ("set-scheme-operator", _set(prop, scheme=ffn()), TypeError, r"^Propagator\.scheme: expected an opsplit Scheme, got FFNIntegral"),
+    ("set-scheme-none", _set(prop, scheme=None), TypeError, r"^Propagator\.scheme: expected an opsplit Scheme, got NoneType"),
+    ("set-checkpoint_every=-1", _set(prop, checkpoint_every=-1), ValueError, r"^Propagator\.checkpoint_every: expected an integer >= 0, got -1"),
+    ("set-checkpoint_every-float", _set(prop, checkpoint_every=1.5), TypeError, r"^Propagator\.checkpoint_every: expected an integer >= 0"),
+    ("set-checkpoint_snapshots=0", _set(prop, checkpoint_snapshots=0), ValueError, r"^Propagator\.checkpoint_snapshots: expected None or an integer >= 1, got 0"),
+    ("set-checkpoint_snapshots-bool", _set(prop, checkpoint_snapshots=True), TypeError, r"^Propagator\.checkpoint_snapshots"),
+    ("adaptive-set-controller", _set(_adaptive, controller={"rtol": 1e-3}), TypeError, r"^AdaptivePropagator\.controller: expected an opsplit\.adaptive\.PIController, got dict"),
+    ("adaptive-set-per_sample", _set(_adaptive, per_sample=2), TypeError, r"^AdaptivePropagator\.per_sample: expected True or False, got 2"),
+    ("adaptive-set-on_failure", _set(_adaptive, on_failure="ignore"), ValueError, r"^AdaptivePropagator\.on_failure: expected one of \('raise', 'return'\), got 'ignore'"),
+    ("adaptive-set-estimator", _set(_adaptive, estimator=3), TypeError, r"^AdaptivePropagator\.estimator: expected 'doubling', 'extrapolate', a companion Scheme"),
+    ("adaptive-set-t1-below-t0", _set(_adaptive, t1=-2.0), ValueError, r"^Propagator\.t1 \(T\): expected t0 < t1"),
+    ("scheme-set-order", _set(lambda: Lie([ffn()]), order=2), AttributeError, r"^Lie\.order: a property of the scheme's class \(order = 1\)"),
+    ("scheme-set-threads_grid", _set(lambda: Strang([ffn()]), threads_grid=True), AttributeError, r"^Strang\.threads_grid: a property of the scheme's class"),
+    ("scheme-set-substeps", _set(lambda: Parallel([ffn(), ffn()]), substeps=nn.ModuleList([Substep(ffn())])), AttributeError, r"^Parallel\.substeps: fixed at construction"),
+    ("composition-set-merge-str", _set(lambda: TripleJump([ffn(), ffn()]), merge="no"), TypeError, r"^TripleJump\.merge: expected True or False, got 'no'"),
+    ("composition-set-calls", _set(lambda: BlanesMoan([ffn(), ffn()]), calls=[]), AttributeError, r"^BlanesMoan\.calls: made from the sweeps and merge"),
+    ("parallel-set-batch", _set(lambda: Parallel([ffn(), ffn()]), batch="yes"), ValueError, r"^Parallel\.batch: expected True, False or 'auto', got 'yes'"),
+    ("parallel-set-batch-int", _set(lambda: Parallel([ffn(), ffn()]), batch=0), ValueError, r"^Parallel\.batch: expected True, False or 'auto', got 0"),
+    ("hybrid-set-batch", _set(lambda: Hybrid([[ffn(), ffn()]]), batch=2), ValueError, r"^Hybrid\.batch: expected True, False or 'auto', got 2"),
+    ("hybrid-set-groups", _set(lambda: Hybrid([ffn(), ffn()], groups=[[0, 1]]), groups=((0,), (1,))), AttributeError, r"^Hybrid\.groups: fixed at construction"),
+    ("stage-set-duration", _set(lambda: Stage(Lie([ffn()]), 2), duration=5.0), AttributeError, r"^Stage\.duration: fixed at construction"),
+    ("stage-set-n_steps", _set(lambda: Stage(Lie([ffn()]), 2), n_steps=0), AttributeError, r"^Stage\.n_steps: fixed at construction"),
+    ("stages-set-t0", _set(lambda: Stages([Stage(Lie([ffn()]), 2)]), t0=1.0), AttributeError, r"^Stages\.t0: fixed at construction"),
+    ("relaxation-set-weight=0", _set(lambda: Relaxation([ffn()]), weight=0.0), ValueError, r"^Relaxation\.weight: expected 0 < weight <= 1, got 0\.0"),
+    ("relaxation-set-weight-nan", _set(lambda: Relaxation([ffn()]), weight=NAN), ValueError, r"^Relaxation\.weight: expected a finite number"),
+    ("schemeflow-set-operator", _set(lambda: SchemeFlow(Lie([ffn()])), scheme=ffn()), TypeError, r"^SchemeFlow\.scheme: expected an opsplit Scheme, got FFNIntegral"),
+)
+
+
 def _nan_prop():
     p = prop()
     p.scheme.substeps[0].terms[0].W.value[0, 0] = NAN
@@ -154,4 +223,9 @@ def test_solvers(case):
 
 @pytest.mark.parametrize("case", PROPAGATOR)
 def test_propagator(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", AFTER_CONSTRUCTION)
+def test_attributes_set_after_construction(case):
     run_case(case)
