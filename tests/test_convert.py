@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opsplit import Grid
-from opsplit.models import TorchDecoder, TorchEncoder, from_torch, to_torch, torch_state_dict
+from opsplit.models import TorchDecoder, TorchEncoder, from_torch, load_torch_state_dict, to_torch, torch_state_dict
 from opsplit.operators import MultiHeadAttention
 
 F64 = torch.float64
@@ -338,3 +338,60 @@ def test_train_mode_dropout_is_torchs(decoder, norm_first, ps):
     y_ref.square().sum().backward()
     y.square().sum().backward()
     torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=1e-12)
+
+
+# -- to_torch exports what the model computes -----------------------------------------------------
+def _sigma_eps(model, s1=0.3, s2=1.7, eps=1e-2):
+    """The model with every LayerNorm's S1 sigmas changed through load_state_dict and every
+    projection's eps set to ``eps``."""
+    from opsplit.operators import ProjectionS1
+
+    state = model.state_dict()
+    for k in state:
+        if k.endswith("sigma1.value"):
+            state[k] = torch.tensor(s1, dtype=state[k].dtype)
+        elif k.endswith("sigma2.value"):
+            state[k] = torch.tensor(s2, dtype=state[k].dtype)
+    model.load_state_dict(state)
+    for m in model.modules():
+        if isinstance(m, ProjectionS1):
+            m.eps = eps
+    return model
+
+
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_to_torch_exports_layer_norm_sigmas_and_eps(decoder, norm_first, fused):
+    """A converted stack whose LayerNorms' S1 sigmas (0.3, 1.7) were changed through
+    load_state_dict and whose projections' eps were set to 1e-2: to_torch's module computes
+    the changed model's outputs (it was 1.96-2.54 off for the sigmas, 3e-3-2e-2 for the eps:
+    torch's LayerNorms kept gamma, beta and the recorded eps), torch_state_dict(grads=True) is
+    the gradient of torch's parameters of that module, and load_torch_state_dict of its
+    weights into a model with the same sigmas gives the same outputs."""
+    torch.manual_seed(0)
+    E = 12
+    Layer = nn.TransformerDecoderLayer if decoder else nn.TransformerEncoderLayer
+    Stack = nn.TransformerDecoder if decoder else nn.TransformerEncoder
+    kw = {} if decoder else {"enable_nested_tensor": False}
+    ref = Stack(Layer(E, 3, 20, dropout=0.0, batch_first=True, norm_first=norm_first, dtype=F64), 2,
+                norm=nn.LayerNorm(E, dtype=F64), **kw)
+    _perturb(ref)
+    model = _sigma_eps(from_torch(ref, fused_norm=fused))
+    x = torch.randn(2, 5, E, dtype=F64)
+    args = (torch.randn(2, 4, E, dtype=F64),) if decoder else ()
+    y = model(x, *args)
+    back = to_torch(model)
+    y_back = back(x, *args)
+    torch.testing.assert_close(y_back, y, rtol=0, atol=1e-12)
+    assert float((ref(x, *args) - y).detach().abs().max()) > 1e-1  # the change is seen
+    w = torch.randn_like(y)
+    (y * w).sum().backward()
+    (y_back * w).sum().backward()
+    grads = torch_state_dict(model, grads=True)
+    for name, p in back.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+    other = _sigma_eps(from_torch(ref, fused_norm=fused))
+    load_torch_state_dict(other, {k: v.detach() for k, v in back.state_dict().items()})
+    with torch.no_grad():
+        torch.testing.assert_close(other(x, *args), y, rtol=0, atol=1e-12)

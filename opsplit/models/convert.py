@@ -296,6 +296,88 @@ def _kind(model, kind: str | None) -> str:
     return kind
 
 
+def _split_norm(norm):
+    """``(projection, affine)`` of a LayerNorm as the model holds it: a fused
+    :class:`~opsplit.operators.PointwiseAffine` with its projection, or ``[projection]`` /
+    ``[projection, affine]`` (unfused)."""
+    if isinstance(norm, (list, tuple, nn.ModuleList)):
+        return norm[0], (norm[1] if len(norm) > 1 else None)
+    return norm.projection, norm
+
+
+def _norm_maps(model, stacked: bool) -> list:
+    """``(where, [torch names of the norm], projection, affine)`` for every LayerNorm: the
+    layers' ``norm{k}`` (one map for all layers) and the final ``norm``."""
+    out = []
+    for k, norm in enumerate(model._parts["norms"], 1):
+        P, aff = _split_norm(norm)
+        names = [f"layers.{n}.norm{k}" for n in range(model.num_layers)] if stacked else [f"norm{k}"]
+        out.append((f"norm{k}", names, P, aff))
+    if model.final_norm is not None:
+        out.append(("final norm", ["norm"], model.final_projection, model.final_affine))
+    return out
+
+
+def _sigmas(P, where: str) -> tuple:
+    """``(sigma_1, sigma_2)`` of a LayerNorm's S1 projection (constant scalars: torch's
+    LayerNorm has no time-dependent ones)."""
+    vals = []
+    for name in ("sigma1", "sigma2"):
+        c = getattr(P, name)
+        if not isinstance(c, Constant) or c.value.dim() != 0:
+            raise ValueError(f"{where}.{name}: expected a constant scalar, got {type(c).__name__}; torch's LayerNorm "
+                             "has one weight and bias per layer")
+        vals.append(c.value.detach())
+    return tuple(vals)
+
+
+def _fold_sigmas(model, out: dict, stacked: bool, grads: bool) -> None:
+    r"""The norms' :math:`\sigma_1, \sigma_2` (0 and 1 from ``from_torch``: nothing to do)
+    folded into torch's LayerNorm weight and bias as the fused forward folds them — weight
+    :math:`\gamma\sigma_2`, bias :math:`\gamma\sigma_1 + \beta` — or, for gradients, their
+    gradients with respect to those (``(g_\gamma - \sigma_1 g_\beta)/\sigma_2``, ``g_\beta``);
+    a norm torch cannot hold them in (no weight, or no bias for a nonzero :math:`\sigma_1`)
+    is refused."""
+    for where, names, P, aff in _norm_maps(model, stacked):
+        s1, s2 = _sigmas(P, f"torch_state_dict: {where}")
+        if float(s1) == 0.0 and float(s2) == 1.0:
+            continue
+        has_w, has_b = aff is not None and aff.weight is not None, aff is not None and aff.bias is not None
+        if not has_w or (float(s1) != 0.0 and not has_b):
+            raise ValueError(f"torch_state_dict: {where}: sigma1 = {float(s1):g}, sigma2 = {float(s2):g}; torch's "
+                             f"LayerNorm{'' if has_w else ' without elementwise_affine'}"
+                             f"{' without bias' if has_w and not has_b else ''} cannot hold them (it is "
+                             "the S1(0, 1) projection then its affine map)")
+        for name in names:
+            w, b = out[name + ".weight"], out.get(name + ".bias")
+            if w is None:
+                continue
+            t1, t2 = s1.to(w.dtype), s2.to(w.dtype)
+            if grads:
+                out[name + ".weight"] = (w - t1 * b) / t2 if b is not None else w / t2
+            else:
+                out[name + ".weight"] = w * t2
+                if b is not None:
+                    out[name + ".bias"] = w * t1 + b
+
+
+def _unfold_sigmas(model, state: dict, stacked: bool) -> dict:
+    r"""torch's LayerNorm weight and bias as the model's :math:`\gamma, \beta` given its norms'
+    :math:`\sigma` (:func:`_fold_sigmas` inverted; a copy of ``state``)."""
+    state = dict(state)
+    for where, names, P, aff in _norm_maps(model, stacked):
+        s1, s2 = _sigmas(P, f"load_torch_state_dict: {where}")
+        if (float(s1) == 0.0 and float(s2) == 1.0) or aff is None or aff.weight is None:
+            continue
+        for name in names:
+            w = state[name + ".weight"]
+            g = w / s2.to(w.dtype)
+            state[name + ".weight"] = g
+            if name + ".bias" in state:
+                state[name + ".bias"] = state[name + ".bias"] - g * s1.to(w.dtype)
+    return state
+
+
 def torch_state_dict(model, *, grads: bool = False, kind: str | None = None) -> dict[str, Tensor]:
     """The model's weights (or their gradients, ``grads=True``) under torch's names and
     layouts (``nn.TransformerEncoderLayer`` names for ``kind="layer"``, ``layers.{n}.…`` and
@@ -303,21 +385,28 @@ def torch_state_dict(model, *, grads: bool = False, kind: str | None = None) -> 
     gradient yet maps to ``None``."""
     _check_model(model)
     out = {}
-    for n, name, controls, to_t, _ in _pairs(model, _kind(model, kind) == "stack"):
+    stacked = _kind(model, kind) == "stack"
+    for n, name, controls, to_t, _ in _pairs(model, stacked):
         vals = [_value(c, 0 if n is None else n, grads) for c in controls]
         if any(v is None for v in vals):
             out[name] = None
             continue
         out[name] = to_t(*vals).detach().clone()
+    with torch.no_grad():
+        _fold_sigmas(model, out, stacked, grads)
     return out
 
 
 def load_torch_state_dict(model, state: dict[str, Tensor], *, kind: str | None = None) -> None:
-    """Copy torch-named weights (as :func:`torch_state_dict` names them) into ``model``."""
+    r"""Copy torch-named weights (as :func:`torch_state_dict` names them) into ``model``: the
+    model then computes torch's layers (LayerNorm weights and biases unfolded by the model's
+    norms' :math:`\sigma`, when they are not 0 and 1)."""
     _check_model(model)
     if not isinstance(state, Mapping):
         raise TypeError(f"load_torch_state_dict: state: expected a dict of tensors, got {type(state).__name__}")
     pairs = _pairs(model, _kind(model, kind) == "stack")
+    for where, _, P, _ in _norm_maps(model, _kind(model, kind) == "stack"):
+        _sigmas(P, f"load_torch_state_dict: {where}")
     missing = [name for _, name, *_ in pairs if name not in state]
     if missing:
         raise KeyError(f"load_torch_state_dict: missing torch weights {missing}")
@@ -329,6 +418,8 @@ def load_torch_state_dict(model, state: dict[str, Tensor], *, kind: str | None =
         check_float_dtype(v, where)
         check_shape(v, ref.shape, where)
         check_finite(v, where)
+    with torch.no_grad():
+        state = _unfold_sigmas(model, {k: state[k] for k in expected}, _kind(model, kind) == "stack")
     for n, name, controls, _, to_o in pairs:
         vals = to_o(state[name])
         for c, v in zip(controls, vals):
@@ -554,6 +645,7 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
         )
     if model.qkv_bias != model.bias:
         raise ValueError(f"to_torch: qkv_bias = {model.qkv_bias} differs from bias = {model.bias}")
+    _check_torch_solve(model)
     act = model.activation
     if act not in ("relu", "gelu"):
         from ..operators.activation import activation_fn
@@ -598,6 +690,10 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
                 mask_check=opts.get("mask_check", True),
             )
     state = torch_state_dict(model, kind=kind)
+    # every LayerNorm's eps is its projection's (the layers' norm{k} share one)
+    for _, names, P, _ in _norm_maps(model, kind == "stack"):
+        for name in names:
+            module.get_submodule(name).eps = float(P.eps)
     own = dict(module.named_parameters())
     if set(own) != set(state):
         raise RuntimeError(f"to_torch: torch's parameters {sorted(set(own) ^ set(state))} have no opsplit counterpart")
@@ -608,6 +704,32 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
         p.requires_grad_(requires_grad[name])
     module.train(model.training)
     return module
+
+
+def _check_torch_solve(model) -> None:
+    r"""What torch's layers compute: the Lie scheme of the model's substeps with explicit-Euler
+    field substeps (a residual connection each), attention scaled by :math:`1/\sqrt{d}`."""
+    import math
+
+    from ..schemes import Lie
+    from ..solvers import ExplicitEuler
+
+    if type(model.scheme) is not Lie:
+        raise ValueError(f"to_torch: model.scheme is {type(model.scheme).__name__}; torch's layer is the Lie scheme "
+                         "of its substeps")
+    for i, sub in enumerate(model.scheme.substeps):
+        solver = getattr(sub, "solver", None)
+        if getattr(solver, "requires", None) == "field" and type(solver) is not ExplicitEuler:
+            raise ValueError(f"to_torch: model.scheme.substeps[{i}] is solved by {type(solver).__name__}; torch's "
+                             "layer is an explicit-Euler step of each term (a residual connection)")
+    attns = [("attention", model.attention)] if isinstance(model, TorchEncoder) else \
+        [("self_attention", model.self_attention), ("cross_attention", model.cross_attention)]
+    want = 1.0 / math.sqrt(model.head_dim)
+    for name, op in attns:
+        sc = getattr(op, "scale", None)
+        if sc is None or not math.isclose(float(sc), want, rel_tol=1e-12):
+            raise ValueError(f"to_torch: model.{name}.scale = {sc!r}; torch's nn.MultiheadAttention scales the scores "
+                             f"by 1/sqrt(head_dim) = {want!r}")
 
 
 def _torch_requires_grad(model, stacked: bool) -> dict[str, bool]:

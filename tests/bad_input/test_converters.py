@@ -173,7 +173,6 @@ CVT = cases(
     ("cvt-channels", lambda: cvt()(cvt_px((1, 1, 8, 8))), ValueError, r"pixel_values: channel mismatch: expected 3 channels, got 1"),
     ("cvt-rank3", lambda: cvt()(cvt_px((3, 8, 8))), ValueError, r"pixel_values: expected shape \(B, C, H, W\)"),
     ("cvt-rank5", lambda: cvt()(cvt_px((1, 1, 3, 8, 8))), ValueError, r"pixel_values: expected shape \(B, C, H, W\)"),
-    ("cvt-empty-batch", lambda: cvt()(cvt_px((0, 3, 8, 8))), ValueError, r"pixel_values: empty batch"),
     ("cvt-empty-image", lambda: cvt()(cvt_px((1, 3, 8, 0))), ValueError, r"pixel_values: empty images \(H, W\) = \(8, 0\)"),
     ("cvt-stencil-too-big", lambda: cvt(patch_padding=[0])(cvt_px((1, 3, 2, 8))), ValueError, r"pixel_values: images of 2x8 pixels do not fit stage 1's entry.*kernel \(3\) is larger than the padded image \(height N_1 = 2"),
     ("cvt-kv-too-big", lambda: cvt(padding_kv=[0])(cvt_px((1, 3, 2, 2))), ValueError, r"pixel_values: images of 2x2 pixels do not fit stage 1 \(on the 1x1 token grid\): ConvAttention.k_proj"),
@@ -202,4 +201,67 @@ def test_vit(case):
 
 @pytest.mark.parametrize("case", CVT)
 def test_cvt(case):
+    run_case(case)
+
+
+# -- to_torch: what torch's layers cannot hold is refused ------------------------------------------
+def with_sigmas(model, s1=0.0, s2=1.0):
+    state = model.state_dict()
+    for k in state:
+        if k.endswith("sigma1.value"):
+            state[k] = torch.tensor(s1, dtype=state[k].dtype)
+        elif k.endswith("sigma2.value"):
+            state[k] = torch.tensor(s2, dtype=state[k].dtype)
+    model.load_state_dict(state)
+    return model
+
+
+def heun(model):
+    from opsplit.solvers import Heun
+
+    model.scheme.substeps[0].solver = Heun()
+    return model
+
+
+def scaled(model, scale):
+    model.attention.scale = scale
+    return model
+
+
+def time_sigma(model):
+    from opsplit.controls import PiecewiseConstant
+
+    model.norm(1).projection.sigma2 = PiecewiseConstant(torch.ones(2, dtype=torch.float64), t0=0.0, t1=1.0)
+    return model
+
+
+def no_affine(**kw):
+    m = layer(dropout=0.0)
+    m.norm1 = nn.LayerNorm(12, **kw)
+    m.norm2 = nn.LayerNorm(12, **kw)
+    return from_torch(m)
+
+
+EXPORT = cases(
+    ("to_torch-heun", lambda: to_torch(heun(from_torch(layer()))), ValueError,
+     r"to_torch: model\.scheme\.substeps\[0\] is solved by Heun; torch's layer is an explicit-Euler step"),
+    ("to_torch-scale", lambda: to_torch(scaled(from_torch(layer()), 0.25)), ValueError,
+     r"to_torch: model\.attention\.scale = 0\.25; torch's nn\.MultiheadAttention scales the scores by "
+     r"1/sqrt\(head_dim\) = 0\.5"),
+    ("to_torch-scale-none", lambda: to_torch(scaled(from_torch(layer()), None)), ValueError,
+     r"to_torch: model\.attention\.scale = None"),
+    ("to_torch-sigma-no-affine", lambda: to_torch(with_sigmas(no_affine(elementwise_affine=False), s2=2.0)),
+     ValueError, r"torch_state_dict: norm1: sigma1 = 0, sigma2 = 2; torch's LayerNorm without elementwise_affine "
+                 r"cannot hold them"),
+    ("to_torch-sigma1-no-bias", lambda: to_torch(with_sigmas(no_affine(bias=False), s1=0.5)), ValueError,
+     r"torch_state_dict: norm1: sigma1 = 0\.5, sigma2 = 1; torch's LayerNorm without bias cannot hold them"),
+    ("state_dict-time-sigma", lambda: torch_state_dict(time_sigma(from_torch(layer()))), ValueError,
+     r"torch_state_dict: norm1\.sigma2: expected a constant scalar, got PiecewiseConstant"),
+    ("load-time-sigma", lambda: load_torch_state_dict(time_sigma(from_torch(layer())), torch_state_dict(
+        from_torch(layer()))), ValueError, r"load_torch_state_dict: norm1\.sigma2: expected a constant scalar"),
+)
+
+
+@pytest.mark.parametrize("case", EXPORT)
+def test_export(case):
     run_case(case)
