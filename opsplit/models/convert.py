@@ -17,8 +17,17 @@ torch                              opsplit (kernel orientation: rows integrate)
 ``out_proj.weight`` (E, H·d)        ``WO`` (H, d, E) = ``W.T.reshape(H, d, E)``
 ``linear1.weight`` (F, E)           ``W1`` (E, F) = ``W.T``
 ``linear2.weight`` (E, F)           ``W2`` (F, E) = ``W.T``
-``normK.weight`` / ``.bias``        the affine map of the K-th LayerNorm substep
+``normK.weight`` / ``.bias``        the affine map of the K-th LayerNorm substep, with the
+                                   projection's :math:`\sigma_1, \sigma_2` folded in
+                                   (weight :math:`\gamma\sigma_2`, bias
+                                   :math:`\gamma\sigma_1 + \beta`: a pure copy at 0, 1)
+``normK.eps``                       the K-th LayerNorm projection's ``eps``
 =================================  ==========================================================
+
+``to_torch`` exports what the model computes, or refuses what torch's layers cannot hold: a
+substep solver other than explicit Euler, a scheme other than Lie, a score scale other than
+:math:`1/\sqrt{d}`, :math:`\sigma` of a LayerNorm without weight (or a nonzero
+:math:`\sigma_1` without bias), another :math:`N_t` or time step.
 
 What is not converted (a clear error names it): activations other than ReLU/GELU,
 ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim`` different from ``d_model``, mixed
