@@ -69,7 +69,7 @@ from ..operators import (
 from ..propagator import Propagator
 from ..schemes import Hybrid, Lie, Stage, Stages
 from ..solvers import Exact, ExplicitEuler, Substep
-from ._guard import check_output
+from ..operators._guard import check_output
 from .hf import register_hf_converter
 from .paper import paper_scheme
 

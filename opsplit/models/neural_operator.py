@@ -70,7 +70,7 @@ from ..operators import (
 )
 from ..propagator import Propagator
 from ..schemes import Lie, Strang
-from ._guard import check_output
+from ..operators._guard import check_output
 
 __all__ = ["NeuralOperatorTransformer", "ATTENTIONS", "SCHEMES", "NONLINEARITIES"]
 

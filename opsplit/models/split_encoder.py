@@ -59,7 +59,7 @@ from ..operators import FeedForward, MultiHeadAttention, PointwiseAffine, PreNor
 from ..propagator import Propagator
 from ..schemes import Hybrid, Lie, Parallel, Strang
 from ..solvers import ExplicitEuler, Substep
-from ._guard import check_output
+from ..operators._guard import check_output
 from .vit import ClassTokenReadout, PatchEmbedding
 
 __all__ = [

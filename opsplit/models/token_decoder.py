@@ -62,7 +62,7 @@ from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie
 from ..solvers import ExplicitEuler, Substep
-from ._guard import check_output
+from ..operators._guard import check_output
 
 __all__ = ["ATTENTIONS", "AttentionDecoder", "TokenClassifier"]
 

@@ -45,7 +45,7 @@ from .._checks import (
     check_tensor,
 )
 from ..operators.activation import activation_fn
-from ._guard import check_output
+from ..operators._guard import check_output, checked_call
 from .hf import from_hf, register_hf_converter
 from .torch_exact import TorchEncoder
 
@@ -141,9 +141,10 @@ class PatchEmbedding(nn.Module):
         parameters finite (named), the pixels' type, device and finite values
         (``pixel_values: expected finite values``); an empty batch gives an empty batch."""
         self.check_input(pixel_values)
-        check_parameters_finite(self, type(self).__name__)
+        what = type(self).__name__
+        check_parameters_finite(self, what)
         check_finite(pixel_values, "pixel_values")
-        return self._embed(pixel_values)
+        return checked_call(self, what, lambda: self._embed(pixel_values))
 
     def _embed(self, pixel_values: Tensor) -> Tensor:
         """:math:`F` on checked pixels."""
@@ -198,8 +199,8 @@ class ClassTokenReadout(nn.Module):
         check_like_module(u, self, "ClassTokenReadout: u", "the ClassTokenReadout")
         check_parameters_finite(self, "ClassTokenReadout")
         check_finite(u[:, 0], "ClassTokenReadout: u", "in the class token u[:, 0], the row it reads")
-        z = torch.nn.functional.linear(u[:, 0], self.weight.t(), self.bias)
-        return activation_fn(self.activation)(z)
+        return checked_call(self, "ClassTokenReadout", lambda: activation_fn(self.activation)(
+            torch.nn.functional.linear(u[:, 0], self.weight.t(), self.bias)))
 
     def extra_repr(self) -> str:
         return f"n_y={self.weight.shape[0]}, d={self.weight.shape[1]}, activation={self.activation!r}"

@@ -12,7 +12,9 @@ differences of scores stay finite too) SDPA runs as is; otherwise a float32 call
 evaluated in float64 (where the scores fit) and rounded back, and a float64 call whose
 scores may overflow raises a ``ValueError`` that says so.  The bound is a value check: it
 is skipped under ``torch.compile`` / ``torch.jit`` tracing (:func:`opsplit._checks.skip_value_checks`)
-and under ``torch.func.vmap`` (a parallel scheme's batched call).  A caller that already
+and under ``torch.func.vmap`` (a parallel scheme's batched call); there a zero that is NaN
+when :math:`q` or :math:`k` holds a NaN/inf is added to the output (torch's fused CPU kernel
+returns zeros for NaN scores, which no later check would see).  A caller that already
 knows :math:`\max|q|` and :math:`\max|k|` (a decode step: the key/value cache keeps the
 maximum of its keys, :mod:`opsplit.operators.kv_cache`) passes the bound,
 :func:`bound_from`, and no reduction over the keys is made.
@@ -111,7 +113,23 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
                 f"scale the input (or the weights) down"
                 + (", or use float64" if q.dtype != torch.float64 else "")
             )
-    return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    out = _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return out + _nan_carrier(q, k)
+
+
+def _nan_carrier(*xs: Tensor) -> Tensor:
+    """A zero that is NaN when any of ``xs`` holds a NaN or an inf: ``sum(max x * 0 + min x * 0)``
+    (no overflow: each term is 0 or NaN).  Added to the output where the values cannot be read
+    (``torch.func.vmap``, ``torch.compile``): torch's fused CPU kernel returns finite values
+    (zeros) for NaN scores, which would hide a NaN weight (one written through ``.data``) or an
+    overflowed state from every later check; with it the caller's output check sees them."""
+    z = None
+    for x in xs:
+        if x.numel():
+            t = x.amax() * 0 + x.amin() * 0
+            z = t if z is None else z + t
+    return z if z is not None else xs[0].new_zeros(())
 
 
 def check_scores(a: Tensor, name: str) -> Tensor:

@@ -42,6 +42,7 @@ from .._checks import (
     check_positive_int,
     check_tensor,
 )
+from ._guard import checked_call
 from .spectral_convolution import irfft_nodes, rfft_modes
 
 __all__ = ["FourierMultiplier"]
@@ -59,7 +60,7 @@ class FourierMultiplier(nn.Module):
     The output does not depend on :math:`L`: (P) acts on the modes of the samples.
 
     ``forward`` checks the field (shape, node count, floating dtype, finite values) and the
-    factors (finite, named) before any compute; an empty batch ``(0, N_x, C)`` gives an empty
+    factors (finite, named) before any compute, and its output after it; an empty batch ``(0, N_x, C)`` gives an empty
     batch, as ``torch.nn`` modules do.
 
     ``factors`` ``(2, M + 1, C)`` holds the real and imaginary parts of :math:`c_0, \dots,
@@ -102,7 +103,7 @@ class FourierMultiplier(nn.Module):
         check_float_dtype(w, "FourierMultiplier input")
         check_finite(w, "FourierMultiplier input")
         check_parameters_finite(self, "FourierMultiplier")
-        out = self._multiply(w)
+        out = checked_call(self, "FourierMultiplier", lambda: self._multiply(w))
         return out.squeeze(-1) if squeeze else out
 
     def _multiply(self, w: Tensor) -> Tensor:

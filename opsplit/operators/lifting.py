@@ -29,7 +29,8 @@ and so is a batch whose first and last samples are equal (to rounding) in every 
 ends :math:`x = 0` and :math:`x = L` of a periodic function sampled: a node counted twice).
 The projection's input ``(B, N_x, N_y)`` is checked the same way (floating, the parameters'
 dtype and device, finite).  Both check their own parameters finite (named) before any
-compute, and map an empty batch ``B = 0`` to an empty batch, as ``nn.Linear`` does.
+compute and their output after it (:mod:`opsplit.operators._guard`), and map an empty batch
+``B = 0`` to an empty batch, as ``nn.Linear`` does.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .._checks import (
     skip_value_checks,
 )
 from ..grid import Interval
+from ._guard import checked_call
 
 __all__ = ["Lifting", "Projection", "periodic_positions", "check_field", "check_periodic"]
 
@@ -157,7 +159,8 @@ class Lifting(nn.Module):
         """``u`` ``(B, N_x)`` or ``(B, N_x, C)`` -> ``(B, N_x, N_y)`` (the parameters checked
         finite, named, and ``u`` by :meth:`check_input`, before any compute)."""
         check_parameters_finite(self, "Lifting")
-        return self._lift(self.check_input(u))
+        u = self.check_input(u)
+        return checked_call(self, "Lifting", lambda: self._lift(u))
 
     def _lift(self, u: Tensor) -> Tensor:
         """(F) on a checked field ``(B, N_x, C)``."""
@@ -213,7 +216,8 @@ class Projection(nn.Module):
         """``v`` ``(B, N_x, N_y)`` -> ``(B, N_x)`` or ``(B, N_x, C)`` (the parameters checked
         finite, named, and ``v`` by :meth:`check_input`, before any compute)."""
         check_parameters_finite(self, "Projection")
-        return self._project(self.check_input(v))
+        v = self.check_input(v)
+        return checked_call(self, "Projection", lambda: self._project(v))
 
     def _project(self, v: Tensor) -> Tensor:
         """(G) on a checked state."""
