@@ -444,3 +444,16 @@ def test_larger_set_extends_a_cached_smaller_one(tmp_path, monkeypatch):
     calls.clear()
     one, _ = load_darcy(21, n_train=1, n_test=1, **kw)
     assert calls == [] and "-train-seed0-n2-" in one.info["cache"]
+
+
+def test_close_contrasts_get_their_own_files(tmp_path):
+    """Contrasts that differ in the ninth digit are two data sets in two files: neither
+    overwrites the other (no warning, no regeneration on the second load)."""
+    kw = dict(n_train=1, n_test=1, s=9, cache_dir=tmp_path)
+    load_darcy(9, a_pos=12.0, **kw)
+    load_darcy(9, a_pos=12.000000001, **kw)
+    assert len(list(tmp_path.glob("darcy-*-train-*.npz"))) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_darcy(9, a_pos=12.0, on_corrupt="error", **kw)
+        load_darcy(9, a_pos=12.000000001, on_corrupt="error", **kw)

@@ -172,7 +172,11 @@ def _settings(split, seed, n, s, a_pos, a_neg, face) -> dict:
 
 
 def _number(v) -> str:
-    return f"{v:g}".replace(".", "p").replace("-", "m").replace("+", "")
+    """A float in a file name, every digit kept (``12.0`` -> ``12``, ``0.1`` -> ``0p1``), so
+    two settings never share a name."""
+    r = repr(float(v))
+    r = r[:-2] if r.endswith(".0") else r
+    return r.replace(".", "p").replace("-", "m").replace("+", "")
 
 
 def _stem(st: dict) -> str:
