@@ -97,15 +97,19 @@ from ..operators import (
     RotaryEmbedding,
     SlicedReLUAttention,
 )
+from .._memory import available_memory, human_bytes
 from ..operators._fused import frozen_field, frozen_map
+from ..operators._guard import check_output
 from ..operators.activation import activation_fn
 from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie, Parallel, Strang
 from ..solvers import ExplicitEuler, Substep
-from ..operators._guard import check_output
 
 __all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
+
+#: a cache estimate below this many bytes is never compared with the available memory
+_CACHE_GUARD_FROM = 256e6
 
 NORMS = ("rms", "layer")
 #: the attention term A (module docstring)
@@ -459,6 +463,45 @@ class DecoderLM(nn.Module):
                 )
         return past, mask
 
+    def cache_memory(self, batch_size: int, n_tokens: int, n_steps: int | None = None, *,
+                     decode: bool = False) -> tuple[float, list[str]]:
+        """A lower bound of the memory a key/value cache holds once ``n_tokens`` tokens of a
+        batch of ``batch_size`` went through the decoder with :math:`N_t` = ``n_steps``
+        (default: the model's), and its parts in words: every attention call of every step
+        keeps its own keys and values (softmax: :math:`2 H_{kv} d` numbers per token; sliced:
+        the :math:`H N_y` value rows), so the cache grows with :math:`N_t`; with ``decode``,
+        :meth:`decode_steps`'s kernels evaluated once per attention call (softmax:
+        :math:`W^Q, W^K, W^V` side by side and :math:`W^O`)."""
+        c = self.config
+        n = self.decoder.n_steps if n_steps is None else int(n_steps)
+        calls = n * (2 if isinstance(self.decoder.scheme, Strang) else 1)  # Strang: two half steps of A
+        item = self.embedding.weight.element_size()
+        sliced = c.attention == "sliced_relu"
+        per_token = (c.n_heads * c.d_model if sliced else 2 * c.n_kv_heads * c.head_dim) * item
+        parts = [(float(calls) * batch_size * n_tokens * per_token,
+                  f"keys and values of {batch_size} x {n_tokens} tokens for {calls} attention calls")]
+        if decode and not sliced:
+            kernel = (c.d_model * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.d_model)
+            parts.append((float(calls) * kernel * item, f"the decode kernels of {calls} attention calls"))
+        return sum(b for b, _ in parts), [f"{what}: {human_bytes(b)}" for b, what in parts]
+
+    def check_cache_memory(self, name: str, batch_size: int, n_tokens: int, n_steps: int | None = None, *,
+                           decode: bool = False) -> None:
+        """Refuse, before anything is allocated, a use of a key/value cache whose
+        :meth:`cache_memory` exceeds the available memory (``MemAvailable``): a ``ValueError``
+        starting with ``name`` (the argument that makes it large) with the estimate.  Nothing is
+        read below 256 MB."""
+        need, parts = self.cache_memory(batch_size, n_tokens, n_steps, decode=decode)
+        if need < _CACHE_GUARD_FROM:
+            return
+        free = available_memory()
+        if need > free:
+            n = self.decoder.n_steps if n_steps is None else int(n_steps)
+            raise ValueError(
+                f"{name}: a key/value cache over N_t = {n} steps holds at least {human_bytes(need)} "
+                f"({'; '.join(parts)}), more than the {human_bytes(free)} available; expected a smaller n_steps "
+                f"(the model's own is {self.decoder.n_steps}), fewer tokens or a smaller batch")
+
     # -- the map -------------------------------------------------------------------------------
     def token_positions(self, n: int, past: int = 0, device=None) -> Tensor:
         """The coordinates :math:`\\xi` of ``n`` new tokens after ``past`` cached ones on the
@@ -504,6 +547,9 @@ class DecoderLM(nn.Module):
                                        n_steps=n_steps)
         if check_values and self.check_finite_input:
             check_parameters_finite(self, type(self).__name__)
+        if cache is not None and check_values:  # the cache grows with N_t: refused before it is filled
+            self.check_cache_memory("n_steps (N_t)" if n_steps is not None else "input_ids", input_ids.shape[0],
+                                    past + input_ids.shape[1], n_steps)
         u = self.embed(input_ids, past, position_ids, check=False)  # check_inputs (or generate) checked them
         ctx = {}
         if mask is not None and not bool(mask.all()):

@@ -230,6 +230,13 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
         # counter), named by its qualified name: the decode steps run no checks, and a NaN in the
         # embedding row of a token the prompt does not use would surface only once it is generated
         check_parameters_finite(model, type(model).__name__, fresh=True)
+    guard = getattr(model, "check_cache_memory", None)
+    if use_cache and guard is not None:
+        # the cache certainly holds the prompt, and every new token but the last when no eos can stop
+        # the generation early; the decode kernels are made after the first token
+        new = 0 if eos else max(0, max_new_tokens - 1)
+        name = "n_steps (N_t)" if n_steps is not None else "max_new_tokens" if new else "input_ids"
+        guard(name, input_ids.shape[0], input_ids.shape[1] + new, n_steps, decode=max_new_tokens > 1)
     if pad_token_id is None and eos:
         pad_token_id = eos[0]
     B, N = input_ids.shape

@@ -234,7 +234,30 @@ CALLS = cases(
     ("fwd-nan-head-data", lambda: _poke(llama_seeded(), "head", data=True)(IDS), ValueError,
      r"^DecoderLM: parameters must be finite, but head hold\(s\) NaN/inf"),
     ("gen-empty-batch", lambda: lm().generate(IDS[:0], 2), ValueError, r"^input_ids: empty batch"),
+    # an absurd N_t ran 40-85 s into a MemoryError: the key/value cache keeps every attention call's keys
+    # and values, so it grows with N_t; refused before the first step (here with 100 MB available)
+    ("gen-n_steps-cache", lambda: tight(lambda: llama_seeded().generate(IDS, 2, n_steps=10**6)), ValueError,
+     r"^n_steps \(N_t\): a key/value cache over N_t = 1000000 steps holds at least .* GB .*more than the 100 MB "
+     r"available; expected a smaller n_steps \(the model's own is 2\)"),
+    ("gen-n_steps-cache-sliced", lambda: tight(lambda: sliced_seeded().generate(IDS, 2, n_steps=10**6)), ValueError,
+     r"^n_steps \(N_t\): a key/value cache over N_t = 1000000 steps"),
+    ("fwd-n_steps-cache", lambda: tight(lambda: llama_seeded()(IDS, cache=KVCache(), n_steps=10**7)), ValueError,
+     r"^n_steps \(N_t\): a key/value cache over N_t = 10000000 steps holds at least"),
+    ("gen-max-new-cache", lambda: tight(lambda: llama_seeded().generate(IDS, 4 * 10**6, eos_token_id=None)), ValueError,
+     r"^max_new_tokens: a key/value cache over N_t = 2 steps holds at least"),
 )
+
+
+def tight(call):
+    """``call()`` with 100 MB of memory available to the size guards, and the solve replaced by
+    an error: a guard that refuses the job does so before any step."""
+    from unittest import mock
+
+    from opsplit.propagator import Propagator
+
+    with mock.patch("opsplit.models.decoder_lm.available_memory", return_value=1e8), \
+            mock.patch.object(Propagator, "forward", side_effect=AssertionError("the solve was reached")):
+        return call()
 
 
 def _poke(model, name, *, data=False):
