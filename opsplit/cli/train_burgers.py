@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from . import train as _digits
-from .budget import Estimate
+from .budget import FLOP_RATE, Estimate
 from .config import TOP, ConfigError, Field, at_least, positive, seed_field
 
 NAME = "train"
@@ -123,6 +123,28 @@ def check(cfg) -> None:
                                   f"2 * {(need + 1) // 2} - 1 = {need} nodes, got {r}")
     if t["batch_size"] > d["n_train"]:
         raise ConfigError(f"train.batch_size: expected at most data.n_train = {d['n_train']}, got {t['batch_size']}")
+    check_data_sizes(d)
+
+
+def check_data_sizes(d: dict) -> None:
+    """``data.points`` and ``data.solver_steps`` against the viscosity range of the data's
+    solver at the benchmark's viscosity (:func:`opsplit.data.burgers.data_viscosity_range`):
+    enough nodes to resolve the steepest viscous front, enough steps for a stable ETDRK4 step."""
+    from ..data.burgers import NU, data_least_sizes, data_viscosity_range
+
+    allowed = data_viscosity_range(d["points"], d["solver_steps"])
+    if NU in allowed:
+        return
+    least_points, least_steps = data_least_sizes(d["points"])
+    if allowed.resolved > NU or allowed.largest < NU:
+        raise ConfigError(f"data.points: expected at least {least_points} nodes: fewer modes do not resolve the "
+                          f"steepest viscous front of the data at nu = {NU} (modes decaying like "
+                          f"exp(-4 pi nu m / max|u0|), max|u0| <= {allowed.amplitude:g}; opsplit.data.burgers_solver), "
+                          f"got {d['points']}")
+    raise ConfigError(f"data.solver_steps: expected at least {least_steps} steps at data.points = {d['points']}: "
+                      f"with fewer the data solver's ETDRK4 step is unstable for the advection of its top modes at "
+                      f"nu = {NU} (dt max_k (k max|u0| - 0.34 nu k^2) <= 2.82, max|u0| <= {allowed.amplitude:g}), "
+                      f"got {d['solver_steps']}")
 
 
 # -- the cost guard -------------------------------------------------------------------------------
@@ -150,15 +172,21 @@ def forward_flops(m: dict, n: int) -> tuple[float, float]:
 
 
 def estimate(cfg) -> Estimate:
-    """Data generation (a rough 5e8 flop per pair, first use only), training (forward and
-    backward: 3 forward passes), the evaluations; memory: the data at the generation grid,
-    parameters with Adam state, and the activations of a batch (and of an evaluation batch
-    at the finest grid: softmax keeps its n x n scores)."""
+    """Data generation (first use only; :func:`opsplit.data.burgers.generation_cost` of
+    data.n_train, data.n_test, data.points and data.solver_steps, its seconds counted as
+    flops at :data:`~opsplit.cli.budget.FLOP_RATE`) and the data read at every grid,
+    training (forward and backward: 3 forward passes), the evaluations; memory: the data's
+    generation, parameters with Adam state, and the activations of a batch (and of an
+    evaluation batch at the finest grid: softmax keeps its n x n scores)."""
+    from ..data.burgers import generation_cost
+
     m, t, d = cfg["model"], cfg["train"], cfg["data"]
     n = t["resolution"]
     steps = t["epochs"] * math.ceil(d["n_train"] / t["batch_size"])
     fwd, calls = forward_flops(m, n)
-    work = Estimate((d["n_train"] + d["n_test"]) * 5e8, (d["n_train"] + d["n_test"]) * 4.0)
+    gen_seconds, gen_bytes = generation_cost(d["n_train"], d["n_test"], d["points"], d["solver_steps"])
+    reads = (1 + len(t["eval_resolutions"])) * 3 * 8.0 * (d["n_train"] + d["n_test"]) * d["points"] * 1e-9
+    work = Estimate((gen_seconds + reads) * FLOP_RATE, (d["n_train"] + d["n_test"]) * 4.0)
     work += Estimate(steps * t["batch_size"] * 3 * fwd, steps * 3 * calls)
     for r in t["eval_resolutions"]:
         f_r, c_r = forward_flops(m, r)
@@ -169,8 +197,7 @@ def estimate(cfg) -> Estimate:
     act = t["batch_size"] * m["n_steps"] * n * (twice * (4 * dm + 2 * f) + 8 * dm)
     top = max(t["eval_resolutions"])
     eval_act = 20 * top * (4 * dm + f) + (20 * m["heads"] * top * top if m["attention"] == "softmax" else 0)
-    data = 4.0 * (d["n_train"] + d["n_test"]) * d["points"] * 4
-    return Estimate(work.flops, work.calls, 4.0 * (4.0 * params + act) + max(data, 4.0 * eval_act))
+    return Estimate(work.flops, work.calls, 4.0 * (4.0 * params + act) + max(gen_bytes, 4.0 * eval_act))
 
 
 # -- the job --------------------------------------------------------------------------------------
@@ -178,9 +205,9 @@ def load_data(cfg, resolution: int):
     from ..data import load_burgers
 
     d = cfg["data"]
-    try:
+    try:  # force: the command's own guard (estimate) has decided
         return load_burgers(resolution, n_train=d["n_train"], n_test=d["n_test"], seed=d["seed"],
-                            points=d["points"], n_steps=d["solver_steps"])
+                            points=d["points"], n_steps=d["solver_steps"], force=True)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"data: {e}") from None
 
@@ -218,22 +245,30 @@ def train_config(cfg, progress: bool = True):
 
 
 def prepare(cfg) -> dict:
-    """The library's own checks: the data loads (generated and cached on first use), the
-    model is built, the trainer accepts the settings, the untrained model is finite."""
+    """The library's own checks: the model is built, the trainer accepts the settings, the
+    untrained model is finite on two draws of the data's random initial conditions at the
+    training grid.  The data itself is loaded (generated and cached on first use) by
+    :func:`run`: ``--print-config`` never generates it (its sizes are checked by
+    :func:`check`)."""
+    import numpy as np
     import torch
 
-    train, test = load_data(cfg, cfg["train"]["resolution"])
+    from ..data.burgers import grf_initial_conditions
+
     model = build_model(cfg["model"])
     try:
         train_config(cfg, progress=False)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"train: {e}") from None
+    r = cfg["train"]["resolution"]
+    q = r * max(1, math.ceil(8 / r))  # at least 8 nodes drawn, every (q / r)-th kept
+    u0 = torch.from_numpy(grf_initial_conditions(2, q, np.random.default_rng(0))[:, :: q // r].copy()).float()
     with torch.no_grad():
-        out = model.eval()(train.inputs[:2])
+        out = model.eval()(u0)
     model.train()
     if not bool(torch.isfinite(out).all()):
         raise ConfigError("model: the untrained model's output on two fields is not finite")
-    return {"model": model, "train": train, "test": test}
+    return {"model": model}
 
 
 def fit(cfg, plan, folder: Path, progress: bool):
@@ -263,6 +298,7 @@ def run(cfg, plan, out, progress=True):
 
     m, t, d = cfg["model"], cfg["train"], cfg["data"]
     model = plan["model"]
+    plan["train"], plan["test"] = load_data(cfg, t["resolution"])
     try:
         trainer, history, resumed = fit(cfg, plan, out.folder / "train", progress)
     except _digits.Interrupted as e:

@@ -45,7 +45,7 @@ def _cache(edit):
     """A tiny cached data set, edited by ``edit(npz_path, json_path)``, then loaded with
     ``on_corrupt="error"``."""
     d = Path(tempfile.mkdtemp(prefix="opsplit-burgers-"))
-    kw = dict(n_train=2, n_test=1, points=32, n_steps=20, cache_dir=d)
+    kw = dict(n_train=2, n_test=1, points=64, n_steps=40, cache_dir=d)
     load_burgers(16, **kw)
     edit(next(d.glob("*.npz")), next(d.glob("*.json")))
     return load_burgers(16, on_corrupt="error", **kw)
