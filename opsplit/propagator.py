@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
+    skip_value_checks,
     check_finite,
     check_finite_float,
     check_float_dtype,
@@ -27,6 +28,7 @@ from ._checks import (
     check_positive_int,
     check_tensor,
 )
+from ._memory import FLOAT_LIST_ENTRY, GUARD_FROM, check_fits, steps_memory
 from .adaptive import ON_FAILURE, PIController, _estimator, _stops, check_adaptive, solve_adaptive, time_tolerance
 from .grid import Grid, check_grid
 from .revolve import checkpointed_steps as _checkpointed_steps
@@ -34,6 +36,17 @@ from .revolve import revolve_steps
 from .schemes.base import Scheme, changes_grid
 
 __all__ = ["Propagator", "AdaptivePropagator"]
+
+
+def _steps_name(n_steps) -> str:
+    """The argument a size guard names: the call's ``n_steps`` or the propagator's own."""
+    return "Propagator.n_steps (N_t)" if n_steps is None else "n_steps (N_t)"
+
+
+def _calls_per_step(scheme) -> int:
+    """Substep calls per step (a lower bound for schemes that do not count them)."""
+    n = getattr(scheme, "n_calls", None)
+    return int(n) if isinstance(n, int) and n > 0 else max(1, len(scheme.substeps))
 
 
 def _nonneg_int(v, name: str) -> int:
@@ -201,9 +214,38 @@ class Propagator(nn.Module):
         return (self.t1 - self.t0) / n
 
     def times(self, n_steps: int | None = None) -> list[float]:
-        """The time grid :math:`t^0, \\dots, t^{N_t}`."""
+        """The time grid :math:`t^0, \\dots, t^{N_t}` (refused, naming ``n_steps``, when its
+        :math:`N_t + 1` Python floats do not fit in the available memory)."""
         n = self.n_steps if n_steps is None else check_positive_int(n_steps, "n_steps (N_t)")
+        if FLOAT_LIST_ENTRY * (n + 1.0) >= GUARD_FROM and not skip_value_checks():
+            need, parts = steps_memory(n)
+            check_fits(_steps_name(n_steps), need, f"N_t = {n} steps", "a smaller n_steps", parts=parts)
         return [self.t0 + (self.t1 - self.t0) * k / n for k in range(n + 1)]
+
+    def _steps_memory(self, n_steps: int, state_bytes: float, *, grad: bool, trajectory: bool = False):
+        """A lower bound of the memory a solve of ``n_steps`` steps on a state of
+        ``state_bytes`` bytes holds at its peak, with its parts in words
+        (:func:`opsplit._memory.steps_memory`): the time grid, the trajectory, and what
+        autograd keeps (``grad``: one state per substep call, or the checkpointed loop's
+        stored states)."""
+        every, snaps = int(self.checkpoint_every or 0), self.checkpoint_snapshots
+        stored = None
+        if grad and every and not trajectory:
+            stored = min(-(-n_steps // every), snaps) if snaps is not None else -(-n_steps // every)
+        return steps_memory(n_steps, state_bytes=state_bytes, calls_per_step=_calls_per_step(self.scheme),
+                            grad=grad, stored_states=stored, trajectory=trajectory)
+
+    def _check_steps_fit(self, n_steps, f: Tensor, trajectory: bool) -> None:
+        """Refuse, before the time grid is made, a solve of ``n_steps`` (``None``: the
+        propagator's own) whose memory cannot fit (:func:`opsplit._memory.check_fits`)."""
+        n = self.n_steps if n_steps is None else check_positive_int(n_steps, "n_steps (N_t)")
+        if n < 1024 or skip_value_checks():
+            return  # (a loop this short never holds GUARD_FROM bytes beyond its states)
+        grad = torch.is_grad_enabled() and (f.requires_grad or any(p.requires_grad for p in self.parameters()))
+        need, parts = self._steps_memory(n, float(f.numel() * f.element_size()), grad=grad, trajectory=trajectory)
+        calls = n * _calls_per_step(self.scheme)
+        check_fits(_steps_name(n_steps), need, f"N_t = {n} steps of {type(self.scheme).__name__} on a state "
+                   f"{tuple(f.shape)}", "a smaller n_steps", parts=parts, work=f"{calls:.3g} substep calls")
 
     def resolve_grid(self, f: Tensor, grid: Grid | None = None) -> Grid:
         g = self.grid if grid is None else check_grid(grid, "grid")
@@ -234,6 +276,7 @@ class Propagator(nn.Module):
                 re-checked only after they change).
         """
         f, g, unbatched = self._prepare(f, grid, check_finite_input)
+        self._check_steps_fit(n_steps, f, return_trajectory)
         times = self.times(n_steps)
         if return_trajectory and any(changes_grid(s) for s in self.scheme.substeps):
             raise ValueError(
@@ -368,6 +411,7 @@ class Propagator(nn.Module):
             sol = solve_adaptive(self, f, g, t_eval=t_eval, controller=controller, estimator=estimator,
                                  per_sample=per_sample, on_failure=on_failure)
         else:
+            self._check_steps_fit(n_steps, f, t_eval is not None)
             times = self.times(n_steps)
             idx = None
             if t_eval is not None:

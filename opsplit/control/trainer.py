@@ -72,6 +72,7 @@ from .objective import Objective, ObjectiveValue
 from .paths import check_out_dir, check_path
 from .resolution import draw_n_steps, draw_solver, split_sizes
 from .swap import solved_with
+from ..propagator import _calls_per_step
 
 __all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
 
@@ -134,6 +135,29 @@ def _own_solver(model) -> str | None:
 def _mean(values) -> float:
     v = list(values)
     return sum(v) / len(v) if v else float("nan")
+
+
+@contextlib.contextmanager
+def _solve_inputs(model):
+    """``with _solve_inputs(model) as calls: model(x)``: ``calls`` lists ``(propagator, bytes
+    of its input state, its batch size or None)`` for every solve of an opsplit propagator
+    inside ``model``."""
+    from ..propagator import Propagator
+
+    calls = []
+
+    def hook(mod, args, kwargs):
+        f = args[0] if args else kwargs.get("f")
+        if isinstance(f, Tensor):
+            calls.append((mod, float(f.numel() * f.element_size()), f.shape[0] if f.dim() == 3 else None))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()
+               if isinstance(m, Propagator)]
+    try:
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _check_eval_n_steps(n) -> int:
@@ -280,8 +304,10 @@ class Trainer:
         self.model.eval()
         try:
             with torch.no_grad():
-                out = self.objective.select(self.model(x))
+                with _solve_inputs(self.model) as calls:
+                    out = self.objective.select(self.model(x))
                 for n in self.config.train_n_steps or ():
+                    self._check_steps_fit(n, calls, k)
                     try:
                         self.model(x, n_steps=n)
                     except TypeError as e:
@@ -300,6 +326,25 @@ class Trainer:
             if lo < 0 or hi >= C:
                 raise ValueError(f"{data.name}.targets: loss 'cross_entropy' needs class indices in [0, {C - 1}] "
                                  f"(the model outputs {C} logits), got range [{lo}, {hi}]")
+
+    def _check_steps_fit(self, n: int, calls: list, k: int) -> None:
+        """``TrainConfig.train_n_steps``: refuse, before the first step (and before the model
+        is solved at ``n`` steps in :meth:`_check_batch`), an :math:`N_t` whose training step
+        cannot fit in memory: the propagators' time grids and, with ``gradient="backprop"``,
+        one state of the batch per substep call kept for the backward pass
+        (:meth:`opsplit.Propagator._steps_memory`, lower bounds; ``calls``: the
+        propagators the model called on ``k`` samples, with their input's bytes and batch)."""
+        from .._memory import check_fits
+
+        c = self.config
+        need, parts, work = 0.0, [], 0
+        for prop, nbytes, batch in calls:  # (a state of the k samples grows to the batch's)
+            state = nbytes / k * c.batch_size if batch == k else nbytes
+            b, p = prop._steps_memory(n, state, grad=c.gradient == "backprop")
+            need, parts, work = need + b, parts + p, work + n * _calls_per_step(prop.scheme)
+        check_fits("TrainConfig.train_n_steps", need,
+                   f"N_t = {n} in a training step of batch_size {c.batch_size} ({c.gradient} gradients)",
+                   "smaller N_t in train_n_steps", parts=parts, work=f"{work:.3g} substep calls per step")
 
     # -- checkpoints --------------------------------------------------------------------------
     def state(self) -> dict:

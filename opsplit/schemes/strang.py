@@ -42,6 +42,11 @@ class Strang(Scheme):
 
     order = 2
 
+    @property
+    def n_calls(self) -> int:
+        """Substep calls per step: :math:`2K - 1`."""
+        return 2 * len(self.substeps) - 1
+
     def step(self, t, dt: float, u: Tensor, grid) -> Tensor:
         *outer, middle = self.substeps
         h = 0.5 * dt

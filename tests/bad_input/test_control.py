@@ -499,3 +499,21 @@ def test_gradient_modes(case):
 @pytest.mark.parametrize("case", DISTRIBUTED)
 def test_distributed(case):
     run_case(case)
+
+
+# -- issue 42: the size guard of train_n_steps (13f) --------------------------------------------------
+ISSUE42_SIZE = cases(
+    ("train_n_steps-1e9", fit_into(train_n_steps=[2, 10**9]), ValueError,
+     r"^TrainConfig\.train_n_steps: N_t = 1000000000 in a training step of batch_size 16 \(backprop gradients\): at "
+     r"least .* of memory \(a time grid of 1000000001 times: 32 GB; 3e\+09 states of 2\.56 kB kept for the backward "
+     r"pass: 7\.68 TB\) and 3e\+09 substep calls per step before the first step, more than the .* available; expected "
+     r"smaller N_t in train_n_steps$"),
+    ("train_n_steps-1e12-checkpoint", fit_into(train_n_steps=[10**12], gradient="checkpoint"), ValueError,
+     r"^TrainConfig\.train_n_steps: N_t = 1000000000000 in a training step of batch_size 16 \(checkpoint gradients\): "
+     r"at least 32 TB of memory \(a time grid of 1000000000001 times: 32 TB\)"),
+)
+
+
+@pytest.mark.parametrize("case", ISSUE42_SIZE)
+def test_issue42_size_guard(case):
+    run_case(case)

@@ -204,6 +204,27 @@ AFTER_CONSTRUCTION = cases(
     ("schemeflow-set-operator", _set(lambda: SchemeFlow(Lie([ffn()])), scheme=ffn()), TypeError, r"^SchemeFlow\.scheme: expected an opsplit Scheme, got FFNIntegral"),
 )
 
+# issue 42, finding 13f: an N_t whose solve cannot fit in memory is refused before the time grid
+# is made (it ran into a MemoryError after minutes), naming n_steps, with the memory and the work
+_FITS = r"before the first step, more than the .* available; expected a smaller n_steps$"
+SIZE = cases(
+    ("forward-n_steps=1e12", lambda: prop()(u(2, 3, 5), n_steps=10**12), ValueError,
+     r"^n_steps \(N_t\): N_t = 1000000000000 steps of Lie on a state \(2, 3, 5\): at least 32 TB of memory \(a time grid "
+     r"of 1000000000001 times: 32 TB\) and 2e\+12 substep calls " + _FITS),
+    ("solve-n_steps=1e12", lambda: prop().solve(u(2, 3, 5), n_steps=10**12), ValueError,
+     r"^n_steps \(N_t\): N_t = 1000000000000 steps of Lie on a state \(2, 3, 5\): at least 32 TB " + r".*" + _FITS),
+    ("times-1e12", lambda: prop().times(10**12), ValueError,
+     r"^n_steps \(N_t\): N_t = 1000000000000 steps: at least 32 TB of memory \(a time grid of 1000000000001 times"),
+    ("own-n_steps=1e12", _solved(prop, n_steps=10**12), ValueError,
+     r"^Propagator\.n_steps \(N_t\): N_t = 1000000000000 steps of Lie" + r".*" + _FITS),
+    ("trajectory-1e10", lambda: prop()(u(2, 3, 5), n_steps=10**10, return_trajectory=True), ValueError,
+     r"^n_steps \(N_t\): N_t = 10000000000 steps .*a trajectory of 10000000001 states: 4\.8 TB\)" + r".*" + _FITS),
+    ("strang-1e12-calls", lambda: Propagator(Strang([ffn(), ffn(), ffn()]), 2)(u(2, 3, 5), n_steps=10**12), ValueError,
+     r"^n_steps \(N_t\): N_t = 1000000000000 steps of Strang .* and 5e\+12 substep calls"),
+    ("adaptive-forward-n_steps=1e12", lambda: _adaptive()(u(2, 3, 5), n_steps=10**12), ValueError,
+     r"^n_steps \(N_t\): N_t = 1000000000000 steps of Strang"),
+)
+
 
 def _nan_prop():
     p = prop()
@@ -228,4 +249,9 @@ def test_propagator(case):
 
 @pytest.mark.parametrize("case", AFTER_CONSTRUCTION)
 def test_attributes_set_after_construction(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", SIZE)
+def test_size_guard(case):
     run_case(case)
