@@ -736,3 +736,125 @@ def test_issue24_kernel_attention_two_clusters_1000_apart(kernel):
     else:
         ref = _nw_exact(q, k, v, kernel, 1.0)
     assert float((out - ref).abs().max()) <= 1e-5 * float(v.abs().max())
+
+
+# -- issue 42, finding 13a: key weights spread wide, the query on (or next to) the heavy key ---------
+from opsplit.functional._sums import relu_attention_composed  # noqa: E402
+from opsplit.functional.sliced_runs import SlicedDecodeCache  # noqa: E402
+
+
+def _sliced_exact(zq, zk, v, w, centered, causal_):
+    """Eqs. 2/3 (causal: over the keys l <= i + N_k - N_q) in exact rational arithmetic on the
+    rounded inputs: rows ``zq (R, N_q)``, ``zk (R, N_k)``, ``v (R, N_k, D)``, ``w (R, N_k)``."""
+    R, Nq = zq.shape
+    Nk, D = v.shape[1], v.shape[2]
+    out = torch.zeros(R, Nq, D, dtype=F64)
+    for r in range(R):
+        Z = [Fraction(x) for x in zk[r].tolist()]
+        W = [Fraction(x) for x in w[r].tolist()]
+        V = [[Fraction(x) for x in row] for row in v[r].tolist()]
+        for i, qi in enumerate(zq[r].tolist()):
+            q = Fraction(qi)
+            n = i + Nk - Nq + 1 if causal_ else Nk
+            Wt = sum(W[:n])
+            if n <= 0 or Wt == 0:
+                continue
+            vbar = [sum(W[j] * V[j][d] for j in range(n)) / Wt if centered else 0 for d in range(D)]
+            den = sum(W[j] * abs(q - Z[j]) for j in range(n))
+            if den == 0:
+                continue
+            for d in range(D):
+                out[r, i, d] = float(sum(W[j] * max(q - Z[j], 0) * (V[j][d] - vbar[d]) for j in range(n)) / den)
+    return out
+
+
+def _runs(zq, zk, v, w, centered, first):
+    """The causal eqs. through a sorted-run decode cache: the first ``first`` tokens as one step
+    (the prefill), then one token per step."""
+    c, outs, a = SlicedDecodeCache(), [], 0
+    with torch.no_grad():
+        for m in [first] + [1] * (zk.shape[1] - first):
+            s = slice(a, a + m)
+            outs.append(c.step_relu(zq[None, :, s], zk[None, :, s], v[None, :, s], key_weights=w[None, :, s],
+                                    centered=centered))
+            a += m
+    return torch.cat(outs, 2)[0]
+
+
+ISSUE42 = {  # kind: (fn(zq, zk, v, w, centered) on rows, causal?)
+    "causal": (lambda q, k, v, w, c: causal_sliced_relu_attention(q, k, v, centered=c, key_weights=w), True),
+    "full": (lambda q, k, v, w, c: sliced_relu_attention(q, k, v, centered=c, key_weights=w), False),
+    "composed": (lambda q, k, v, w, c: relu_attention_composed(q, k, v, w, c), False),  # compile / vmap / 2nd order
+    "decode": (lambda q, k, v, w, c: decode_sliced_relu_attention(q, k, v, centered=c, key_weights=w), True),
+    "runs-steps": (lambda q, k, v, w, c: _runs(q, k, v, w, c, 1), True),
+    "runs-prefill": (lambda q, k, v, w, c: _runs(q, k, v, w, c, k.shape[1]), True),
+}
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("centered", [False, True], ids=["eq2", "eq3"])
+@pytest.mark.parametrize("kind", list(ISSUE42))
+def test_issue42_query_on_the_heavy_key(kind, centered, dtype):
+    """zq = [1, 1], zk = [0, 1], v = [1, 2], key weights [1e-10, 1e10]: the second query sits on
+    the heavy key, whose kernel is 0 (ReLU(0) = |0| = 0), so the light key alone makes its
+    output: eq. 2 gives [1, 1] (causal and full), eq. 3 [0, -1] causal, [-1, -1] full.  Before:
+    the causal kernel gave [1, 0] and [0, 0], the full kernel [0, 0] (the heavy key's terms of
+    q A - B cancelled the light key away; float32 dropped it as 2^-66 of the heaviest weight)."""
+    fn, is_causal = ISSUE42[kind]
+    zq, zk = torch.tensor([[1.0, 1.0]], dtype=dtype), torch.tensor([[0.0, 1.0]], dtype=dtype)
+    v, w = torch.tensor([[[1.0], [2.0]]], dtype=dtype), torch.tensor([[1e-10, 1e10]], dtype=dtype)
+    want = {(True, False): [1.0, 1.0], (True, True): [0.0, -1.0], (False, False): [1.0, 1.0],
+            (False, True): [-1.0, -1.0]}[(is_causal, centered)]
+    out = fn(zq, zk, v, w, centered)
+    assert out.dtype == dtype
+    assert out.flatten().tolist() == pytest.approx(want, abs=4 * torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("kind", list(ISSUE42))
+def test_issue42_float64_light_key_1e12_below(kind):
+    """Float64, key weights [1e-12, 1], the second query on the heavy key: eq. 2 is 1.0 (the
+    causal kernel gave 1.000133)."""
+    fn, _ = ISSUE42[kind]
+    zq, zk = torch.tensor([[1.0, 1.0]], dtype=F64), torch.tensor([[0.0, 1.0]], dtype=F64)
+    v, w = torch.tensor([[[1.0], [2.0]]], dtype=F64), torch.tensor([[1e-12, 1.0]], dtype=F64)
+    assert fn(zq, zk, v, w, False).flatten().tolist() == pytest.approx([1.0, 1.0], abs=4 * torch.finfo(F64).eps)
+
+
+@pytest.mark.parametrize("kind", list(ISSUE42))
+def test_issue42_weights_1e30_apart(kind):
+    """Float32 key weights [1e-30, 1e30] (60 decades: beyond float32's range of ratios; the
+    kernels sum such rows in float64): finite, and the light key's value where the query sits on
+    the heavy key (the decode sums gave NaN: the float64 denominator 1e-60 rounded to 0 in
+    float32)."""
+    fn, is_causal = ISSUE42[kind]
+    zq, zk = torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 1.0]])
+    v, w = torch.tensor([[[1.0], [2.0]]]), torch.tensor([[1e-30, 1e30]])
+    for centered, want in ((False, [1.0, 1.0]), (True, [0.0, -1.0] if is_causal else [-1.0, -1.0])):
+        out = fn(zq, zk, v, w, centered)
+        assert bool(torch.isfinite(out).all())
+        assert out.flatten().tolist() == pytest.approx(want, abs=4 * torch.finfo(F32).eps)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("kind", list(ISSUE42))
+def test_issue42_queries_next_to_a_heavy_key(kind, dtype):
+    """100 keys of weight 1 and a first key of weight 1e8; the queries from position 64 on lie
+    1e-6 .. 2e-6 above the heavy key (the rest random): every kind equals eqs. 2/3 in exact
+    rational arithmetic to 16 eps of max|v| (measured below 4 eps).  Before, the float32 full
+    kernel was 3.3 % of max|v| off (the heavy key's share of q A - B, 1e8 (q - c), cancelled
+    against the light keys' denominator of order 100)."""
+    fn, is_causal = ISSUE42[kind]
+    g = torch.Generator().manual_seed(5)
+    N = 100 if kind not in ("runs-steps", "composed") else 70
+    zk = torch.randn(1, N, generator=g, dtype=F64)
+    zq = torch.randn(1, N, generator=g, dtype=F64)
+    zq[0, 64:] = zk[0, 0] + 1e-6 * (1 + torch.rand(N - 64, generator=g, dtype=F64))
+    v = torch.randn(1, N, 2, generator=g, dtype=F64)
+    w = torch.ones(1, N, dtype=F64)
+    w[0, 0] = 1e8
+    zq, zk, v, w = (x.to(dtype) for x in (zq, zk, v, w))
+    for centered in (False, True):
+        out = fn(zq, zk, v, w, centered).double()
+        ref = _sliced_exact(zq[:, 60:], zk, v, w, centered, is_causal)  # the last 40 queries
+        err = float((out[:, 60:] - ref).abs().max())
+        assert err <= 16 * torch.finfo(dtype).eps * float(v.abs().max()), (centered, err)

@@ -179,7 +179,21 @@ def gradient_in(g: Tensor, R: int) -> tuple[Tensor, Tensor | None]:
 #: width (in powers of two) of the leading weights of one segment (:func:`weight_segments`)
 SEGMENT = {torch.float32: 16, torch.float64: 128}
 #: a key lighter than ``2^-FLUSH`` times the leading weight of a segment is dropped from it
+#: (eq. 7: its share of the query's normalisation :math:`\sum_l w_l` is below the rounding)
 FLUSH = {torch.float32: 40, torch.float64: 200}
+#: the same for eqs. 2 and 3 (float64 only: float32 rows whose weights span more than
+#: :data:`RELU_SPAN_F32` are computed in float64).  Their normalisation is
+#: :math:`\sum_l w_l |q - z_l|`, not :math:`\sum_l w_l`: a heavy key at (or near) the query adds
+#: (almost) nothing to it, and a key far lighter than the heaviest may carry the whole sum
+#: (issue 42: float32 weights 1e-10 and 1e10, the query on the heavy key: FLUSH dropped the
+#: light key, the only one that counts).  So a segment keeps every earlier key down to
+#: :math:`2^{-640}` of its leading weight, and segments are :math:`2^{192}` wide (the two
+#: together stay inside float64's normal range, with room for the scaled scores and values).
+SEGMENT_RELU, FLUSH_RELU = 192, 640
+#: float32 rows whose positive key weights span more than :math:`2^{64}` (largest over
+#: smallest) are computed in float64 by eqs. 2 and 3: in float32 the products of the lightest
+#: weights with scores and values would fall below its normal range
+RELU_SPAN_F32 = 64
 
 
 def _weight_exponents(w: Tensor) -> Tensor:
@@ -188,7 +202,34 @@ def _weight_exponents(w: Tensor) -> Tensor:
     return torch.where(w > 0, e, torch.full_like(e, -(1 << 40)))
 
 
-def weights_one_scale(w: Tensor) -> bool:
+def heaviest(ws: Tensor) -> Tensor:
+    r"""``(n, 1)`` index, per row of the key weights ``ws`` ``(n, s)`` (in the keys' sorted
+    order), of the median of the keys of the largest weight (the median key when the weights
+    are equal): the shift :math:`c` of the prefix tables of eqs. 2 and 3.  With it every table
+    term's rounding, :math:`\varepsilon w_j (|q - c| + |z_j - c|)`, sums to at most
+    :math:`(2s + 1)\varepsilon\sum_j w_j |q - z_j|` (as :math:`w_j \le w_c` and
+    :math:`|z_j - c| \le |z_j - q| + |q - c|`): a multiple of the denominator the terms enter,
+    however close the query is to the heavy keys (issue 42)."""
+    ismax = ws == ws.amax(1, keepdim=True)
+    k = ismax.sum(1, keepdim=True)
+    return (torch.cumsum(ismax, 1) > (k - 1) // 2).to(torch.int8).argmax(1, keepdim=True)
+
+
+def weights_span(w: Tensor) -> int:
+    """The largest, over the rows of the key weights ``w`` ``(R, N)``, of the span in powers of
+    two of the positive weights (exponent of the largest minus that of the smallest); 0 for
+    rows without two positive weights."""
+    R, N = w.shape
+    if R * N == 0:
+        return 0
+    e = exponents(w)
+    pos = w > 0
+    hi = torch.where(pos, e, torch.full_like(e, -(1 << 40))).amax(1)
+    lo = torch.where(pos, e, torch.full_like(e, 1 << 40)).amin(1)
+    return int(torch.where(pos.any(1), hi - lo, 0).amax())
+
+
+def weights_one_scale(w: Tensor, segment: int | None = None) -> bool:
     r"""Whether every row of the key weights ``w`` ``(R, N)`` suits one scale for all of its
     causal prefixes: the first key of positive weight, which every query that sees a key
     sees, is within :math:`2^{\mathrm{SEGMENT}}` of the row's largest weight.  (Rows with
@@ -200,10 +241,10 @@ def weights_one_scale(w: Tensor) -> bool:
     e = _weight_exponents(w)
     first = (w > 0).to(torch.int8).argmax(1, keepdim=True)
     spread = e.amax(1) - e.gather(1, first).squeeze(1)
-    return bool((spread <= SEGMENT[w.dtype]).all())
+    return bool((spread <= (SEGMENT[w.dtype] if segment is None else segment)).all())
 
 
-def weight_segments(w: Tensor, Nq: int):
+def weight_segments(w: Tensor, Nq: int, segment: int | None = None, flush: int | None = None):
     r"""Subproblems of a causal sum whose key weights ``w`` ``(R, N_k)`` span more than one
     scale within a row (queries on the last ``N_q`` positions, bottom-right aligned).
 
@@ -215,10 +256,12 @@ def weight_segments(w: Tensor, Nq: int):
     when :math:`C_t` grows by more than the dtype's range along the row (float32 weights
     1e-20 and 1e20: the first query's weights underflow to 0).  So the positions of a row
     are cut into segments :math:`[a_g, b_g)` over which :math:`C_t` grows by at most
-    :data:`SEGMENT`; segment :math:`g` is its own causal problem: the keys before
+    :data:`SEGMENT` (``segment``); segment :math:`g` is its own causal problem: the keys before
     :math:`a_g` of weight :math:`\ge 2^{c_g - \mathrm{FLUSH}}` (:math:`c_g = C_{a_g}`), then
     every position of the segment, weights scaled by :math:`2^{-c_g}` (lighter ones set to
-    0), and the segment's queries, the last ones (bottom-right alignment holds).  As
+    0), and the segment's queries, the last ones (bottom-right alignment holds).  (``segment``,
+    ``flush``: other widths than :data:`SEGMENT`, :data:`FLUSH`: :data:`SEGMENT_RELU`,
+    :data:`FLUSH_RELU` for eqs. 2 and 3.)  As
     :math:`C` grows by more than SEGMENT from one segment to the next, a key enters at most
     :math:`(\mathrm{FLUSH} + \mathrm{SEGMENT}) / \mathrm{SEGMENT} + 1` (4.5 in float32, 3.6
     in float64) subproblems.
@@ -232,7 +275,8 @@ def weight_segments(w: Tensor, Nq: int):
     """
     R, N = w.shape
     dt = w.dtype
-    H, G = SEGMENT[dt], FLUSH[dt]
+    H = SEGMENT[dt] if segment is None else segment
+    G = FLUSH[dt] if flush is None else flush
     e_all = _weight_exponents(w).cpu()
     C_all = torch.cummax(e_all, 1)[0]
     d = N - Nq  # position of query i is i + d

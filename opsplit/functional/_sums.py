@@ -36,10 +36,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._scale import heaviest
+
 __all__ = ["relu_sum", "step_sum", "relu_attention_composed", "bump_attention_composed"]
 
 
-def _eval(q: Tensor, k: Tensor, gamma: Tensor, relu: bool) -> Tensor:
+def _eval(q: Tensor, k: Tensor, gamma: Tensor, relu: bool, shift_weights: Tensor | None = None) -> Tensor:
     R, N = k.shape
     M, D = q.shape[1], gamma.shape[2]
     ks, order = torch.sort(k, dim=1)
@@ -51,22 +53,28 @@ def _eval(q: Tensor, k: Tensor, gamma: Tensor, relu: bool) -> Tensor:
     Ap = A.gather(1, idx)
     if not relu:
         return Ap
-    # shift the scores by the median key (the sum is shift-invariant): prefix sums of the
-    # size of the result
-    mid = (N - 1) // 2
-    c = ks[:, mid : mid + 1].double()
+    # shift the scores (the sum is shift-invariant) by the median key, or by the median of the
+    # heaviest keys of ``shift_weights`` (opsplit.functional._scale.heaviest): prefix sums of
+    # the size of the result
+    if shift_weights is None:
+        mid = (N - 1) // 2
+        c = ks[:, mid : mid + 1].double()
+    else:
+        c = ks.gather(1, heaviest(shift_weights.detach().gather(1, order))).double()
     kc = (ks.double() - c).unsqueeze(-1)
     B = torch.nn.functional.pad(torch.cumsum(kc * gs, 1), (0, 0, 1, 0))
     qc = (q.double() - c).unsqueeze(-1)
     return qc * Ap - B.gather(1, idx)
 
 
-def relu_sum(q: Tensor, k: Tensor, gamma: Tensor) -> Tensor:
+def relu_sum(q: Tensor, k: Tensor, gamma: Tensor, shift_weights: Tensor | None = None) -> Tensor:
     r""":math:`\sum_j \mathrm{ReLU}(q_i - k_j)\gamma_j`; ``q (R, M)``, ``k (R, N)`` (``N >= 1``),
     ``gamma (R, N, D)`` -> ``(R, M, D)`` in float64 (products of scores and values of
     float32 inputs overflow or underflow float32 at magnitudes the inputs represent);
-    differentiable to any order by autograd."""
-    return _eval(q, k, gamma, relu=True)
+    differentiable to any order by autograd.  ``shift_weights`` ``(R, N)``: the key weights
+    inside ``gamma``; the tables are then shifted by the heaviest keys' score (the rounding
+    stays a multiple of :math:`\sum_j w_j |q_i - k_j|`, also where a heavy key ties the query)."""
+    return _eval(q, k, gamma, relu=True, shift_weights=shift_weights)
 
 
 def step_sum(q: Tensor, k: Tensor, gamma: Tensor) -> Tensor:
@@ -81,14 +89,16 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 
 def _weights(k: Tensor, w: Tensor | None) -> Tensor:
     """The key weights divided by a power of two near their row maximum (the outputs are of
-    degree 0 in them): weights of 1e-300 or 1e300 neither underflow nor overflow the sums.
-    Plain torch operations, no data-dependent control flow."""
+    degree 0 in them), in float64: weights of 1e-300 or 1e300 neither underflow nor overflow
+    the sums, and float32 weights spread over 1e-38 .. 3e38 keep the light ones (which carry
+    eq. 2's denominator where the heavy keys tie the query).  Plain torch operations, no
+    data-dependent control flow."""
     if w is None:
-        return torch.ones_like(k)
+        return torch.ones_like(k, dtype=torch.float64)
     w = w.to(k.dtype)
     m = w.detach().amax(-1, keepdim=True).double()
     e = torch.where(m > 0, torch.floor(torch.log2(m)), torch.zeros_like(m)).clamp(-1000, 1000)
-    return (w.double() * torch.exp2(-e)).to(k.dtype)
+    return w.double() * torch.exp2(-e)
 
 
 def _mean(v: Tensor, w: Tensor) -> Tensor:
@@ -107,9 +117,10 @@ def relu_attention_composed(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None,
     ``v (R, N, D)``, ``w (R, N)`` or ``None``."""
     wk = _weights(k, w)
     vc = v - _mean(v, wk).unsqueeze(1) if centered else v
-    num = relu_sum(q, k, wk.unsqueeze(-1) * vc)
+    sw = None if w is None else wk
+    num = relu_sum(q, k, wk.unsqueeze(-1) * vc, sw)
     ws = wk.unsqueeze(-1)
-    den = relu_sum(q, k, ws) + relu_sum(-q, -k, ws)  # (R, M, 1)
+    den = relu_sum(q, k, ws, sw) + relu_sum(-q, -k, ws, sw)  # (R, M, 1)
     return _safe_div(num, den).to(v.dtype)
 
 

@@ -93,7 +93,7 @@ from .._checks import skip_value_checks
 from . import _windows
 from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
 from ._inputs import key_weights as combine_key_weights
-from ._scale import gradient_in
+from ._scale import RELU_SPAN_F32, gradient_in, heaviest, weights_span
 from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
 from ._sums import bump_attention_composed, relu_attention_composed
 
@@ -129,6 +129,11 @@ def _graph_mode(*tensors) -> bool:
 
 def _rows(x: Tensor, n: int) -> Tensor:
     return x.reshape(-1, n)
+
+
+def _suffix0(x: Tensor) -> Tensor:
+    """``(R, N)`` -> ``(R, N + 1)`` suffix sums: ``[:, p]`` = ``x[:, p:].sum(1)`` (0 at ``p = N``)."""
+    return torch.nn.functional.pad(torch.flip(torch.cumsum(torch.flip(x, [1]), 1), [1]), (0, 1))
 
 
 def _gather0(table64: Tensor, p: Tensor) -> Tensor:
@@ -257,7 +262,7 @@ def _dot_rows(a: Tensor, b: Tensor) -> Tensor:
 class _Keys:
     """Sorted keys of each row, their weights, shift and scalar prefix sums (float64)."""
 
-    def __init__(self, zk: Tensor, w: Tensor | None, probes, transpose=False):
+    def __init__(self, zk: Tensor, w: Tensor | None, probes, transpose=False, heavy=False):
         R, N = zk.shape
         self.R, self.N = R, N
         zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
@@ -273,7 +278,10 @@ class _Keys:
         else:
             self.ws = w.gather(1, order)
             self.n_valid = (self.ws > 0).sum(1)
-        mid = ((self.n_valid - 1).clamp_min(0) // 2).unsqueeze(1)
+        if heavy and w is not None:  # eqs. 2-3: the median of the heaviest keys (_scale.heaviest)
+            mid = heaviest(self.ws)
+        else:
+            mid = ((self.n_valid - 1).clamp_min(0) // 2).unsqueeze(1)
         c = ks.gather(1, mid)
         self.c = torch.where(self.n_valid.unsqueeze(1) > 0, c, torch.zeros_like(c))  # (R, 1)
         ksh = ks - self.c
@@ -289,6 +297,13 @@ class _Keys:
         self.Wc, self.Kc = self.Wc0[:, 1:], self.Kc0[:, 1:]  # inclusive
         self.W = self.Wc0[:, -1:]
         self.K = self.Kc0[:, -1:]
+
+    def suffix(self) -> Tensor:
+        """``(R, N + 1)``: ``[:, p]`` = the weight of the sorted keys ``p, p + 1, ...`` (float64
+        suffix sums, no cancellation)."""
+        ws64 = torch.ones(self.R, self.N, dtype=torch.float64, device=self.Wc0.device) if self.ws is None \
+            else self.ws.double()
+        return _suffix0(ws64)
 
     def W_lt(self, p):
         return self.Wc0.gather(1, p)
@@ -334,7 +349,7 @@ class _SlicedReLU(torch.autograd.Function):
         need_grad = any(ctx.needs_input_grad[:3])
         probes = [(zq, "left")] + ([(zq, "right")] if need_grad else [])
         # with gradients, the same sort also ranks the keys among the queries (transpose)
-        keys = _Keys(zk, w, probes, transpose=need_grad)
+        keys = _Keys(zk, w, probes, transpose=need_grad, heavy=True)
         p = keys.counts[0]
         q64 = (zq - keys.c).double()
         Wlt, Klt = keys.W_lt(p), keys.K_lt(p)
@@ -377,7 +392,7 @@ class _SlicedReLU(torch.autograd.Function):
                 m_lo = (m64[:, D:] - m64[:, :D]).to(v.dtype)
             le_k, lt_k = keys.tcounts  # queries <= and < each key
             ctx.save_for_backward(*originals, zq, zk, v, w, out, den, m, m_lo, keepA.flat, p,
-                                  keys.counts[1], keys.c, Wlt, Klt, keys.W, keys.Wc,
+                                  keys.counts[1], keys.c, Wlt, Klt, keys.W, keys.suffix(),
                                   keys.porder, lt_k, le_k)
             ctx.Np = keepA.Np
             ctx.centered = centered
@@ -386,7 +401,7 @@ class _SlicedReLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        (zq0, zk0, v0, w0, zq, zk, v, w, out, den, m, m_lo, Aflat, p, p_le, c, Wlt, Klt, W, Wc,
+        (zq0, zk0, v0, w0, zq, zk, v, w, out, den, m, m_lo, Aflat, p, p_le, c, Wlt, Klt, W, Wsuf,
          order_q, lt_k, le_k) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward pass
             centered = ctx.centered
@@ -414,8 +429,10 @@ class _SlicedReLU(torch.autograd.Function):
             gA = _rowdots(Aflat, idxA, gflat).view(R, Nq)
             if ctx.centered:  # the table holds v - m32; d num/dq uses v - m
                 gA = gA - Wlt * gm[..., 1]
-            Wle = _gather0(Wc, p_le)
-            dzq = (inv * gA + s * (Wlt + Wle - W)).to(dt)
+            # d den_i/dq_i = W_< - W_> (a key tied with q_i counts in neither); W_> from suffix
+            # sums (W - W_<= cancels where a heavy key ties the query)
+            Wgt = Wsuf.gather(1, p_le)
+            dzq = (inv * gA + s * (Wlt - Wgt)).to(dt)
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
             return (*ctx.sc.grads(eg, dzq)[:1], None, None, None, None, None)
         # keys and values: sums over the queries above each key, from prefix tables over the
@@ -423,10 +440,14 @@ class _SlicedReLU(torch.autograd.Function):
         rows = torch.arange(R, device=zq.device).unsqueeze(1)
         desc = order_q.flip(1)
         inv_desc = inv.to(dt).gather(1, desc)
-        cBq = inv_desc * q.gather(1, desc)
+        # the transposed tables sum g_i (q_i - z_j) / den_i over queries: shifted by the query of
+        # the largest |g_i| / den_i (as the forward tables by the heaviest key: their rounding a
+        # multiple of the sum they enter)
+        cq = zq.gather(1, (inv * g.abs().sum(-1, dtype=torch.float64)).argmax(1, keepdim=True))
+        cBq = inv_desc * (zq - cq).gather(1, desc)
         desc_global = desc + rows * Nq
         n_gt = Nq - le_k  # queries strictly above each key (original key order)
-        kq = zk - c
+        kq = zk - cq
         wk = torch.ones_like(zk) if w is None else w
         W_d = W.to(dt)
         need_v, need_k = ctx.needs_input_grad[2], ctx.needs_input_grad[1]
@@ -470,14 +491,15 @@ class _SlicedReLU(torch.autograd.Function):
                 build(tq, r0, min(R, r0 + c_rows))
             _give_back(tq)
         if need_k:
-            # scalar prefix sums over the queries in increasing order
-            Sc = torch.cumsum(s.gather(1, order_q), 1)
-            S_lt = _gather0(Sc, lt_k)
-            S_gt = Sc[:, -1:] - _gather0(Sc, le_k)
+            # scalar prefix sums over the queries in increasing order, and suffix sums for the
+            # queries above a key (a total minus a prefix cancels where a query with a tiny
+            # denominator, next to a heavy key, lies below it)
+            sa = s.gather(1, order_q)
+            S_lt = _gather0(torch.cumsum(sa, 1), lt_k)
+            S_gt = _suffix0(sa).gather(1, le_k)
             if ctx.centered:
                 mg = (gm[..., 0] + gm[..., 1]) * inv  # <m, g_i> / den_i
-                Mc = torch.cumsum(mg.gather(1, order_q), 1)
-                vG = vG - (Mc[:, -1:] - _gather0(Mc, le_k))
+                vG = vG - _suffix0(mg.gather(1, order_q)).gather(1, le_k)
             dzk = (-wk.double() * (vG + S_gt - S_lt)).to(dt)
         dzq, dzk, dv, _ = ctx.sc.grads(eg, dzq, dzk, dv)
         return dzq, dzk, dv, None, None, None
@@ -533,8 +555,14 @@ def sliced_relu_attention(
         out = relu_attention_composed(zq, zk, v, wr, centered)
         return out.view(*lead, Nq, D)
     zq, zk, v = zq.contiguous(), zk.contiguous(), v.contiguous()
-    out = _SlicedReLU.apply(zq, zk, v, wr, centered, scales(fn, zq, zk, v, wr))
-    return out.view(*lead, Nq, D)
+    sc = scales(fn, zq, zk, v, wr)  # also the finiteness checks
+    dtype = v.dtype
+    if wr is not None and dtype == torch.float32 and weights_span(wr) > RELU_SPAN_F32:
+        # weights beyond float32's range of products (issue 42): the sums in float64
+        zq, zk, v, wr = zq.double(), zk.double(), v.double(), wr.double()
+        sc = scales(fn, zq, zk, v, wr)
+    out = _SlicedReLU.apply(zq, zk, v, wr, centered, sc)
+    return out.to(dtype).view(*lead, Nq, D)
 
 
 # --------------------------------------------------------------------------------------

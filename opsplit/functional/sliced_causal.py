@@ -104,7 +104,16 @@ from .._compile import eager_under_compile
 from . import _windows
 from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
 from ._inputs import key_weights as combine_key_weights
-from ._scale import gradient_in, weight_segments, weights_one_scale
+from ._scale import (
+    FLUSH_RELU,
+    RELU_SPAN_F32,
+    heaviest,
+    SEGMENT_RELU,
+    gradient_in,
+    weight_segments,
+    weights_one_scale,
+    weights_span,
+)
 
 __all__ = ["causal_sliced_relu_attention", "causal_sliced_relu_bump_attention", "BASE"]
 
@@ -276,13 +285,30 @@ def _excl64(x: Tensor) -> Tensor:
     return F.pad(torch.cumsum(x.double(), 1), (1, 0))
 
 
+def _suffix64(x: Tensor) -> Tensor:
+    """Float64 suffix sums along dim 1 of ``(n, s)`` -> ``(n, s + 1)``: ``[:, p]`` = the sum of
+    ``x[:, p:]`` (where a total minus a prefix would cancel)."""
+    return F.pad(torch.flip(torch.cumsum(torch.flip(x.double(), [1]), 1), [1]), (0, 1))
+
+
 def _safe_inv(x: Tensor) -> Tensor:
     nz = x != 0
     return torch.where(nz, 1.0 / torch.where(nz, x, torch.ones_like(x)), torch.zeros_like(x))
 
 
 class _Keys:
-    """The left halves (keys) and right halves (queries) of one level, keys sorted."""
+    r"""The left halves (keys) and right halves (queries) of one level, keys sorted.
+
+    **Shift.**  The prefix tables of a node are formed for the scores shifted by those of the
+    node's heaviest key (:func:`~opsplit.functional._scale.heaviest`), :math:`c`: ``zc = z - c``, ``qc = q - c``.  A table
+    sum :math:`\sum_j w_j (q - z_j)\gamma_j` read as :math:`q_c A - B` then rounds each term
+    to about :math:`\varepsilon w_j (|q - c| + |z_j - c|)|\gamma_j|`, and with :math:`w_c`
+    the largest weight :math:`\sum_j w_j (|q - c| + |z_j - c|) \le (2 s + 1)\sum_j w_j |q - z_j|`
+    (:math:`w_j \le w_c` and :math:`|z_j - c| \le |z_j - q| + |q - c|`): the rounding is a
+    multiple of the node's own share of the denominator, whatever the weights and however
+    close the query is to the heavy keys.  (Shifted by another key, a heavy key at or near the
+    query cancels in :math:`q A - B` down to nothing of the light keys' sums: issue 42.)
+    Ranks are decided on the scores as given (``zs``, ``q``)."""
 
     def __init__(self, lay: _Layout, s: int, zp: Tensor, qp: Tensor, wp: Tensor):
         R, N = lay.R, lay.N
@@ -294,11 +320,15 @@ class _Keys:
         self.w = _split(wp, s, 0, M).reshape(R * M, s)
         self.zs, self.order = torch.sort(self.z, dim=1)
         self.ws = self.w.gather(1, self.order)
+        self.c = self.zs.gather(1, heaviest(self.ws))  # (R M, 1) the shift
+        self.zc = self.z - self.c  # unsorted shifted keys
+        self.qc = self.q - self.c
+        self.zsc = self.zs - self.c
         # flat index of each sorted key into the (R * P, D) values (zero beyond N_k)
         rm = torch.arange(R * M, device=zp.device)
         self.base = ((rm // M) * lay.P + (rm % M) * (2 * s)).unsqueeze(1)  # left half start
         self.flat = self.base + self.order
-        self.wzs = self.ws * self.zs
+        self.wzs = self.ws * self.zsc
         self.Wc0 = _excl64(self.ws)
         self.Kc0 = _excl64(self.wzs)
         self.W = self.Wc0[:, -1:]
@@ -382,14 +412,15 @@ class _Prep:
         P = lay.P
         self.weighted = w is not None
         wk = torch.ones_like(zk) if w is None else w
-        # shift constants (they cancel exactly in the formulas): the score and the value of
-        # the first unmasked key, which every query that sees a key sees, so that no input
-        # after t_i takes part in o_i, not even in rounding
+        # the values are shifted by the value of the first unmasked key, which every query that
+        # sees a key sees, so that no input after t_i takes part in o_i, not even in rounding
+        # (the shift cancels exactly in the formulas); the scores are kept as they are: the
+        # dense blocks form q - z from them, and each node of a level shifts its tables by
+        # its own heaviest key (_Keys)
         first = (wk > 0).to(torch.int8).argmax(1, keepdim=True)  # (R, 1); 0 if none
-        self.cz = zk.gather(1, first)
         self.cv = v.gather(1, first.unsqueeze(-1).expand(R, 1, D)).squeeze(1)
-        self.zp = F.pad(zk - self.cz, (0, P - Nk))
-        self.qp = lay.to_pos(zq - self.cz)
+        self.zp = F.pad(zk, (0, P - Nk))
+        self.qp = lay.to_pos(zq)
         self.wp = F.pad(wk, (0, P - Nk))
         self.vp = v.new_empty(R, P, D)  # (R, P, D): v - c, zeros beyond N_k
         torch.sub(v, self.cv.unsqueeze(1), out=self.vp[:, :Nk])
@@ -415,25 +446,26 @@ def _relu_forward(pp: _Prep):
     Rm = torch.zeros(R, P, dtype=torch.float64, device=dev)
     # dense blocks: pairs l <= t inside a block of BASE positions
     qb, zb, wb, vb = _blocks(pp.qp), _blocks(pp.zp), _blocks(pp.wp), _blocks(pp.vp)
-    numb, Rmb = _blocks(num), _blocks(Rm)
+    den = torch.zeros(R, P, dtype=torch.float64, device=dev)
+    numb, Rmb, denb = _blocks(num), _blocks(Rm), _blocks(den)
     L = _tril(dt, dev)
     rng, step = _tile_steps(qb.shape[0], D, dt.itemsize)
     for b0 in rng:
         b1 = min(qb.shape[0], b0 + step)
-        K = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)
+        K = qb[b0:b1].unsqueeze(-1) - zb[b0:b1].unsqueeze(-2)  # q - z of the scores as given
+        mw = L * wb[b0:b1].unsqueeze(-2) if pp.weighted else L
+        # the in-block denominators sum w |q - z| directly (2 sum w relu(q - z) - sum w (q - z)
+        # cancels where a heavy key ties the query)
+        denb[b0:b1] += (K.abs() * mw).sum(-1, dtype=torch.float64)
         K.relu_()
-        K.mul_(L * wb[b0:b1].unsqueeze(-2) if pp.weighted else L)
+        K.mul_(mw)
         Rmb[b0:b1] += K.sum(-1, dtype=torch.float64)
         numb[b0:b1] += torch.bmm(K, vb[b0:b1])
-    # in-block denominators: sum w |q - z| = 2 sum w relu(q - z) - sum w (q - z)
-    wb64 = wb.double()
-    den = (2 * Rmb - qb.double() * torch.cumsum(wb64, 1)
-           + torch.cumsum(wb64 * zb.double(), 1)).view(R, P)
     for s in lay.levels:
         lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
         M = lv.M
-        q = lv.q
-        p = lv.rank(q, "left")
+        q = lv.qc  # shifted by the node's heaviest key (the ranks: lv.q)
+        p = lv.rank(lv.q, "left")
         q64 = q.double()
         Wlt, Klt = _gather0(lv.Wc0, p), _gather0(lv.Kc0, p)
         dl = q64 * (2 * Wlt - lv.W) - (2 * Klt - lv.K)
@@ -557,14 +589,16 @@ class _CausalReLU(torch.autograd.Function):
         for s in lay.levels:
             lv = _Keys(lay, s, pp.zp, pp.qp, pp.wp)
             M, rows = lv.M, R * lv.M
-            q, z = lv.q, lv.z
+            q, z = lv.q, lv.z  # ranks: the scores as given; table sums: shifted (lv.zc, qdw)
             p = lv.rank(q, "left")
             ple = lv.rank(q, "right")
-            Wlt, Wle = _gather0(lv.Wc0, p), _gather0(lv.Wc0, ple)
+            Wlt = _gather0(lv.Wc0, p)
+            # W_> from suffix sums (W - W_<= cancels where a heavy key ties the query)
+            Wgt = _gather0(_suffix64(lv.ws), ple)
             ghq = _split(gh, s, 1, M).reshape(rows, s, D)
             sq = _split(sden, s, 1, M).reshape(rows, s)
             phq = _split(phi, s, 1, M).reshape(rows, s)
-            # queries: d/dq = <gh, A_p> + phi W_< + s (W_< + W_<= - W)
+            # queries: d/dq = <gh, A_p> + phi W_< + s (W_< - W_>)
             gA = torch.empty(rows, s, dtype=torch.float64, device=dev)
             cr, cd = _chunks(rows, s, D, dt.itemsize)
             for r0 in range(0, rows, cr):
@@ -577,7 +611,7 @@ class _CausalReLU(torch.autograd.Function):
                     del T
                     acc += (X * ghq[r0:r1, :, d0:d1]).sum(-1, dtype=torch.float64)
                 gA[r0:r1] = acc
-            dql = gA + phq * Wlt + sq * (Wlt + Wle - lv.W)
+            dql = gA + phq * Wlt + sq * (Wlt - Wgt)
             _split(dq, s, 1, M).add_(dql.view(R, M, s))
             # keys: sums over the queries above each key (queries sorted by decreasing score)
             qd, qord = torch.sort(q, dim=1, descending=True)
@@ -588,14 +622,14 @@ class _CausalReLU(torch.autograd.Function):
             sa = sq.gather(1, qord.flip(1))
             Sc0 = _excl64(sa)
             S_lt = _gather0(Sc0, n_lt)
-            S_gt = Sc0[:, -1:] - _gather0(Sc0, n_le)
+            S_gt = _gather0(_suffix64(sa), n_le)  # suffix sums: no total minus prefix
             Pc0 = _excl64(phq.gather(1, qord))  # descending
             Phi_gt = _gather0(Pc0, n_gt)
             # flat rows of gh in decreasing query order
             rm = torch.arange(rows, device=dev)
             qbase = ((rm // M) * P + (rm % M) * (2 * s) + s).unsqueeze(1)
             qflat = qbase + qord
-            qdw = qd  # coefficient of the second table: q (shifted)
+            qdw = qd - lv.c  # coefficient of the second table: q (shifted as z)
             vG = torch.empty(rows, s, dtype=torch.float64, device=dev)
             dvl = _split(dv, s, 0, M)
             wl = lv.w
@@ -612,7 +646,7 @@ class _CausalReLU(torch.autograd.Function):
                     Gg = T.combine([(ng, 0, one)])
                     Hg = T.combine([(ng, 1, one)])
                     del T
-                    zz = z[r0:r1].unsqueeze(-1)
+                    zz = lv.zc[r0:r1].unsqueeze(-1)
                     vk = vkeys[r0:r1, :, d0:d1]
                     acc += (vk * Gg).sum(-1, dtype=torch.float64)
                     val = (Hg - zz * Gg) * wl[r0:r1].unsqueeze(-1)
@@ -687,16 +721,23 @@ def causal_sliced_relu_attention(
     zk = zk.reshape(R, Nk).contiguous()
     v = v.reshape(R, Nk, D).contiguous()
     sc = scales(fn, zq, zk, v, wr)  # also the finiteness checks
+    dtype = v.dtype
+    if wr is not None and dtype == torch.float32 and weights_span(wr) > RELU_SPAN_F32:
+        # weights beyond float32's range of products (issue 42): the sums in float64
+        zq, zk, v, wr = zq.double(), zk.double(), v.double(), wr.double()
+        sc = scales(fn, zq, zk, v, wr)
 
     def run(zq, zk, v, w, b=None):
         return _CausalReLU.apply(zq, zk, v, w, centered, scales(fn, zq, zk, v, w))
 
-    seg = None if wr is None or weights_one_scale(wr) else weight_segments(wr, Nq)
+    seg = None
+    if wr is not None and wr.dtype == torch.float64 and not weights_one_scale(wr, SEGMENT_RELU):
+        seg = weight_segments(wr, Nq, SEGMENT_RELU, FLUSH_RELU)
     if seg is not None:
         out = _by_segments(run, seg, zq, zk, v)
     else:
         out = _CausalReLU.apply(zq, zk, v, wr, centered, sc)
-    return out.view(*lead, Nq, D)
+    return out.to(dtype).view(*lead, Nq, D)
 
 
 def _by_segments(run, seg, zq: Tensor, zk: Tensor, v: Tensor, b: Tensor | None = None) -> Tensor:
@@ -757,8 +798,8 @@ def _bump_forward(pp: _Prep, b: Tensor):
         M, rows = lv.M, R * lv.M
         q = lv.q
         br = b.repeat_interleave(M, 0)  # (rows, 1)
-        a0, _, a1, a2 = _bump_ranks(lv, q, br)
-        q64, ib = q.double(), 1.0 / br.double()
+        a0, _, a1, a2 = _bump_ranks(lv, q, br)  # the scores as given
+        q64, ib = lv.qc.double(), 1.0 / br.double()  # the tables' shift
         qb_ = q64 * ib
         # coefficients of A[a0], A[a1], A[a2], B[a0], B[a1], B[a2] (Lemma B.4)
         cA = (qb_ - 1, -2 * qb_, 1 + qb_)
@@ -879,7 +920,8 @@ class _CausalBump(torch.autograd.Function):
             ghflat = gh.reshape(R * P, D)
             Cc0 = _excl64(gcq.gather(1, qord))  # <c, gh> in sorted order
             C_ = [_gather0(Cc0, e) for e in (e0, e1, e1p, e2)]
-            zw = z.double() * ib  # z / b
+            zw = lv.zc.double() * ib  # z / b (shifted by the node's heaviest key, as the tables)
+            qsc = qs - lv.c
             wl = lv.w
             vz = (C_[3] - C_[2]) - (C_[1] - C_[0])  # <c, G(z, z+b) - G(z-b, z)>
             dvl = _split(dv, s, 0, M)
@@ -894,7 +936,7 @@ class _CausalBump(torch.autograd.Function):
                          (E0, 1, -wr_ * ibr), (E1p, 1, 2 * wr_ * ibr), (E2, 1, -wr_ * ibr)]
                 for d0 in range(0, D, cd):
                     d1 = min(D, d0 + cd)
-                    T = _Table(ghflat[:, d0:d1], qflat[r0:r1], ones_q[r0:r1], qs[r0:r1])
+                    T = _Table(ghflat[:, d0:d1], qflat[r0:r1], ones_q[r0:r1], qsc[r0:r1])
                     Gw = T.combine([(E2, 0, one), (E1p, 0, -one), (E1, 0, -one), (E0, 0, one)])
                     vz[r0:r1] += (vkeys[r0:r1, :, d0:d1] * Gw).sum(-1, dtype=torch.float64)
                     del Gw

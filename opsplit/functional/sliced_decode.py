@@ -112,16 +112,21 @@ def decode_sliced_relu_attention(zq: Tensor, zk: Tensor, v: Tensor, *, centered:
     if ev is not None:
         v = ldexp(v, -ev)
     W = _visible(zq, zk, w)
-    d = zq.unsqueeze(-1) - zk.unsqueeze(-2)  # (..., N_q, N_k)
-    K = torch.relu(d) * W.to(d.dtype)
-    den = (d.abs().double() * W).sum(-1, keepdim=True)
-    num = K @ v
+    # in float64 from the scores as given (float32 differences are exact there): a query's
+    # weights are divided by the largest it sees, and a light key may carry the whole
+    # denominator when the heavy ones tie the query (float32 weights 1e-30 and 1e30: the light
+    # key's kernel underflowed float32 and the float64 denominator rounded to 0 in float32, NaN)
+    d = zq.double().unsqueeze(-1) - zk.double().unsqueeze(-2)  # (..., N_q, N_k)
+    K = torch.relu(d) * W
+    den = (d.abs() * W).sum(-1, keepdim=True)
+    v64 = v.double()
+    num = K @ v64
     if centered:
         mass = W.sum(-1, keepdim=True)
-        vbar = (W.to(v.dtype) @ v) / torch.where(mass > 0, mass, torch.ones_like(mass)).to(v.dtype)
-        num = num - K.sum(-1, keepdim=True, dtype=torch.float64).to(v.dtype) * vbar
+        vbar = (W @ v64) / torch.where(mass > 0, mass, torch.ones_like(mass))
+        num = num - K.sum(-1, keepdim=True) * vbar
     ok = den > 0
-    out = torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)).to(num.dtype), torch.zeros_like(num))
+    out = torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num)).to(v.dtype)
     return out if ev is None else ldexp(out, ev)
 
 

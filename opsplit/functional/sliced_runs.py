@@ -72,6 +72,7 @@ from torch import Tensor
 from .._checks import check_select_index
 from ._inputs import bandwidth_rows, check_centered
 from ._inputs import key_weights as combine_key_weights
+from ._scale import RELU_SPAN_F32, heaviest
 from ._windows import KAPPA_FAST
 from .sliced_causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 
@@ -154,7 +155,7 @@ class SlicedDecodeCache:
         keys = self.cap if allocated else self.n
         es = self.tz.element_size()
         per_key = es + 8 + 8 + self.D * es  # z, w', w'z', x
-        per_block = 2 * 8 + 2 * self.D * es  # Ps (float64), Pv (dtype)
+        per_block = 2 * 8 + 2 * self.D * (torch.finfo(self.pv_dtype).bits // 8)  # Ps (float64), Pv
         tail = (TAIL if allocated else self.nt) * (2 + self.D) * es
         return self.R * (keys * per_key + (keys // BLOCK) * per_block + tail)
 
@@ -350,6 +351,11 @@ class SlicedDecodeCache:
         self.has_ref = torch.zeros(R, dtype=torch.bool, device=self.device)
         self._all_ref = False
         self.z = self.w1 = self.wz = self.x = self.Ps = self.Pv = None
+        # the block tables of w'x, w'z'x: in the dtype, or float64 once a float32 cache's key
+        # weights span more than 2^RELU_SPAN_F32 (the light keys' products would underflow
+        # float32, and they carry eq. 2's denominator where the heavy keys tie the query)
+        self.pv_dtype = self.dtype
+        self._wexp = None  # (smallest, largest) exponent of the positive weights so far
         # the tail: the newest keys, not yet in a run (raw scores, weights, values)
         self.tz = zk.new_empty(R, TAIL)
         self.tw = zk.new_empty(R, TAIL)
@@ -367,7 +373,7 @@ class SlicedDecodeCache:
         new = {"z": torch.empty(R * cap, dtype=dt, device=dev), "w1": torch.empty(R * cap, **f64),
                "wz": torch.empty(R * cap, **f64), "x": torch.empty(R * cap, D, dtype=dt, device=dev),
                "Ps": torch.zeros(R * (cap // BLOCK), 2, **f64),
-               "Pv": torch.zeros(R * (cap // BLOCK), 2, D, dtype=dt, device=dev)}
+               "Pv": torch.zeros(R * (cap // BLOCK), 2, D, dtype=self.pv_dtype, device=dev)}
         for name, buf in new.items():
             k = R * (keep // BLOCK if name in ("Ps", "Pv") else keep)
             if k:
@@ -409,6 +415,7 @@ class SlicedDecodeCache:
         if z.shape[1] == 0:
             return
         self._set_refs(z, v, w)
+        self._note_weights(w)
         n, m = self.n, z.shape[1]
         n2 = n + m
         h = (n ^ n2).bit_length() - 1  # the highest bit in which n and n + m differ
@@ -441,6 +448,25 @@ class SlicedDecodeCache:
             off += L
         self.n = n2
         self._refresh()
+
+    def _note_weights(self, w: Tensor | None):
+        """Track the span of the positive key weights of a float32 cache; beyond
+        2^RELU_SPAN_F32 the block tables of the values move to float64 (at once, exactly)."""
+        if w is None or self.pv_dtype == torch.float64:
+            return
+        pos = w > 0
+        if not bool(pos.any()):
+            return
+        e = _exp(w)
+        lo = int(torch.where(pos, e, _EMAX).amin())
+        hi = int(torch.where(pos, e, -_EMAX).amax())
+        if self._wexp is not None:
+            lo, hi = min(lo, self._wexp[0]), max(hi, self._wexp[1])
+        self._wexp = (lo, hi)
+        if hi - lo > RELU_SPAN_F32:
+            self.pv_dtype = torch.float64
+            if self.Pv is not None:
+                self.Pv = self.Pv.double()
 
     def _build(self, off: int, L: int, z: Tensor, v: Tensor, w: Tensor | None, old):
         """The next run, at positions ``[off, off + L)``, from new keys ``(z, v, w)`` (raw) and
@@ -478,8 +504,16 @@ class SlicedDecodeCache:
             z, order = torch.sort(z, dim=1, stable=True)
             w1 = w1.gather(1, order)
             x = x.reshape(R * L, D).index_select(0, (order + self._rows.view(R, 1) * L).reshape(-1)).view(R, L, D)
+        # the run's tables are shifted by the score of its heaviest key (_scale.heaviest): every
+        # table term's rounding is then a multiple of the run's share of the denominator, also
+        # where a heavy key ties the query (issue 42); e_z brings the shifted scores to [1/2, 1)
+        cr = z.gather(1, heaviest(w1)).double()  # (R, 1)
+        zr = z.double() - cr
+        ez = torch.where(ew > _NONE, _exp(torch.where(w1 > 0, zr.abs(), 0.0).amax(1, keepdim=True)), -_EMAX)
+        E = E.clone()
+        E[:, 1:2] = ez
         fz = _p2(-torch.where(ew > _NONE, ez, 0))  # a run without weight: 1 (its sums are 0)
-        wz = torch.where(w1 > 0, w1 * ((z.double() - self.cz.unsqueeze(1)) * fz), 0.0)
+        wz = torch.where(w1 > 0, w1 * (zr * fz), 0.0)
         a = R * off
         self.z[a: a + R * L] = z.reshape(-1)
         self.w1[a: a + R * L] = w1.reshape(-1)
@@ -489,7 +523,8 @@ class SlicedDecodeCache:
         if L >= BLOCK:
             nb = L >> _LOG_BLOCK
             Wb = torch.stack([w1.view(R * nb, BLOCK), wz.view(R * nb, BLOCK)], 1)  # (R nb, 2, S)
-            vb = torch.bmm(Wb.to(dt), x.view(R * nb, BLOCK, D)).view(R, nb, 2, D).double()
+            pdt = self.Pv.dtype
+            vb = torch.bmm(Wb.to(pdt), x.view(R * nb, BLOCK, D).to(pdt)).view(R, nb, 2, D).double()
             cs, cvs = torch.cumsum(Wb.sum(-1).view(R, nb, 2), 1), torch.cumsum(vb, 1)
             b0 = R * (off >> _LOG_BLOCK)
             Ps = self.Ps[b0: b0 + R * nb].view(R, nb, 2)
@@ -504,7 +539,7 @@ class SlicedDecodeCache:
             W2 = torch.stack([w1, wz], 1)  # (R, 2, L)
             tot, totv = W2.sum(-1), W2 @ x.double()
         self.E[:, idx] = E
-        self.F[:, idx] = torch.cat([fz, self.cz.unsqueeze(1) * fz, z[:, :1].double(), z[:, -1:].double(), tot], 1)
+        self.F[:, idx] = torch.cat([fz, cr * fz, z[:, :1].double(), z[:, -1:].double(), tot], 1)
         self.Tv[:, idx] = totv
         self.runs.append((off, L))
 
@@ -642,7 +677,11 @@ class SlicedDecodeCache:
                 ew = torch.where(wmax > 0, _exp(wmax), _NONE)
                 Wq = Wq * torch.where(wmax > 0, _p2(-ew), 0.0).unsqueeze(-1)
             if b is None:
-                d = Qs[:, i0:i1].unsqueeze(-1) - dz.unsqueeze(1)
+                # q - z of the scores as given (rounded once; (q - c) - (z - c) would add the
+                # rounding of both shifts, far above |q - z| where a heavy key nearly ties q)
+                d = q[:, i0:i1].double().unsqueeze(-1) - z.double().unsqueeze(1)
+                if scaled:
+                    d = d * fz.unsqueeze(1)
                 K = Wq * torch.relu(d)
                 sc = torch.stack([K.sum(-1), (Wq * d.abs()).sum(-1), Wq.sum(-1)], -1)  # R, den, W
                 vec = torch.stack([K, Wq], -2) @ dv.unsqueeze(1)  # (R, k, 2, D): N, S
