@@ -56,10 +56,17 @@ query's normalisation: finite values, never NaN.  The same holds for a row whose
 all masked.
 
 **Conditioning.**  The formula is invariant under a common shift of all scores; the scores
-are shifted by the median key of their row before the tables are built, and the values are
+are shifted by the median key of their row before the tables are built (eqs. 2-3 with key
+weights: the median of the heaviest keys, :func:`~opsplit.functional._scale.heaviest`, so
+that a heavy key tied with or next to the query cannot cancel the light keys' share of the
+denominator: the rounding of :math:`q A - B` stays a multiple of
+:math:`\sum_j w_j |q - z_j|`; issue 42), and the values are
 centred (for eq. 7 the mean is added back as a rank-one term; for eq. 3 the remainder of
 the mean after rounding is), so the prefix sums stay of the size of the result.  Scalar
-prefix sums (denominators, kernel masses) are accumulated in float64.
+prefix sums (denominators, kernel masses) are accumulated in float64.  Float32 rows of eqs.
+2-3 whose key weights span more than :math:`2^{64}` are summed in float64 (the light keys'
+products would leave float32's range, and they carry the denominator where the heavy keys
+tie the query).
 
 **Magnitudes** (:mod:`~opsplit.functional._scale`).  The prefix tables multiply scores by
 values; every row whose largest score, value or weight lies outside :math:`2^{\pm 32}`

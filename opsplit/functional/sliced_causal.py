@@ -55,9 +55,20 @@ The ReLU-bump kernel reads the same tables over the window :math:`q - b < z < q 
 (Lemma B.4).
 
 **Conditioning and exact causality.**  The formulas are invariant under a common shift of
-the scores and (after adding back the kernel mass) of the values; the scores and values are
-shifted by those of the first unmasked key before the tables are built (a key every query
-that sees any key sees).  Every sum that reaches :math:`o_i` (dense block, sorted left
+the scores and (after adding back the kernel mass) of the values.  The values are shifted by
+the value of the first unmasked key (a key every query that sees any key sees).  The dense
+blocks form :math:`q - z` from the scores as given (and the in-block denominators
+:math:`\sum w |q - z|` directly); each node of a level builds its tables for the scores
+shifted by its own heaviest key (:func:`~opsplit.functional._scale.heaviest`), so that the
+rounding of :math:`q A - B` is a multiple of the node's share of the denominator however the
+weights are spread and however close the query is to the heavy keys (issue 42: shifted by the
+first key, a heavy key at the query cancelled the light keys away).  Key weights spanning
+more than :math:`2^{64}` in a float32 row are summed in float64 (the light keys' products
+would leave float32's range); in float64, rows whose weights grow by more than
+:math:`2^{192}` along the sequence are cut into segments (:func:`~opsplit.functional._scale.weight_segments`)
+that keep every earlier key down to :math:`2^{-640}` of the segment's leading weight (a
+lighter key changes a result only where every heavier key it sees is within :math:`2^{-640}`
+relative of the query).  Every sum that reaches :math:`o_i` (dense block, sorted left
 halves, prefix scans) involves only positions :math:`\le t_i`, so :math:`o_i` does not
 depend on later inputs even in rounding: the outputs for a prefix of the sequence are
 bitwise those of the prefix alone (tested).  The backward pass is the analytic gradient of

@@ -17,7 +17,7 @@ and for one query they are plain sums over the :math:`n` cached keys: :math:`O(n
 against :math:`O(n \log^2 n)` for the divide and conquer over all positions (which would
 re-sort the whole prefix at every step).  The same formulas, so the results equal those of
 :func:`~opsplit.functional.causal_sliced_relu_attention` to rounding (the summation order
-differs; the scalar sums are accumulated in float64 as there).  Differentiable by autograd.
+differs; eqs. 2-3 are summed in float64 from the scores as given, the result rounded once).  Differentiable by autograd.
 A query whose denominator vanishes gets 0.  As there, rows of extreme magnitude are
 rescaled by powers of two (:mod:`~opsplit.functional._scale`): the scores (with the
 bump's bandwidth) and the values per row, and the key weights per *query*, by the largest

@@ -38,17 +38,24 @@ run as one ``searchsorted`` per run.
 
 **Storage** (per row, i.e. per batch element and head, for :math:`n` keys of width
 :math:`D`): the sorted scores (dtype), the weights and weighted shifted scores in each run's
-units (:math:`w' = w\,2^{-e_w}`, :math:`w'z' = w'(z - c_z)\,2^{-e_z}`, float64), the values
+units (:math:`w' = w\,2^{-e_w}`, :math:`w'z' = w'(z - c_z)\,2^{-e_z}`, float64, :math:`c_z` the
+run's shift), the values
 :math:`x = (v - c_v)\,2^{-e_v}` (dtype, :math:`D` each; 0 at keys of weight 0), and prefix
-tables every :data:`BLOCK` keys (:math:`2D` in the dtype and 2 in float64 per block); a
+tables every :data:`BLOCK` keys (:math:`2D` in the dtype and 2 in float64 per block; the
+:math:`2D` in float64 too once a float32 cache's key weights span more than :math:`2^{64}`,
+whose light keys' products would leave float32's range); a
 prefix is a block's table plus an in-block sum of at most :data:`BLOCK` keys, so the tables
 cost :math:`2D / \mathrm{BLOCK}` per key: in float32 with ``BLOCK = 8``, :math:`5D + 22`
 bytes per key and head, in buffers of geometric capacity (at most twice that).  Layout: run
 after run, each run a contiguous ``(rows, length)`` block, so that each binary search reads
 a contiguous array and one gather reads every run.
 
-**Conditioning and magnitudes.**  As in the forward kernels, scores and values are shifted
-by those of the row's first key of positive weight (:math:`c_z, c_v`), and each run keeps
+**Conditioning and magnitudes.**  The values are shifted by the value of the row's first key
+of positive weight (:math:`c_v`), the scores of each run by the score of the run's heaviest
+key (:math:`c_z`, per row and run, :func:`~opsplit.functional._scale.heaviest`: the rounding
+of a run's :math:`q A - B` is then a multiple of the run's share of the denominator, also
+where a heavy key ties the query; issue 42), the tail and the new tokens form :math:`q - z`
+from the scores as given; each run keeps
 its own powers of two :math:`e_z, e_v, e_w` (per row) that bring its shifted scores, shifted
 values and weights to :math:`[\tfrac12, 1)`; a run's sums are exact multiples of
 :math:`2^{e_w + e_z + e_v}` etc., so the runs combine in float64 with exact power-of-two
