@@ -139,3 +139,58 @@ def test_burgers_estimate_flops_match_flop_counter(attention, nonlinearity):
     if attention == "softmax":
         unseen += m["n_steps"] * 4.0 * n * n * d  # scores and weighted sum (one attention per Strang step)
     assert 0.8 < (est - unseen) / counted < 1.25, (est - unseen, counted)
+
+
+# -- issue 42: the data's sizes in the command ---------------------------------------------------
+@pytest.fixture
+def no_generation(monkeypatch):
+    """Generating the data fails the test (instead of running for hours)."""
+    from opsplit.data import burgers as burgers_mod
+
+    def generate(*a, **k):
+        raise AssertionError("the data was generated")
+
+    monkeypatch.setattr(burgers_mod, "_generate", generate)
+
+
+def test_print_config_generates_no_data(data_dir, capsys, no_generation):
+    cfg = data_dir / "b.toml"
+    cfg.write_text(TOML.format(attention="galerkin"))
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 0
+    assert 'task = "burgers"' in capsys.readouterr().out
+    assert not (data_dir / "cache").exists()
+
+
+def test_huge_solver_steps_neither_hang_nor_generate(data_dir, capsys, no_generation):
+    """data.solver_steps = 1e12: the run is refused naming the key (exit 2, one line, nothing
+    written); --print-config neither generates the data nor hangs (it refuses the cost the
+    same way while the command's guard runs for --print-config; it prints once it does not)."""
+    cfg = data_dir / "b.toml"
+    cfg.write_text(TOML.format(attention="galerkin").replace("solver_steps = 100", "solver_steps = 1000000000000"))
+    run = data_dir / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data.solver_steps = 1000000000000: the job needs an estimated" in err, err
+    assert not run.exists() and not (data_dir / "cache").exists()
+    rc = main(["train", "--config", str(cfg), "--print-config"])
+    err = capsys.readouterr().err
+    assert rc == 0 or (rc == 2 and "data.solver_steps = 1000000000000: the job needs" in err), (rc, err)
+    assert not (data_dir / "cache").exists()
+
+
+@pytest.mark.parametrize("key", ["solver_steps", "points", "n_train", "n_test"])
+def test_estimate_counts_every_data_size(key):
+    """Sixteen times a data size: the estimated time of the job grows by more than 1.5x
+    (data generation dominates this small model; sixteen times the points add least, as the
+    solver drops the modes the smooth data no longer needs after its first steps)."""
+    from opsplit.cli import train_burgers as tb
+    from opsplit.cli.config import load
+
+    cfg = load(tb.SCHEMA, data={"task": "burgers", "model": {"d_model": 8, "heads": 2, "d_ff": 8, "n_steps": 1},
+                                 "train": {"epochs": 1, "eval_resolutions": [256]}})
+    base = tb.estimate(cfg)
+    cfg["data"][key] *= 16
+    more = tb.estimate(cfg)
+    assert more.seconds > 1.5 * base.seconds, (key, base.seconds, more.seconds)
+    if key != "solver_steps":
+        assert more.bytes > base.bytes
