@@ -157,6 +157,8 @@ class SlicedDecodeCache:
     def nbytes(self, allocated: bool = False) -> int:
         """Bytes held for the cached keys (``allocated``: for the whole capacity), without the
         per-run constants (``O(log n)``)."""
+        if not isinstance(allocated, bool):
+            raise TypeError(f"SlicedDecodeCache.nbytes: allocated: expected a bool, got {allocated!r}")
         if self.R is None:
             return 0
         keys = self.cap if allocated else self.n

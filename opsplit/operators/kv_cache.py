@@ -93,6 +93,11 @@ class KVCache:
         dtype and device.  The first call records them; a later call that differs is refused
         with a ``ValueError`` naming the argument (``cache``, ``input_ids``, ``n_steps``).
         :meth:`select` changes the batch size it expects."""
+        for name, n in (("batch_size", batch_size), ("n_steps", n_steps)):
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise TypeError(f"KVCache.check_use: {name}: expected an int >= 1, got {n!r}")
+            if n < 1:
+                raise ValueError(f"KVCache.check_use: {name}: expected an int >= 1, got {n}")
         use = self._use
         if use is None or (not self._entries and self._fed == 0):
             self._use = (weakref.ref(model), batch_size, n_steps, dtype, device)
@@ -131,6 +136,11 @@ class KVCache:
             raise TypeError(f"KVCache.begin: n_tokens: expected an int >= 0 (the tokens of the call), got {n_tokens!r}")
         if n_tokens < 0:
             raise ValueError(f"KVCache.begin: n_tokens: expected an int >= 0 (the tokens of the call), got {n_tokens}")
+        lengths = {e[4] for e in self._entries.values()} | {e[2].length for e in self._states.values()}
+        if len(lengths) > 1:  # a call failed after some terms had appended its tokens (O(entries) per call)
+            raise ValueError(f"cache: its entries hold {sorted(lengths)} tokens: an earlier call failed after some "
+                             "attention terms had appended its tokens and others had not; the cache cannot continue "
+                             "those sequences (use a new KVCache)")
         self._touched = set()
         self._fed += n_tokens
 

@@ -76,6 +76,18 @@ BAD_INDEX = [
 ]
 
 
+def _partial():
+    """Two operators' entries of 4 tokens, then a call in which only the first appended."""
+    cache, a, b = KVCache(), object(), object()
+    x = torch.ones(3, 2, 4, 2, dtype=F64)
+    cache.begin(4)
+    cache.update(a, 0.0, x, x)
+    cache.update(b, 0.0, x, x)
+    cache.begin(1)
+    cache.update(a, 0.0, x[:, :, :1], x[:, :, :1])
+    return cache
+
+
 def _select(make, index):
     return lambda: make().select(index)
 
@@ -142,6 +154,18 @@ ROWS = (
         ("kv-past-t", lambda: KVCache().past(object(), None), TypeError, r"^KVCache: t: expected a number"),
         ("kv-state-make", lambda: KVCache().state(object(), 0.0, 3), TypeError, r"^KVCache.state: make: expected a callable"),
         ("kv-sorted-runs", lambda: KVCache(sorted_runs=1), TypeError, r"^KVCache: sorted_runs: expected a bool, got int"),
+        ("kv-check-use-batch", lambda: KVCache().check_use(lm("softmax"), "3", 2, F64, torch.device("cpu")), TypeError,
+         r"^KVCache.check_use: batch_size: expected an int >= 1, got '3'"),
+        ("kv-check-use-batch-zero", lambda: KVCache().check_use(lm("softmax"), 0, 2, F64, torch.device("cpu")), ValueError,
+         r"^KVCache.check_use: batch_size: expected an int >= 1, got 0"),
+        ("kv-check-use-steps", lambda: KVCache().check_use(lm("softmax"), 3, 2.0, F64, torch.device("cpu")), TypeError,
+         r"^KVCache.check_use: n_steps: expected an int >= 1, got 2.0"),
+        ("kv-key-max-t", lambda: KVCache().key_max(object(), "0"), TypeError, r"^KVCache: t: expected a number"),
+        ("kv-has-state-t", lambda: KVCache().has_state(object(), [0.0]), TypeError, r"^KVCache: t: expected a number"),
+        ("runs-nbytes-str", lambda: runs().nbytes("yes"), TypeError, r"^SlicedDecodeCache.nbytes: allocated: expected a bool"),
+        # a call that failed after some terms appended (simulated: one of two operators appended)
+        ("kv-begin-after-partial-call", lambda: _partial().begin(1), ValueError,
+         r"^cache: its entries hold \[4, 5\] tokens: an earlier call failed after some attention terms had appended"),
     ]
 )
 
