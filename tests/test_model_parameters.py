@@ -50,7 +50,21 @@ from opsplit.models import (
     ViT,
     one_head_cvt,
 )
-from opsplit.operators import FourierMultiplier, Lifting, Projection
+from opsplit import Grid, Interval
+from opsplit.operators import (
+    FeedForward,
+    FourierMultiplier,
+    GalerkinAttention,
+    GatedFeedForward,
+    GroupedQueryAttention,
+    KernelAttention,
+    Lifting,
+    MultiHeadAttention,
+    Projection,
+    SlicedReLUAttention,
+    SoftmaxAttention,
+    SpectralConvolution,
+)
 from opsplit.propagator import Propagator
 
 F64 = torch.float64
@@ -274,5 +288,47 @@ def test_a_nan_written_through_data_is_named_or_harmless(name):
                              "(fresh=True) on a ValueError raised inside the solve (opsplit/propagator.py)")
             assert named, (pname, e)
         else:  # the entry took no part in this call: exactly the clean output, never a silent NaN
+            torch.testing.assert_close(out, clean, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
+        restore()
+
+
+#: operators called on their own (``op(u, grid=...)``): name -> (build, input of a batch of 2, grid)
+_PERIODIC = Grid(x=Interval(length=1.0, rule="left"), y=Interval.paper(4))
+OPERATORS = {
+    "MultiHeadAttention": (lambda: MultiHeadAttention.create(4, 2, dtype=F64), lambda: _randn(2, 3, 4), None),
+    "GroupedQueryAttention": (lambda: GroupedQueryAttention.create(4, 2, 1, causal=True, dtype=F64),
+                              lambda: _randn(2, 3, 4), None),
+    "SoftmaxAttention": (lambda: SoftmaxAttention(_randn(4, 4), _randn(4, 4), _randn(4, 4)), lambda: _randn(2, 3, 4),
+                         None),
+    "KernelAttention": (lambda: KernelAttention(_randn(4, 4), _randn(4, 4), _randn(4, 4)), lambda: _randn(2, 3, 4),
+                        None),
+    "GalerkinAttention": (lambda: GalerkinAttention.create(4, 2, dtype=F64), lambda: _randn(2, 8, 4), _PERIODIC),
+    "SpectralConvolution": (lambda: SpectralConvolution.create(4, 3, bias=True, local=True, dtype=F64),
+                            lambda: _randn(2, 8, 4), _PERIODIC),
+    "FeedForward": (lambda: FeedForward.create(4, 6, dtype=F64), lambda: _randn(2, 3, 4), None),
+    "GatedFeedForward": (lambda: GatedFeedForward.create(4, 6, dtype=F64), lambda: _randn(2, 3, 4), None),
+    "SlicedReLUAttention": (lambda: SlicedReLUAttention.build(4, 2, causal=True, dtype=F64), lambda: _randn(2, 3, 4),
+                            None),
+}
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_an_operator_names_a_parameter_written_through_data(name):
+    """``op(u)`` checks the parameters (cached) before the call, and re-reads them when the call
+    raises a ``ValueError`` (an attention-score check) or returns a non-finite value."""
+    build, inp, grid = OPERATORS[name]
+    op = build()
+    u = inp()
+    with torch.no_grad():
+        clean = op(u, grid=grid)
+    rng = random.Random("operator " + name)
+    for pname, t in tensors(op):
+        restore = _write(t, float("nan"), rng, data=True)
+        try:
+            with torch.no_grad():
+                out = op(u, grid=grid)
+        except ValueError as e:
+            assert str(e).startswith(f"{type(op).__name__}: parameters must be finite, but {pname} hold"), (pname, e)
+        else:
             torch.testing.assert_close(out, clean, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
         restore()

@@ -34,7 +34,7 @@ from torch import Tensor
 from .._checks import skip_value_checks
 from ..functional._sdpa_path import sdpa as _sdpa
 
-__all__ = ["attention", "score_bound", "bound_from", "max_abs", "check_scores", "values_unchecked"]
+__all__ = ["attention", "score_bound", "bound_from", "max_abs", "check_scores", "values_unchecked", "nan_carrier"]
 
 
 def values_unchecked(*xs) -> bool:
@@ -115,10 +115,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, name: str,
             )
         return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     out = _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return out + _nan_carrier(q, k)
+    return out + nan_carrier(q, k)
 
 
-def _nan_carrier(*xs: Tensor) -> Tensor:
+def nan_carrier(*xs: Tensor) -> Tensor:
     """A zero that is NaN when any of ``xs`` holds a NaN or an inf: ``sum(max x * 0 + min x * 0)``
     (no overflow: each term is 0 or NaN).  Added to the output where the values cannot be read
     (``torch.func.vmap``, ``torch.compile``): torch's fused CPU kernel returns finite values

@@ -33,11 +33,14 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .._checks import (
+    all_finite,
     check_finite,
     check_finite_float,
     check_like_module,
     check_parameters_finite,
     check_state,
+    is_vmapped,
+    skip_value_checks,
 )
 from ..grid import Grid, check_grid
 
@@ -97,7 +100,10 @@ class Operator(nn.Module):
         Validates ``u`` (a float tensor ``(B, N_x, N_y)`` matching ``grid``, finite, on the
         dtype and device of the operator's parameters), ``grid`` (a
         :class:`~opsplit.grid.Grid` or ``None``) and ``t`` (a finite number), then the
-        operator's controls against the grid."""
+        operator's controls against the grid.  The parameters are checked finite before (named;
+        re-read only after they change) and re-read afresh when the call raises a ``ValueError``
+        or returns a non-finite value, so that one written through ``.data`` (no version
+        change) is named rather than its symptom."""
         grid = check_grid(grid, "grid")
         name = f"{type(self).__name__} input"
         u = check_state(u, grid or Grid.paper(None, None), name, finite=False)
@@ -105,11 +111,22 @@ class Operator(nn.Module):
         check_finite(u, name)
         if not isinstance(t, Tensor):
             check_finite_float(t, "t")
-        check_parameters_finite(self, type(self).__name__)
+        what = type(self).__name__
+        check_parameters_finite(self, what)
         g = self.resolve_grid(u, grid, name)
         self.check(g)
-        if self.has_field:
-            return self.field(t, u, g)
-        if self.has_resolvent:
-            return self.resolvent(t, 1.0, u, g)
-        return self.flow(t, 1.0, u, g)
+        try:
+            if self.has_field:
+                out = self.field(t, u, g)
+            elif self.has_resolvent:
+                out = self.resolvent(t, 1.0, u, g)
+            else:
+                out = self.flow(t, 1.0, u, g)
+        except ValueError:  # (an attention-score check): a NaN written through .data is named first
+            check_parameters_finite(self, what, fresh=True)
+            raise
+        if not (skip_value_checks() or is_vmapped(out) or all_finite(out)):
+            # a non-finite result of a finite input: re-read every parameter (one written through
+            # .data changes no version counter); an overflow itself is returned as before
+            check_parameters_finite(self, what, fresh=True)
+        return out

@@ -34,6 +34,7 @@ from torch import Tensor
 from ..controls import Constant, as_control
 from ..functional.kernel import KERNELS, evaluate
 from ..grid import Grid
+from ._sdpa import nan_carrier
 from .base import Operator
 from .layernorm import project_s1
 
@@ -112,7 +113,9 @@ class KernelAttention(Operator):
         # the state was validated where it entered the model (finite, on the grid) and the
         # controls by check(): the evaluation itself has no data-dependent branches, so a
         # parallel scheme may batch several of these terms under torch.func.vmap
-        return evaluate(q, k, v, self.kernel, h.reshape(()).to(u.dtype), logw)
+        # (torch's fused CPU kernel, which the Gaussian float32 path calls, returns zeros for NaN
+        # scores: a NaN/inf of q or k, a weight written through .data, is carried to the output)
+        return evaluate(q, k, v, self.kernel, h.reshape(()).to(u.dtype), logw) + nan_carrier(q, k)
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}, qk_norm={self.qk_norm}"
