@@ -628,6 +628,9 @@ class DecoderLM(nn.Module):
         dtype = self.embedding.weight.dtype
         grid = self.decoder.grid.with_shape(1, self.config.d_model)
         scheme = self.decoder.scheme
+        if n_steps is not None:  # the kernels are evaluated once per attention call: refused before they are made
+            n_steps = check_positive_int(n_steps, "n_steps (N_t)")
+            self.check_cache_memory("n_steps (N_t)", 0, 0, n_steps, decode=True)
         times = self.decoder.times(n_steps)
         steps = []
         for a, b in zip(times[:-1], times[1:]):

@@ -243,9 +243,17 @@ CALLS = cases(
      r"^n_steps \(N_t\): a key/value cache over N_t = 1000000 steps"),
     ("fwd-n_steps-cache", lambda: tight(lambda: llama_seeded()(IDS, cache=KVCache(), n_steps=10**7)), ValueError,
      r"^n_steps \(N_t\): a key/value cache over N_t = 10000000 steps holds at least"),
+    ("decode-steps-n_steps", lambda: tight(lambda: _no_grad(lambda: llama_seeded().decode_steps(KVCache(),
+                                                                                             n_steps=10**7))),
+     ValueError, r"^n_steps \(N_t\): a key/value cache over N_t = 10000000 steps holds at least .*decode kernels"),
     ("gen-max-new-cache", lambda: tight(lambda: llama_seeded().generate(IDS, 4 * 10**6, eos_token_id=None)), ValueError,
      r"^max_new_tokens: a key/value cache over N_t = 2 steps holds at least"),
 )
+
+
+def _no_grad(call):
+    with torch.no_grad():
+        return call()
 
 
 def tight(call):
