@@ -151,6 +151,23 @@ def test_prefix_outputs_are_bitwise_independent_of_later_tokens(fn, dtype):
         assert torch.equal(full[..., :k, :], part)
 
 
+@pytest.mark.parametrize("dtype, e_w", [(torch.float64, 20), (torch.float32, 6), (torch.float32, 30)],
+                         ids=["f64-1e20", "f32-1e6", "f32-1e30"])
+def test_prefix_outputs_are_bitwise_independent_of_later_tokens_with_spread_weights(dtype, e_w):
+    """Issue 42: the tables of each node are shifted by its own heaviest key, and float32 rows of
+    weights spanning more than 2^64 run in float64: still the outputs of a prefix are bitwise
+    those of the prefix alone.  (Float64 rows whose weights grow by more than 2^192 along the
+    sequence run in segments, batched with left padding: equal to rounding only, as before.)"""
+    zq, zk, v = make(2, 2, 400, 400, 3, dtype, seed=12)
+    g = torch.Generator().manual_seed(13)
+    w = (10.0 ** ((torch.rand(2, 2, 400, generator=g, dtype=torch.float64) * 2 - 1) * e_w)).to(dtype)
+    zq[..., ::3] = zk[..., ::3]  # queries on their own keys
+    full = causal_sliced_relu_attention(zq, zk, v, key_weights=w)
+    for k in (1, 64, 65, 130, 257):
+        part = causal_sliced_relu_attention(zq[..., :k], zk[..., :k], v[..., :k, :], key_weights=w[..., :k])
+        assert torch.equal(full[..., :k, :], part)
+
+
 def test_float32_close_to_float64():
     zq, zk, v = make(1, 2, 5000, 5000, 8, torch.float64, seed=8)
     for fn in (lambda a, b, c: causal_sliced_relu_attention(a, b, c),

@@ -231,6 +231,56 @@ def test_select_keeps_rows():
             torch.testing.assert_close(oa, ob, rtol=0, atol=1e-13)
 
 
+def test_select_with_a_mask_and_repeated_rows():
+    """Issue 42: a bool mask keeps the rows it marks (it was read as the indices 0 and 1), and a
+    repeated index duplicates a row: later steps equal those of a cache of those rows alone."""
+    zq, zk, v, w = _seq(3, 2, 90, 3, seed=9)
+    for index, keep in ((torch.tensor([True, False, True]), torch.tensor([0, 2])),
+                        (torch.tensor([1, 1, 0]), torch.tensor([1, 1, 0]))):
+        a, b = SlicedDecodeCache(), SlicedDecodeCache()
+        with torch.no_grad():
+            a.step_relu(zq[..., :70], zk[..., :70], v[:, :, :70], key_weights=w[..., :70])
+            b.step_relu(zq[keep, :, :70], zk[keep, :, :70], v[keep, :, :70], key_weights=w[keep, :, :70])
+            a.select(index)
+            assert a.batch_size == len(keep)
+            for t in range(70, 80):
+                s = slice(t, t + 1)
+                args = (zq[keep][..., s], zk[keep][..., s], v[keep][:, :, s])
+                oa = a.step_relu(*args, key_weights=w[keep][..., s])
+                ob = b.step_relu(*args, key_weights=w[keep][..., s])
+                torch.testing.assert_close(oa, ob, rtol=0, atol=1e-13)
+
+
+def test_float32_cache_with_weights_1e30_apart_keeps_the_light_keys():
+    """Issue 42: a float32 cache whose key weights span 1e-30 .. 1e30 (beyond float32's range of
+    products) moves its block tables to float64, exactly, when such weights arrive (nbytes
+    counts 8 bytes per table entry then); a query on the heavy key reads the light keys' share,
+    which is all of its denominator: eq. 2 equals the exact value (the light keys' mean value
+    weighted by their distances) after 100 steps, through the runs and the tail."""
+    g = torch.Generator().manual_seed(3)
+    N = 100
+    zk = torch.rand(1, 1, N, generator=g) * 0.5  # the light keys below 1
+    v = torch.randn(1, 1, N, 2, generator=g)
+    w = torch.full((1, 1, N), 1e-30)
+    zk[..., 10], w[..., 10] = 1.0, 1e30  # the heavy key at 1
+    c = SlicedDecodeCache()
+    with torch.no_grad():
+        c.step_relu(zk[..., :8], zk[..., :8], v[:, :, :8], key_weights=w[..., :8], centered=False)
+        assert c.pv_dtype == torch.float32 or c.Pv is None
+        for t in range(8, N):
+            s = slice(t, t + 1)
+            c.step_relu(zk[..., s], zk[..., s], v[:, :, s], key_weights=w[..., s], centered=False)
+        assert c.pv_dtype == torch.float64 and c.Pv.dtype == torch.float64
+        assert c.n >= 64 and max(L for _, L in c.runs) >= 64  # block tables in use
+        out = c.relu(torch.ones(1, 1, 1), centered=False)
+    d = (1 - zk.double()).clamp_min(0) * (w.double() < 1)  # the light keys' distances to the query
+    want = (d.unsqueeze(-1) * v.double()).sum(2) / d.sum(2).unsqueeze(-1)
+    torch.testing.assert_close(out[0, 0, 0].double(), want[0, 0], rtol=0, atol=8 * torch.finfo(torch.float32).eps)
+    D = 2
+    per_key = c.nbytes() - c.nt * (2 + D) * 4
+    assert per_key == c.n * (4 + 16 + D * 4) + (c.n // 8) * (16 + 2 * D * 8)
+
+
 # -- the KV cache of the models ---------------------------------------------------------------
 def _sliced_lm(scheme="lie", dtype=F64, heads=2):
     cfg = DecoderConfig(vocab_size=23, d_model=16, n_layers=2, n_heads=heads, d_ff=32, norm="layer", mlp="plain",
