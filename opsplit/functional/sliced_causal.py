@@ -118,9 +118,9 @@ from ._inputs import key_weights as combine_key_weights
 from ._scale import (
     FLUSH_RELU,
     RELU_SPAN_F32,
-    heaviest,
     SEGMENT_RELU,
     gradient_in,
+    heaviest,
     weight_segments,
     weights_one_scale,
     weights_span,
