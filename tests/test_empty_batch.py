@@ -20,6 +20,7 @@ import math
 
 import pytest
 import torch
+from test_model_parameters import DLM, MODELS, dlm, ids, periodic, token_classifier
 from torch import nn
 
 from opsplit import Grid, Interval
@@ -62,7 +63,6 @@ from opsplit.operators import (
     project_s1,
     project_sphere,
 )
-from test_model_parameters import DLM, MODELS, dlm, ids, periodic, token_classifier  # noqa: E402
 
 F64 = torch.float64
 E = 4

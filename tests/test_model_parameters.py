@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import opsplit
+from opsplit import Grid, Interval
 from opsplit.models import (
     ATTENTIONS,
     AttentionDecoder,
@@ -50,7 +51,6 @@ from opsplit.models import (
     ViT,
     one_head_cvt,
 )
-from opsplit import Grid, Interval
 from opsplit.operators import (
     FeedForward,
     FourierMultiplier,
@@ -288,7 +288,7 @@ def test_a_nan_written_through_data_is_named_or_harmless(name):
                              "(fresh=True) on a ValueError raised inside the solve (opsplit/propagator.py)")
             assert named, (pname, e)
         else:  # the entry took no part in this call: exactly the clean output, never a silent NaN
-            torch.testing.assert_close(out, clean, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
+            torch.testing.assert_close(out, clean, rtol=0, atol=0, msg=lambda m, p=pname: f"{p}: {m}")
         restore()
 
 
@@ -330,5 +330,5 @@ def test_an_operator_names_a_parameter_written_through_data(name):
         except ValueError as e:
             assert str(e).startswith(f"{type(op).__name__}: parameters must be finite, but {pname} hold"), (pname, e)
         else:
-            torch.testing.assert_close(out, clean, rtol=0, atol=0, msg=lambda m: f"{pname}: {m}")
+            torch.testing.assert_close(out, clean, rtol=0, atol=0, msg=lambda m, p=pname: f"{p}: {m}")
         restore()

@@ -66,10 +66,10 @@ from ..operators import (
     ProjectionS1,
     StateDropout,
 )
+from ..operators._guard import check_output
 from ..propagator import Propagator
 from ..schemes import Hybrid, Lie, Stage, Stages
 from ..solvers import Exact, ExplicitEuler, Substep
-from ..operators._guard import check_output
 from .hf import register_hf_converter
 from .paper import paper_scheme
 

@@ -82,6 +82,7 @@ from .._checks import (
     check_positive_int,
     check_probability,
 )
+from .._memory import available_memory, human_bytes
 from ..controls import LayerwiseConstant, PositionTable
 from ..grid import Grid
 from ..operators import (
@@ -97,7 +98,6 @@ from ..operators import (
     RotaryEmbedding,
     SlicedReLUAttention,
 )
-from .._memory import available_memory, human_bytes
 from ..operators._fused import frozen_field, frozen_map
 from ..operators._guard import check_output
 from ..operators.activation import activation_fn

@@ -68,9 +68,9 @@ from ..operators import (
     Projection,
     SpectralConvolution,
 )
+from ..operators._guard import check_output
 from ..propagator import Propagator
 from ..schemes import Lie, Strang
-from ..operators._guard import check_output
 
 __all__ = ["NeuralOperatorTransformer", "ATTENTIONS", "SCHEMES", "NONLINEARITIES"]
 

@@ -56,10 +56,10 @@ from ..controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear, Ti
 from ..controls.projection import project_time
 from ..grid import Grid
 from ..operators import FeedForward, MultiHeadAttention, PointwiseAffine, PreNorm, ProjectionS1
+from ..operators._guard import check_output
 from ..propagator import Propagator
 from ..schemes import Hybrid, Lie, Parallel, Strang
 from ..solvers import ExplicitEuler, Substep
-from ..operators._guard import check_output
 from .vit import ClassTokenReadout, PatchEmbedding
 
 __all__ = [

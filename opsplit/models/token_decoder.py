@@ -58,11 +58,11 @@ from ..operators import (
     SlicedReLUAttention,
     SlicedReLUBumpAttention,
 )
+from ..operators._guard import check_output
 from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie
 from ..solvers import ExplicitEuler, Substep
-from ..operators._guard import check_output
 
 __all__ = ["ATTENTIONS", "AttentionDecoder", "TokenClassifier"]
 

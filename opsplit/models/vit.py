@@ -44,8 +44,8 @@ from .._checks import (
     check_probability,
     check_tensor,
 )
-from ..operators.activation import activation_fn
 from ..operators._guard import check_output, checked_call
+from ..operators.activation import activation_fn
 from .hf import from_hf, register_hf_converter
 from .torch_exact import TorchEncoder
 
