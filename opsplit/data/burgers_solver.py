@@ -55,11 +55,11 @@ Two conditions follow, checked before anything is computed (:func:`viscosity_ran
   the cube of :math:`\Delta t L` in the coefficients overflows float64.
 
 Both are sufficient conditions.  Four draws of the data's random field at 32 to 1024 nodes
-and 20 to 1000 steps, solved at the bound, are within 3e-5 (relative L2) of the same draws on
-a 4x finer grid with a 16x finer step.  The stability bound has a margin of about 2 (1024
-nodes and 100 steps: a blow-up at half the bound), the resolution bound one of 2 to 4 for
-these draws, whose fronts are less steep than the bound allows (errors of 2e-4 to 1e-2 at a
-quarter of it).
+and 20 to 1000 steps (eight settings), solved at the bound, are within 3.2e-5 (relative L2) of
+the same draws on a 4x finer grid with a 16x finer step.  At half the bound the
+step-limited setting (1024 nodes, 100 steps) blows up and the others stay within 1.8e-4; at
+a quarter four of the eight blow up: the stability bound has a margin of about 2, the
+resolution bound more for these draws, whose fronts are less steep than it allows.
 
 **Checks.**  The Cole–Hopf solution :math:`u = -2\nu\,\varphi_x/\varphi` with
 :math:`\varphi = 1 + a\,e^{-4\pi^2\nu t}\cos 2\pi x` (``tests/test_burgers_data.py``, to
@@ -90,12 +90,14 @@ RESOLUTION_TOL = 1e-3
 MAX_STIFFNESS = 1e100
 #: a solve (or a data set) estimated to take longer than this (s) needs ``force=True``
 MAX_SECONDS = 3600.0
-#: the cost model of a step (:func:`solve_cost`), measured on one core of the development machine
-#: (no mode dropped, tol = 0: 4.7, 13.4, 57 and 885 us per pair and step at 64, 256, 1024 and
-#: 8192 nodes in batches of 50, 20 ms at 65536 nodes): seconds per P log2 P of one pair's step (its
-#: eight transforms on the product grid of P = 3 (M + 1) points), and per step of a batch (Python)
-_SECONDS_PER_PLOGP = 1e-8
-_SECONDS_PER_BATCH_STEP = 2e-4
+#: the cost model of a step (:func:`solve_cost`), fitted to one core of the development machine
+#: with no mode dropped (tol = 0; 1.7, 10, 54 and 880 us per pair and step at 64, 256, 1024
+#: and 8192 nodes in batches of 50, 20 ms at 65536 nodes, after the batch's fixed cost):
+#: seconds per P log2 P of one pair's step (its eight transforms on the product grid of
+#: P = 3 (M + 1) points) up to P = 4000, growing like sqrt(P / 4000) above (the caches), and
+#: per step of a batch (Python and dispatch)
+_SECONDS_PER_PLOGP = 3e-9
+_SECONDS_PER_BATCH_STEP = 1.5e-4
 #: modes of the coefficient's contour integrals computed at once (bounds their memory)
 _CHUNK = 1 << 14
 
@@ -287,7 +289,8 @@ def solve_cost(B: int, N: int, n_steps: int, *, t_final: float = 1.0, nu: float 
     seconds = 0.0
     for M, steps in _steps_per_size(M0, n_steps, dt, nu, amplitude, tol, grid_factor):
         P = 3.0 * (M + 1)
-        seconds += steps * B * _SECONDS_PER_PLOGP * P * math.log2(max(P, 2.0))
+        rate = _SECONDS_PER_PLOGP * math.sqrt(max(1.0, P / 4000.0))
+        seconds += steps * B * rate * P * math.log2(max(P, 2.0))
     seconds += n_steps * _SECONDS_PER_BATCH_STEP
     seconds += (M0 + 1) * 64 * 1e-7 + B * (N + out_points) * 1e-7  # the coefficients, the transforms in and out
     nbytes = (6 * 8.0 * (M0 + 1) + 8 * 16.0 * 64 * min(M0 + 1, _CHUNK)  # coefficients, a chunk's integrals
