@@ -108,6 +108,9 @@ from ..solvers import ExplicitEuler, Substep
 
 __all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
 
+#: the refusal of an empty batch with a key/value cache (without one, B = 0 gives an empty batch)
+_EMPTY_WITH_CACHE = ("input_ids: empty batch (shape {shape}) with a key/value cache: a cache holds the tokens of at "
+                     "least one sequence (an empty batch without cache= gives an empty output)")
 #: a cache estimate below this many bytes is never compared with the available memory
 _CACHE_GUARD_FROM = 256e6
 
@@ -423,6 +426,8 @@ class DecoderLM(nn.Module):
                              f"{c.vocab_size}), got range [{lo}, {hi}]")
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache: expected an opsplit KVCache or None, got {type(cache).__name__}")
+        if cache is not None and B == 0:
+            raise ValueError(_EMPTY_WITH_CACHE.format(shape=tuple(input_ids.shape)))
         if cache is not None:
             dtype, _ = self._dtype_device()
             cache.check_use(self, B, self.decoder.n_steps if n_steps is None else n_steps, dtype, device)

@@ -63,6 +63,7 @@ from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie
 from ..solvers import ExplicitEuler, Substep
+from .decoder_lm import _EMPTY_WITH_CACHE
 
 __all__ = ["ATTENTIONS", "AttentionDecoder", "TokenClassifier"]
 
@@ -295,6 +296,8 @@ class TokenClassifier(nn.Module):
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected an opsplit KVCache or None, got {type(cache).__name__}")
+            if input_ids.shape[0] == 0:
+                raise ValueError(_EMPTY_WITH_CACHE.format(shape=tuple(input_ids.shape)))
             p = self.embedding.weight
             n_steps = self.encoder.n_steps if n_steps is None else check_positive_int(n_steps, "n_steps (N_t)")
             cache.check_use(self, input_ids.shape[0], n_steps, p.dtype, p.device)
