@@ -64,7 +64,11 @@ advance both terms together) converges to the flow at the solver's order.
 
 Every input is checked before any compute: integer ids in ``[0, vocab_size)``, at least one
 token (``input_ids: empty prompt``), the mask's shape and values, the positions against a
-learned table (a sequence longer than ``max_positions`` is refused).
+learned table (a sequence longer than ``max_positions`` is refused); so is every parameter
+(finite, named by its qualified name), and a key/value cache whose size over :math:`N_t`
+steps cannot fit in the available memory (:meth:`DecoderLM.check_cache_memory`).  An empty
+batch ``(0, N)`` gives empty outputs, as ``torch.nn``'s modules do (refused with a cache,
+and by ``generate``).
 """
 
 from __future__ import annotations
