@@ -203,12 +203,12 @@ def _check_nu(nu, who: str, points: int, n_steps: int) -> float:
     return x
 
 
-def _pairs_cost(n: int, points: int, n_steps: int, nu: float) -> tuple[float, float]:
+def _pairs_cost(n: int, points: int, n_steps: int, nu: float, batch: int = _BATCH) -> tuple[float, float]:
     """``(seconds, bytes)`` of :func:`burgers_pairs`: the draws, the solves in batches of
-    :data:`_BATCH` (:func:`~opsplit.data.burgers_solver.solve_cost`), the two float64 arrays."""
-    full, rest = divmod(n, _BATCH)
+    ``batch`` (:func:`~opsplit.data.burgers_solver.solve_cost`), the two float64 arrays."""
+    full, rest = divmod(n, batch)
     seconds, work = 0.0, 0.0
-    for B, k in ((_BATCH, full), (rest, 1 if rest else 0)):
+    for B, k in ((batch, full), (rest, 1 if rest else 0)):
         if k:
             sec, nb = solve_cost(B, points, n_steps, nu=nu, amplitude=_GRF_COST_AMPLITUDE, batches=k)
             seconds, work = seconds + sec, max(work, nb)
@@ -254,9 +254,10 @@ def _pairs(n, *, split, seed, points, nu, n_steps, start, batch, force, who, che
         batch = check_count(batch, f"{who}.batch")
         force = check_bool(force, f"{who}.force")
         nu = _check_nu(nu, who, points, n_steps)
-        seconds, nbytes = _pairs_cost(n, points, n_steps, nu)
+        seconds, nbytes = _pairs_cost(n, points, n_steps, nu, min(batch, n))
         size_guard(who, seconds=seconds, nbytes=nbytes, force=force, what="the data",
-                   sizes={"n": (n, 1000), "points": (points, 8192), "n_steps": (n_steps, 1000)})
+                   sizes={"n": (n, 1000), "points": (points, 8192), "n_steps": (n_steps, 1000),
+                          "batch": (min(batch, n), _BATCH)})
     a = np.empty((n, points))
     for i in range(n):
         a[i] = grf_initial_conditions(1, points, np.random.default_rng([seed, _SPLITS[split], start + i]), force=True)[0]

@@ -244,6 +244,8 @@ CASES = cases(
     ("pairs-n-1e9", lambda: _pairs(n=10**9), ValueError, r"^burgers_pairs\.n: the data needs an estimated .* of memory"),
     ("pairs-n-steps-1e10", lambda: _pairs(n_steps=10**10), ValueError, r"^burgers_pairs\.n_steps: the data needs an estimated .* "
      r"of compute"),
+    ("pairs-batch-memory", lambda: _pairs(n=10**6, points=2**16, batch=10**6), ValueError,
+     r"^burgers_pairs\.batch: the data needs an estimated .* of memory .* batch = 1000000\)"),
     ("solve-n-steps-1e10", lambda: _solve(n_steps=10**10), ValueError, r"^solve_burgers\.n_steps: the solve needs an estimated"),
     ("solve-out-points-memory", lambda: _solve(out_points=2**42), ValueError, r"^solve_burgers\.out_points: the solve needs an "
      r"estimated .* of memory"),
