@@ -339,7 +339,7 @@ def test_load_burgers_size_guard(kw, match, tmp_path, no_solve):
 
 def test_size_guard_of_pairs_and_solver(no_solve):
     with pytest.raises(ValueError, match=r"^burgers_pairs\.n: the data needs an estimated .* of memory"):
-        burgers_pairs(10**9, points=64, n_steps=100)
+        burgers_pairs(10**11, points=64, n_steps=100)
     with pytest.raises(ValueError, match=r"^burgers_pairs\.n_steps: the data needs an estimated .* of compute"):
         burgers_pairs(2, points=64, n_steps=10**10)
     with pytest.raises(ValueError, match=r"^solve_burgers\.n_steps: the solve needs an estimated .* of compute"):

@@ -235,13 +235,13 @@ CASES = cases(
     # -- sizes (finding 9) ------------------------------------------------------------------------------
     ("data-points-2-40", lambda: _load(points=2**40), ValueError,
      r"^load_burgers\.points: reading the data needs an estimated .* of memory .* \(or force=True to try anyway\)"),
-    ("data-n-train-1e9", lambda: _load(n_train=10**9), ValueError, r"^load_burgers\.n_train: reading the data needs"),
+    ("data-n-train-1e9", lambda: _load(n_train=10**9, points=8192), ValueError, r"^load_burgers\.n_train: reading the data needs"),
     ("data-n-test-1e12", lambda: _load(n_test=10**12), ValueError, r"^load_burgers\.n_test: reading the data needs"),
     ("data-n-steps-1e9", lambda: _load(n_steps=10**9), ValueError,
      r"^load_burgers\.n_steps: generating the data needs an estimated .* of compute .* \(or force=True to run it anyway\)"),
     ("data-resolution-points-memory", lambda: _load(points=2**38, resolution=2**38), ValueError,
      r"^load_burgers\.resolution: reading the data needs .* points = 274877906944, resolution = 274877906944"),
-    ("pairs-n-1e9", lambda: _pairs(n=10**9), ValueError, r"^burgers_pairs\.n: the data needs an estimated .* of memory"),
+    ("pairs-n-1e11", lambda: _pairs(n=10**11), ValueError, r"^burgers_pairs\.n: the data needs an estimated .* of memory"),
     ("pairs-n-steps-1e10", lambda: _pairs(n_steps=10**10), ValueError, r"^burgers_pairs\.n_steps: the data needs an estimated .* "
      r"of compute"),
     ("pairs-batch-memory", lambda: _pairs(n=10**6, points=2**16, batch=10**6), ValueError,
@@ -320,8 +320,8 @@ CLI_CASES = rows(
      btoml(solver_steps=10**12)),
     ("burgers-points-memory", ["train", *CFG, *OUT], "data.points = 1099511627776: the job needs an estimated",
      btoml(points=2**40)),
-    ("burgers-n-train-memory", ["train", *CFG, *OUT], "data.n_train = 1000000000: the job needs an estimated",
-     btoml(n_train=10**9)),
+    ("burgers-n-train-memory", ["train", *CFG, *OUT], "data.n_train = 100000000000: the job needs an estimated",
+     btoml(n_train=10**11)),
     ("burgers-n-test-memory", ["train", *CFG, *OUT], "data.n_test = 1000000000000: the job needs an estimated",
      btoml(n_test=10**12)),
     ("burgers-points-too-few", ["train", *CFG, *OUT], "data.points: expected at least 42 nodes: fewer modes do not "
