@@ -429,7 +429,7 @@ def _lookup(stem: Path, settings: dict, on_corrupt: str, lock: bool, memory: flo
             if on_corrupt == "error":
                 raise BurgersCacheError(f"{e}; delete the file or call load_burgers(..., regenerate=True)") from None
             if on_corrupt == "regenerate":
-                warnings.warn(f"{e}; regenerating it", stacklevel=5)
+                warnings.warn(f"{e}; regenerating it", stacklevel=4)
     folder = stem.parent
     try:
         candidates = sorted(folder.glob("burgers-*.json")) if folder.is_dir() else []
@@ -482,7 +482,7 @@ def _cached_arrays(settings: dict, folder: Path, on_corrupt: str, regenerate: bo
             _write(stem, settings, arrays)
         except OSError as e:
             warnings.warn(f"{who}: could not write the cache {str(stem)!r} ({type(e).__name__}: {e}); the data is "
-                          f"used uncached", stacklevel=4)
+                          f"used uncached", stacklevel=3)
     return arrays, stem
 
 
