@@ -411,3 +411,45 @@ def test_multi_resolution_training_refuses_bad_lists_and_models():
 
     with pytest.raises(TypeError, match="train_n_steps: the model's forward must take n_steps"):
         Trainer(NoSteps(), Objective("cross_entropy"), tiny_config(train_n_steps=[2])).fit(tiny_data())
+
+
+# -- issue 42, finding 11b: the rule for the objective's weights -------------------------------------
+def test_objective_weight_refused_exactly_where_its_gradient_norm_or_term_overflows():
+    """``check_objective`` refuses a cost weight w when w * ||grad C|| >= sqrt(float32 max) (the
+    trainer's global gradient norm, a sum of squares, overflows) or w * C >= float32 max, C the
+    cost of the untrained model on the samples: here against C and its gradient computed
+    directly (record_flow, energy_cost, autograd in float64), just below and above each bound."""
+    import math
+
+    from opsplit.control.costs import energy_cost
+    from opsplit.control.flow_costs import record_flow
+    from opsplit.control.objective import check_objective, model_interval
+
+    m = TinyClassifier()
+    x, y = tiny_data()[torch.arange(2)]
+    M = torch.finfo(torch.float32).max
+    m.eval()
+    with record_flow(m) as rec:
+        m(x)
+    grads = torch.autograd.grad(rec.kinetic(), [p for p in m.parameters()], allow_unused=True)
+    gk = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
+    grads = torch.autograd.grad(energy_cost(m, default_interval=model_interval(m)), list(m.parameters()),
+                                allow_unused=True)
+    ge = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
+    m.train()
+    for name, g in (("kinetic", gk), ("energy", ge)):
+        bound = math.sqrt(M) / g
+        check_objective(Objective("cross_entropy", **{name: 0.99 * bound}), m, x, y)
+        with pytest.raises(ValueError, match=rf"^Objective\.{name}: the weight .* times the gradient"):
+            check_objective(Objective("cross_entropy", **{name: 1.01 * bound}), m, x, y)
+    assert m.training and all(p.grad is None for p in m.parameters())  # mode restored, no .grad written
+    # the value rule (no trainable parameter: no gradient to overflow)
+    from opsplit.control.costs import leaf_controls
+
+    controls = leaf_controls(m)
+    m.requires_grad_(False)
+    c = float(energy_cost(m, controls=controls, default_interval=model_interval(m)))
+    assert c > 1
+    check_objective(Objective("cross_entropy", energy=0.99 * M / c, controls=controls), m, x, y)
+    with pytest.raises(ValueError, match=r"^Objective\.energy: the weight .* is not finite in float32"):
+        check_objective(Objective("cross_entropy", energy=1.01 * M / c, controls=controls), m, x, y)

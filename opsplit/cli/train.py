@@ -556,7 +556,25 @@ def prepare(cfg) -> dict:
             f"model.T: the untrained model's output on two digits is not finite (T = {m['T']:g}, "
             f"N_t = {m['n_steps']}: steps of {m['T'] / m['n_steps']:g}); expected a smaller model.T"
         )
+    check_objective_weights(objective(cfg), model, train.inputs[:2], train.targets[:2], "digits")
     return {"model": model}
+
+
+def check_objective_weights(obj, model, inputs, targets, what: str) -> None:
+    """The objective of the untrained model on two samples must be finite: a cost weight
+    (``train.kinetic``, ...) whose term overflows is refused by its key, before anything is
+    written (:func:`opsplit.control.objective.check_objective`)."""
+    from ..control.objective import check_objective
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            check_objective(obj, model, inputs, targets, what=what)
+    except ValueError as e:
+        key = re.match(r"Objective\.(\w+): (.*)", str(e), re.S)
+        if key is None:
+            raise ConfigError(f"train: {e}") from None
+        raise ConfigError(f"train.{key.group(1)}: {key.group(2)}") from None
 
 
 def build_model(m: dict):

@@ -35,10 +35,14 @@ from torch import Tensor, nn
 from .costs import check_controls, energy_cost, smoothness_cost
 from .flow_costs import record_flow
 
-__all__ = ["Objective", "ObjectiveValue", "LOSSES", "model_interval"]
+__all__ = ["Objective", "ObjectiveValue", "LOSSES", "model_interval", "WEIGHTS", "check_objective"]
 
 #: the named losses ell
 LOSSES = ("mse", "cross_entropy")
+#: the weights of the running costs, with the cost each weighs (in words)
+WEIGHTS = {"smoothness": "the controls' smoothness cost", "energy": "the controls' energy cost",
+           "kinetic": "the flow's kinetic energy", "acceleration": "the flow's acceleration",
+           "defect": "the steps' error estimate"}
 
 
 @dataclass
@@ -275,8 +279,90 @@ class Objective(nn.Module):
             total = total + self.defect * dfc
         return ObjectiveValue(total, data, smooth, energy, outputs, kin, acc, dfc)
 
+    def check_weights(self, dtype: torch.dtype) -> None:
+        """Refuse a weight beyond the largest number of ``dtype`` (the parameters' type, in
+        which the weighted terms are computed): the weight itself is ``inf`` there, so its
+        term would be ``inf`` (or ``NaN`` for a zero cost) at the first step."""
+        big = torch.finfo(dtype).max
+        for name in WEIGHTS:
+            w = getattr(self, name)
+            if w > big:
+                raise ValueError(f"Objective.{name}: a weight of {w:g} is beyond the largest {str(dtype)[6:]} number "
+                                 f"({big:.3g}), in which the objective is computed: its term would be inf or NaN from "
+                                 f"the first step; expected a weight w with w x ({WEIGHTS[name]}) finite, far below "
+                                 f"{big:.3g}")
+
     def extra_repr(self) -> str:
         loss = self.loss if isinstance(self.loss, str) else getattr(self.loss, "__name__", "callable")
         flow = "".join(f", {k}={getattr(self, k):g}" for k in ("kinetic", "acceleration", "defect")
                        if getattr(self, k))
         return f"loss={loss!r}, smoothness={self.smoothness:g}, energy={self.energy:g}{flow}"
+
+
+def check_objective(objective: Objective, model: nn.Module, inputs, targets: Tensor, *, what: str = "training samples",
+                    **forward_kwargs) -> dict:
+    """Before training: the weighted running costs of :math:`J` of the untrained ``model`` on a
+    few samples, and their gradients, must be finite in the parameters' dtype.
+
+    **The rule for the weights.**  A weight :math:`w` of a running cost :math:`C` is refused
+    (``ValueError`` naming ``Objective.<weight>``, with the largest weight that passes) when
+
+    * :math:`w` exceeds the largest number :math:`M` of the parameters' dtype
+      (:meth:`Objective.check_weights`: :math:`w` is ``inf`` there);
+    * :math:`w\,C \ge M`, with :math:`C` the (finite) cost of the untrained model on these
+      samples: the objective would be ``inf`` at the first step;
+    * :math:`w\,\|\nabla_\theta C\| \ge \sqrt{M}`: the trainer's global gradient norm (a sum
+      of squares in the dtype) would overflow at the first step, which stops the run.
+
+    A finite start is necessary, not sufficient: a term that grows during training until it
+    overflows stops the run there, with a ``FloatingPointError`` naming the step.  The model
+    is solved once, in eval mode (``model``'s flag restored), only when a flow cost is
+    weighted; the loss is not evaluated (the data term is checked by the trainer); no
+    parameter's ``.grad`` is touched.  Returns ``{weight name: cost}`` of the weighted costs."""
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    dtype = params[0].dtype if params else torch.get_default_dtype()
+    objective.check_weights(dtype)
+    trainable = [p for p in params if p.requires_grad]
+    active = [k for k in WEIGHTS if getattr(objective, k)]
+    if not active:
+        return {}
+    flows = [k for k in ("kinetic", "acceleration", "defect") if getattr(objective, k)]
+    costs = {}
+    was = model.training
+    model.eval()
+    try:
+        with torch.set_grad_enabled(bool(trainable)):
+            if flows:
+                with record_flow(model, relative=objective.flow_relative,
+                                 defect_fraction=objective.defect_fraction if objective.defect else 0.0) as rec:
+                    model(inputs, **forward_kwargs)
+                costs.update({k: getattr(rec, k)() for k in flows})
+            smooth, energy = objective.running_costs(model)
+            costs.update({k: v for k, v in (("smoothness", smooth), ("energy", energy)) if v is not None})
+    finally:
+        model.train(was)
+    big, kind, n = torch.finfo(dtype).max, str(dtype).replace("torch.", ""), len(targets)
+    total = 0.0
+    for name, term in costs.items():
+        w, c = getattr(objective, name), float(term.detach())
+        if math.isfinite(c) and not math.isfinite(float(term.detach() * w)):
+            raise ValueError(f"Objective.{name}: the weight {w:g} times {WEIGHTS[name]} {c:.4g} of the untrained model "
+                             f"on {n} {what} is not finite in {kind} (largest {big:.3g}): the objective would be inf at "
+                             f"the first step; expected a weight below {big / c:.3g}, and far below it (the term grows "
+                             "with training)")
+        if math.isfinite(c) and term.requires_grad:
+            grads = torch.autograd.grad(term, trainable, retain_graph=True, allow_unused=True)
+            norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
+            if math.isfinite(norm) and w * norm >= math.sqrt(big):
+                raise ValueError(
+                    f"Objective.{name}: the weight {w:g} times the gradient of {WEIGHTS[name]} (norm {norm:.4g}) of the "
+                    f"untrained model on {n} {what} has a norm of {w * norm:.3g}, whose square overflows {kind} "
+                    f"(largest {big:.3g}): the global gradient norm would be inf at the first step; expected a weight "
+                    f"below {math.sqrt(big) / norm:.3g}, and far below it")
+        total += w * c
+    if math.isfinite(total) and total >= big:
+        worst = max(costs, key=lambda k: getattr(objective, k) * float(costs[k].detach()))
+        raise ValueError(f"Objective.{worst}: the weighted costs of the untrained model on {n} {what} sum to "
+                         f"{total:.3g}, beyond the largest {kind} number ({big:.3g}): the objective would be inf at the "
+                         "first step; expected smaller weights")
+    return {k: float(v.detach()) for k, v in costs.items()}

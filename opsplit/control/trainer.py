@@ -20,6 +20,11 @@ checkpoint given to ``resume`` against the model and the run
 model, another map with the same tensors, or other run settings are refused, nothing is
 loaded).  In a data-parallel run a refusal on one rank stops every rank.
 
+**The objective's weights** (:func:`~opsplit.control.objective.check_objective`): the
+objective of the untrained model on two training samples must be finite; a running-cost
+weight whose term overflows the parameters' dtype there (``kinetic = 1e308``) is refused by
+its name, with the largest weight that fits, before anything is written.
+
 **During training** the objective (before the backward pass) and the global gradient norm
 (after it, before clipping) must be finite: otherwise a ``FloatingPointError`` naming the
 parameters with a non-finite gradient stops the run before the optimizer step, the
@@ -68,7 +73,7 @@ from .distributed import any_rank, check_data_parallel
 from .flow_costs import check_flow_costs
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
-from .objective import Objective, ObjectiveValue
+from .objective import Objective, ObjectiveValue, check_objective
 from .paths import check_out_dir, check_path
 from .resolution import draw_n_steps, draw_solver, split_sizes
 from .swap import solved_with
@@ -217,6 +222,8 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("Trainer.model: the model has no trainable parameters")
+        if params[0].is_floating_point():
+            objective.check_weights(params[0].dtype)  # a weight beyond the dtype's range: inf from step 0
         self.model, self.objective = model, objective
         if forward_model is not None and not isinstance(forward_model, nn.Module):
             raise TypeError(f"Trainer.forward_model: expected an nn.Module (e.g. DistributedDataParallel(model)) or "
@@ -512,6 +519,8 @@ class Trainer:
             previous = set_gradient_mode(self.model, c.gradient, checkpoint_every=c.checkpoint_every,
                                          snapshots=c.checkpoint_snapshots)
             check_flow_costs(self.objective, self.model)
+            k = min(2, n)
+            check_objective(self.objective, self.model, *train[torch.arange(k)])  # J finite before step 0
             for name in c.train_solvers or ():
                 with solved_with(self.model, solver=name):  # refuses a solver that cannot run a term
                     pass

@@ -132,6 +132,10 @@ CASES = rows(
     ("kinetic-negative", ["train", *CFG, *OUT], "train.kinetic: expected a value >= 0, got -0.5", toml("[train]\nkinetic = -0.5\n")),
     ("kinetic-nan", ["train", *CFG, *OUT], "train.kinetic: expected a finite number, got nan", toml("[train]\nkinetic = nan\n")),
     ("acceleration-inf", ["train", *CFG, *OUT], "train.acceleration: expected a finite number, got inf", toml("[train]\nacceleration = inf\n")),
+    # issue 42, finding 11b: a cost weight whose term (or its gradient's norm) overflows float32 at the untrained model
+    ("kinetic-1e308", ["train", *CFG, *OUT], "train.kinetic: a weight of 1e+308 is beyond the largest float32 number (3.4e+38)", toml("[train]\nkinetic = 1e308\n")),
+    ("kinetic-gradient-overflow", ["train", *CFG, *OUT], "train.kinetic: the weight 1e+37 times the gradient of the flow's kinetic energy", toml("[train]\nkinetic = 1e37\n")),
+    ("acceleration-gradient-overflow", ["train", *CFG, *OUT], "train.acceleration: the weight 1e+30 times the gradient of the flow's acceleration", toml("[train]\nacceleration = 1e30\n")),
     ("eval-solvers-unknown", ["train", *CFG, *OUT], "train.eval_solvers: expected each of one of 'euler', 'heun', 'rk4', got 'implicit'", toml("[train]\neval_solvers = [\"implicit\"]\n")),
     ("kinetic-checkpoint", ["train", "--gradient", "checkpoint", *OUT], "train.kinetic: a flow cost reads every step of the forward solve, which train.gradient = 'checkpoint' recomputes"),
     ("adjoint-euler", ["train", "--gradient", "adjoint", *OUT], "train.gradient: 'adjoint' solves the substeps' ODEs backwards by torchdiffeq, and model.solver = 'euler' has none"),

@@ -501,6 +501,34 @@ def test_distributed(case):
     run_case(case)
 
 
+# -- issue 42: the objective's weights (11b) ----------------------------------------------------------
+# a weight whose term, or its gradient's norm, overflows float32 at the untrained model: refused by its
+# name before anything is written (training used to stop at step 0, its folder created)
+ISSUE42_WEIGHTS = cases(
+    ("kinetic-1e308-trainer", lambda: Trainer(TinyClassifier(), Objective("cross_entropy", kinetic=1e308)), ValueError,
+     r"^Objective\.kinetic: a weight of 1e\+308 is beyond the largest float32 number \(3\.4e\+38\), in which the "
+     r"objective is computed"),
+    ("kinetic-1e308-fit", fit_into(objective=Objective("cross_entropy", kinetic=1e308)), ValueError,
+     r"^Objective\.kinetic: a weight of 1e\+308 is beyond the largest float32 number"),
+    ("kinetic-gradient-overflow", fit_into(objective=Objective("cross_entropy", kinetic=1e38)), ValueError,
+     r"^Objective\.kinetic: the weight 1e\+38 times the gradient of the flow's kinetic energy \(norm .*\) of the "
+     r"untrained model on 2 training samples has a norm of .*, whose square overflows float32 .*; expected a weight "
+     r"below .*e\+1[89]"),
+    ("smoothness-term-overflow", fit_into(objective=Objective("cross_entropy", smoothness=1e37)), ValueError,
+     r"^Objective\.smoothness: the weight 1e\+37 times the controls' smoothness cost .* is not finite in float32 .*"
+     r"expected a weight below .*e\+36"),
+    ("energy-gradient-overflow", fit_into(objective=Objective("cross_entropy", energy=1e19)), ValueError,
+     r"^Objective\.energy: the weight 1e\+19 times the gradient of the controls' energy cost"),
+    ("defect-1e39", lambda: Trainer(TinyClassifier(), Objective("cross_entropy", defect=1e39)), ValueError,
+     r"^Objective\.defect: a weight of 1e\+39 is beyond the largest float32 number"),
+)
+
+
+@pytest.mark.parametrize("case", ISSUE42_WEIGHTS)
+def test_issue42_objective_weights(case):
+    run_case(case)
+
+
 # -- issue 42: the size guard of train_n_steps (13f) --------------------------------------------------
 ISSUE42_SIZE = cases(
     ("train_n_steps-1e9", fit_into(train_n_steps=[2, 10**9]), ValueError,
