@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
-    skip_value_checks,
     check_finite,
     check_finite_float,
     check_float_dtype,
@@ -27,9 +26,18 @@ from ._checks import (
     check_parameters_finite,
     check_positive_int,
     check_tensor,
+    skip_value_checks,
 )
 from ._memory import FLOAT_LIST_ENTRY, GUARD_FROM, check_fits, steps_memory
-from .adaptive import ON_FAILURE, PIController, _estimator, _stops, check_adaptive, solve_adaptive, time_tolerance
+from .adaptive import (
+    ON_FAILURE,
+    PIController,
+    _estimator,
+    _stops,
+    check_adaptive,
+    solve_adaptive,
+    time_tolerance,
+)
 from .grid import Grid, check_grid
 from .revolve import checkpointed_steps as _checkpointed_steps
 from .revolve import revolve_steps

@@ -52,26 +52,35 @@ def same_state(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def rewrite_checkpoint(folder, tensors=None, meta=None):
+def rewrite_checkpoint(folder, tensors=None, meta=None, seal=True):
     """Edit a checkpoint folder the way a damaged or hand-edited file would be, with its
-    SHA-256, size and tensor index made to match again (so that only the checks of the
-    contents can refuse it): ``tensors(dict) -> dict`` on ``state.safetensors``,
-    ``meta(dict)`` in place on ``meta.json``."""
+    SHA-256, size, tensor index and (``seal``) the digest of its metadata made to match again
+    (so that only the checks of the contents can refuse it): ``tensors(dict) -> dict`` on
+    ``state.safetensors``, ``meta(dict)`` in place on ``meta.json``.  ``seal=False`` leaves
+    the digest that the tensor file records (an edit of ``meta.json`` by hand)."""
     import hashlib
     import json
     from pathlib import Path
 
     import safetensors.torch as st
 
+    from opsplit.control.checkpoint import META_DIGEST_KEY, meta_digest
+
     ck = Path(folder)
     m = json.loads((ck / "meta.json").read_text())
+    tfile = ck / "state.safetensors"
     if tensors is not None:
-        t = tensors(dict(st.load((ck / "state.safetensors").read_bytes())))
-        st.save_file(t, str(ck / "state.safetensors"))
-        data = (ck / "state.safetensors").read_bytes()
-        m["tensors_sha256"], m["tensors_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+        t = tensors(dict(st.load(tfile.read_bytes())))
         m["tensors"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for k, v in t.items()}
     if meta is not None:
         meta(m)
+    if tensors is not None or seal:
+        data = tfile.read_bytes()
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
+        if seal:
+            header[META_DIGEST_KEY] = meta_digest(m)
+        st.save_file(t if tensors is not None else dict(st.load(data)), str(tfile), metadata=header or None)
+        data = tfile.read_bytes()
+        m["tensors_sha256"], m["tensors_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     (ck / "meta.json").write_text(json.dumps(m))
     return ck

@@ -453,3 +453,50 @@ def test_objective_weight_refused_exactly_where_its_gradient_norm_or_term_overfl
     check_objective(Objective("cross_entropy", energy=0.99 * M / c, controls=controls), m, x, y)
     with pytest.raises(ValueError, match=r"^Objective\.energy: the weight .* is not finite in float32"):
         check_objective(Objective("cross_entropy", energy=1.01 * M / c, controls=controls), m, x, y)
+
+
+# -- issue 42, finding 13d: the digest of meta.json ------------------------------------------------------
+def test_meta_json_is_covered_by_a_digest_in_the_tensor_file(tmp_path):
+    """state.safetensors records the SHA-256 of meta.json's canonical JSON (sorted keys, every
+    entry but tensors_sha256 / tensors_bytes, which state.safetensors' own SHA-256 checks):
+    recomputed here with hashlib; an edit of any entry is refused, a re-indented file is not,
+    and a checkpoint written before the digest (none in its header) still loads."""
+    import hashlib
+
+    import safetensors.torch as st
+
+    path, m = _checkpoint(tmp_path)
+    meta_file, tfile = path / "meta.json", path / "state.safetensors"
+    meta = json.loads(meta_file.read_text())
+    data = tfile.read_bytes()
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    body = {k: v for k, v in meta.items() if k not in ("tensors_sha256", "tensors_bytes")}
+    want = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert header == {"opsplit.meta_sha256": want}
+    original = meta_file.read_text()
+    meta_file.write_text(json.dumps(meta, indent=4))  # the same metadata, laid out anew
+    _fresh()[1].load(path)
+    edits = {"created": lambda d: d.update(created="2000-01-01"),
+             "trainer.elapsed": lambda d: d["trainer"].update(elapsed=1.0),
+             "config.lr": lambda d: d["config"].update(lr=0.02),
+             "rng.numpy.pos": lambda d: d["rng"]["numpy"].update(pos=1),
+             "model.propagators.t1": lambda d: next(iter(d["model"]["propagators"].values())).update(t1=3.0),
+             "trainer.history": lambda d: d["trainer"]["history"]["steps"][0].update(loss=0.5)}
+    for what, edit in edits.items():
+        changed = json.loads(original)
+        edit(changed)
+        meta_file.write_text(json.dumps(changed))
+        m2, tr2 = _fresh()
+        before = _params(m2)
+        with pytest.raises(CheckpointError, match=r"meta\.json was changed after the checkpoint was written"):
+            tr2.load(path)
+        assert _same(before, _params(m2)) and tr2.step == 0, what
+    # a checkpoint of an opsplit without the digest: its header holds none, and it loads
+    meta_file.write_text(original)
+    st.save_file(dict(st.load(data)), str(tfile))  # no metadata in the header
+    old = tfile.read_bytes()
+    meta["tensors_sha256"], meta["tensors_bytes"] = hashlib.sha256(old).hexdigest(), len(old)
+    meta_file.write_text(json.dumps(meta))
+    m3, tr3 = _fresh()
+    tr3.load(path)
+    assert _same(_params(m), _params(m3)) and tr3.step == 3

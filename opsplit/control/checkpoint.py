@@ -15,6 +15,13 @@ shape and dtype of every tensor, the model (class, state keys, every propagator'
 interval), the optimizer's parameter groups and non-tensor state, the scheduler state, the
 Python and NumPy RNG states, the trainer's counters and history, and the run's config.
 
+**The metadata is covered by a digest**: the header of ``state.safetensors`` records the
+SHA-256 of ``meta.json`` (:func:`meta_digest`: its canonical JSON, every entry but
+``tensors_sha256`` and ``tensors_bytes``, which the tensor file's own SHA-256 checks), so a
+hand edit of either file is refused on reading; a re-indented ``meta.json`` is not (the
+digest is of the JSON values).  Checkpoints written before the digest have none and are
+read as before.
+
 **Writing is atomic**: the folder is written under a temporary name and renamed when
 complete, so a process killed while saving leaves no folder that looks like a checkpoint.
 
@@ -30,7 +37,12 @@ floating parameter is refused, never cast; float64 into float32 is a cast, as
 :func:`save_checkpoint` refuses to write is refused on reading: NaN/inf weights, an
 ``exp_avg_sq`` of inf; ``allow_nonfinite=True`` on both sides writes and reads them); the
 trainer's counters must be in range (``trainer.step >= 0``, by the schema); the optimizer
-and scheduler must be of the recorded classes with the same parameter groups.  Only then is the state applied; should applying fail midway, the
+and scheduler must be of the recorded classes with the same parameter groups, their recorded
+settings in range (finite ``lr``, ``eps > 0``, ``betas`` in [0, 1), ``weight_decay >= 0``;
+Adam's ``step`` an integer >= 1, its squared averages >= 0; ``last_epoch >= 0``) and the
+schedule's rates those of the groups (``base_lrs == initial_lr``, ``_last_lr == lr``);
+:meth:`~opsplit.control.Trainer.load` also checks the counters against each other and the
+groups against the run's config.  Only then is the state applied; should applying fail midway, the
 previous model / optimizer / scheduler / RNG state is restored.  Every refusal is a
 :class:`CheckpointError` (a ``ValueError``) that says what differs.
 
@@ -86,10 +98,34 @@ __all__ = [
     "latest_checkpoint",
     "TENSORS_FILE",
     "META_FILE",
+    "meta_digest",
 ]
 
 TENSORS_FILE = "state.safetensors"
 META_FILE = "meta.json"
+#: the key, in the tensor file's header metadata, of the SHA-256 of ``meta.json``
+META_DIGEST_KEY = "opsplit.meta_sha256"
+#: the entries of ``meta.json`` its digest leaves out: they describe the tensor file that holds
+#: the digest (and are checked against it)
+_UNDIGESTED = ("tensors_sha256", "tensors_bytes")
+
+
+def meta_digest(meta: dict) -> str:
+    """The SHA-256 of a checkpoint's metadata (``meta.json`` as a dict) without
+    ``tensors_sha256`` and ``tensors_bytes``, over its canonical JSON (sorted keys)."""
+    body = {k: v for k, v in meta.items() if k not in _UNDIGESTED}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _header_metadata(data: bytes) -> dict:
+    """The ``__metadata__`` of a safetensors file's header (``{}`` if none or unreadable)."""
+    try:
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        md = header.get("__metadata__") if isinstance(header, dict) else None
+        return md if isinstance(md, dict) else {}
+    except (ValueError, UnicodeDecodeError):
+        return {}
 
 
 class CheckpointError(ValueError):
@@ -357,7 +393,6 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
     tmp.mkdir(parents=True)
     try:
         tfile = tmp / TENSORS_FILE
-        st.save_file(tensors, str(tfile))
         meta = {
             "schema": SCHEMA_NAME,
             "schema_version": SCHEMA_VERSION,
@@ -365,8 +400,8 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             "torch_version": torch.__version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "tensors_file": TENSORS_FILE,
-            "tensors_sha256": sha256_of(tfile),
-            "tensors_bytes": tfile.stat().st_size,
+            "tensors_sha256": None,
+            "tensors_bytes": None,
             "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
                         for k, v in tensors.items()},
             "model": model_metadata(model),
@@ -376,6 +411,10 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             "trainer": _jsonable(trainer) if trainer is not None else None,
             "config": _jsonable(config) if config is not None else None,
         }
+        # the metadata's digest goes into the tensor file (whose SHA-256 goes into the metadata):
+        # an edit of meta.json, or of state.safetensors, is then refused on reading
+        st.save_file(tensors, str(tfile), metadata={META_DIGEST_KEY: meta_digest(json.loads(json.dumps(meta)))})
+        meta["tensors_sha256"], meta["tensors_bytes"] = sha256_of(tfile), tfile.stat().st_size
         validate(meta)
         with open(tmp / META_FILE, "w") as fh:
             json.dump(meta, fh, indent=1)
@@ -485,6 +524,12 @@ def read_checkpoint(path) -> Checkpoint:
             f"checkpoint {str(path)!r}: {meta['tensors_file']} does not match its SHA-256 in {META_FILE} "
             "(corrupted)"
         )
+    recorded = _header_metadata(data).get(META_DIGEST_KEY)
+    if recorded is not None and recorded != meta_digest(meta):  # (checkpoints written before it: none)
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {META_FILE} was changed after the checkpoint was written (its contents do not "
+            f"match the SHA-256 recorded in {meta['tensors_file']}); an edited checkpoint is not resumed: its "
+            "counters, optimizer and schedule settings would disagree with its state. Nothing was loaded")
     try:
         tensors = st.load(data)
     except Exception as e:  # safetensors raises its own error types
@@ -829,6 +874,8 @@ def _plan_optimizer(ckpt: Checkpoint, optimizer, allow_nonfinite: bool = False) 
             raise CheckpointError(f"optimizer: parameter group {i} has {len(b['params'])} parameters in the "
                                   f"checkpoint, {len(a['params'])} given")
     groups = [dict(g) for g in om["param_groups"]]
+    for i, g in enumerate(groups):
+        _check_group(ckpt.path, i, g)
     for g, cur in zip(groups, own["param_groups"]):
         for key, val in cur.items():  # restore tuples (betas) and types the JSON lost
             if key in g and isinstance(val, tuple) and isinstance(g[key], list):
@@ -850,9 +897,10 @@ def _plan_optimizer(ckpt: Checkpoint, optimizer, allow_nonfinite: bool = False) 
             state.setdefault(int(idx), {})[key] = v
     for idx, sc in om["state"].items():
         state.setdefault(int(idx), {}).update(sc)
-    for idx, st in state.items():
+    for idx, st in sorted(state.items()):  # (in parameter order: the first bad one is named)
         if idx >= len(params):
             raise CheckpointError(f"optimizer: state for parameter {idx}, only {len(params)} parameters given")
+        _check_state(ckpt.path, idx, st)
         p = params[idx]
         for key, v in st.items():
             if isinstance(v, Tensor) and v.dim() > 0 and tuple(v.shape) != tuple(p.shape):
@@ -864,6 +912,96 @@ def _plan_optimizer(ckpt: Checkpoint, optimizer, allow_nonfinite: bool = False) 
             if isinstance(v, Tensor):
                 st[key] = v.to(device=p.device, dtype=p.dtype if v.is_floating_point() and v.dim() > 0 else v.dtype)
     return {"state": state, "param_groups": groups}
+
+
+def _number(path, where: str, v, *, lo=0.0, hi=math.inf, lo_open=False, hi_open=False, what="") -> float:
+    """A recorded optimizer or scheduler setting: a finite number in its range, or a
+    :class:`CheckpointError` that blames the checkpoint (``where``: the setting's place)."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+        v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {where} = {v!r} in {META_FILE}; expected a finite number in {rng}"
+            f"{f' ({what})' if what else ''}: the checkpoint was edited or damaged. Nothing was loaded")
+    return float(v)
+
+
+#: a parameter group's settings and their ranges: (lo, hi, lo open, hi open, what)
+_GROUP_RANGES = {
+    "lr": (0.0, math.inf, False, False, "the learning rate"),
+    "initial_lr": (0.0, math.inf, False, False, "the schedule's base rate"),
+    "eps": (0.0, math.inf, True, False, "Adam's denominator guard"),
+    "weight_decay": (0.0, math.inf, False, False, "the weight decay"),
+    "momentum": (0.0, 1.0, False, True, "SGD's momentum"),
+    "dampening": (0.0, 1.0, False, False, "SGD's dampening"),
+}
+
+
+def _check_group(path, i: int, g: dict) -> None:
+    """The recorded settings of parameter group ``i`` (13h: a NaN ``lr`` or ``eps`` edited
+    into ``meta.json`` is the checkpoint's fault, named here, not "parameters must be
+    finite" steps later)."""
+    for key, (lo, hi, lo_open, hi_open, what) in _GROUP_RANGES.items():
+        if key in g:
+            _number(path, f"optimizer.param_groups[{i}].{key}", g[key], lo=lo, hi=hi, lo_open=lo_open,
+                    hi_open=hi_open, what=what)
+    if "betas" in g:
+        b = g["betas"]
+        if not isinstance(b, (list, tuple)) or len(b) != 2:
+            raise CheckpointError(f"checkpoint {str(path)!r}: optimizer.param_groups[{i}].betas = {b!r} in {META_FILE}; "
+                                  "expected a pair (beta1, beta2): the checkpoint was edited or damaged. Nothing was "
+                                  "loaded")
+        for k, x in enumerate(b):
+            _number(path, f"optimizer.param_groups[{i}].betas[{k}]", x, hi=1.0, hi_open=True,
+                    what="Adam's averaging factors")
+
+
+def _check_state(path, idx: int, st: dict) -> None:
+    """The optimizer state of parameter ``idx``: Adam's ``step`` counts the updates (an integer
+    >= 1 once there is a state: 0 divides by zero in the bias correction, a negative one
+    fails inside torch), its squared averages are >= 0 (their square root is taken)."""
+    step = st.get("step")
+    if step is not None:
+        v = float(step) if isinstance(step, Tensor) and step.numel() == 1 else step
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1 or v != int(v):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: the optimizer state optimizer.{idx}.step = {v!r}; expected an integer >= 1 "
+                "(the updates the parameter received): the checkpoint was edited or damaged. Nothing was loaded")
+    for key in ("exp_avg_sq", "max_exp_avg_sq"):
+        t = st.get(key)
+        if isinstance(t, Tensor) and t.is_floating_point() and t.numel() and bool((t < 0).any()):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: the optimizer state optimizer.{idx}.{key} holds negative values; expected "
+                "values >= 0 (an average of squared gradients): the checkpoint was edited or damaged. Nothing was "
+                "loaded")
+
+
+def _check_scheduler(path, sched: dict, groups) -> None:
+    """The recorded scheduler state: its counters in range, its base and last rates finite,
+    one per parameter group, and the base rates those of the groups (``initial_lr``)."""
+    le = sched.get("last_epoch")
+    if le is not None and (isinstance(le, bool) or not isinstance(le, int) or le < 0):
+        raise CheckpointError(f"checkpoint {str(path)!r}: scheduler.last_epoch = {le!r} in {META_FILE}; expected an "
+                              "integer >= 0 (the schedule's steps): the checkpoint was edited or damaged. Nothing was "
+                              "loaded")
+    for key in ("base_lrs", "_last_lr"):
+        if key not in sched:
+            continue
+        rates = sched[key]
+        if not isinstance(rates, list) or (groups is not None and len(rates) != len(groups)):
+            raise CheckpointError(f"checkpoint {str(path)!r}: scheduler.{key} = {rates!r} in {META_FILE}; expected one "
+                                  "rate per parameter group: the checkpoint was edited or damaged. Nothing was loaded")
+        for i, r in enumerate(rates):
+            _number(path, f"scheduler.{key}[{i}]", r, what="a learning rate")
+            g = groups[i] if groups is not None else {}
+            ref = g.get("initial_lr") if key == "base_lrs" else g.get("lr")
+            if isinstance(ref, (int, float)) and not math.isclose(r, ref, rel_tol=1e-12, abs_tol=0.0):
+                other = "initial_lr" if key == "base_lrs" else "lr"
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r}: scheduler.{key}[{i}] = {r!r} but optimizer.param_groups[{i}].{other} = "
+                    f"{ref!r} in {META_FILE}; expected equal rates (the schedule sets the group's): the checkpoint was "
+                    "edited or damaged. Nothing was loaded")
 
 
 def _rng_state_of(ckpt: Checkpoint) -> dict:
@@ -954,6 +1092,9 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: scheduler "
                                   f"{None if sm is None else sm['class']}, given {type(scheduler).__name__}")
         sched_state = dict(sm["state"])
+        om = ckpt.meta.get("optimizer")
+        _check_scheduler(ckpt.path, sched_state, om["param_groups"] if om is not None and optimizer is not None
+                         else None)
         own = scheduler.state_dict()
         for k in own:
             if k not in sched_state and k != "lr_lambdas":

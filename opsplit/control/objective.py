@@ -301,7 +301,7 @@ class Objective(nn.Module):
 
 def check_objective(objective: Objective, model: nn.Module, inputs, targets: Tensor, *, what: str = "training samples",
                     **forward_kwargs) -> dict:
-    """Before training: the weighted running costs of :math:`J` of the untrained ``model`` on a
+    r"""Before training: the weighted running costs of :math:`J` of the untrained ``model`` on a
     few samples, and their gradients, must be finite in the parameters' dtype.
 
     **The rule for the weights.**  A weight :math:`w` of a running cost :math:`C` is refused

@@ -61,6 +61,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.base import TensorData
+from ..propagator import _calls_per_step
 from .checkpoint import (
     check_allow_changes,
     latest_checkpoint,
@@ -77,7 +78,6 @@ from .objective import Objective, ObjectiveValue, check_objective
 from .paths import check_out_dir, check_path
 from .resolution import draw_n_steps, draw_solver, split_sizes
 from .swap import solved_with
-from ..propagator import _calls_per_step
 
 __all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
 
@@ -163,6 +163,67 @@ def _solve_inputs(model):
     finally:
         for h in handles:
             h.remove()
+
+
+_OPTIMIZER_CLASSES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
+
+
+def _check_run_state(ck) -> None:
+    """A trainer's checkpoint agrees with itself before it is resumed (issue 42, 13d): the
+    step counter is at most the run's total, the schedule has stepped once per optimizer step
+    (``scheduler.last_epoch == trainer.step``), Adam's update counts reach the step counter,
+    and the parameter groups hold the rates of the run's config (``initial_lr == lr``,
+    ``weight_decay``, ``betas`` / ``momentum``; the scheduled ``lr`` never above its base).
+    A :class:`~opsplit.control.CheckpointError` names the two records that disagree."""
+    from .checkpoint import CheckpointError
+
+    t = ck.trainer
+    if not isinstance(t, dict):
+        return
+
+    def refuse(what: str):
+        raise CheckpointError(f"checkpoint {str(ck.path)!r}: {what} in its metadata; the checkpoint was edited or "
+                              "damaged, and resuming it would continue neither its run nor another. Nothing was "
+                              "loaded")
+
+    step, total = t.get("step", 0), t.get("total_steps")
+    if total is not None and step > total:
+        refuse(f"trainer.step = {step} is beyond trainer.total_steps = {total} (a run stops at its total)")
+    sm = ck.meta.get("scheduler")
+    last = (sm or {}).get("state", {}).get("last_epoch") if isinstance(sm, dict) else None
+    if last is not None and last != step:
+        refuse(f"scheduler.last_epoch = {last!r} and trainer.step = {step} differ (the schedule steps once per "
+               "optimizer step)")
+    om = ck.meta.get("optimizer")
+    if not isinstance(om, dict):
+        return
+    counts = [float(v) for k, v in ck.tensors.items() if k.startswith("optimizer.") and k.endswith(".step")
+              and v.numel() == 1]
+    counts += [float(sc["step"]) for sc in (om.get("state") or {}).values()
+               if isinstance(sc, dict) and isinstance(sc.get("step"), (int, float))]
+    if counts and max(counts) != step:
+        refuse(f"the optimizer's update counts (optimizer.<i>.step, largest {max(counts):g}) and trainer.step = {step} "
+               "differ (every optimizer step updates the parameters that have a gradient)")
+    cfg = ck.config
+    if not isinstance(cfg, dict) or _OPTIMIZER_CLASSES.get(cfg.get("optimizer")) != om.get("class"):
+        return
+    for i, g in enumerate(om.get("param_groups") or []):
+        pairs = [("initial_lr", "lr"), ("weight_decay", "weight_decay")]
+        pairs += [("betas", "betas")] if cfg.get("optimizer") != "sgd" else [("momentum", "momentum")]
+        for gk, ck_ in pairs:
+            a, b = g.get(gk), cfg.get(ck_)
+            if a is None or b is None:
+                continue
+            same = (len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-12, abs_tol=0.0) for x, y in zip(a, b))
+                    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else
+                    isinstance(a, (int, float)) and isinstance(b, (int, float)) and
+                    math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0))
+            if not same:
+                refuse(f"optimizer.param_groups[{i}].{gk} = {a!r} and the run's TrainConfig.{ck_} = {b!r} differ")
+        lr, base = g.get("lr"), g.get("initial_lr")
+        if isinstance(lr, (int, float)) and isinstance(base, (int, float)) and lr > base * (1 + 1e-9):
+            refuse(f"optimizer.param_groups[{i}].lr = {lr!r} is above its base rate initial_lr = {base!r} (every "
+                   "schedule factor is at most 1)")
 
 
 def _check_eval_n_steps(n) -> int:
@@ -386,6 +447,7 @@ class Trainer:
 
         ck = read_checkpoint(p)
         t = ck.trainer or {}
+        _check_run_state(ck)  # the counters, the optimizer and the schedule against each other and the config
         # another model first (class, keys, shapes, settings of the map), then another run
         _plan_model_state(ck, self.model, False)
         refuse_changes(checkpoint_differences(ck, self.model), allow, ck.path)

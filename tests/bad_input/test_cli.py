@@ -391,8 +391,9 @@ def config_edit(old: str, new: str):
     return edit
 
 
-def checkpoint_edit(tensors=None, meta=None, size=None):
-    """Edit the run's latest checkpoint (``size``: truncate its tensor file)."""
+def checkpoint_edit(tensors=None, meta=None, size=None, seal=True):
+    """Edit the run's latest checkpoint (``size``: truncate its tensor file; ``seal=False``:
+    an edit of meta.json by hand, its digest in the tensor file left as it was)."""
     def edit(folder):
         sys.path.insert(0, str(ROOT / "tests"))
         from _train_helpers import rewrite_checkpoint
@@ -404,7 +405,7 @@ def checkpoint_edit(tensors=None, meta=None, size=None):
             with open(ck / "state.safetensors", "r+b") as fh:
                 fh.truncate(size)
         else:
-            rewrite_checkpoint(ck, tensors, meta)
+            rewrite_checkpoint(ck, tensors, meta, seal=seal)
 
     return edit
 
@@ -492,6 +493,19 @@ DIGITS_ROWS = run_rows(
     ("digits-nan-weight", RESUME, "hold(s) NaN/inf; a diverged model is not loaded",
      checkpoint_edit(first_weight(float("nan")))),
     ("digits-truncated", RESUME, "state.safetensors has 100 bytes", checkpoint_edit(size=100)),
+    # issue 42, 13d and 13h: an edited checkpoint is refused, by the digest of meta.json or by its contents
+    ("digits-meta-edited", RESUME, "meta.json was changed after the checkpoint was written",
+     checkpoint_edit(meta=lambda m: m["trainer"].update(step=1), seal=False)),
+    ("digits-step-edited", RESUME, "scheduler.last_epoch = 3 and trainer.step = 1 differ",
+     checkpoint_edit(meta=lambda m: m["trainer"].update(step=1))),
+    ("digits-weight-decay-edited", RESUME,
+     "optimizer.param_groups[0].weight_decay = 50 and the run's TrainConfig.weight_decay = 0.05 differ",
+     checkpoint_edit(meta=lambda m: m["optimizer"]["param_groups"][0].update(weight_decay=50))),
+    ("digits-nan-lr", RESUME, "optimizer.param_groups[0].lr = nan in meta.json; expected a finite number in [0, inf] "
+     "(the learning rate): the checkpoint was edited or damaged",
+     checkpoint_edit(meta=lambda m: m["optimizer"]["param_groups"][0].update(lr=float("nan")))),
+    ("digits-adam-step", RESUME, "the optimizer's update counts (optimizer.<i>.step, largest -3) and trainer.step = 3",
+     checkpoint_edit(lambda t: {k: (v.clone().fill_(-3.0) if k.endswith(".step") else v) for k, v in t.items()})),
     ("digits-allow-unknown", (*RESUME, "--allow-changes", "model.T"),
      "--allow-changes: expected keys that a resume compares (data.limit, data.split_seed, data.test_fraction, "
      "train.batch_size, train.epochs, train.lr, train.max_steps, train.seed, train.shift, train.warmup_steps, "

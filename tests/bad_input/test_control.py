@@ -529,6 +529,115 @@ def test_issue42_objective_weights(case):
     run_case(case)
 
 
+# -- issue 42: an edited checkpoint (13d, 13h) ---------------------------------------------------------
+def _edited(seal=True, **edits):
+    """A copy of the trained run's checkpoint with ``meta.json`` edited: ``edits`` maps a path
+    ``"a.b.0.c"`` to its new value; ``seal=False`` leaves the digest the tensor file records
+    (an edit by hand), ``seal=True`` makes it match (only the checks of the contents refuse)."""
+    def edit(m):
+        for path, value in edits.items():
+            *head, last = path.split(".")
+            node = m
+            for k in head:
+                node = node[int(k)] if isinstance(node, list) else node[k]
+            node[int(last) if isinstance(node, list) else last] = value
+
+    ck = Path(tempfile.mkdtemp()) / "ck"
+    shutil.copytree(_trained(), ck)
+    return rewrite_checkpoint(ck, meta=edit, seal=seal)
+
+
+def _steps_to(value):
+    return lambda t: {k: (torch.full_like(v, value) if k.endswith(".step") else v) for k, v in t.items()}
+
+
+def resume_from(ck_fn):
+    return lambda: trainer_of(extra={"data.split_seed": 0}).fit(tiny_data(), resume=ck_fn())
+
+
+def load_into(ck_fn):
+    """``load_checkpoint`` with the trainer's optimizer and scheduler (not through Trainer.load)."""
+    def call():
+        t = trainer_of(extra={"data.split_seed": 0})
+        load_checkpoint(ck_fn(), t.model, optimizer=t.optimizer, scheduler=t.scheduler)
+
+    return call
+
+
+_EDITED = r"the checkpoint was edited or damaged"
+ISSUE42_CHECKPOINTS = cases(
+    # the digest: meta.json edited by hand (its SHA-256 in state.safetensors no longer matches)
+    ("digest-step", resume_from(lambda: _edited(seal=False, **{"trainer.step": 2})), CheckpointError,
+     r"meta\.json was changed after the checkpoint was written \(its contents do not match the SHA-256 recorded in "
+     r"state\.safetensors\)"),
+    ("digest-weight_decay", load_into(lambda: _edited(seal=False, **{"optimizer.param_groups.0.weight_decay": 50})),
+     CheckpointError, r"meta\.json was changed after the checkpoint was written"),
+    ("digest-created", load_into(lambda: _edited(seal=False, created="2020-01-01")), CheckpointError,
+     r"meta\.json was changed after the checkpoint was written"),
+    # the contents, with the digest made to match: the counters, optimizer and schedule against each other
+    ("step-6-to-2", resume_from(lambda: _edited(**{"trainer.step": 2})), CheckpointError,
+     r"scheduler\.last_epoch = 3 and trainer\.step = 2 differ \(the schedule steps once per optimizer step\) in its "
+     r"metadata; " + _EDITED),
+    ("step-1e6", resume_from(lambda: _edited(**{"trainer.step": 10**6})), CheckpointError,
+     r"trainer\.step = 1000000 is beyond trainer\.total_steps = 3 \(a run stops at its total\)"),
+    ("step-1e6-total-1e6", resume_from(lambda: _edited(**{"trainer.step": 10**6, "trainer.total_steps": 10**6})),
+     CheckpointError, r"scheduler\.last_epoch = 3 and trainer\.step = 1000000 differ"),
+    ("step-and-schedule", resume_from(lambda: _edited(**{"trainer.step": 2, "scheduler.state.last_epoch": 2,
+                                                          "scheduler.state._step_count": 3})), CheckpointError,
+     r"the optimizer's update counts \(optimizer\.<i>\.step, largest 3\) and trainer\.step = 2 differ"),
+    ("weight_decay-50", resume_from(lambda: _edited(**{"optimizer.param_groups.0.weight_decay": 50})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.weight_decay = 50 and the run's TrainConfig\.weight_decay = 0\.01 differ"),
+    ("betas-2", resume_from(lambda: _edited(**{"optimizer.param_groups.0.betas": [2.0, 0.999]})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.betas = \[2\.0, 0\.999\] and the run's TrainConfig\.betas = \[0\.9, 0\.999\] differ"),
+    ("betas-2-load", load_into(lambda: _edited(**{"optimizer.param_groups.0.betas": [2.0, 0.999]})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.betas\[0\] = 2\.0 in meta\.json; expected a finite number in \[0, 1\) \(Adam's "
+     r"averaging factors\): " + _EDITED),
+    ("base_lrs-30", resume_from(lambda: _edited(**{"scheduler.state.base_lrs": [30]})), CheckpointError,
+     r"scheduler\.base_lrs\[0\] = 30 but optimizer\.param_groups\[0\]\.initial_lr = 0\.01 in meta\.json; expected "
+     r"equal rates"),
+    ("base_lrs-negative", resume_from(lambda: _edited(**{"scheduler.state.base_lrs": [-1]})), CheckpointError,
+     r"scheduler\.base_lrs\[0\] = -1 in meta\.json; expected a finite number in \[0, inf\] \(a learning rate\)"),
+    ("initial_lr-and-base_lrs-30", resume_from(lambda: _edited(**{"scheduler.state.base_lrs": [30],
+                                                                   "optimizer.param_groups.0.initial_lr": 30})),
+     CheckpointError, r"optimizer\.param_groups\[0\]\.initial_lr = 30 and the run's TrainConfig\.lr = 0\.01 differ"),
+    ("lr-above-base", resume_from(lambda: _edited(**{"optimizer.param_groups.0.lr": 5.0,
+                                                     "scheduler.state._last_lr": [5.0]})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.lr = 5\.0 is above its base rate initial_lr = 0\.01"),
+    ("last_epoch-negative", resume_from(lambda: _edited(**{"scheduler.state.last_epoch": -50})), CheckpointError,
+     r"scheduler\.last_epoch = -50 and trainer\.step = 3 differ"),
+    ("last_epoch-negative-load", load_into(lambda: _edited(**{"scheduler.state.last_epoch": -50})), CheckpointError,
+     r"scheduler\.last_epoch = -50 in meta\.json; expected an integer >= 0"),
+    ("adam-step-0", resume_from(lambda: forged(_steps_to(0.0))), CheckpointError,
+     r"the optimizer's update counts \(optimizer\.<i>\.step, largest 0\) and trainer\.step = 3 differ"),
+    ("adam-step-0-load", load_into(lambda: forged(_steps_to(0.0))), CheckpointError,
+     r"the optimizer state optimizer\.0\.step = 0\.0; expected an integer >= 1 \(the updates the parameter received\)"),
+    ("adam-step-minus-3-load", load_into(lambda: forged(_steps_to(-3.0))), CheckpointError,
+     r"the optimizer state optimizer\.0\.step = -3\.0; expected an integer >= 1"),
+    ("adam-step-fraction-load", load_into(lambda: forged(_steps_to(2.5))), CheckpointError,
+     r"the optimizer state optimizer\.0\.step = 2\.5; expected an integer >= 1"),
+    ("exp_avg_sq-negative", resume_from(lambda: forged(lambda t: {k: (-v.abs() - 1 if k.endswith("exp_avg_sq") else v)
+                                                                  for k, v in t.items()})), CheckpointError,
+     r"the optimizer state optimizer\.0\.exp_avg_sq holds negative values; expected values >= 0"),
+    # issue 42, 13h: a NaN rate edited into meta.json blames the checkpoint, not "parameters must be finite"
+    ("lr-nan", resume_from(lambda: _edited(**{"optimizer.param_groups.0.lr": float("nan")})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.lr = nan in meta\.json; expected a finite number in \[0, inf\] \(the learning "
+     r"rate\): " + _EDITED),
+    ("eps-nan", resume_from(lambda: _edited(**{"optimizer.param_groups.0.eps": float("nan")})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.eps = nan in meta\.json; expected a finite number in \(0, inf\]"),
+    ("eps-zero", load_into(lambda: _edited(**{"optimizer.param_groups.0.eps": 0.0})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.eps = 0\.0 in meta\.json; expected a finite number in \(0, inf\]"),
+    ("lr-string", load_into(lambda: _edited(**{"optimizer.param_groups.0.lr": "nan"})), CheckpointError,
+     r"optimizer\.param_groups\[0\]\.lr = 'nan' in meta\.json; expected a finite number"),
+    ("weight_decay-inf", load_into(lambda: _edited(**{"optimizer.param_groups.0.weight_decay": float("inf")})),
+     CheckpointError, r"optimizer\.param_groups\[0\]\.weight_decay = inf in meta\.json"),
+)
+
+
+@pytest.mark.parametrize("case", ISSUE42_CHECKPOINTS)
+def test_issue42_edited_checkpoint(case):
+    run_case(case)
+
+
 # -- issue 42: the size guard of train_n_steps (13f) --------------------------------------------------
 ISSUE42_SIZE = cases(
     ("train_n_steps-1e9", fit_into(train_n_steps=[2, 10**9]), ValueError,

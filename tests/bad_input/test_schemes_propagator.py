@@ -5,11 +5,21 @@ import pytest
 import torch
 from torch import nn
 
-from opsplit import Grid, Interval, Propagator
+from opsplit import AdaptivePropagator, Grid, Interval, Propagator
 from opsplit.operators import FFNIntegral, ProjectionS1, ProjectionS2
 from opsplit.operators.transfer import PrependTokens
-from opsplit import AdaptivePropagator
-from opsplit.schemes import BlanesMoan, Hybrid, Lie, Parallel, Relaxation, SchemeFlow, Stage, Stages, Strang, TripleJump
+from opsplit.schemes import (
+    BlanesMoan,
+    Hybrid,
+    Lie,
+    Parallel,
+    Relaxation,
+    SchemeFlow,
+    Stage,
+    Stages,
+    Strang,
+    TripleJump,
+)
 from opsplit.solvers import (
     RK4,
     CatchUp,
