@@ -28,34 +28,22 @@ from ..propagator import Propagator
 from ..reference import solve_reference
 from ..schemes import BlanesMoan, Hybrid, Lie, Parallel, SchemeFlow, Strang, TripleJump
 from ..schemes.composition import irreversibility
-from ..solvers import (
-    RK4,
-    CatchUp,
-    Exact,
-    ExplicitEuler,
-    Heun,
-    Implicit,
-    ODESolve,
-    ProjectedS1,
-    Substep,
-)
+from ..solvers import EXPLICIT_SOLVERS, CatchUp, Exact, Implicit, ODESolve, ProjectedS1, Substep, solver_for
 
 __all__ = ["SmoothTransformer", "smooth_transformer", "SCHEMES", "SOLVERS"]
 
 SCHEMES = ("lie", "strang", "parallel", "hybrid", "triple_jump", "blanes_moan")
-SOLVERS = ("euler", "heun", "rk4", "odeint")
+#: the explicit Runge–Kutta solvers (:data:`opsplit.solvers.EXPLICIT_SOLVERS`) and ``"odeint"``
+#: (dopri5 at rtol 1e-10)
+SOLVERS = (*EXPLICIT_SOLVERS, "odeint")
 
 
 def _solver(name: str):
-    if name == "euler":
-        return ExplicitEuler()
-    if name == "heun":
-        return Heun()
-    if name == "rk4":
-        return RK4()
     if name == "odeint":
         return ODESolve("dopri5", rtol=1e-10, atol=1e-12)
-    raise ValueError(f"solver: expected one of {SOLVERS}, got {name!r}")
+    if name not in SOLVERS:
+        raise ValueError(f"solver: expected one of {SOLVERS}, got {name!r}")
+    return solver_for(name)
 
 
 @dataclass

@@ -10,33 +10,28 @@ import contextlib
 
 from torch import nn
 
+from ..propagator import Propagator
+from ..schemes import Hybrid, Lie, Parallel, SchemeFlow, Strang
+from ..solvers import EXPLICIT_SOLVERS, Exact, ODESolve, Solver, Substep, name_of, solver_class
+
 __all__ = ["solved_with", "strang_of", "solver_name", "SOLVERS", "STAGES", "propagators", "field_substeps",
            "check_solver_names", "as_solver"]
 
 
-def _solvers():
-    from ..solvers import RK4, ExplicitEuler, Heun
-
-    return {"euler": ExplicitEuler, "heun": Heun, "rk4": RK4}
-
-
-#: the substep solvers by name (explicit Runge–Kutta methods of order 1, 2, 4)
-SOLVERS = ("euler", "heun", "rk4")
-#: field evaluations per substep call of the named solvers
-STAGES = {"euler": 1, "heun": 2, "rk4": 4}
+#: the substep solvers a swap takes by name (explicit Runge–Kutta methods of order 1, 2, 4:
+#: :data:`opsplit.solvers.EXPLICIT_SOLVERS`)
+SOLVERS = EXPLICIT_SOLVERS
+#: field evaluations per substep call of the named solvers (their ``stages``)
+STAGES = {name: solver_class(name).stages for name in SOLVERS}
 
 
 def propagators(model: nn.Module) -> list:
-    from ..propagator import Propagator
-
     return [m for m in model.modules() if isinstance(m, Propagator)]
 
 
 def field_substeps(scheme: nn.Module) -> list:
     """The substeps of ``scheme`` whose solver integrates an explicit field (the ones a
     solver swap replaces); projections, implicit steps and exact flows are kept."""
-    from ..solvers.base import Substep
-
     out = []
     for m in scheme.modules():
         if isinstance(m, Substep) and getattr(m.solver, "requires", None) == "field" and m not in out:
@@ -47,30 +42,24 @@ def field_substeps(scheme: nn.Module) -> list:
 def solver_name(solver) -> str:
     """``"euler"``, ``"heun"``, ``"rk4"`` for those solvers, ``"odeint:<method>"`` for an
     :class:`~opsplit.solvers.ODESolve`, else the class name."""
-    from ..solvers import ODESolve
-
-    names = {cls: k for k, cls in _solvers().items()}
-    if type(solver) in names:
-        return names[type(solver)]
+    name = name_of(solver)
+    if name in SOLVERS:
+        return name
     if isinstance(solver, ODESolve):
         return f"odeint:{solver.method}"
     return type(solver).__name__
 
 
 def as_solver(solver, where: str):
-    from ..solvers.base import Solver
-
     if isinstance(solver, Solver):
         return solver
-    if isinstance(solver, str) and solver in _solvers():
-        return _solvers()[solver]()
+    if isinstance(solver, str) and solver in SOLVERS:
+        return solver_class(solver)()
     raise ValueError(f"{where}: expected one of {SOLVERS} or an opsplit Solver, got {solver!r}")
 
 
 def _groups(scheme):
     """The parallel groups of a hybrid or parallel scheme (index tuples), else ``None``."""
-    from ..schemes import Hybrid, Parallel
-
     if type(scheme) is Hybrid:
         if any(scheme._transfers):
             raise ValueError("solved_with: a hybrid scheme with grid transfers cannot be rebuilt")
@@ -87,8 +76,6 @@ def _units(scheme, solver):
     cannot advance a group's operators together (explicit Euler takes one: there the
     parallel group *is* Euler on the sum, eq. 59) or a group holds a substep without a field
     solver."""
-    from ..solvers import Substep
-
     units = []
     for g in _groups(scheme):
         subs = [scheme.substeps[i] for i in g]
@@ -113,9 +100,6 @@ def strang_of(scheme: nn.Module, solver=None):
     own (:class:`~opsplit.schemes.SchemeFlow`), or, with a multi-term ``solver``, its
     operators advanced together by ``solver`` (:func:`solved_with`).  Other schemes
     (compositions, stages, relaxations) are refused."""
-    from ..schemes import Hybrid, Lie, Parallel, SchemeFlow, Strang
-    from ..solvers import Exact, Substep
-
     if isinstance(scheme, Strang):
         return scheme
     units = _units(scheme, solver) if solver is not None and _groups(scheme) is not None else None
@@ -160,8 +144,6 @@ def solved_with(model: nn.Module, *, solver=None, scheme: str | None = None):
 
     Checked before anything changes: a model without a propagator, a solver that cannot run
     a term, a scheme that cannot be rebuilt."""
-    from ..schemes import Lie, Strang
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"solved_with.model: expected an nn.Module, got {type(model).__name__}")
     props = propagators(model)

@@ -1,7 +1,8 @@
 """Helpers shared by the explicit multi-stage substep solvers (Heun, RK4, ODESolve).
 
-A substep advanced by one of these solvers may hold several operators with explicit
-fields; it then advances their sum :math:`u_t = \\sum_k A_k(t; u)` (unsplit).  Stage
+A substep advanced by one of these solvers (``n_terms = None``, checked by
+``Solver.check``) may hold several operators with
+explicit fields; it then advances their sum :math:`u_t = \\sum_k A_k(t; u)` (unsplit).  Stage
 times are the solver's own: the end of the substep is passed as the left limit
 :math:`(t + \\Delta t)^-` (:class:`~opsplit.controls.LeftLimit`), so controls that are
 piecewise constant on the time grid are seen as constant on each substep.
@@ -14,22 +15,7 @@ from torch import Tensor
 from .._compile import constant_under_compile
 from ..controls.timepoints import LeftLimit
 
-__all__ = ["check_field_terms", "field_sum", "end_time", "stage_time"]
-
-
-def check_field_terms(solver, terms) -> None:
-    """Raise a clear error unless every term has an explicit field."""
-    name = type(solver).__name__
-    if len(terms) < 1:
-        raise ValueError(f"{name}: expected at least one operator with an explicit field")
-    for k, term in enumerate(terms):
-        if not getattr(term, "has_field", False):
-            caps = [c for c in ("field", "resolvent", "flow") if getattr(term, f"has_{c}", False)]
-            raise ValueError(
-                f"{name} needs operators with an explicit field, but term {k} "
-                f"({type(term).__name__}) has only {caps or 'nothing'}; its default solver is "
-                f"{getattr(term, 'default_solver', '?')!r}"
-            )
+__all__ = ["field_sum", "end_time", "stage_time"]
 
 
 def field_sum(terms, t, u: Tensor, grid) -> Tensor:

@@ -1,13 +1,9 @@
-r"""The substep-solver interface: *how one substep is advanced*.
+r"""A :class:`Substep` is the pair (operator, solver) a scheme holds.
 
-A :class:`Solver` advances one substep :math:`u_t = A_k(t; u)` of a splitting scheme from
-:math:`t` to :math:`t + \Delta t` (paper 002, Appendix C, eqs. 58–59), using exactly one
-capability of the operator (``field``, ``resolvent`` or ``flow``; see
-:mod:`opsplit.operators.base`).  Each solver declares its ``order`` (local error
-:math:`O(\Delta t^{p+1})`) and which capability it requires.
-
-A :class:`Substep` is the pair (operator, solver) a scheme holds.  Controls are evaluated
-at the substep's start time :math:`t` by the first-order solvers (the paper's
+The solver interface, :class:`~opsplit.solvers.Solver`, is :mod:`opsplit.solvers.solver`
+(re-exported here); the solvers by name and an operator's default solver,
+:func:`~opsplit.solvers.solver_for`, are :mod:`opsplit.solvers.registry`.  Controls are
+evaluated at the substep's start time :math:`t` by the first-order solvers (the paper's
 :math:`\theta^n = \theta(t^n)` for every substep of step :math:`n`).
 """
 
@@ -16,57 +12,10 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .._checks import check_finite_float, check_time, skip_value_checks
+from .registry import solver_for
+from .solver import Solver
 
 __all__ = ["Solver", "Substep", "solver_for"]
-
-
-class Solver:
-    """Base class of substep solvers (stateless; one instance may serve many substeps)."""
-
-    #: order of accuracy of the substep solve
-    order: int = 1
-    #: operator capability used: "field", "resolvent" or "flow"
-    requires: str = "field"
-    #: how many operators one substep of this solver takes (SemiImplicit takes 2)
-    n_terms: int = 1
-    #: the solver can advance a substep over a negative time step (dt < 0), as the
-    #: compositions of order >= 3 need (Sheng-Suzuki): explicit and exact-flow solvers can;
-    #: a resolvent (an implicit step, a projection) cannot run backwards
-    reversible: bool = False
-
-    def check(self, terms) -> None:
-        """Raise a clear error if the solver cannot advance ``terms``."""
-        if len(terms) != self.n_terms:
-            raise ValueError(
-                f"{type(self).__name__} advances {self.n_terms} operator(s) per substep, got {len(terms)}"
-            )
-        (term,) = terms
-        if not getattr(term, f"has_{self.requires}", False):
-            caps = [c for c in ("field", "resolvent", "flow") if getattr(term, f"has_{c}", False)]
-            raise ValueError(
-                f"{type(self).__name__} needs an operator with a {self.requires}, but "
-                f"{type(term).__name__} has only {caps or 'nothing'}; "
-                f"its default solver is {getattr(term, 'default_solver', '?')!r}"
-            )
-
-    def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:  # pragma: no cover
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-def solver_for(term) -> Solver:
-    """The default solver of an operator (its ``default_solver`` attribute)."""
-    from .euler import ExplicitEuler
-    from .exact import Exact
-    from .implicit import Implicit
-
-    kind = getattr(term, "default_solver", None)
-    table = {"explicit": ExplicitEuler, "implicit": Implicit, "exact": Exact}
-    if kind not in table:
-        raise ValueError(f"{type(term).__name__}: unknown default_solver {kind!r}")
-    return table[kind]()
 
 
 class Substep(nn.Module):

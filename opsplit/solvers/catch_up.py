@@ -24,16 +24,15 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..operators import ProjectionS1, ProjectionS2
 from ._fields import end_time
-from .base import Solver
+from .solver import Solver
 
 __all__ = ["CatchUp", "is_projection"]
 
 
 def is_projection(term) -> bool:
     """Whether ``term`` is an indicator term whose resolvent is a projection."""
-    from ..operators import ProjectionS1, ProjectionS2
-
     if getattr(term, "is_projection", False):
         return True
     return isinstance(term, (ProjectionS1, ProjectionS2))

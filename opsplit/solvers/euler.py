@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Solver
+from .solver import Solver
 
 __all__ = ["ExplicitEuler"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .base import Solver
+from .solver import Solver
 
 __all__ = ["Exact"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ._fields import check_field_terms, end_time, field_sum
-from .base import Solver
+from ._fields import end_time, field_sum
+from .solver import Solver
 
 __all__ = ["Heun"]
 
@@ -24,11 +24,9 @@ class Heun(Solver):
     """Explicit trapezoidal rule (RK2). Order 2; needs ``field`` (sums several terms)."""
 
     order = 2
-    requires = "field"
+    stages = 2
+    n_terms = None
     reversible = True
-
-    def check(self, terms) -> None:
-        check_field_terms(self, terms)
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         k1 = field_sum(terms, t, u, grid)

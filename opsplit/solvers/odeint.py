@@ -47,8 +47,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._fields import check_field_terms, field_sum, stage_time
-from .base import Solver
+from ._fields import field_sum, stage_time
+from .solver import Solver
 
 __all__ = ["ODESolve", "FIXED", "ADAPTIVE"]
 
@@ -101,7 +101,12 @@ class ODESolve(Solver):
     The substep may hold several operators with explicit fields; their sum is integrated.
     """
 
-    requires = "field"
+    #: the default method's (dopri5: adaptive, solved to its tolerance); a fixed-grid method's
+    #: own order is set per instance
+    order = 99
+    #: not fixed (an adaptive method's steps depend on the tolerance)
+    stages = None
+    n_terms = None
     reversible = True
     #: the parallel schemes do not vmap this solver (adaptive steps branch on data)
     batchable = False
@@ -151,9 +156,6 @@ class ODESolve(Solver):
     @property
     def adaptive(self) -> bool:
         return self.method in ADAPTIVE
-
-    def check(self, terms) -> None:
-        check_field_terms(self, terms)
 
     def _first_step(self, func, ts: Tensor, u: Tensor) -> float:
         # torchdiffeq's initial-step heuristic, but outside the autograd graph: computed

@@ -53,7 +53,8 @@ from torch import Tensor
 from ..grid import Grid
 from ..operators.base import Operator
 from ..operators.layernorm import _normalise, _project_s1, token_mean_std
-from .base import Solver
+from .euler import ExplicitEuler
+from .solver import Solver
 
 __all__ = ["ProjectedS1", "TangentS1", "tangent_s1", "token_moments"]
 
@@ -116,11 +117,11 @@ class ProjectedS1(Solver):
     """
 
     requires = "field"
+    #: several terms with explicit fields, as the base solver takes them (checked by :meth:`check`)
+    n_terms = None
 
     def __init__(self, base: Solver | None = None):
         if base is None:
-            from .euler import ExplicitEuler
-
             base = ExplicitEuler()
         if not isinstance(base, Solver):
             raise TypeError(f"ProjectedS1.base: expected a Solver, got {type(base).__name__}")
@@ -135,6 +136,11 @@ class ProjectedS1(Solver):
         # a negative step is the base solver backwards on the tangent field, then the
         # retraction onto the level set through the start: defined, unlike a resolvent
         self.reversible = getattr(base, "reversible", False)
+
+    @property
+    def stages(self) -> int | None:
+        """The base solver's (the tangent projection adds no evaluation of the operator)."""
+        return self.base.stages
 
     def check(self, terms) -> None:
         terms = tuple(terms)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ._fields import check_field_terms, end_time, field_sum
-from .base import Solver
+from ._fields import end_time, field_sum
+from .solver import Solver
 
 __all__ = ["RK4"]
 
@@ -25,11 +25,9 @@ class RK4(Solver):
     """Classical Runge–Kutta. Order 4; needs ``field`` (sums several terms)."""
 
     order = 4
-    requires = "field"
+    stages = 4
+    n_terms = None
     reversible = True
-
-    def check(self, terms) -> None:
-        check_field_terms(self, terms)
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
         h = 0.5 * dt
