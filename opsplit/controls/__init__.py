@@ -1,9 +1,10 @@
 r"""Controls :math:`\theta(t)` (paper 002, eq. 8): *with what* the operators move :math:`u`."""
 
-from .base import Control, as_control
+from .base import Control
 from .basis import CosineSeries
+from .constant import Constant, as_control
 from .layerwise import LayerwiseConstant
-from .piecewise import Constant, PiecewiseConstant
+from .piecewise import PiecewiseConstant
 from .piecewise_linear import PiecewiseLinear
 from .polynomial import PolynomialSeries
 from .position_table import PositionTable

@@ -9,6 +9,10 @@ returns the control's values at time ``t`` on ``grid``.
 ``axes`` names, for each trailing dimension of the value, the spatial domain it lives on
 (``"x"``, ``"y"`` or ``"h"``); a value on a grid must have one entry per node of that
 domain.  Scalars and plain matrices have no axes.
+
+This module is the bottom of :mod:`opsplit.controls` (every control imports it; it imports
+none of them): a tensor wrapped as a control, :func:`~opsplit.controls.as_control`, is in
+:mod:`opsplit.controls.constant` with the constant control it builds.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torch import Tensor, nn
 
 from .._checks import skip_value_checks
 
-__all__ = ["Control", "as_control"]
+__all__ = ["Control"]
 
 _AXES = ("x", "y", "h")
 
@@ -71,17 +75,6 @@ class Control(nn.Module):
 
     def forward(self, t, grid=None) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
-
-
-def as_control(value, name: str, axes=()) -> Control:
-    """Wrap a tensor as a time-independent control; pass controls through."""
-    from .piecewise import Constant
-
-    if isinstance(value, Control):
-        return value
-    if isinstance(value, Tensor):
-        return Constant(value, axes=axes, name=name)
-    raise TypeError(f"{name}: expected a Control or a torch.Tensor, got {type(value).__name__}")
 
 
 def _time_of(t) -> float:

@@ -31,7 +31,8 @@ import math
 from torch import Tensor
 
 from ..grid import Interval
-from .base import Control, as_control
+from .base import Control
+from .constant import as_control
 
 __all__ = ["OnReferenceGrid"]
 
