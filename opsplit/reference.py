@@ -44,11 +44,15 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_state
+from .controls import PiecewiseConstant, PiecewiseLinear
 from .controls.timepoints import LeftLimit
 from .grid import Grid
 from .operators import ProjectionS1, ProjectionS2
 from .operators.base import Operator
 from .operators.layernorm import constant_tokens, project_s1
+from .propagator import Propagator
+from .schemes.base import Scheme
+from .solvers.base import Substep
 from .solvers.odeint import ODESolve
 from .solvers.projected import tangent_s1
 
@@ -58,10 +62,6 @@ __all__ = ["solve_reference", "unsplit_terms", "ReferenceField", "control_breakp
 def unsplit_terms(model) -> tuple[list[Operator], ProjectionS1 | None]:
     """The smooth terms and the :math:`S_1` constraint of a scheme, propagator, or list of
     operators/substeps; raises for terms without an ODE meaning."""
-    from .propagator import Propagator
-    from .schemes.base import Scheme
-    from .solvers.base import Substep
-
     if isinstance(model, Propagator):
         model = model.scheme
     if isinstance(model, Scheme):
@@ -108,8 +108,6 @@ def unsplit_terms(model) -> tuple[list[Operator], ProjectionS1 | None]:
 
 def control_breakpoints(modules) -> list[float]:
     """Times where the controls of ``modules`` are not smooth (piece boundaries, nodes)."""
-    from .controls import PiecewiseConstant, PiecewiseLinear
-
     out = set()
     for mod in modules:
         for m in mod.modules():
@@ -194,8 +192,6 @@ def solve_reference(
     Returns:
         :math:`u(t_1)`, or :math:`u` at ``times`` stacked on dimension 0.
     """
-    from .propagator import Propagator
-
     if isinstance(model, Propagator):
         t0 = model.t0 if t0 is None else t0
         t1 = model.t1 if t1 is None else t1

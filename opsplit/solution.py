@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
+from .schemes.parallel import ParallelGroup, ScaledOperator
+from .solvers.base import Substep
+
 __all__ = ["Solution", "SolveStats", "count_substep_calls", "substep_labels"]
 
 
@@ -122,8 +125,6 @@ def substep_labels(scheme: nn.Module) -> dict:
     order of ``scheme.modules()``: substeps nested in a composite term (a
     :class:`~opsplit.schemes.Relaxation`, a :class:`~opsplit.schemes.SchemeFlow`) are
     listed, the composite's own substep is not (its work is its inner substeps')."""
-    from .solvers.base import Substep
-
     out = {}
     for m in scheme.modules():
         if isinstance(m, Substep) and m not in out:
@@ -137,8 +138,6 @@ def substep_labels(scheme: nn.Module) -> dict:
 def count_substep_calls(scheme: nn.Module, counts: dict | None = None):
     """Count substep calls of ``scheme`` while the block runs: yields the dict
     ``{"<index>:<operator>": calls}`` (every substep listed, from 0), updated in place."""
-    from .schemes.parallel import ParallelGroup, ScaledOperator
-
     labels = substep_labels(scheme)
     counts = {} if counts is None else counts
     for lab in labels.values():

@@ -25,6 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..controls.timepoints import LeftLimit
+from ..operators import ProjectionS1
+from ..operators.layernorm import project_s1
+from ..reference import ReferenceField, solve_reference, unsplit_terms
 from .convergence import relative_error
 
 __all__ = [
@@ -158,11 +162,7 @@ def _torchode_solve(
     """The unsplit model (as :func:`opsplit.reference.solve_reference` sets it up: the smooth
     terms' sum, or the z-field of the S1 constraint) by torchode's Tsit5 with its integral
     step-size controller; the whole batch as one ODE (the controls take one time)."""
-    import torchode
-
-    from ..controls.timepoints import LeftLimit
-    from ..operators.layernorm import project_s1
-    from ..reference import ReferenceField, unsplit_terms
+    import torchode  # optional: the benchmarks' extra (opsplit[benchmarks])
 
     fields, constraint = unsplit_terms(list(operators))
     rhs = ReferenceField(fields, constraint)
@@ -200,9 +200,6 @@ def run_unsplit(
     :func:`opsplit.reference.solve_reference`) or, for ``solver="tsit5"`` (which torchdiffeq
     does not have), by torchode's Tsit5; evaluations count every term's field once per
     unsplit evaluation."""
-    from ..operators import ProjectionS1
-    from ..reference import solve_reference
-
     smooth = [op for op in operators if not isinstance(op, ProjectionS1)]
     out = []
     for r in rtols:
@@ -275,7 +272,7 @@ def cheapest_fixed(
 def plot_work_precision(points, axes=None, title: str | None = None):
     """Three log-log panels, one line per method: error against substep calls (splitting
     runs only), against term field evaluations, and against wall time; returns the figure."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy (~0.4 s): loaded only to plot
 
     if axes is None:
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), layout="constrained")

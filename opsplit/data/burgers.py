@@ -300,7 +300,7 @@ def _lock(stem: Path, exclusive: bool):
     with the ``.json`` of another.  Without a lock file (a folder that cannot be written or
     does not exist, no ``fcntl``) the files are used unlocked."""
     try:
-        import fcntl
+        import fcntl  # POSIX only
     except ImportError:  # not POSIX
         yield
         return

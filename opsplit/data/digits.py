@@ -4,8 +4,11 @@ read-out G).  Shipped with scikit-learn: nothing is downloaded."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from .._checks import check_dtype_arg, check_finite_float, check_generator
@@ -18,11 +21,6 @@ def _bundled_digits():
     """``(images (1797, 8, 8), labels (1797,))`` from the CSV scikit-learn ships
     (``sklearn/datasets/data/digits.csv.gz``, what ``sklearn.datasets.load_digits`` reads),
     located without importing ``sklearn.datasets`` (slow); that loader is the fallback."""
-    import importlib.util
-    from pathlib import Path
-
-    import numpy as np
-
     spec = importlib.util.find_spec("sklearn")
     if spec is None:
         raise ImportError("load_digits needs scikit-learn (its bundled digits): pip install 'opsplit[train]'")
@@ -31,7 +29,7 @@ def _bundled_digits():
         if f.is_file():
             data = np.loadtxt(f, delimiter=",")
             return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits as _load  # pragma: no cover - other layouts
+    from sklearn.datasets import load_digits as _load  # pragma: no cover - other layouts; slow to import (~0.9 s)
 
     d = _load()
     return d.images, d.target

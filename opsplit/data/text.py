@@ -59,6 +59,7 @@ import hashlib
 import math
 import os
 import platform
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,7 @@ import torch
 from torch import Tensor
 
 from .base import TensorData
+from .dedup import _grams
 
 __all__ = ["CORPORA", "UNKNOWN", "CharVocab", "TextCorpus", "load_text", "char_corpus", "sample_windows",
            "text_windows", "bits_per_char", "corpus_chars"]
@@ -216,7 +218,7 @@ class TextCorpus:
 
 def _pydoc_topics() -> dict:
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data.topics import topics  # optional: some Python distributions strip pydoc_data
     except ImportError as e:
         raise RuntimeError(
             "load_text('pydoc_topics'): this Python has no pydoc_data.topics (some distributions strip it: "
@@ -229,8 +231,6 @@ def _pydoc_topics() -> dict:
 
 
 def _stdlib_root() -> Path:
-    import sysconfig
-
     return Path(sysconfig.get_paths()["stdlib"])
 
 
@@ -358,8 +358,6 @@ def _stdlib_docstrings(max_chars: int | None, min_chars: int = MIN_DOCSTRING) ->
 def _with_docstrings(topics: TextCorpus, max_chars: int | None, k: int = 40) -> TextCorpus:
     """``topics`` (split by document) with the standard library's docstrings added to its
     training split (module docstring, ``"pydoc_docstrings"``)."""
-    from .dedup import _grams
-
     docs, counts = _stdlib_docstrings(max_chars)
     val_docs = _pydoc_topics()
     val_text = "\n".join(val_docs[name] for name in topics.val_documents)  # as char_corpus joins them

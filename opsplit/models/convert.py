@@ -40,6 +40,7 @@ modules with forward hooks.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 
 import torch
@@ -49,6 +50,9 @@ from torch import Tensor, nn
 from .._checks import check_finite, check_float_dtype, check_shape, check_tensor
 from ..controls import Constant, PiecewiseConstant
 from ..operators import MultiHeadAttention
+from ..operators.activation import activation_fn
+from ..schemes import Lie
+from ..solvers import ExplicitEuler
 from .torch_exact import TorchDecoder, TorchEncoder
 
 __all__ = ["from_torch", "to_torch", "torch_state_dict", "load_torch_state_dict"]
@@ -657,8 +661,6 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
     _check_torch_solve(model)
     act = model.activation
     if act not in ("relu", "gelu"):
-        from ..operators.activation import activation_fn
-
         act = activation_fn(act)
     p0 = next(model.parameters())
     kw = dict(
@@ -718,11 +720,6 @@ def to_torch(model, kind: str | None = None) -> nn.Module:
 def _check_torch_solve(model) -> None:
     r"""What torch's layers compute: the Lie scheme of the model's substeps with explicit-Euler
     field substeps (a residual connection each), attention scaled by :math:`1/\sqrt{d}`."""
-    import math
-
-    from ..schemes import Lie
-    from ..solvers import ExplicitEuler
-
     if type(model.scheme) is not Lie:
         raise ValueError(f"to_torch: model.scheme is {type(model.scheme).__name__}; torch's layer is the Lie scheme "
                          "of its substeps")

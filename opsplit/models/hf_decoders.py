@@ -50,7 +50,10 @@ import torch
 from torch import nn
 
 from ..controls import Constant
-from ..operators import RotaryEmbedding
+from ..grid import Grid
+from ..operators import FieldDropout, ProjectionSphere, RotaryEmbedding
+from ..schemes import Lie
+from ..solvers import ExplicitEuler
 from .decoder_lm import DecoderConfig, DecoderLM
 from .hf import register_hf_converter
 from .vit import _check_linear, _dropout_p, _hf_act, _is_hf, _need_hf, _one_dtype_device
@@ -580,10 +583,6 @@ def _check_solve(model: DecoderLM) -> None:
     r"""The converted model solves Hugging Face's network: :math:`N_t` = number of layers steps
     of :math:`\Delta t = 1` from :math:`t = 0`, the Lie scheme of its two terms with
     explicit-Euler substeps, on the paper's token grid (spacing 1)."""
-    from ..grid import Grid
-    from ..schemes import Lie
-    from ..solvers import ExplicitEuler
-
     p, L = model.decoder, model.config.n_layers
     if p.n_steps != L or p.t0 != 0.0 or p.t1 != float(L):
         raise ValueError(f"to_hf: model.decoder solves N_t = {p.n_steps} steps on [{p.t0:g}, {p.t1:g}]; Hugging "
@@ -609,8 +608,6 @@ def _export_config(model: DecoderLM, info: dict):
     with every size and every setting the modules compute with written over it (the attention
     modules' head counts, the norms' eps, the score scale, the rotary base, the dropouts);
     what Hugging Face's config cannot hold is refused, naming the module and its value."""
-    from ..operators import FieldDropout, ProjectionSphere
-
     _check_solve(model)
     c, a, kind = model.config, model.attention, info["kind"]
     config = copy.deepcopy(info["config"])
@@ -689,7 +686,7 @@ def to_hf(model: DecoderLM):
     info = getattr(model, "_hf", None)
     if not isinstance(model, DecoderLM) or info is None:
         raise TypeError("to_hf: expected a DecoderLM made by from_hf (to_hf rebuilds that Hugging Face class)")
-    import transformers
+    import transformers  # optional (opsplit[test]) and slow to import (~0.6 s): loaded only to export
 
     p = model.embedding.weight
     config = _export_config(model, info)

@@ -25,8 +25,9 @@ import math
 import torch
 from torch import nn
 
+from .._checks import check_dtype_arg, check_finite_float, check_positive_float, check_positive_int
 from ..controls import PiecewiseConstant
-from ..grid import Grid
+from ..grid import Grid, check_grid
 from ..operators import FFNIntegral, ProjectionS1, ProjectionS2, SoftmaxAttention
 from ..propagator import Propagator
 from ..schemes import Lie, Relaxation
@@ -118,14 +119,6 @@ class PaperTransformer(PaperSchemePropagator):
         device=None,
         dtype=None,
     ):
-        from .._checks import (
-            check_dtype_arg,
-            check_finite_float,
-            check_positive_float,
-            check_positive_int,
-        )
-        from ..grid import check_grid
-
         # every argument checked here, so that errors name this constructor's arguments
         n_y = check_positive_int(n_y, "PaperTransformer.n_y")
         if n_x is not None:

@@ -124,7 +124,7 @@ class ODESolve(Solver):
         adjoint_method: str | None = None,
         adjoint_options: dict | None = None,
     ):
-        from torchdiffeq._impl.odeint import SOLVERS
+        from torchdiffeq._impl.odeint import SOLVERS  # slow (~0.4 s, loads scipy): keeps `import opsplit.solvers` fast
 
         if method not in SOLVERS:
             raise ValueError(f"ODESolve.method: expected one of {sorted(SOLVERS)}, got {method!r}")
@@ -162,7 +162,7 @@ class ODESolve(Solver):
         # inside the solve it makes the step sizes (and so the stage times) depend on u
         # with a gradient, while the controls read the times as plain numbers; the
         # gradient of the solution would then miss the matching term.
-        from torchdiffeq._impl.misc import _rms_norm, _select_initial_step
+        from torchdiffeq._impl.misc import _rms_norm, _select_initial_step  # slow to import (see __init__)
         from torchdiffeq._impl.odeint import SOLVERS
 
         order = int(getattr(SOLVERS[self.method], "order", 5))
@@ -181,7 +181,7 @@ class ODESolve(Solver):
         return float(min(float(h0), abs(float(ts[1] - ts[0]))))
 
     def step(self, terms, t, dt: float, u: Tensor, grid) -> Tensor:
-        import torchdiffeq
+        import torchdiffeq  # slow to import (see __init__)
 
         t0 = float(t)
         t1 = t0 + float(dt)
