@@ -13,7 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from opsplit.models import CvT, from_hf  # noqa: E402
-from opsplit.models.cvt import _hf_parts, _pairs  # noqa: E402
+from opsplit.models.cvt_hf import _hf_parts, _pairs  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 #: float32 parameter gradients, relative to the largest gradient: HF's own float32 gradients are

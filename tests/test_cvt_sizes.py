@@ -33,7 +33,7 @@ from test_cvt_hf import _hf_logits, assert_close, randomized  # noqa: E402
 from test_vit_hf import _AtenOps  # noqa: E402
 
 from opsplit.models import from_hf  # noqa: E402
-from opsplit.models.cvt import _hf_parts, _pairs  # noqa: E402
+from opsplit.models.cvt_hf import _hf_parts, _pairs  # noqa: E402
 
 #: square sizes 1..17 (10 and 14 among them), primes, and non-square sizes
 SIZES = [(n, n) for n in range(1, 18)] + [(19, 19), (23, 23), (32, 32), (37, 37), (2, 3), (5, 9), (7, 12), (13, 4),

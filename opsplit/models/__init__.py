@@ -2,7 +2,8 @@
 
 from .continuous import ContinuousTransformer
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
-from .cvt import CvT, CvTOutput, CvtReadout, CvtStageSpec, build_cvt, cvt_from_hf, one_head_cvt
+from .cvt import CvT, CvTOutput, CvtReadout, CvtStageSpec, build_cvt, one_head_cvt
+from .cvt_hf import cvt_from_hf
 from .decoder_lm import DecoderConfig, DecoderLM, DecoderOutput
 from .hf import from_hf, hf_converters, register_hf_converter
 from .hf_decoders import hf_state_dict, to_hf

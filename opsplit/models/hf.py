@@ -28,8 +28,16 @@ The key is the class name as ``type(model).__name__`` spells it; :func:`from_hf`
 requires ``type(model).__module__`` to be inside ``transformers`` (a user class that only
 borrows the name is refused).  Registering a name twice raises unless ``replace=True``.
 
-Registered (see :mod:`opsplit.models.vit`, :mod:`opsplit.models.cvt`): ``ViTModel``,
-``ViTForImageClassification``, ``CvtModel``, ``CvtForImageClassification``.
+Registered (see :mod:`opsplit.models.vit`, :mod:`opsplit.models.cvt_hf`,
+:mod:`opsplit.models.hf_decoders`): ``ViTModel``, ``ViTForImageClassification``,
+``CvtModel``, ``CvtForImageClassification``, and the decoders of
+:data:`~opsplit.models.hf_decoders.HF_DECODER_CLASSES`.
+
+The checks the converters share (a sub-module's class, a linear map's sizes, a LayerNorm's
+affine parameters, a dropout's rate, one dtype and device) are the private helpers at the
+end of this module; the way back of a model whose class has a ``to_hf`` method is registered
+here by the module that converts it (:func:`_register_hf_exporter`), so that the model's
+module does not import its converter.
 """
 
 from __future__ import annotations
@@ -98,3 +106,80 @@ def from_hf(model):
             f"these transformers classes: {supported}"
         )
     return fn(model)
+
+
+# -- the way back: opsplit model class -> its exporter ---------------------------------------------
+_EXPORTERS: dict[type, Callable[[nn.Module], nn.Module]] = {}
+
+
+def _register_hf_exporter(cls: type, fn: Callable[[nn.Module], nn.Module]) -> None:
+    """Register ``fn(model) -> transformers model`` as what ``cls.to_hf`` calls (one line, at
+    import time of the module that converts ``cls``, as :func:`register_hf_converter`)."""
+    _EXPORTERS[cls] = fn
+
+
+def _export_to_hf(model: nn.Module) -> nn.Module:
+    """The registered exporter of ``type(model)`` (or of a base class) applied to ``model``."""
+    for cls in type(model).__mro__:
+        if cls in _EXPORTERS:
+            return _EXPORTERS[cls](model)
+    raise TypeError(f"to_hf: no Hugging Face exporter is registered for {type(model).__name__}")
+
+
+# -- checks shared by the converters (before any compute) ------------------------------------------
+def _is_hf(obj, *names: str) -> bool:
+    """Whether ``obj`` is an instance of the ``transformers`` class of one of ``names`` (exactly)."""
+    cls = type(obj)
+    return cls.__name__ in names and (cls.__module__ or "").startswith("transformers.")
+
+
+def _need_hf(obj, where: str, *types) -> None:
+    """A ``TypeError`` naming ``where`` unless ``obj`` is exactly one of ``types``: names of
+    ``transformers`` classes, or torch classes."""
+    names = [t for t in types if isinstance(t, str)]
+    classes = tuple(t for t in types if not isinstance(t, str))
+    if type(obj) in classes or (names and _is_hf(obj, *names)):
+        return
+    want = ([f"transformers' {' or '.join(names)}"] if names else []) + [f"nn.{c.__name__}" for c in classes]
+    raise TypeError(f"from_hf: {where}: expected {' or '.join(want)}, got {type(obj).__name__}")
+
+
+def _check_linear(lin, where: str, n_in: int, n_out: int | None = None, *, bias: bool | None = True) -> None:
+    """``lin`` is an ``nn.Linear(n_in, n_out)`` (``n_out=None``: any) with a bias or not
+    (``bias=None``: either)."""
+    _need_hf(lin, where, nn.Linear)
+    if lin.in_features != n_in or (n_out is not None and lin.out_features != n_out):
+        raise ValueError(
+            f"from_hf: {where}: expected nn.Linear({n_in}, {n_out if n_out is not None else '*'}), got "
+            f"nn.Linear({lin.in_features}, {lin.out_features})"
+        )
+    if bias is not None and (lin.bias is not None) != bias:
+        raise ValueError(f"from_hf: {where}: expected bias={bias}, got bias={lin.bias is not None}")
+
+
+def _check_layer_norm(ln, where: str, E: int) -> float:
+    """``ln`` is an ``nn.LayerNorm(E)`` with weight and bias; returns its eps."""
+    _need_hf(ln, where, nn.LayerNorm)
+    if tuple(ln.normalized_shape) != (E,) or ln.weight is None or ln.bias is None:
+        raise ValueError(f"from_hf: {where}: expected nn.LayerNorm({E}) with weight and bias, got {ln!r}")
+    return float(ln.eps)
+
+
+def _dropout_p(m, where: str) -> float:
+    """The rate of the ``nn.Dropout`` ``m``."""
+    _need_hf(m, where, nn.Dropout)
+    return float(m.p)
+
+
+def _one_dtype_device(model, cls: str):
+    """The one (floating) dtype and device of a model's parameters and floating buffers; a
+    ``ValueError`` / ``TypeError`` naming the model otherwise."""
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+    kinds = {(t.dtype, t.device) for t in tensors}
+    if len(kinds) != 1:
+        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
+                         "move the model with .to(dtype, device) first")
+    dtype, device = kinds.pop()
+    if not dtype.is_floating_point:
+        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
+    return dtype, device

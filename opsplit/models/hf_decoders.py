@@ -55,8 +55,16 @@ from ..operators import FieldDropout, ProjectionSphere, RotaryEmbedding
 from ..schemes import Lie
 from ..solvers import ExplicitEuler
 from .decoder_lm import DecoderConfig, DecoderLM
-from .hf import register_hf_converter
-from .vit import _check_linear, _dropout_p, _hf_act, _is_hf, _need_hf, _one_dtype_device
+from .hf import (
+    _check_layer_norm,
+    _check_linear,
+    _dropout_p,
+    _is_hf,
+    _need_hf,
+    _one_dtype_device,
+    register_hf_converter,
+)
+from .vit import _hf_act
 
 __all__ = ["decoder_from_hf", "to_hf", "hf_state_dict", "HF_DECODER_CLASSES", "HFRotaryEmbedding"]
 
@@ -76,14 +84,6 @@ def _check_conv1d(m, where: str, n_in: int, n_out: int) -> None:
     if tuple(m.weight.shape) != (n_in, n_out) or m.bias is None or tuple(m.bias.shape) != (n_out,):
         raise ValueError(f"from_hf: {where}: expected Conv1D weight ({n_in}, {n_out}) with a bias, got "
                          f"{tuple(m.weight.shape)}")
-
-
-def _check_ln(ln, where: str, E: int) -> float:
-    if type(ln) is not nn.LayerNorm:
-        raise TypeError(f"from_hf: {where}: expected nn.LayerNorm, got {type(ln).__name__}")
-    if tuple(ln.normalized_shape) != (E,) or ln.weight is None or ln.bias is None:
-        raise ValueError(f"from_hf: {where}: expected nn.LayerNorm({E}) with weight and bias, got {ln!r}")
-    return float(ln.eps)
 
 
 def _check_rms(norm, where: str, E: int, family: str) -> float:
@@ -138,12 +138,12 @@ def _gpt2_parts(model) -> dict:
         _check_conv1d(blk.mlp.c_proj, w + ".mlp.c_proj", Fz, E)
         inner.add(Fz)
         acts.add(_hf_act(blk.mlp.act, w + ".mlp.act", "activation_function", cfg))
-        eps.add(_check_ln(blk.ln_1, w + ".ln_1", E))
-        eps.add(_check_ln(blk.ln_2, w + ".ln_2", E))
+        eps.add(_check_layer_norm(blk.ln_1, w + ".ln_1", E))
+        eps.add(_check_layer_norm(blk.ln_2, w + ".ln_2", E))
         p_attn.add(_dropout_p(blk.attn.attn_dropout, w + ".attn.attn_dropout"))
         p_resid.add(_dropout_p(blk.attn.resid_dropout, w + ".attn.resid_dropout"))
         p_resid.add(_dropout_p(blk.mlp.dropout, w + ".mlp.dropout"))
-    eps.add(_check_ln(tr.ln_f, where + ".ln_f", E))
+    eps.add(_check_layer_norm(tr.ln_f, where + ".ln_f", E))
     # the attention modules' own head count (what their forward splits the features by), not
     # config.n_head: a config edited after the build does not change the modules
     H, _ = _one(heads, where, "(num_heads, head_dim) of the attention modules")
@@ -190,8 +190,7 @@ def _llama_heads(a, where: str, d: int) -> tuple:
     ``num_key_value_groups`` (the key/value repeat of its forward)."""
     for nm in ("q_proj", "k_proj"):
         lin = getattr(a, nm, None)
-        if type(lin) is not nn.Linear:
-            raise TypeError(f"from_hf: {where}.{nm}: expected nn.Linear, got {type(lin).__name__}")
+        _need_hf(lin, f"{where}.{nm}", nn.Linear)
         if lin.out_features % d:
             raise ValueError(f"from_hf: {where}.{nm}: {lin.out_features} outputs are not a whole number of heads of "
                              f"head_dim = {d}")

@@ -46,7 +46,16 @@ from .._checks import (
 )
 from ..operators._guard import check_output, checked_call
 from ..operators.activation import activation_fn
-from .hf import from_hf, register_hf_converter
+from .hf import (
+    _check_layer_norm,
+    _check_linear,
+    _dropout_p,
+    _is_hf,
+    _need_hf,
+    _one_dtype_device,
+    from_hf,
+    register_hf_converter,
+)
 from .torch_exact import TorchEncoder
 
 __all__ = ["PatchEmbedding", "ClassTokenReadout", "ViT", "ViTOutput", "from_hf"]
@@ -301,16 +310,6 @@ _HF_ACT_NAMES = ("gelu", "gelu_python", "gelu_new", "gelu_fast", "gelu_pytorch_t
                  "gelu_accurate", "quick_gelu", "relu", "silu", "swish", "tanh", "linear")
 
 
-def _is_hf(obj, *names: str) -> bool:
-    cls = type(obj)
-    return cls.__name__ in names and (cls.__module__ or "").startswith("transformers.")
-
-
-def _need_hf(obj, where: str, *names: str) -> None:
-    if not _is_hf(obj, *names):
-        raise TypeError(f"from_hf: {where}: expected transformers' {' or '.join(names)}, got {type(obj).__name__}")
-
-
 def _hf_act(act, where: str, option: str, config) -> str:
     if type(act) in _TORCH_ACTIVATIONS:
         return _TORCH_ACTIVATIONS[type(act)]
@@ -320,48 +319,6 @@ def _hf_act(act, where: str, option: str, config) -> str:
         f"from_hf: {where}: unsupported {option}={getattr(config, option, None)!r} (module "
         f"{type(act).__name__}); opsplit converts {option} in {list(_HF_ACT_NAMES)}"
     )
-
-
-def _check_linear(lin, where: str, n_in: int, n_out: int | None = None, *, bias: bool | None = True) -> None:
-    if type(lin) is not nn.Linear:
-        raise TypeError(f"from_hf: {where}: expected nn.Linear, got {type(lin).__name__}")
-    if lin.in_features != n_in or (n_out is not None and lin.out_features != n_out):
-        raise ValueError(
-            f"from_hf: {where}: expected nn.Linear({n_in}, {n_out if n_out is not None else '*'}), got "
-            f"nn.Linear({lin.in_features}, {lin.out_features})"
-        )
-    if bias is not None and (lin.bias is not None) != bias:
-        raise ValueError(f"from_hf: {where}: expected bias={bias}, got bias={lin.bias is not None}")
-
-
-def _check_layer_norm(ln, where: str, E: int) -> float:
-    if type(ln) is not nn.LayerNorm:
-        raise TypeError(f"from_hf: {where}: expected nn.LayerNorm, got {type(ln).__name__}")
-    if tuple(ln.normalized_shape) != (E,) or ln.weight is None or ln.bias is None:
-        raise ValueError(
-            f"from_hf: {where}: expected nn.LayerNorm({E}) with weight and bias (ViT's), got {ln!r}"
-        )
-    return float(ln.eps)
-
-
-def _dropout_p(m, where: str) -> float:
-    if type(m) is not nn.Dropout:
-        raise TypeError(f"from_hf: {where}: expected nn.Dropout, got {type(m).__name__}")
-    return float(m.p)
-
-
-def _one_dtype_device(model, cls: str):
-    """The one (floating) dtype and device of a model's parameters and floating buffers; a
-    ``ValueError`` / ``TypeError`` naming the model otherwise."""
-    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
-    kinds = {(t.dtype, t.device) for t in tensors}
-    if len(kinds) != 1:
-        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
-                         "move the model with .to(dtype, device) first")
-    dtype, device = kinds.pop()
-    if not dtype.is_floating_point:
-        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
-    return dtype, device
 
 
 def _hf_layer(layer, where: str, E: int, config) -> dict:
