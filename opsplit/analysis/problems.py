@@ -28,7 +28,16 @@ from ..propagator import Propagator
 from ..reference import solve_reference
 from ..schemes import BlanesMoan, Hybrid, Lie, Parallel, SchemeFlow, Strang, TripleJump
 from ..schemes.composition import irreversibility
-from ..solvers import EXPLICIT_SOLVERS, CatchUp, Exact, Implicit, ODESolve, ProjectedS1, Substep, solver_for
+from ..solvers import (
+    EXPLICIT_SOLVERS,
+    CatchUp,
+    Exact,
+    Implicit,
+    ODESolve,
+    ProjectedS1,
+    Substep,
+    solver_for,
+)
 
 __all__ = ["SmoothTransformer", "smooth_transformer", "SCHEMES", "SOLVERS"]
 

@@ -29,7 +29,8 @@ def _bundled_digits():
         if f.is_file():
             data = np.loadtxt(f, delimiter=",")
             return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits as _load  # pragma: no cover - other layouts; slow to import (~0.9 s)
+    # on use: slow to import (~0.9 s)
+    from sklearn.datasets import load_digits as _load  # pragma: no cover - other layouts
 
     d = _load()
     return d.images, d.target

@@ -124,7 +124,8 @@ class ODESolve(Solver):
         adjoint_method: str | None = None,
         adjoint_options: dict | None = None,
     ):
-        from torchdiffeq._impl.odeint import SOLVERS  # slow (~0.4 s, loads scipy): keeps `import opsplit.solvers` fast
+        # torchdiffeq is slow to import (~0.4 s, it loads scipy): on use, so `import opsplit.solvers` stays fast
+        from torchdiffeq._impl.odeint import SOLVERS
 
         if method not in SOLVERS:
             raise ValueError(f"ODESolve.method: expected one of {sorted(SOLVERS)}, got {method!r}")
@@ -162,7 +163,8 @@ class ODESolve(Solver):
         # inside the solve it makes the step sizes (and so the stage times) depend on u
         # with a gradient, while the controls read the times as plain numbers; the
         # gradient of the solution would then miss the matching term.
-        from torchdiffeq._impl.misc import _rms_norm, _select_initial_step  # slow to import (see __init__)
+        # on use: slow to import (see __init__)
+        from torchdiffeq._impl.misc import _rms_norm, _select_initial_step
         from torchdiffeq._impl.odeint import SOLVERS
 
         order = int(getattr(SOLVERS[self.method], "order", 5))
