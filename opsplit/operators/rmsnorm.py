@@ -161,10 +161,9 @@ class ProjectionSphere(Operator):
             if not bool((sigma2 > 0).all()):
                 raise ValueError(f"ProjectionSphere.sigma2: expected sigma_2 > 0, got {float(sigma2):g}")
             sigma2 = Constant(sigma2, positive=True)
+        # read at every call, never cached as a number: a sigma_2 written later (load_state_dict,
+        # a checkpoint, an in-place edit) is the one used; multiplying by 1 rounds nothing
         self.sigma2 = as_control(sigma2, "ProjectionSphere.sigma2")
-        # a sigma_2 given as a number stays that number (a 0-d buffer that nothing trains)
-        self._number = float(self.sigma2.value) if isinstance(self.sigma2, Constant) and \
-            self.sigma2.value.dim() == 0 and not isinstance(self.sigma2.value, torch.nn.Parameter) else None
         self.eps = check_positive_float(eps, "ProjectionSphere.eps", allow_zero=True)
         self.compute_dtype = _check_compute_dtype(compute_dtype, "ProjectionSphere.compute_dtype")
 
@@ -176,8 +175,6 @@ class ProjectionSphere(Operator):
         check_positive_values(self, values, "ProjectionSphere.sigma2")  # re-read only after a change
 
     def _sigma(self, t, grid: Grid, dtype):
-        if self._number is not None:  # a fixed number: 1.0 is skipped (HF multiplies by nothing)
-            return self._number
         s = self.sigma2(t, grid)
         if s.dim() != 0:
             raise ValueError(f"ProjectionSphere: sigma_2 must be a scalar, the control gave shape {tuple(s.shape)}")
