@@ -140,6 +140,7 @@ class SlicedDecodeCache:
         self.dtype = self.device = None
         self.runs: list[tuple[int, int]] = []  # (offset, length), in position order
         self.cap = 0
+        self._mark = None  # the undo log of mark() / rollback()
 
     # -- public ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -242,10 +243,104 @@ class SlicedDecodeCache:
         for name in ("E", "F", "Tv", "cz", "cv", "has_ref", "tz", "tw", "tv"):
             setattr(self, name, getattr(self, name)[rows])
         self.B, self.R = index.numel(), Rn
+        self._mark = None  # the rows changed: nothing to roll back to
         self._rows = torch.arange(Rn, device=self.device).view(Rn, 1, 1)
         self._all_ref = bool(self.has_ref.all())
         if self.n:
             self._refresh()
+
+    def mark(self) -> None:
+        """Remember the cache as it is now, for :meth:`rollback` (an earlier mark is replaced).
+
+        Nothing is copied here: the appends that follow save, the first time they overwrite
+        them, the positions, block tables and run constants below the marked length that they
+        rebuild (an undo log: its size is at most what those appends rewrite), the tail once
+        they flush it, and they keep their new keys as given."""
+        if self.R is None:
+            raise ValueError("SlicedDecodeCache.mark: the cache is empty; mark it after its first keys")
+        refs = None if self._all_ref else (self.cz.clone(), self.cv.clone(), self.has_ref.clone())
+        self._mark = {"n": self.n, "nt": self.nt, "runs": list(self.runs), "pos": self.n, "nruns": len(self.runs),
+                      "saved": [], "tail": None, "refs": refs, "pv_dtype": self.pv_dtype, "wexp": self._wexp,
+                      "keys": []}
+
+    def rollback(self, n: int, keep: Tensor | None = None) -> None:
+        """Keep the first ``n`` keys (``marked length <= n <= length``) after any number of
+        appends since :meth:`mark`: the overwritten parts are restored from the undo log and
+        the kept keys appended since the mark are appended again, in one append — the cache is
+        then exactly one that appended those keys at once after the mark (no run is rebuilt
+        beyond what an append of them rebuilds).  ``keep``: ``(B, n - marked length)`` bool,
+        ``False`` gives a kept key weight 0 (it becomes padding).  The mark is used up."""
+        fn = "SlicedDecodeCache.rollback"
+        m = self._mark
+        if m is None:
+            raise ValueError(f"{fn}: no mark to roll back to (mark() before the appends to undo; a mark is used up "
+                             "by a rollback and dropped by select)")
+        n0 = m["n"] + m["nt"]
+        if isinstance(n, bool) or not isinstance(n, int) or not n0 <= n <= self.length:
+            raise ValueError(f"{fn}: n: expected an int in [{n0}, {self.length}] (the marked length and the length "
+                             f"now), got {n!r}")
+        if keep is not None and (not isinstance(keep, Tensor) or keep.dtype != torch.bool
+                                 or tuple(keep.shape) != (self.B, n - n0)):
+            got = tuple(keep.shape) if isinstance(keep, Tensor) else type(keep).__name__
+            raise ValueError(f"{fn}: keep: expected a bool tensor (B, n - marked length) = ({self.B}, {n - n0}), "
+                             f"got {got}")
+        self._mark = None
+        keys = m["keys"]
+        if n == self.length and keep is None:  # every key kept as it was appended
+            return
+        for name, a, saved in m["saved"]:
+            buf = getattr(self, name)
+            buf[a: a + saved.shape[0]] = saved.to(buf.dtype)
+        if self.pv_dtype != m["pv_dtype"]:  # back to the tables' dtype (exact: they held it before)
+            self.pv_dtype = m["pv_dtype"]
+            self.Pv = self.Pv.to(self.pv_dtype)
+        self._wexp = m["wexp"]
+        for name, (a, saved) in m.get("consts", {}).items():
+            getattr(self, name)[:, a: a + saved.shape[1]] = saved
+        if m["tail"] is not None:
+            t = m["nt"]
+            self.tz[:, :t], self.tw[:, :t], self.tv[:, :t] = m["tail"]
+        if m["refs"] is not None:
+            self.cz, self.cv, self.has_ref = m["refs"]
+            self._all_ref = bool(self.has_ref.all())
+        self.n, self.nt, self.runs = m["n"], m["nt"], m["runs"]
+        if self.n:
+            self._refresh()
+        if n == n0:
+            return
+        z = torch.cat([k[0] for k in keys], 1)[:, : n - n0]
+        v = torch.cat([k[1] for k in keys], 1)[:, : n - n0]
+        w = None
+        if keep is not None or any(k[2] is not None for k in keys):
+            w = torch.cat([torch.ones_like(k[0]) if k[2] is None else k[2] for k in keys], 1)[:, : n - n0]
+            if keep is not None:
+                rows = keep.to(self.device).repeat_interleave(self.H, 0)  # (B, m) -> (R, m), row b * H + h
+                w = torch.where(rows, w, 0)
+        self._add(z, v, w)
+
+    def _save(self, s: int, nkeep: int) -> None:
+        """The undo log (:meth:`mark`): before an append rebuilds the positions from ``s`` and
+        the runs from index ``nkeep``, save what of them lies below the marked length and was
+        not saved yet."""
+        m = self._mark
+        R = self.R
+        top = min(m["pos"], m["n"])
+        if s < top:
+            for name in ("z", "w1", "wz", "x"):
+                m["saved"].append((name, R * s, getattr(self, name)[R * s: R * top].clone()))
+            b0, b1 = s >> _LOG_BLOCK, top >> _LOG_BLOCK
+            if b1 > b0:
+                for name in ("Ps", "Pv"):
+                    m["saved"].append((name, R * b0, getattr(self, name)[R * b0: R * b1].clone()))
+            m["pos"] = s
+        if nkeep < m["nruns"]:
+            consts = m.setdefault("consts", {})
+            a, b = nkeep, m["nruns"]
+            for name in ("E", "F", "Tv"):
+                old = consts.get(name)
+                new = getattr(self, name)[:, a: (b if old is None else old[0])].clone()
+                consts[name] = (a, new if old is None else torch.cat([new, old[1]], 1))
+            m["nruns"] = nkeep
 
     # -- checks -----------------------------------------------------------------------------
     @staticmethod
@@ -430,6 +525,8 @@ class SlicedDecodeCache:
         h = (n ^ n2).bit_length() - 1  # the highest bit in which n and n + m differ
         nkeep = sum(1 for _, L in self.runs if L > (1 << h))
         s = sum(L for _, L in self.runs[:nkeep])  # the runs of n above bit h stay
+        if self._mark is not None:
+            self._save(s, nkeep)
         R, D = self.R, self.D
         old = None
         if nkeep < len(self.runs):  # the old tail [s, n), copied before the buffers are rewritten
@@ -785,6 +882,12 @@ class SlicedDecodeCache:
         t, m = self.nt, z.shape[1]
         if m == 0:
             return
+        mk = self._mark
+        if mk is not None:
+            mk["keys"].append((z, v, w))
+            if mk["tail"] is None and t + m > TAIL and mk["nt"]:  # the marked tail is flushed: saved once
+                nt0 = mk["nt"]
+                mk["tail"] = (self.tz[:, :nt0].clone(), self.tw[:, :nt0].clone(), self.tv[:, :nt0].clone())
         if t + m <= TAIL:
             self.tz[:, t: t + m] = z
             self.tv[:, t: t + m] = v

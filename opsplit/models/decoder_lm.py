@@ -108,7 +108,7 @@ from ..operators.activation import activation_fn
 from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie, Parallel, Strang
-from ..solvers import ExplicitEuler, Substep
+from ..solvers import EXPLICIT_SOLVERS, ExplicitEuler, Substep, solver_for
 
 __all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
 
@@ -244,6 +244,52 @@ def _frozen_substep(s: Substep, t: float, dt: float, grid: Grid, dtype):
         f = frozen_field(s.terms[0], t, grid, dtype)
         return lambda u, g: torch.add(u, f(u, g), alpha=dt)
     return lambda u, g: s.solver.step(s.terms, t, dt, u, g)
+
+
+def _frozen_parallel(scheme: Parallel, t: float, dt: float, grid: Grid, dtype):
+    """A step of the parallel scheme of explicit-Euler substeps of one term each, with the
+    terms' controls evaluated once: :class:`~opsplit.schemes.Parallel`'s loop (every term from
+    the same state with its field scaled by :math:`K`, one Euler step each, then the average)
+    in the same operations; ``None`` for any other parallel scheme."""
+    subs = list(scheme.substeps)
+    if scheme.batch is not False or any(type(s.solver) is not ExplicitEuler or len(s.terms) != 1 for s in subs):
+        return None
+    K = len(subs)
+    fields = [frozen_field(s.terms[0], t, grid, dtype) for s in subs]
+    factor = float(K)
+
+    def step(u, g):
+        total = None
+        for f in fields:
+            v = torch.add(u, factor * f(u, g), alpha=dt)
+            total = v if total is None else total + v
+        return total / K
+
+    return step
+
+
+def _solve_tag(solver, scheme) -> str | None:
+    """The name a key/value cache records for a solve (``None``: the model's own)."""
+    if solver is None and scheme is None:
+        return None
+    return f"solver={solver or 'own'}, scheme={scheme or 'own'}"
+
+
+def _evaluations(scheme) -> tuple[int, int]:
+    """Term evaluations and attention evaluations of one step of a decoder ``scheme``
+    (Strang: two half steps of its first terms; a solver of ``s`` stages: ``s`` per term)."""
+    subs = list(scheme.substeps)
+    weights = [2] * (len(subs) - 1) + [1] if isinstance(scheme, Strang) else [1] * len(subs)
+    terms = attn = 0
+    for w, sub in zip(weights, subs):
+        stages = getattr(sub.solver, "stages", None) or 1
+        terms += w * stages * len(sub.terms)
+        attn += w * stages * sum(1 for op in sub.terms if _has_attention(op))
+    return terms, attn
+
+
+def _has_attention(op) -> bool:
+    return any(isinstance(m, (GroupedQueryAttention, SlicedReLUAttention)) for m in op.modules())
 
 
 class DecoderLM(nn.Module):
@@ -395,18 +441,66 @@ class DecoderLM(nn.Module):
         if sliced:
             a.reset_parameters(generator)
 
+    # -- solves ------------------------------------------------------------------------------
+    def solve_scheme(self, solver: str | None = None, scheme: str | None = None):
+        """The decoder's scheme with another substep ``solver`` (``"euler"``, ``"heun"``,
+        ``"rk4"``; ``None``: the model's own) and/or another splitting ``scheme`` (``"lie"``,
+        ``"strang"``, ``"parallel"``; ``None``: the model's own), on the same operators (shared
+        controls, nothing copied); both ``None``: ``model.decoder.scheme`` itself.
+
+        A parallel scheme with a solver of several stages advances both terms together by that
+        solver (one substep of both terms: the flow of :math:`u_t = A + F`, not the average of
+        :math:`K`-scaled solves), as :func:`opsplit.control.swap.solved_with` does."""
+        if solver is not None and solver not in EXPLICIT_SOLVERS:
+            raise ValueError(f"solver: expected None (the model's own) or one of {EXPLICIT_SOLVERS}, got {solver!r}")
+        if scheme is not None and scheme not in DECODER_SCHEMES:
+            raise ValueError(f"scheme: expected None (the model's own) or one of {DECODER_SCHEMES}, got {scheme!r}")
+        own = self.decoder.scheme
+        if solver is None and scheme is None:
+            return own
+        subs = list(own.substeps)
+        if type(own) not in (Lie, Strang, Parallel) or len(subs) != 2 or any(len(x.terms) != 1 for x in subs):
+            raise ValueError(f"solver: the decoder's scheme ({type(own).__name__} of {len(subs)} substeps) is not the "
+                             "splitting of its attention and feed-forward terms this model builds; it cannot be "
+                             "solved another way")
+        kind = scheme or {Lie: "lie", Strang: "strang", Parallel: "parallel"}[type(own)]
+        terms = [x.terms[0] for x in subs]
+        solvers = [x.solver for x in subs] if solver is None else [solver_for(solver) for _ in subs]
+        if kind == "parallel" and any(type(v) is not ExplicitEuler for v in solvers):
+            return Lie([Substep(tuple(terms), solvers[0])])
+        new = [Substep(op, v) for op, v in zip(terms, solvers)]
+        if kind == "parallel":
+            return Parallel(new, batch=False)
+        return (Strang if kind == "strang" else Lie)(new)
+
+    def solve_cost(self, n_steps: int | None = None, solver: str | None = None, scheme: str | None = None) -> int:
+        """Term evaluations (attention and feed-forward, every stage of a solver counted) of
+        one token through the decoder solved with :math:`N_t` = ``n_steps`` (``None``: the
+        model's), ``solver`` and ``scheme`` (:meth:`solve_scheme`): what a draft solve of
+        speculative decoding is compared by."""
+        n = self.decoder.n_steps if n_steps is None else check_positive_int(n_steps, "n_steps (N_t)")
+        return n * _evaluations(self.solve_scheme(solver, scheme))[0]
+
+    def _propagator(self, solver, scheme):
+        """``model.decoder``, or a propagator of :meth:`solve_scheme` on the same interval and
+        grid (made per call: nothing of it is kept)."""
+        if solver is None and scheme is None:
+            return self.decoder
+        d = self.decoder
+        return Propagator(self.solve_scheme(solver, scheme), d.n_steps, t0=d.t0, t1=d.t1, grid=d.grid)
+
     # -- inputs ------------------------------------------------------------------------------
     def _dtype_device(self):
         p = self.embedding.weight
         return p.dtype, p.device
 
     def check_inputs(self, input_ids, attention_mask=None, position_ids=None, cache=None, *, values: bool = True,
-                     n_steps: int | None = None):
+                     n_steps: int | None = None, solve: str | None = None):
         """Validate a call's inputs (before any compute); returns ``(past, mask)`` with the
         mask as a bool tensor ``(B, past + N)`` (``True`` = keep) or ``None``.  ``values=False``
         checks types and shapes only (generation's later steps feed the model's own tokens);
-        ``n_steps``: the call's :math:`N_t`, checked against the cache's
-        (:meth:`KVCache.check_use <opsplit.operators.KVCache.check_use>`)."""
+        ``n_steps``, ``solve``: the call's :math:`N_t` and solver/scheme, checked against the
+        cache's (:meth:`KVCache.check_use <opsplit.operators.KVCache.check_use>`)."""
         c = self.config
         if not isinstance(input_ids, Tensor):
             raise TypeError(f"input_ids: expected a torch.Tensor of token ids, got {type(input_ids).__name__}")
@@ -434,7 +528,8 @@ class DecoderLM(nn.Module):
             raise ValueError(_EMPTY_WITH_CACHE.format(shape=tuple(input_ids.shape)))
         if cache is not None:
             dtype, _ = self._dtype_device()
-            cache.check_use(self, B, self.decoder.n_steps if n_steps is None else n_steps, dtype, device)
+            cache.check_use(self, B, self.decoder.n_steps if n_steps is None else n_steps, dtype, device,
+                            solve=solve)
         past = 0 if cache is None else cache.length
         mask = None
         if attention_mask is not None:
@@ -473,17 +568,19 @@ class DecoderLM(nn.Module):
         return past, mask
 
     def cache_memory(self, batch_size: int, n_tokens: int, n_steps: int | None = None, *,
-                     decode: bool = False) -> tuple[float, list[str]]:
+                     decode: bool = False, solver: str | None = None,
+                     scheme: str | None = None) -> tuple[float, list[str]]:
         """A lower bound of the memory a key/value cache holds once ``n_tokens`` tokens of a
         batch of ``batch_size`` went through the decoder with :math:`N_t` = ``n_steps``
         (default: the model's), and its parts in words: every attention call of every step
         keeps its own keys and values (softmax: :math:`2 H_{kv} d` numbers per token; sliced:
         the :math:`H N_y` value rows), so the cache grows with :math:`N_t`; with ``decode``,
         :meth:`decode_steps`'s kernels evaluated once per attention call (softmax:
-        :math:`W^Q, W^K, W^V` side by side and :math:`W^O`)."""
+        :math:`W^Q, W^K, W^V` side by side and :math:`W^O`); ``solver``, ``scheme``: of
+        :meth:`solve_scheme` (every stage of a solver keeps its own keys)."""
         c = self.config
         n = self.decoder.n_steps if n_steps is None else int(n_steps)
-        calls = n * (2 if isinstance(self.decoder.scheme, Strang) else 1)  # Strang: two half steps of A
+        calls = n * _evaluations(self.solve_scheme(solver, scheme))[1]  # Strang: two half steps of A
         item = self.embedding.weight.element_size()
         sliced = c.attention == "sliced_relu"
         per_token = (c.n_heads * c.d_model if sliced else 2 * c.n_kv_heads * c.head_dim) * item
@@ -495,12 +592,12 @@ class DecoderLM(nn.Module):
         return sum(b for b, _ in parts), [f"{what}: {human_bytes(b)}" for b, what in parts]
 
     def check_cache_memory(self, name: str, batch_size: int, n_tokens: int, n_steps: int | None = None, *,
-                           decode: bool = False) -> None:
+                           decode: bool = False, solver: str | None = None, scheme: str | None = None) -> None:
         """Refuse, before anything is allocated, a use of a key/value cache whose
         :meth:`cache_memory` exceeds the available memory (``MemAvailable``): a ``ValueError``
         starting with ``name`` (the argument that makes it large) with the estimate.  Nothing is
         read below 256 MB."""
-        need, parts = self.cache_memory(batch_size, n_tokens, n_steps, decode=decode)
+        need, parts = self.cache_memory(batch_size, n_tokens, n_steps, decode=decode, solver=solver, scheme=scheme)
         if need < _CACHE_GUARD_FROM:
             return
         free = available_memory()
@@ -541,7 +638,8 @@ class DecoderLM(nn.Module):
 
     def hidden(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                position_ids: Tensor | None = None, cache: KVCache | None = None,
-               n_steps: int | None = None, check_values: bool = True) -> Tensor:
+               n_steps: int | None = None, check_values: bool = True, solver: str | None = None,
+               scheme: str | None = None) -> Tensor:
         """:math:`G` without the read-out: the normalised final state ``(B, N, d_model)``.
         Every parameter is checked finite before any compute, named by its qualified name
         (``DecoderLM: parameters must be finite, but embedding.weight hold(s) NaN/inf``: also
@@ -549,16 +647,18 @@ class DecoderLM(nn.Module):
         a ``ValueError`` raised during the solve (a non-finite state) re-reads every
         parameter first, so a NaN written through ``.data`` is named.  ``check_values=False``
         skips these checks and the propagator's finiteness checks of the input and the
-        output (generation: checked at the prompt, unchanged after)."""
+        output (generation: checked at the prompt, unchanged after).  ``solver``, ``scheme``:
+        solve the decoder another way (:meth:`solve_scheme`)."""
         if n_steps is not None:
             n_steps = check_positive_int(n_steps, "n_steps (N_t)")
+        prop = self._propagator(solver, scheme)
         past, mask = self.check_inputs(input_ids, attention_mask, position_ids, cache, values=check_values,
-                                       n_steps=n_steps)
+                                       n_steps=n_steps, solve=_solve_tag(solver, scheme))
         if check_values and self.check_finite_input:
             check_parameters_finite(self, type(self).__name__)
         if cache is not None and check_values:  # the cache grows with N_t: refused before it is filled
             self.check_cache_memory("n_steps (N_t)" if n_steps is not None else "input_ids", input_ids.shape[0],
-                                    past + input_ids.shape[1], n_steps)
+                                    past + input_ids.shape[1], n_steps, solver=solver, scheme=scheme)
         u = self.embed(input_ids, past, position_ids, check=False)  # check_inputs (or generate) checked them
         ctx = {}
         if mask is not None and not bool(mask.all()):
@@ -571,7 +671,7 @@ class DecoderLM(nn.Module):
         # always a ContextGrid: its per-call cache shares the rotary angles and the masks across layers
         g = ContextGrid.of(self.decoder.grid, **ctx).with_shape(u.shape[1], self.config.d_model)
         try:
-            u = self.decoder(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input and check_values)
+            u = prop(u, n_steps=n_steps, grid=g, check_finite_input=self.check_finite_input and check_values)
         except ValueError:
             if check_values:  # a NaN written through p.data (the embedding's too) is named before anything else
                 check_parameters_finite(self, type(self).__name__, fresh=True)
@@ -582,10 +682,13 @@ class DecoderLM(nn.Module):
         return u
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
-                cache: KVCache | None = None, n_steps: int | None = None) -> DecoderOutput:
+                cache: KVCache | None = None, n_steps: int | None = None, solver: str | None = None,
+                scheme: str | None = None) -> DecoderOutput:
         """Logits of every position (see the module docstring); with ``cache`` the ids are the
-        new tokens, the mask covers cached and new ones, and the cache is extended."""
-        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps)
+        new tokens, the mask covers cached and new ones, and the cache is extended; ``solver``,
+        ``scheme``: :meth:`solve_scheme`."""
+        h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps,
+                        solver=solver, scheme=scheme)
         W = self.head_weight
         logits = None if W is None else self._read_out(h, W, True)
         return DecoderOutput(logits=logits, last_hidden_state=h, cache=cache)
@@ -604,26 +707,32 @@ class DecoderLM(nn.Module):
 
     def next_token_logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                           position_ids: Tensor | None = None, cache: KVCache | None = None,
-                          n_steps: int | None = None, check_values: bool = True) -> Tensor:
+                          n_steps: int | None = None, check_values: bool = True, solver: str | None = None,
+                          scheme: str | None = None) -> Tensor:
         """The logits of the last position only, ``(B, vocab)`` (what generation reads; the
-        read-out is applied to one token), solved with ``n_steps`` (default: the model's N_t)."""
+        read-out is applied to one token), solved with ``n_steps`` (default: the model's N_t),
+        ``solver`` and ``scheme`` (:meth:`solve_scheme`)."""
         W = self.head_weight
         if W is None:
             raise ValueError("DecoderLM.next_token_logits: the model has no read-out (lm_head=False)")
         h = self.hidden(input_ids, attention_mask, position_ids=position_ids, cache=cache, n_steps=n_steps,
-                        check_values=check_values)
+                        check_values=check_values, solver=solver, scheme=scheme)
         return self._read_out(h[:, -1], W, check_values)
 
-    def decode_steps(self, cache: KVCache, *, n_steps: int | None = None):
+    def decode_steps(self, cache: KVCache, *, n_steps: int | None = None, solver: str | None = None,
+                     scheme: str | None = None):
         """The decode steps of one generation, after its prompt went through
-        :meth:`next_token_logits` with ``cache``: a function ``step(input_ids, position_ids,
-        key_padding_mask)`` of the new tokens ``(B, 1)``, their positions ``(B, 1)`` and the
-        padding of every token so far (``(B, past + 1)``, ``True`` = padded, or ``None``)
-        that extends ``cache`` and returns the next-token logits ``(B, vocab)``.
+        :meth:`next_token_logits` with ``cache`` (and the same ``n_steps``, ``solver``,
+        ``scheme``): a function ``step(input_ids, position_ids, key_padding_mask, last=True)``
+        of the new tokens ``(B, m)``, their positions ``(B, m)`` and the padding of every token
+        so far (``(B, past + m)``, ``True`` = padded, or ``None``) that extends ``cache`` and
+        returns the next-token logits ``(B, vocab)`` of the last new token (``last=False``:
+        ``(B, m, vocab)``, of every new token: the verification of speculative decoding).
 
         The scheme's steps are made once, here, with every control evaluated at its step's
         time (:mod:`opsplit.operators._fused`; Lie splitting with explicit-Euler substeps,
-        the decoder's own; another scheme is advanced as it is), and the steps run no checks:
+        the decoder's own, and the parallel scheme of explicit-Euler substeps; another scheme
+        or solver is advanced as it is), and the steps run no checks:
         :func:`~opsplit.models.generate.generate` has validated the prompt, the parameters
         (finite), the grid and every operator against it at the prompt, and it feeds tokens
         the model produced, with positions it made.  Valid while the parameters do not change
@@ -636,23 +745,25 @@ class DecoderLM(nn.Module):
             raise ValueError("DecoderLM.decode_steps: the model has no read-out (lm_head=False)")
         dtype = self.embedding.weight.dtype
         grid = self.decoder.grid.with_shape(1, self.config.d_model)
-        scheme = self.decoder.scheme
+        sch = self.solve_scheme(solver, scheme)
         if n_steps is not None:  # the kernels are evaluated once per attention call: refused before they are made
             n_steps = check_positive_int(n_steps, "n_steps (N_t)")
-            self.check_cache_memory("n_steps (N_t)", 0, 0, n_steps, decode=True)
+            self.check_cache_memory("n_steps (N_t)", 0, 0, n_steps, decode=True, solver=solver, scheme=scheme)
         times = self.decoder.times(n_steps)
         steps = []
         for a, b in zip(times[:-1], times[1:]):
             dt = b - a
-            if type(scheme) is Lie:
-                steps += [_frozen_substep(s, a, dt, grid, dtype) for s in scheme.substeps]
-            else:
-                steps.append(lambda u, g, a=a, dt=dt: scheme.advance(a, dt, u, g)[0])
+            if type(sch) is Lie:
+                steps += [_frozen_substep(s, a, dt, grid, dtype) for s in sch.substeps]
+                continue
+            fused = _frozen_parallel(sch, a, dt, grid, dtype) if type(sch) is Parallel else None
+            steps.append(fused if fused is not None else (lambda u, g, a=a, dt=dt: sch.advance(a, dt, u, g)[0]))
         final = [frozen_map(m, self.decoder.t1, grid, dtype) for m in self.final_norm]
         rope = self.positions is None
         x, y, h = grid.x, grid.y, grid.h
 
-        def step(input_ids: Tensor, position_ids: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        def step(input_ids: Tensor, position_ids: Tensor, key_padding_mask: Tensor | None,
+                 last: bool = True) -> Tensor:
             u = self.embed(input_ids, 0, position_ids, check=False)
             ctx = {"kv_cache": cache}
             if key_padding_mask is not None:
@@ -665,7 +776,7 @@ class DecoderLM(nn.Module):
                 u = f(u, g)
             for f in final:
                 u = f(u, g)
-            return F.linear(u[:, -1], W)
+            return F.linear(u[:, -1] if last else u, W)
 
         return step
 

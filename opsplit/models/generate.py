@@ -69,7 +69,7 @@ from torch import Tensor
 from .._checks import check_parameters_finite, check_positive_float, check_positive_int
 from ..operators import KVCache
 
-__all__ = ["generate", "select_next_token", "MODEL_DEFAULT"]
+__all__ = ["generate", "select_next_token", "token_probs", "MODEL_DEFAULT"]
 
 
 class _ModelDefault:
@@ -130,9 +130,20 @@ def select_next_token(logits: Tensor, *, do_sample: bool = False, temperature: f
                       top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """The next token of every sequence from last-position logits ``(B, vocab)`` (module
     docstring: float32 scores, temperature, top-k, top-p, multinomial; or argmax)."""
-    scores = logits.to(dtype=torch.float32, copy=True)
     if not do_sample:
-        return torch.argmax(scores, dim=-1)
+        return torch.argmax(logits.to(dtype=torch.float32, copy=True), dim=-1)
+    probs = token_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+
+
+def token_probs(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None) -> Tensor:
+    """The sampling distribution of :func:`select_next_token`: ``softmax`` of the float32
+    scores after the temperature, top-k and top-p (module docstring), for logits ``(..., vocab)``
+    (every leading index a distribution of its own)."""
+    shape = logits.shape
+    logits = logits.reshape(-1, shape[-1])
+    scores = logits.to(dtype=torch.float32, copy=True)
     if temperature != 1.0:
         scores = scores / temperature
         if temperature < 1.0 and not bool(torch.isfinite(scores).all()) and bool(torch.isfinite(logits).all()):
@@ -150,41 +161,22 @@ def select_next_token(logits: Tensor, *, do_sample: bool = False, temperature: f
         remove = cumulative <= (1 - top_p)
         remove[..., -1:] = 0
         scores = scores.masked_fill(remove.scatter(1, sorted_indices, remove), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+    return torch.softmax(scores, dim=-1).reshape(shape)
 
 
-@torch.no_grad()
-def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             attention_mask: Tensor | None = None, use_cache: bool = True, eos_token_id=MODEL_DEFAULT,
-             pad_token_id=MODEL_DEFAULT, n_steps: int | None = None) -> Tensor:
-    """Continue every prompt of ``input_ids`` ``(B, N)`` by up to ``max_new_tokens`` tokens;
-    returns ``(B, N + generated)`` (prompt, then the new tokens), as Hugging Face's
-    ``generate`` does.
+class _Setup:
+    """What :func:`generate` and speculative decoding check and make before the first step."""
 
-    Args:
-        model: a causal decoder (see the module docstring).
-        input_ids: integer prompt ids ``(B, N)``, ``N >= 1``, left-padded in a batch.
-        max_new_tokens: how many tokens to append at most (``>= 0``; a bound: memory grows
-            with the tokens generated).
-        do_sample: sample (``True``) or take the most likely token (``False``).
-        temperature, top_k, top_p: sampling warpers (``temperature >= 1.2e-38``, float32's
-            smallest normal number; ``top_k >= 0``, ``0`` or ``None`` off; ``0 < top_p <= 1``).
-        generator: ``torch.Generator`` for the draws (``None``: the global generator).
-        attention_mask: ``(B, N)`` of 0/1 (0 = padding), or ``None`` (no padding, or the
-            padding inferred from ``pad_token_id`` as Hugging Face does: module docstring).
-        use_cache: keep a :class:`~opsplit.operators.KVCache` (one decode step per token);
-            ``False`` recomputes the sequence at every step.
-        eos_token_id: stop a sequence at this token (or at any of a list of them); default:
-            the model's ``generation_defaults`` (a converted HF model's generation config),
-            else none; ``None``: never stop early.
-        pad_token_id: continue a stopped sequence with this token (default: the model's, else
-            the first eos id); without ``attention_mask``, the padding of the prompts.
-        n_steps: solve the decoder with this :math:`N_t` (``None``: the model's own); the
-            controls are functions of time, so a model trained at one :math:`N_t` generates
-            at another (every step of one generation uses the same :math:`N_t`).
-    """
+    __slots__ = ("B", "N", "mask", "position_ids", "eos", "pad_token_id", "kw")
+
+
+def _prepare(model, input_ids, max_new_tokens, *, do_sample, temperature, top_k, top_p, generator, attention_mask,
+             use_cache, eos_token_id, pad_token_id, n_steps, solver, scheme, new_tokens_cached=None):
+    """Every check of :func:`generate`'s arguments, the prompt and the model, before any
+    compute (module docstring); returns a :class:`_Setup`.  ``new_tokens_cached``: how many
+    tokens past the prompt the cache certainly holds (default: every new token but the last
+    when no eos can stop the generation early)."""
+    s = _Setup()
     max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 0)
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample: expected a bool, got {type(do_sample).__name__}")
@@ -196,7 +188,7 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
                          f"the float32 scores are divided by it), got {temperature!r}; use do_sample=False for the "
                          "most likely token")
     if top_k is not None:
-        top_k = _check_int(top_k, "top_k", 0)
+        _check_int(top_k, "top_k", 0)
     if top_p is not None:
         top_p = float(top_p)
         if not 0.0 < top_p <= 1.0:
@@ -208,6 +200,13 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
     if not (hasattr(model, "check_inputs") and hasattr(model, "next_token_logits")):
         raise TypeError(f"generate: model: expected an opsplit causal decoder (DecoderLM, TokenClassifier), "
                         f"got {type(model).__name__}")
+    kw = {} if n_steps is None else {"n_steps": n_steps}  # N_t of the solve (None: the model's)
+    if solver is not None or scheme is not None:
+        if not hasattr(model, "solve_scheme"):
+            raise TypeError(f"solver: solving with another solver or scheme needs a DecoderLM, got "
+                            f"{type(model).__name__}")
+        model.solve_scheme(solver, scheme)  # the names, checked before any compute
+        kw.update(solver=solver, scheme=scheme)
     vocab = model.vocab_size
     defaults = getattr(model, "generation_defaults", None) or {}
     eos_default, pad_default = eos_token_id is MODEL_DEFAULT, pad_token_id is MODEL_DEFAULT
@@ -234,9 +233,10 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
     if use_cache and guard is not None:
         # the cache certainly holds the prompt, and every new token but the last when no eos can stop
         # the generation early; the decode kernels are made after the first token
-        new = 0 if eos else max(0, max_new_tokens - 1)
+        new = new_tokens_cached if new_tokens_cached is not None else 0 if eos else max(0, max_new_tokens - 1)
         name = "n_steps (N_t)" if n_steps is not None else "max_new_tokens" if new else "input_ids"
-        guard(name, input_ids.shape[0], input_ids.shape[1] + new, n_steps, decode=max_new_tokens > 1)
+        extra = {k: v for k, v in kw.items() if k != "n_steps"}
+        guard(name, input_ids.shape[0], input_ids.shape[1] + new, n_steps, decode=max_new_tokens > 1, **extra)
     if pad_token_id is None and eos:
         pad_token_id = eos[0]
     B, N = input_ids.shape
@@ -249,6 +249,65 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             f"max_new_tokens: a prompt of {int(position_ids[:, -1].max()) + 1} positions plus {max_new_tokens} new "
             f"tokens exceeds the model's learned positions (max_positions = {limit})"
         )
+    s.B, s.N, s.mask, s.position_ids, s.eos, s.pad_token_id, s.kw = B, N, mask, position_ids, eos, pad_token_id, kw
+    return s
+
+
+@torch.no_grad()
+def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             attention_mask: Tensor | None = None, use_cache: bool = True, eos_token_id=MODEL_DEFAULT,
+             pad_token_id=MODEL_DEFAULT, n_steps: int | None = None, solver: str | None = None,
+             scheme: str | None = None, draft=None, num_draft_tokens="auto") -> Tensor:
+    """Continue every prompt of ``input_ids`` ``(B, N)`` by up to ``max_new_tokens`` tokens;
+    returns ``(B, N + generated)`` (prompt, then the new tokens), as Hugging Face's
+    ``generate`` does.
+
+    Args:
+        model: a causal decoder (see the module docstring).
+        input_ids: integer prompt ids ``(B, N)``, ``N >= 1``, left-padded in a batch.
+        max_new_tokens: how many tokens to append at most (``>= 0``; a bound: memory grows
+            with the tokens generated).
+        do_sample: sample (``True``) or take the most likely token (``False``).
+        temperature, top_k, top_p: sampling warpers (``temperature >= 1.2e-38``, float32's
+            smallest normal number; ``top_k >= 0``, ``0`` or ``None`` off; ``0 < top_p <= 1``).
+        generator: ``torch.Generator`` for the draws (``None``: the global generator).
+        attention_mask: ``(B, N)`` of 0/1 (0 = padding), or ``None`` (no padding, or the
+            padding inferred from ``pad_token_id`` as Hugging Face does: module docstring).
+        use_cache: keep a :class:`~opsplit.operators.KVCache` (one decode step per token);
+            ``False`` recomputes the sequence at every step.
+        eos_token_id: stop a sequence at this token (or at any of a list of them); default:
+            the model's ``generation_defaults`` (a converted HF model's generation config),
+            else none; ``None``: never stop early.
+        pad_token_id: continue a stopped sequence with this token (default: the model's, else
+            the first eos id); without ``attention_mask``, the padding of the prompts.
+        n_steps: solve the decoder with this :math:`N_t` (``None``: the model's own); the
+            controls are functions of time, so a model trained at one :math:`N_t` generates
+            at another (every step of one generation uses the same :math:`N_t`).
+        solver, scheme: solve the decoder with another substep solver (``"euler"``,
+            ``"heun"``, ``"rk4"``) or splitting (``"lie"``, ``"strang"``, ``"parallel"``)
+            (:meth:`DecoderLM.solve_scheme <opsplit.models.DecoderLM.solve_scheme>`; ``None``:
+            the model's own).
+        draft, num_draft_tokens: self-speculative decoding (a :class:`DecoderLM`): a cheaper
+            solve of the same model proposes tokens that this solve verifies, with the same
+            output (greedy) or the same distribution (sampling);
+            :func:`opsplit.models.speculative.speculative_generate`.
+    """
+    if draft is not None:
+        from .speculative import speculative_generate
+
+        return speculative_generate(
+            model, input_ids, max_new_tokens, draft=draft, num_draft_tokens=num_draft_tokens, do_sample=do_sample,
+            temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, attention_mask=attention_mask,
+            use_cache=use_cache, eos_token_id=eos_token_id, pad_token_id=pad_token_id, n_steps=n_steps,
+            solver=solver, scheme=scheme).sequences
+    st = _prepare(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                  top_p=top_p, generator=generator, attention_mask=attention_mask, use_cache=use_cache,
+                  eos_token_id=eos_token_id, pad_token_id=pad_token_id, n_steps=n_steps, solver=solver,
+                  scheme=scheme)
+    B, N, mask, position_ids, eos, pad_token_id, kw = st.B, st.N, st.mask, st.position_ids, st.eos, \
+        st.pad_token_id, st.kw
+    device = input_ids.device
     # the sequence, its mask, padding and positions, written as tokens are chosen, in buffers
     # that grow by doubling: max_new_tokens is a bound (an eos may stop every sequence early)
     total = N + max_new_tokens
@@ -260,7 +319,6 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
     decode = None
     unfinished = torch.ones(B, dtype=torch.long, device=device)
     n = N
-    kw = {} if n_steps is None else {"n_steps": n_steps}  # N_t of the solve (None: the model's)
     for step in range(max_new_tokens):
         if decode is not None:
             logits = decode(seq[:, n - 1: n], pos_all[:, n - 1: n], None if padding is None else padding[:, :n])

@@ -13,9 +13,23 @@ there for the earlier tokens.
 construction, ``cache="kv_cache"``) — so the propagator, the scheme and the solvers stay
 unaware of it: an attention operator that finds a cache in its context reads the entry of
 its own step, appends the new tokens' keys and values, and attends over the whole prefix.
-Operators whose step runs twice in a scheme (a Strang half-step) would append twice; the
-cache refuses a second append at the same (operator, time) within one call (see
-:meth:`KVCache.begin`).
+A substep solver with several stages (Heun, RK4) evaluates an attention term more than once
+per step, and a stage may fall on the start time of the next step (Heun's second stage at
+:math:`t^k + \Delta t = t^{k+1}`): the :math:`j`-th evaluation of an operator at time
+:math:`t` within one call is entry :math:`(\text{operator}, t, j)`.  Every call of a decoder
+runs the same substeps in the same order, so the :math:`j`-th evaluation of every call is the
+same stage, and its keys continue the keys of that stage (causality: the earlier tokens'
+states at every stage do not depend on the new tokens).  A call that evaluates an operator a
+different number of times than the calls before (an adaptive solver) leaves entries of
+different lengths, and the next call is refused (:meth:`KVCache.begin`).
+
+**Rolling back** (speculative decoding, :mod:`opsplit.models.speculative`): :meth:`mark`
+remembers the cache as it is, :meth:`rollback` keeps the first ``n`` tokens after any number
+of calls since the mark, exactly as if the calls had appended only those tokens (tensor
+entries: a shorter length; sorted runs: an undo log of what the appends overwrote, then the
+kept keys appended again, :meth:`SlicedDecodeCache.rollback
+<opsplit.functional.sliced_runs.SlicedDecodeCache.rollback>`), and may turn kept tokens into
+padding (the rejected draft tokens of a batch row that accepted fewer than another).
 
 The cache costs :math:`O(n)` memory per layer and head (the keys and values of the
 :math:`n` tokens so far) and makes one decode step of softmax attention :math:`O(n\,d)`
@@ -82,27 +96,31 @@ class KVCache:
         self.sorted_runs = sorted_runs
         self._entries: dict = {}  # key -> [op, t, buffers, dim, length, max |tensors[0]| or None]
         self._states: dict = {}  # key -> [op, t, object with .length and .select(index)]
-        self._touched: set = set()
+        self._touched: dict = {}  # (id(op), t) -> evaluations in this call
         self._fed = 0  # tokens announced by begin()
-        self._use = None  # (weakref to the model, batch size, N_t, dtype, device) of the calls so far
+        self._use = None  # (weakref to the model, batch size, N_t, dtype, device, solve) of the calls so far
+        self._mark = None  # (length, {entry key: (length, key max)}, state keys) of mark()
 
-    def check_use(self, model, batch_size: int, n_steps: int, dtype, device) -> None:
+    def check_use(self, model, batch_size: int, n_steps: int, dtype, device, *, solve: str | None = None) -> None:
         """Validate a call of ``model`` that reads and extends the cache, before any compute:
         a cache holds the tokens of one batch of ``batch_size`` sequences of one model, solved
-        with one :math:`N_t` (``n_steps``: its entries belong to those step times) in one
+        with one :math:`N_t` (``n_steps``: its entries belong to those step times) and one
+        substep solver and scheme (``solve``: their names, ``None`` for the model's own) in one
         dtype and device.  The first call records them; a later call that differs is refused
-        with a ``ValueError`` naming the argument (``cache``, ``input_ids``, ``n_steps``).
-        :meth:`select` changes the batch size it expects."""
+        with a ``ValueError`` naming the argument (``cache``, ``input_ids``, ``n_steps``,
+        ``solver``).  :meth:`select` changes the batch size it expects."""
         for name, n in (("batch_size", batch_size), ("n_steps", n_steps)):
             if isinstance(n, bool) or not isinstance(n, int):
                 raise TypeError(f"KVCache.check_use: {name}: expected an int >= 1, got {n!r}")
             if n < 1:
                 raise ValueError(f"KVCache.check_use: {name}: expected an int >= 1, got {n}")
+        if solve is not None and not isinstance(solve, str):
+            raise TypeError(f"KVCache.check_use: solve: expected a str or None, got {type(solve).__name__}")
         use = self._use
-        if use is None or (not self._entries and self._fed == 0):
-            self._use = (weakref.ref(model), batch_size, n_steps, dtype, device)
+        if use is None or (not self._entries and not self._states and self._fed == 0):
+            self._use = (weakref.ref(model), batch_size, n_steps, dtype, device, solve)
             return
-        ref, b, n, dt, dev = use
+        ref, b, n, dt, dev, sv = use
         if ref() is not model:
             raise ValueError(f"cache: this KVCache holds the keys and values of another model; a cache serves one "
                              f"model ({type(model).__name__}): use a new KVCache")
@@ -113,9 +131,18 @@ class KVCache:
             raise ValueError(f"n_steps: the cache was filled solving with N_t = {n} steps, this call solves with "
                              f"N_t = {n_steps} (its keys and values belong to the other steps' times): use a new "
                              "KVCache")
+        if solve != sv:
+            raise ValueError(f"solver: the cache was filled solving with {sv or 'the model' + chr(39) + 's own solver and scheme'}, "
+                             f"this call solves with {solve or 'the model' + chr(39) + 's own solver and scheme'} (its keys and "
+                             "values belong to the other solve's stages): use a new KVCache")
         if (dtype, device) != (dt, dev):
             raise ValueError(f"cache: it holds {dt} keys and values on {dev}, the model now computes in {dtype} on "
                              f"{device}: use a new KVCache")
+
+    @property
+    def model(self):
+        """The model whose calls filled the cache (``None`` before the first call)."""
+        return None if self._use is None else self._use[0]()
 
     def __len__(self) -> int:
         return self.length
@@ -139,19 +166,28 @@ class KVCache:
         lengths = {e[4] for e in self._entries.values()} | {e[2].length for e in self._states.values()}
         if len(lengths) > 1:  # a call failed after some terms had appended its tokens (O(entries) per call)
             raise ValueError(f"cache: its entries hold {sorted(lengths)} tokens: an earlier call failed after some "
-                             "attention terms had appended its tokens and others had not; the cache cannot continue "
-                             "those sequences (use a new KVCache)")
-        self._touched = set()
+                             "attention terms had appended its tokens and others had not, or evaluated a term more "
+                             "or fewer times than the calls before (a solver whose stages vary: an adaptive one); "
+                             "the cache cannot continue those sequences (use a new KVCache)")
+        self._touched = {}
         self._fed += n_tokens
 
     @staticmethod
-    def _key(op, t) -> tuple:
+    def _base(op, t) -> tuple:
         if isinstance(t, bool) or not isinstance(t, (int, float, Tensor)) or isinstance(t, Tensor) and t.numel() != 1:
             raise TypeError(f"KVCache: t: expected a number (the step's start time), got {type(t).__name__}")
         return id(op), float(t)
 
+    def _key(self, op, t, last: bool = False) -> tuple:
+        """The entry of the next evaluation of ``op`` at ``t`` in this call (``last``: of the
+        latest one)."""
+        base = self._base(op, t)
+        j = self._touched.get(base, 0)
+        return (*base, max(0, j - 1) if last else j)
+
     def past(self, op, t) -> int:
-        """The number of tokens cached for ``op`` at step ``t`` (0 when none)."""
+        """The number of tokens cached for the next evaluation of ``op`` at step ``t`` in this
+        call (0 when none; module docstring: the stages of a solver)."""
         key = self._key(op, t)
         e = self._entries.get(key)
         if e is None:
@@ -160,18 +196,13 @@ class KVCache:
         return e[4]
 
     def has_state(self, op, t) -> bool:
-        """Whether ``op`` keeps an object of its own at step ``t`` (:meth:`state`)."""
+        """Whether the next evaluation of ``op`` at step ``t`` keeps an object of its own
+        (:meth:`state`)."""
         return self._key(op, t) in self._states
 
     def _touch(self, op, t) -> tuple:
         key = self._key(op, t)
-        if key in self._touched:
-            raise RuntimeError(
-                f"KVCache: {type(op).__name__} at t = {float(t):g} appended twice in one call (a scheme that runs "
-                "this substep twice at the same time in one call cannot be decoded with a cache; Strang's two "
-                "half steps run at different times and are cached apart)"
-            )
-        self._touched.add(key)
+        self._touched[key[:2]] = key[2] + 1
         return key
 
     def state(self, op, t, make):
@@ -235,9 +266,10 @@ class KVCache:
         return tuple(b.narrow(dim, 0, n + m) for b in bufs)
 
     def key_max(self, op, t) -> float | None:
-        """:math:`\\max|k|` over the cached keys (``tensors[0]``) of ``op`` at step ``t``, kept
-        by appends that gave ``key_max``; ``None`` when not kept (module docstring)."""
-        e = self._entries.get(self._key(op, t))
+        """:math:`\\max|k|` over the cached keys (``tensors[0]``) of the latest evaluation of
+        ``op`` at step ``t``, kept by appends that gave ``key_max``; ``None`` when not kept
+        (module docstring)."""
+        e = self._entries.get(self._key(op, t, last=True))
         return None if e is None else e[5]
 
     @staticmethod
@@ -282,6 +314,73 @@ class KVCache:
             st[2].select(rows)
         if self._use is not None:
             self._use = (self._use[0], int(rows.numel()), *self._use[2:])
+        self._mark = None  # the rows changed: nothing to roll back to
+
+    # -- rolling back ------------------------------------------------------------------------
+    def mark(self) -> None:
+        """Remember the cache as it is now, for :meth:`rollback` (module docstring).  A cache
+        holds at least one token when marked (the prompt); an earlier mark is replaced.
+        Appends under autograd are not rolled back: the mark is refused while an entry keeps
+        tensors that require grad."""
+        n = self.length
+        if n < 1:
+            raise ValueError("KVCache.mark: the cache is empty; mark it after its first call (the prompt)")
+        lengths = {e[4] for e in self._entries.values()} | {e[2].length for e in self._states.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"KVCache.mark: its entries hold {sorted(lengths)} tokens (an earlier call failed half "
+                             "way); use a new KVCache")
+        if any(b.requires_grad for e in self._entries.values() for b in e[2]):
+            raise RuntimeError("KVCache.mark: the cache holds tensors recorded by autograd; mark and roll back a "
+                               "cache filled under torch.no_grad()")
+        for st in self._states.values():
+            fn = getattr(st[2], "mark", None)
+            if fn is None:
+                raise TypeError(f"KVCache.mark: the state of {type(st[0]).__name__} at t = {st[1]:g} "
+                                f"({type(st[2]).__name__}) cannot be rolled back (it has no mark())")
+            fn()
+        self._mark = (n, {k: (e[4], e[5]) for k, e in self._entries.items()}, set(self._states))
+
+    def rollback(self, n_tokens: int, padding: Tensor | None = None) -> None:
+        """Keep the first ``n_tokens`` tokens (at least the marked length, at most
+        :attr:`length`), as if the calls since :meth:`mark` had appended only those; the mark
+        is used up.  ``padding``: ``(B, n_tokens)`` bool, ``True`` = padded, the padding of the
+        kept tokens — those cached since the mark may become padding (their key weights in the
+        sorted runs become 0; tensor entries keep them, and the calls that follow mask them
+        through their key-padding mask); the tokens before the mark keep theirs (checked).
+        Refused before anything changes: no mark, ``n_tokens`` out of range, entries made
+        since the mark, a ``padding`` of another shape or dtype."""
+        if self._mark is None:
+            raise ValueError("KVCache.rollback: no mark to roll back to (KVCache.mark before the calls to undo; a "
+                             "mark is used up by a rollback and dropped by select)")
+        n0, kept, states = self._mark
+        n = self.length
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not n0 <= n_tokens <= n:
+            raise ValueError(f"KVCache.rollback: n_tokens: expected an int in [{n0}, {n}] (the marked length and the "
+                             f"length now), got {n_tokens!r}")
+        if set(self._entries) - set(kept) or set(self._states) - states:
+            raise ValueError("KVCache.rollback: entries were made since the mark (another solve, or a first "
+                             "call after the mark); they cannot be rolled back")
+        if padding is not None:
+            B = self.batch_size()
+            if not isinstance(padding, Tensor) or padding.dtype != torch.bool or \
+                    tuple(padding.shape) != (B, n_tokens):
+                got = tuple(padding.shape) if isinstance(padding, Tensor) else type(padding).__name__
+                raise ValueError(f"KVCache.rollback: padding: expected a bool tensor (B, n_tokens) = ({B}, {n_tokens}) "
+                                 f"(True = padded), got {got}")
+        for st in self._states.values():
+            check = getattr(st[2], "check_rollback", None)
+            if check is not None:
+                check(n_tokens, padding)
+        for key, e in self._entries.items():
+            m0, kmax0 = kept[key]
+            bufs, dim = e[2], e[3]
+            if kmax0 is not None and n_tokens > m0:  # the maximum of the kept keys: exact, from the appended ones
+                kmax0 = _max(kmax0, float(bufs[0].narrow(dim, m0, n_tokens - m0).abs().amax()))
+            e[4], e[5] = n_tokens, kmax0
+        for st in self._states.values():
+            st[2].rollback(n_tokens, padding)
+        self._fed = n_tokens
+        self._mark = None
 
     def __repr__(self) -> str:
         return f"KVCache(entries={len(self._entries) + len(self._states)}, length={self.length})"

@@ -309,6 +309,35 @@ class _SortedRuns:
         if self.padding is not None:
             self.padding = self.padding.index_select(0, rows.to(self.padding.device))
 
+    def mark(self) -> None:
+        """Remember the runs and the padding for :meth:`rollback` (:meth:`KVCache.mark`)."""
+        self.runs.mark()
+        self._marked = (self.runs.length, self.padding)
+
+    def check_rollback(self, n: int, padding: Tensor | None) -> None:
+        """Refuse, before anything changes, a rollback whose ``padding`` changes the padding of
+        the tokens cached before the mark (their weights are in the runs)."""
+        n0, old = getattr(self, "_marked", (None, None))
+        if n0 is None or padding is None:
+            return
+        past = padding[:, :n0]
+        same = (not bool(past.any())) if old is None else torch.equal(past, old[:, :n0].to(past.device))
+        if not same:
+            raise ValueError("KVCache.rollback: padding: the padding of the tokens cached before the mark differs "
+                             "from the padding they were cached with (their key weights are in the sorted runs)")
+
+    def rollback(self, n: int, padding: Tensor | None) -> None:
+        """Keep the first ``n`` tokens; those cached since the mark that ``padding`` pads get
+        key weight 0 (:meth:`KVCache.rollback`)."""
+        n0, old = self._marked
+        keep = None if padding is None or not bool(padding[:, n0:n].any()) else ~padding[:, n0:n]
+        self.runs.rollback(n, keep)
+        if padding is not None:
+            self.padding = padding.clone() if bool(padding.any()) else None
+        elif self.padding is not None:
+            self.padding = self.padding[:, :n]
+        self._marked = (None, None)
+
     def key_weights(self, name: str, kpm: Tensor | None, zk: Tensor) -> Tensor | None:
         """The weights ``(B, 1, m)`` of the ``m`` new keys from the call's key-padding mask
         ``(B, past + m)`` (``True`` = padded; ``None``: no padding), after checking that it
