@@ -174,6 +174,27 @@ def test_generate_refuses_before_any_work(run, capsys):
         assert out == "" and match in err and err.count("\n") == 1, err
 
 
+def test_generate_speculatively(run, capsys):
+    """--draft-n-t: the same greedy text as the plain command, the acceptance on stderr; a
+    draft that is not cheaper, a bad --num-draft-tokens, drafts without a draft: exit 2."""
+    base = ["generate", str(run), "--prompt", "The ", "--n-t", "4", "--greedy", "--max-new-tokens", "12"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    for k in ("3", "auto"):
+        assert main([*base, "--draft-n-t", "2", "--num-draft-tokens", k]) == 0
+        out, err = capsys.readouterr()
+        assert out == plain and "speculative: drafts at N_t = 2" in err and "accepted" in err, err
+    for argv, match in ((["--draft-n-t", "4"], "--draft-n-t: the draft (N_t = 4) costs 8 term evaluations per "
+                         "character, the solve at --n-t 4 8: a draft must be cheaper"),
+                        (["--draft-n-t", "2", "--draft-solver", "rk4"], "--draft-n-t: the draft (N_t = 2, solver rk4)"),
+                        (["--draft-n-t", "0"], "--draft-n-t: expected an integer >= 1"),
+                        (["--draft-n-t", "2", "--num-draft-tokens", "0"], "--num-draft-tokens: expected an integer >= 1"),
+                        (["--num-draft-tokens", "3"], "--num-draft-tokens: drafts are made only with --draft-n-t")):
+        assert main([*base, *argv]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and match in err and err.count("\n") == 1, err
+
+
 # -- the command's rough edges ---------------------------------------------------------------------
 def test_progress_in_bits_and_absolute_out(shown):
     """The progress bar shows the training loss in bits per character, as the report does

@@ -11,7 +11,13 @@ against the model's learned positions, and the size and cost guard (``--n-t 1000
 the controls of every step and the key/value cache exceed the memory; ``--force``).  Then
 the checkpoint is loaded (refused if its weights hold NaN/inf) and the logits at the prompt
 must be finite.  Every run keeps a key/value cache (softmax and sliced attention).  The text
-goes to stdout, one line about the run to stderr."""
+goes to stdout, one line about the run to stderr.
+
+``--draft-n-t`` / ``--draft-solver`` decode speculatively (:mod:`opsplit.models.speculative`):
+a cheaper solve of the same model drafts ``--num-draft-tokens`` characters (an integer >= 1 or
+``auto``) that the solve at ``--n-t`` verifies — the same text greedily, the same distribution
+when sampling; a draft that is not cheaper than ``--n-t`` is refused before the model loads,
+and the line on stderr gives the acceptance rate."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ examples:
   opsplit generate runs/text --prompt "The " --n-t 8
   opsplit generate runs/text --prompt "def " --n-t 2 --max-new-tokens 100 --seed 3
   opsplit generate runs/text --greedy         # the most likely character at every step
+  opsplit generate runs/text --greedy --draft-n-t 2 --num-draft-tokens auto   # speculative
 """
 SCHEMA = None
 
@@ -36,6 +43,12 @@ def add_arguments(p):
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the run's)")
     p.add_argument("--seed", type=int, help="seed of the sampling (default: the run's generate.seed)")
     p.add_argument("--greedy", action="store_true", help="take the most likely character (no sampling)")
+    p.add_argument("--draft-n-t", type=int, dest="draft_n_t", metavar="N",
+                   help="decode speculatively: draft with the model solved at N_t = N (fewer steps than --n-t)")
+    p.add_argument("--draft-solver", choices=("euler", "heun", "rk4"), dest="draft_solver",
+                   help="the draft's substep solver (default: the model's own)")
+    p.add_argument("--num-draft-tokens", dest="num_draft_tokens", metavar="K",
+                   help="draft characters per round: an integer >= 1, or auto (default) to follow the acceptance rate")
     p.add_argument("--force", action="store_true", help="run even when the estimated memory or time exceeds the "
                    "machine's memory or an hour (opsplit.cli.budget)")
 
@@ -56,6 +69,15 @@ def _check_flags(a) -> None:
         raise ConfigError(f"--seed: expected a seed from 0 to {MAX_SEED}, got {a.seed}")
     if a.prompt is not None and a.prompt == "":
         raise ConfigError("--prompt: expected at least one character, got an empty prompt")
+    draft = getattr(a, "draft_n_t", None) is not None or getattr(a, "draft_solver", None) is not None
+    if getattr(a, "draft_n_t", None) is not None and a.draft_n_t < 1:
+        raise ConfigError(f"--draft-n-t: expected an integer >= 1 (the draft's N_t), got {a.draft_n_t}")
+    k = getattr(a, "num_draft_tokens", None)
+    if k is not None:
+        if not draft:
+            raise ConfigError("--num-draft-tokens: drafts are made only with --draft-n-t or --draft-solver")
+        if k != "auto" and not (k.isdigit() and int(k) >= 1):
+            raise ConfigError(f"--num-draft-tokens: expected an integer >= 1 or auto, got {k!r}")
 
 
 def run_generate(a) -> str:
@@ -89,6 +111,17 @@ def run_generate(a) -> str:
           a.force)
     seed = a.seed if a.seed is not None else g["seed"]
     temperature = a.temperature if a.temperature is not None else g["temperature"]
+    draft = None
+    if a.draft_n_t is not None or a.draft_solver is not None:
+        from ..models.speculative import DraftSolve
+        from .train_text import build_model
+
+        draft = DraftSolve(n_steps=a.draft_n_t, solver=a.draft_solver)
+        shell = build_model(m, vocab.size)  # the solve's cost, before the weights are read
+        cost, dcost = shell.solve_cost(n_t), shell.solve_cost(draft.n_steps, draft.solver)
+        if dcost >= cost:
+            raise ConfigError(f"--draft-n-t: the draft ({draft.describe()}) costs {dcost} term evaluations per "
+                              f"character, the solve at --n-t {n_t} {cost}: a draft must be cheaper")
     model = load_model(cfg, vocab, ckpt).eval()
     try:
         with torch.no_grad():
@@ -100,10 +133,22 @@ def run_generate(a) -> str:
         raise ConfigError(f"folder: the model of {str(ckpt)!r} gives non-finite logits at the prompt at N_t = {n_t} "
                           f"(its weights are finite: the solve overflows); expected another --n-t or checkpoint")
     t0 = time.perf_counter()
-    out = model.generate(ids, k, do_sample=not a.greedy, temperature=temperature,
-                         generator=torch.Generator().manual_seed(seed), use_cache=True, n_steps=n_t)
+    spec = ""
+    if draft is not None:
+        from ..models.speculative import speculative_generate
+
+        nk = a.num_draft_tokens or "auto"
+        res = speculative_generate(model, ids, k, draft=draft, num_draft_tokens=nk if nk == "auto" else int(nk),
+                                   do_sample=not a.greedy, temperature=temperature,
+                                   generator=torch.Generator().manual_seed(seed), n_steps=n_t)
+        out = res.sequences
+        spec = (f", speculative: drafts at {draft.describe()}, {sum(res.accepted)} of {sum(res.drafted)} accepted "
+                f"({100 * res.acceptance_rate:.0f} %) in {res.rounds} rounds")
+    else:
+        out = model.generate(ids, k, do_sample=not a.greedy, temperature=temperature,
+                             generator=torch.Generator().manual_seed(seed), use_cache=True, n_steps=n_t)
     dt = time.perf_counter() - t0
-    how = "greedy" if a.greedy else f"sampled, temperature {temperature:g}, seed {seed}"
+    how = ("greedy" if a.greedy else f"sampled, temperature {temperature:g}, seed {seed}") + spec
     print(f"opsplit generate: {k} characters at N_t = {n_t} (dt = {m['layers'] / n_t:g}; trained at N_t in "
           f"{cfg['train']['n_steps']}), {how}, {m['attention']} attention with a key/value cache, {dt:.2f} s",
           file=sys.stderr)
