@@ -152,7 +152,7 @@ def test_the_scan_reads_real_imports():
         for p in MODULES
         for _, target, _ in opsplit_imports(p.read_text(), _module_name(p), p.name == "__init__.py")
     }
-    assert ("opsplit.solvers.catch_up", "opsplit.operators") in edges  # inside a function
+    assert ("opsplit.solvers.catch_up", "opsplit.operators") in edges
     assert ("opsplit.propagator", "opsplit.schemes.base") in edges or any(
         m == "opsplit.propagator" and t.startswith("opsplit.schemes") for m, t in edges
     )
@@ -174,3 +174,104 @@ def test_relaxation_lives_with_the_schemes():
         opsplit.operators.Relaxation  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'Nonexistent'"):
         opsplit.operators.Nonexistent  # noqa: B018
+
+
+# -- import circles (issue 43) ------------------------------------------------------------------
+#: circles among the package's modules that are being removed (issue 43: the CLI's modules and
+#: the schemes' composition/nested pair are restructured by other work); the lead empties this
+#: list.  A circle found by the scan must lie inside one of these; any other is a new circle.
+KNOWN_CIRCLES = [
+    {"opsplit.schemes.composition", "opsplit.schemes.nested"},  # being removed
+    {"opsplit.cli.compare", "opsplit.cli.solve"},  # being removed
+    {"opsplit.cli.findings", "opsplit.cli.output", "opsplit.cli.page"},  # being removed
+    {"opsplit.cli.train", "opsplit.cli.train_burgers", "opsplit.cli.train_text"},  # being removed
+    {"opsplit.cli.convert", "opsplit.cli.convert_decoders"},  # being removed
+    # new with speculative decoding (generate imports speculative inside generate(), speculative
+    # imports generate's helpers): to be broken by moving those helpers down into a module both import
+    {"opsplit.models.generate", "opsplit.models.speculative"},
+]
+
+
+def import_graph(modules: dict) -> dict:
+    """``{module: {modules it imports}}`` for ``{module: (source, is_package)}``: every import
+    of :func:`opsplit_imports` (module level, inside functions, under ``TYPE_CHECKING``), an
+    imported name that is a submodule (``from . import euler``) an edge to that submodule,
+    else to the module named (a package: its ``__init__``); self-edges dropped."""
+    graph = {}
+    for module, (source, is_package) in modules.items():
+        out = set()
+        for _, target, names in opsplit_imports(source, module, is_package):
+            for t in [f"{target}.{n}" if f"{target}.{n}" in modules else target for n in names] or [target]:
+                while t not in modules and "." in t:
+                    t = t.rpartition(".")[0]
+                if t in modules and t != module:
+                    out.add(t)
+        graph[module] = out
+    return graph
+
+
+def import_circles(graph: dict) -> list[set]:
+    """The circles of ``graph``: its strongly connected components of two or more modules
+    (Tarjan's algorithm)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _package_modules() -> dict:
+    return {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in MODULES}
+
+
+def test_no_new_import_circle():
+    """No circle among the package's modules (module-level and function-level imports alike)
+    but those of :data:`KNOWN_CIRCLES`: a circle is broken by moving what both sides need
+    down into a module both import, not by moving an import into a function."""
+    new = [sorted(c) for c in import_circles(import_graph(_package_modules()))
+           if not any(c <= known for known in KNOWN_CIRCLES)]
+    assert new == [], "new import circles (move what both sides need downwards):\n" + "\n".join(map(str, new))
+
+
+def test_the_circle_scan_finds_circles_through_functions_and_submodules():
+    # a function-level import closes a circle as well as a module-level one
+    mods = {
+        "opsplit.solvers": ("from .base import Solver\n", True),
+        "opsplit.solvers.base": ("def solver_for():\n    from .euler import ExplicitEuler\n", False),
+        "opsplit.solvers.euler": ("from .base import Solver\n", False),
+        "opsplit.solvers.heun": ("from . import euler\n", False),
+        "opsplit.grid": ("import opsplit.solvers.heun\n", False),
+    }
+    graph = import_graph(mods)
+    assert graph["opsplit.solvers.heun"] == {"opsplit.solvers.euler"}  # a submodule, not the package
+    assert graph["opsplit.grid"] == {"opsplit.solvers.heun"}
+    assert import_circles(graph) == [{"opsplit.solvers.base", "opsplit.solvers.euler"}]
+    # through the package's __init__: a module importing its own package closes a circle
+    mods["opsplit.solvers.euler"] = ("from opsplit.solvers import Solver\n", False)
+    assert import_circles(import_graph(mods)) == [{"opsplit.solvers", "opsplit.solvers.base", "opsplit.solvers.euler"}]
+    # and the real package is read: known downward edges are there
+    real = import_graph(_package_modules())
+    assert "opsplit.solvers.solver" in real["opsplit.solvers.euler"]
+    assert "opsplit.operators" in real["opsplit.solvers.catch_up"]
