@@ -49,6 +49,7 @@ from .._checks import (
     check_like_module,
     check_parameters_finite,
     check_positive_int,
+    check_probability,
 )
 from ..controls import Constant, LayerwiseConstant
 from ..grid import ImageGrid
@@ -68,6 +69,7 @@ from ..operators import (
     StateDropout,
 )
 from ..operators._guard import check_output
+from ..operators._linear import fan_in_uniform_
 from ..propagator import Propagator
 from ..schemes import Hybrid, Lie, Stage, Stages
 from ..solvers import Exact, ExplicitEuler, Substep
@@ -92,15 +94,6 @@ def _grid_keeping_sizes(k: int, s: int, p: int):
         return None if 2 * p == k - 1 else ()
     top = max(0, (2 * p - k + s) // (s - 1))
     return tuple(n for n in range(1, top + 1) if n + 2 * p >= k and (n + 2 * p - k) // s + 1 == n)
-
-
-def _rate(p, name: str) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"{name}: expected a probability (float), got {type(p).__name__}")
-    p = float(p)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{name}: expected 0 <= p < 1, got {p}")
-    return p
 
 
 @dataclass
@@ -161,7 +154,7 @@ class CvtStageSpec:
                 "added to the state on its grid"
             )
         for name in ("drop_rate", "attention_drop_rate", "drop_path_rate"):
-            setattr(self, name, _rate(getattr(self, name), f"CvtStageSpec.{name}"))
+            setattr(self, name, check_probability(getattr(self, name), f"CvtStageSpec.{name}"))
 
 
 class CvtReadout(nn.Module):
@@ -195,10 +188,7 @@ class CvtReadout(nn.Module):
         self.norm.weight.value.fill_(1.0)
         self.norm.bias.value.zero_()
         if self.weight is not None:
-            bound = 1.0 / math.sqrt(self.n_y)
-            nn.init.uniform_(self.weight, -bound, bound)
-            if self.bias is not None:
-                nn.init.uniform_(self.bias, -bound, bound)
+            fan_in_uniform_(self.n_y, self.weight, self.bias)
 
     def forward(self, u: Tensor, grid: ImageGrid) -> Tensor:
         check_parameters_finite(self, "CvtReadout")

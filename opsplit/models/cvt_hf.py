@@ -25,7 +25,6 @@ from .hf import (
     _check_layer_norm,
     _check_linear,
     _dropout_p,
-    _is_hf,
     _need_hf,
     _one_dtype_device,
     _register_hf_exporter,
@@ -361,10 +360,7 @@ def cvt_from_hf(model) -> CvT:
     that differ within a stage, channel mismatches between stages; at the forward, image
     sizes that some stencil does not fit.
     """
-    if type(model).__name__ not in ("CvtModel", "CvtForImageClassification") or not _is_hf(
-            model, "CvtModel", "CvtForImageClassification"):
-        raise TypeError(f"cvt_from_hf: expected transformers' CvtModel or CvtForImageClassification, got "
-                        f"{type(model).__name__}")
+    _need_hf(model, "cvt_from_hf: model", "CvtModel", "CvtForImageClassification")
     return _cvt_from_hf(model)
 
 

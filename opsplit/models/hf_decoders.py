@@ -55,16 +55,8 @@ from ..operators import FieldDropout, ProjectionSphere, RotaryEmbedding
 from ..schemes import Lie
 from ..solvers import ExplicitEuler
 from .decoder_lm import DecoderConfig, DecoderLM
-from .hf import (
-    _check_layer_norm,
-    _check_linear,
-    _dropout_p,
-    _is_hf,
-    _need_hf,
-    _one_dtype_device,
-    register_hf_converter,
-)
-from .vit import _hf_act
+from .hf import _check_layer_norm, register_hf_converter
+from .vit import _check_linear, _dropout_p, _hf_act, _is_hf, _need_hf, _one_dtype_device
 
 __all__ = ["decoder_from_hf", "to_hf", "hf_state_dict", "HF_DECODER_CLASSES", "HFRotaryEmbedding"]
 

@@ -54,7 +54,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_finite, check_positive_float, check_positive_int, skip_value_checks
+from .._checks import (
+    check_finite,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+    skip_value_checks,
+)
 from ..controls import PiecewiseConstant
 from ..grid import Grid
 from ..operators import (
@@ -73,15 +79,6 @@ from ..schemes import Lie
 from ..solvers import Exact, ExplicitEuler, Implicit, Substep
 
 __all__ = ["TorchEncoder", "TorchDecoder", "LayerConfig", "encoder_layer_scheme", "decoder_layer_scheme"]
-
-
-def _check_p(p, name: str) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"{name}: expected a probability (float), got {type(p).__name__}")
-    p = float(p)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{name}: expected 0 <= p < 1, got {p}")
-    return p
 
 
 def _check_bool(v, name: str) -> bool:
@@ -173,11 +170,11 @@ class LayerConfig:
                 )
             self.head_dim = self.d_model // self.nhead
         self.head_dim = check_positive_int(self.head_dim, "head_dim")
-        self.dropout = _check_p(self.dropout, "dropout")
-        self.attention_dropout = _check_p(
+        self.dropout = check_probability(self.dropout, "dropout")
+        self.attention_dropout = check_probability(
             self.dropout if self.attention_dropout is None else self.attention_dropout, "attention_dropout"
         )
-        self.activation_dropout = _check_p(
+        self.activation_dropout = check_probability(
             self.dropout if self.activation_dropout is None else self.activation_dropout, "activation_dropout"
         )
         activation_fn(self.activation)
@@ -247,9 +244,44 @@ class LayerConfig:
 
 
 class _TorchExact(Propagator):
-    """Shared input handling of the torch-exact models (layouts, masks, checks)."""
+    """Shared construction (torch's layer arguments, plus opsplit's) and input handling of
+    the torch-exact models (layouts, masks, checks); a subclass builds its scheme from the
+    :class:`LayerConfig` (``_build``)."""
 
-    def _init(self, scheme, cfg: LayerConfig, norms):
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        *,
+        num_layers: int = 1,
+        final_norm: bool = False,
+        head_dim: int | None = None,
+        qkv_bias: bool | None = None,
+        fused_norm: bool = True,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
+        norm_affine: bool = True,
+        norm_bias: bool | None = None,
+        final_norm_affine: bool | None = None,
+        final_norm_bias: bool | None = None,
+        device=None,
+        dtype=None,
+    ):
+        cfg = LayerConfig(
+            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
+            num_layers=num_layers, head_dim=head_dim, qkv_bias=qkv_bias, fused_norm=fused_norm,
+            final_norm=final_norm, device=device, dtype=dtype, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, norm_affine=norm_affine, norm_bias=norm_bias,
+            final_norm_affine=final_norm_affine, final_norm_bias=final_norm_bias,
+        )
+        scheme, norms, parts = self._build(cfg)
         super().__init__(scheme, cfg.num_layers, t0=0.0, t1=float(cfg.num_layers),
                          grid=Grid.paper(None, cfg.d_model, nh=cfg.nhead))
         self.config = cfg
@@ -264,6 +296,12 @@ class _TorchExact(Propagator):
         fn = cfg.layer_norm(stacked=False) if cfg.final_norm else None
         self.final_norm = nn.ModuleList(fn) if isinstance(fn, list) else fn
         self.check_finite_input = True
+        self._parts.update(parts)
+        self.reset_parameters()
+
+    def _build(self, cfg: LayerConfig) -> tuple:  # pragma: no cover - abstract
+        """``(scheme, norms, named operators)`` of one layer built from ``cfg``."""
+        raise NotImplementedError
 
     @staticmethod
     def _affine_of(norm) -> PointwiseAffine | None:
@@ -451,46 +489,12 @@ class TorchEncoder(_TorchExact):
     with another :math:`N_t`.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        nhead: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: str = "relu",
-        layer_norm_eps: float = 1e-5,
-        batch_first: bool = False,
-        norm_first: bool = False,
-        bias: bool = True,
-        *,
-        num_layers: int = 1,
-        final_norm: bool = False,
-        head_dim: int | None = None,
-        qkv_bias: bool | None = None,
-        fused_norm: bool = True,
-        attention_dropout: float | None = None,
-        activation_dropout: float | None = None,
-        norm_affine: bool = True,
-        norm_bias: bool | None = None,
-        final_norm_affine: bool | None = None,
-        final_norm_bias: bool | None = None,
-        device=None,
-        dtype=None,
-    ):
-        cfg = LayerConfig(
-            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
-            num_layers=num_layers, head_dim=head_dim, qkv_bias=qkv_bias, fused_norm=fused_norm,
-            final_norm=final_norm, device=device, dtype=dtype, attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout, norm_affine=norm_affine, norm_bias=norm_bias,
-            final_norm_affine=final_norm_affine, final_norm_bias=final_norm_bias,
-        )
+    def _build(self, cfg: LayerConfig) -> tuple:
         attention = cfg.attention(attn_mask="src_mask", key_padding_mask="src_key_padding_mask")
         ffn = cfg.ffn()
         norm1, norm2 = cfg.layer_norm(), cfg.layer_norm()
         scheme = encoder_layer_scheme(attention, ffn, norm1, norm2, norm_first=cfg.norm_first, dropout=cfg.dropout)
-        self._init(scheme, cfg, (norm1, norm2))
-        self._parts.update(attention=attention, ffn=ffn)
-        self.reset_parameters()
+        return scheme, (norm1, norm2), {"attention": attention, "ffn": ffn}
 
     @property
     def attention(self) -> MultiHeadAttention:
@@ -523,39 +527,7 @@ class TorchDecoder(_TorchExact):
     tgt_is_causal=None, memory_is_causal=False)`` as torch's module.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        nhead: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: str = "relu",
-        layer_norm_eps: float = 1e-5,
-        batch_first: bool = False,
-        norm_first: bool = False,
-        bias: bool = True,
-        *,
-        num_layers: int = 1,
-        final_norm: bool = False,
-        head_dim: int | None = None,
-        qkv_bias: bool | None = None,
-        fused_norm: bool = True,
-        attention_dropout: float | None = None,
-        activation_dropout: float | None = None,
-        norm_affine: bool = True,
-        norm_bias: bool | None = None,
-        final_norm_affine: bool | None = None,
-        final_norm_bias: bool | None = None,
-        device=None,
-        dtype=None,
-    ):
-        cfg = LayerConfig(
-            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
-            num_layers=num_layers, head_dim=head_dim, qkv_bias=qkv_bias, fused_norm=fused_norm,
-            final_norm=final_norm, device=device, dtype=dtype, attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout, norm_affine=norm_affine, norm_bias=norm_bias,
-            final_norm_affine=final_norm_affine, final_norm_bias=final_norm_bias,
-        )
+    def _build(self, cfg: LayerConfig) -> tuple:
         self_attention = cfg.attention(attn_mask="tgt_mask", key_padding_mask="tgt_key_padding_mask")
         cross_attention = cfg.attention(
             memory="memory", attn_mask="memory_mask", key_padding_mask="memory_key_padding_mask"
@@ -564,9 +536,7 @@ class TorchDecoder(_TorchExact):
         norms = (cfg.layer_norm(), cfg.layer_norm(), cfg.layer_norm())
         scheme = decoder_layer_scheme(self_attention, cross_attention, ffn, *norms, norm_first=cfg.norm_first,
                                       dropout=cfg.dropout)
-        self._init(scheme, cfg, norms)
-        self._parts.update(self_attention=self_attention, cross_attention=cross_attention, ffn=ffn)
-        self.reset_parameters()
+        return scheme, norms, {"self_attention": self_attention, "cross_attention": cross_attention, "ffn": ffn}
 
     @property
     def self_attention(self) -> MultiHeadAttention:

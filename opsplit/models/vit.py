@@ -30,7 +30,6 @@ layers in one parameter).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +44,7 @@ from .._checks import (
     check_tensor,
 )
 from ..operators._guard import check_output, checked_call
+from ..operators._linear import fan_in_uniform_
 from ..operators.activation import activation_fn
 from .hf import (
     _check_layer_norm,
@@ -107,10 +107,7 @@ class PatchEmbedding(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        bound = 1.0 / math.sqrt(self.weight.shape[0])
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
+        fan_in_uniform_(self.weight.shape[0], self.weight, self.bias)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         nn.init.trunc_normal_(self.position, std=0.02)
 
@@ -191,10 +188,7 @@ class ClassTokenReadout(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        bound = 1.0 / math.sqrt(self.weight.shape[0])
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
+        fan_in_uniform_(self.weight.shape[0], self.weight, self.bias)
 
     def forward(self, u: Tensor) -> Tensor:
         """``u`` of shape ``(B, N, N_y)``: reads the class token ``u[:, 0]``."""

@@ -17,11 +17,24 @@ parameter directly.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["linear_y", "side_by_side"]
+__all__ = ["linear_y", "side_by_side", "fan_in_uniform_"]
+
+
+@torch.no_grad()
+def fan_in_uniform_(fan_in: int, *tensors) -> None:
+    """``nn.Linear``'s and ``nn.Conv2d``'s default initialisation of a weight and its bias:
+    each of ``tensors`` (``None`` skipped), in order, uniform in
+    :math:`\\pm 1/\\sqrt{\\text{fan\\_in}}`."""
+    bound = 1.0 / math.sqrt(fan_in)
+    for t in tensors:
+        if t is not None:
+            nn.init.uniform_(t, -bound, bound)
 
 
 def linear_y(x: Tensor, W: Tensor, b: Tensor | None, grid) -> Tensor:

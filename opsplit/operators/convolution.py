@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from ..controls import Control, as_control
 from ..grid import Grid, ImageGrid
+from ._linear import fan_in_uniform_
 from .base import Operator
 
 __all__ = ["ContinuousKernel", "Convolution2d", "convolve", "image_grid_of", "kernel_shape"]
@@ -268,12 +269,8 @@ class Convolution2d(Operator):
         """``nn.Conv2d``'s default initialisation for trainable discrete weights."""
         w = getattr(self.weight, "value", None)
         if isinstance(w, nn.Parameter):
-            fan_in = w.shape[1] * w.shape[2] * w.shape[3]
-            bound = 1.0 / math.sqrt(fan_in)
-            nn.init.uniform_(w, -bound, bound)
             b = None if self.bias is None else getattr(self.bias, "value", None)
-            if isinstance(b, nn.Parameter):
-                nn.init.uniform_(b, -bound, bound)
+            fan_in_uniform_(w.shape[1] * w.shape[2] * w.shape[3], w, b if isinstance(b, nn.Parameter) else None)
 
     def check(self, grid: Grid) -> None:
         g = image_grid_of(grid, "Convolution2d")

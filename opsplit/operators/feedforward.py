@@ -25,16 +25,14 @@ when they are equal; the two integrals are two GEMMs (``F.linear``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._checks import check_dtype_arg, check_positive_int, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid, Interval
-from ._linear import linear_y
+from ._linear import fan_in_uniform_, linear_y
 from .activation import Activation, activation_fn
 from .base import Operator
 
@@ -138,10 +136,7 @@ class FeedForward(Operator):
         """``nn.Linear``'s default initialisation, for trainable (piecewise-constant) kernels."""
         for W, b in ((self.W1, self.b1), (self.W2, self.b2)):
             if isinstance(W, PiecewiseConstant):
-                bound = 1.0 / math.sqrt(W.shape[0])
-                nn.init.uniform_(W.raw, -bound, bound)
-                if isinstance(b, PiecewiseConstant):
-                    nn.init.uniform_(b.raw, -bound, bound)
+                fan_in_uniform_(W.shape[0], W.raw, b.raw if isinstance(b, PiecewiseConstant) else None)
 
     @property
     def n_hidden(self) -> int | None:

@@ -29,13 +29,13 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._checks import check_positive_int
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
 from ._fused import frozen_output
-from ._linear import linear_y, side_by_side
+from ._linear import fan_in_uniform_, linear_y, side_by_side
 from .activation import activation_fn
 from .feedforward import FeedForward, _shape
 
@@ -91,10 +91,8 @@ class GatedFeedForward(FeedForward):
         """``nn.Linear``'s default initialisation of trainable (piecewise-constant) kernels."""
         super().reset_parameters()
         if isinstance(self.W_up, PiecewiseConstant):
-            bound = 1.0 / math.sqrt(self.W_up.shape[0])
-            nn.init.uniform_(self.W_up.raw, -bound, bound)
-            if isinstance(self.b_up, PiecewiseConstant):
-                nn.init.uniform_(self.b_up.raw, -bound, bound)
+            b = self.b_up.raw if isinstance(self.b_up, PiecewiseConstant) else None
+            fan_in_uniform_(self.W_up.shape[0], self.W_up.raw, b)
 
     def check(self, grid: Grid) -> None:
         super().check(grid)
