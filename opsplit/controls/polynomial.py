@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .base import Control
+from .basis import _SpatialSeries
 from .time_basis import basis_matrix
 
 __all__ = ["PolynomialSeries"]
@@ -30,7 +31,7 @@ def polynomial_basis(itv, n_modes: int, kind: str, dtype, device) -> Tensor:
     return basis_matrix(kind, s, n_modes).to(dtype=dtype, device=device)
 
 
-class PolynomialSeries(Control):
+class PolynomialSeries(_SpatialSeries):
     """A control given by Legendre/Chebyshev coefficients over its spatial ``axes``.
 
     Args:
@@ -42,42 +43,15 @@ class PolynomialSeries(Control):
     """
 
     def __init__(self, coefficients: Control, axes=("y", "y"), basis: str = "legendre"):
-        super().__init__(axes)
-        if not isinstance(coefficients, Control):
-            raise TypeError(
-                f"PolynomialSeries.coefficients: expected a Control, got {type(coefficients).__name__}"
-            )
-        if len(self.axes) not in (1, 2):
-            raise ValueError(f"PolynomialSeries: expected 1 or 2 axes, got {self.axes!r}")
+        super().__init__(coefficients, axes)
         if basis not in ("legendre", "chebyshev"):
             raise ValueError(
                 f"PolynomialSeries.basis: expected 'legendre' or 'chebyshev', got {basis!r}"
             )
         self.basis = basis
-        self.coefficients = coefficients
 
-    def forward(self, t, grid=None) -> Tensor:
-        if grid is None:
-            raise ValueError("PolynomialSeries: a grid is needed to evaluate a continuous control")
-        c = self.coefficients(t)
-        d = len(self.axes)
-        if c.dim() < d:
-            raise ValueError(
-                f"PolynomialSeries: coefficients of shape {tuple(c.shape)} for {d} axes"
-            )
-        mats = []
-        for k, axis in enumerate(self.axes):
-            itv = getattr(grid, axis)
-            if itv is None or not itv.is_complete:
-                raise ValueError(
-                    f"PolynomialSeries: the grid needs a complete Omega_{axis} interval"
-                )
-            mats.append(
-                polynomial_basis(itv, c.shape[c.dim() - d + k], self.basis, c.dtype, c.device)
-            )
-        if d == 1:
-            return c @ mats[0].T
-        return mats[0] @ c @ mats[1].T
+    def _basis(self, itv, n_modes: int, dtype, device) -> Tensor:
+        return polynomial_basis(itv, n_modes, self.basis, dtype, device)
 
     def extra_repr(self) -> str:
         return f"axes={self.axes}, basis={self.basis!r}"

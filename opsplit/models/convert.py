@@ -53,6 +53,7 @@ from ..operators import MultiHeadAttention
 from ..operators.activation import activation_fn
 from ..schemes import Lie
 from ..solvers import ExplicitEuler
+from .hf import _one_dtype_device
 from .torch_exact import TorchDecoder, TorchEncoder
 
 __all__ = ["from_torch", "to_torch", "torch_state_dict", "load_torch_state_dict"]
@@ -563,13 +564,7 @@ def from_torch(module: nn.Module, *, strict: bool = True, fused_norm: bool = Tru
             raise ValueError(f"{where}: layer {n} differs from layer 0 in {diff}; a stack must share one configuration")
     cfg = configs[0]
     final = _final_norm(final, cfg["d_model"], where, strict)
-    kinds = {(p.dtype, p.device) for p in module.parameters()}
-    if len(kinds) != 1:
-        raise ValueError(f"from_torch: {where}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
-                         "move the module with .to(dtype, device) first")
-    dtype, device = kinds.pop()
-    if not dtype.is_floating_point:
-        raise TypeError(f"from_torch: {where}: expected floating-point parameters, got {dtype}")
+    dtype, device = _one_dtype_device(module, f"from_torch: {where}")
     kind = "stack" if source in ("TransformerEncoder", "TransformerDecoder") else "layer"
     state = _torch_state(layers, decoder, final, kind == "stack")
     _stacked_requires_grad(state, where)

@@ -205,7 +205,7 @@ def _hf_parts(model) -> dict:
             _check_linear(head, f"{cls}.classifier", c, bias=None)
         else:
             _need_hf(head, f"{cls}.classifier", nn.Identity)
-    dtype, device = _one_dtype_device(model, cls)
+    dtype, device = _one_dtype_device(model, f"from_hf: {cls}")
     return dict(specs=specs, parts=parts, head=head, ln=ln, ro_eps=ro_eps, cfg=cfg, cls=cls,
                 fk={"dtype": dtype, "device": device})
 

@@ -171,15 +171,16 @@ def _dropout_p(m, where: str) -> float:
     return float(m.p)
 
 
-def _one_dtype_device(model, cls: str):
-    """The one (floating) dtype and device of a model's parameters and floating buffers; a
-    ``ValueError`` / ``TypeError`` naming the model otherwise."""
-    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+def _one_dtype_device(module, name: str):
+    """The one floating dtype and device of ``module``'s parameters and floating buffers (a
+    model to convert: ``from_hf``'s, ``from_torch``'s); a ``ValueError`` (several) or
+    ``TypeError`` (not floating) naming ``name``."""
+    tensors = list(module.parameters()) + [b for b in module.buffers() if b.is_floating_point()]
     kinds = {(t.dtype, t.device) for t in tensors}
     if len(kinds) != 1:
-        raise ValueError(f"from_hf: {cls}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
-                         "move the model with .to(dtype, device) first")
+        raise ValueError(f"{name}: parameters on several dtypes/devices {sorted(map(str, kinds))}; "
+                         "move it with .to(dtype, device) first")
     dtype, device = kinds.pop()
     if not dtype.is_floating_point:
-        raise TypeError(f"from_hf: {cls}: expected floating-point parameters, got {dtype}")
+        raise TypeError(f"{name}: expected floating-point parameters, got {dtype}")
     return dtype, device

@@ -534,7 +534,7 @@ def _decoder_from_hf(model) -> DecoderLM:
         raise ValueError(f"from_hf: {cls}: {meta[0]} (and {len(meta) - 1} more) on the meta device hold no values to "
                          "convert; materialise the model first (model.to_empty(device=...) and load its weights)")
     parts = _gpt2_parts(model) if cls in GPT2_CLASSES else _llama_parts(model)
-    dtype, device = _one_dtype_device(model, cls)
+    dtype, device = _one_dtype_device(model, f"from_hf: {cls}")
     config = parts["config"]
     out = DecoderLM(config, device=device, dtype=dtype)
     if parts.get("frequency_dtype") is not None:  # the rotary frequencies as the half-precision buffer holds them

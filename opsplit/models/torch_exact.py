@@ -243,6 +243,15 @@ class LayerConfig:
         return PointwiseAffine(w, b, projection=P)
 
 
+def _check_mask_kind(mask, name: str, true_means: str, float_means: str) -> None:
+    """A torch mask is a bool tensor (``true_means``) or a float one (``float_means``)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"{name}: expected a bool mask ({true_means}) or a float mask{float_means}, got dtype "
+                        f"{mask.dtype}")
+
+
 class _TorchExact(Propagator):
     """Shared construction (torch's layer arguments, plus opsplit's) and input handling of
     the torch-exact models (layouts, masks, checks); a subclass builds its scheme from the
@@ -402,13 +411,7 @@ class _TorchExact(Propagator):
             if causal:
                 return torch.ones(Nq, Nk, dtype=torch.bool, device=device).triu_(1)
             return None
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(mask).__name__}")
-        if mask.dtype != torch.bool and not mask.is_floating_point():
-            raise TypeError(
-                f"{name}: expected a bool mask (True = not attended) or a float mask (added to the "
-                f"scores), got dtype {mask.dtype}"
-            )
+        _check_mask_kind(mask, name, "True = not attended", " (added to the scores)")
         check_attn_mask(mask, name, B, self.nhead, Nq, Nk)
         self._check_mask_values(mask, name)
         return mask
@@ -416,12 +419,7 @@ class _TorchExact(Propagator):
     def _kpm(self, mask, name: str, B: int, Nk: int, unbatched: bool):
         if mask is None:
             return None
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor (bool or float) or None, got {type(mask).__name__}")
-        if mask.dtype != torch.bool and not mask.is_floating_point():
-            raise TypeError(
-                f"{name}: expected a bool mask (True = padding) or a float mask, got dtype {mask.dtype}"
-            )
+        _check_mask_kind(mask, name, "True = padding", "")
         if unbatched and mask.dim() == 1:
             mask = mask.unsqueeze(0)
         check_key_padding_mask(mask, name, B, Nk)

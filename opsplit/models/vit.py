@@ -433,7 +433,7 @@ def _hf_vit_parts(model) -> dict:
         pool_act = _hf_act(pooler.activation, where + ".pooler.activation", "pooler_act", vit.config)
     if isinstance(head, nn.Linear):
         _check_linear(head, f"{cls}.classifier", E, bias=None)
-    dtype, device = _one_dtype_device(model, cls)
+    dtype, device = _one_dtype_device(model, f"from_hf: {cls}")
     return dict(vit=vit, head=head, layers=[p["modules"] for p in parsed], opts=opts, eps=eps.pop(), E=E,
                 emb=emb, conv=conv, image=image, patch=ps, p_emb=p_emb, pooler=pooler, pool_act=pool_act,
                 fk={"dtype": dtype, "device": device}, where=where)
