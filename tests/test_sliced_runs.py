@@ -355,3 +355,61 @@ def test_sorted_runs_refuse_autograd():
     zk = torch.randn(1, 2, 4, requires_grad=True)
     with pytest.raises(RuntimeError, match="not differentiable"):
         cache.append(zk, torch.randn(1, 2, 4, 3))
+
+
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+@pytest.mark.parametrize("n", [200, 1000])
+def test_prefill_runs_take_the_forward_sort(kind, n):
+    """The prefill builds its runs from the causal forward's sorts (no run of BASE keys or more
+    is sorted again): the same runs as appending the keys to an empty cache, bit for bit."""
+    from opsplit.functional.sliced_causal import BASE, keep_sorts
+
+    g = torch.Generator().manual_seed(n)
+    zq, zk = torch.randn(2, 3, n, generator=g, dtype=torch.float64), torch.randn(2, 3, n, generator=g,
+                                                                                   dtype=torch.float64)
+    v = torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64)
+    with torch.no_grad(), keep_sorts() as sorts:
+        (causal_sliced_relu_attention if kind == "relu" else
+         lambda *a: causal_sliced_relu_bump_attention(*a, 0.5))(zq, zk, v)
+    big = [1 << k for k in range(11) if (n >> k) & 1 and (1 << k) >= BASE and (1 << k) < n]  # runs the forward sorts
+    assert big and all(L in sorts for L in big), sorted(k for k in sorts if isinstance(k, int))
+    a, b = SlicedDecodeCache(), SlicedDecodeCache()
+    with torch.no_grad():
+        if kind == "relu":
+            a.step_relu(zq, zk, v)
+        else:
+            a.step_bump(zq, zk, v, 0.5)
+        b.append(zk, v)
+        assert a.runs == b.runs
+        R, nr = 6, len(a.runs)
+        for name, used in (("z", R * n), ("w1", R * n), ("wz", R * n), ("x", R * n), ("Ps", R * (n // BLOCK)),
+                           ("Pv", R * (n // BLOCK))):
+            assert torch.equal(getattr(a, name)[:used], getattr(b, name)[:used]), name
+        for name in ("E", "F", "Tv"):
+            assert torch.equal(getattr(a, name)[:, :nr], getattr(b, name)[:, :nr]), name
+
+
+def test_prefill_runs_resort_where_the_forward_tied_scores():
+    """Float32 scores 1e30 and 1e-30 apart in a row: the forward rescales the row by a power of
+    two, the tiny scores underflow to one tied value and its order of them is arbitrary; the
+    runs check it and sort the scores as they are."""
+    from opsplit.functional.sliced_causal import keep_sorts
+
+    n = 384  # runs of 256 (sorted: no level of the forward) and 128 (node 1 of the forward's level 128)
+    g = torch.Generator().manual_seed(0)
+    zk = (torch.randperm(n, generator=g).float() + 1) * 1e-30
+    zk[0] = 1e30
+    zk = zk.view(1, 1, n)
+    v = torch.randn(1, 1, n, 2, generator=g)
+    with torch.no_grad(), keep_sorts() as sorts:
+        causal_sliced_relu_attention(zk.clone(), zk, v)
+    tied = zk.view(1, n)[:, 256:].gather(1, sorts[128].view(1, 2, 128)[:, 1])
+    assert not bool((tied[:, 1:] >= tied[:, :-1]).all())  # the forward's order is not the scores' order
+    a, b = SlicedDecodeCache(), SlicedDecodeCache()
+    with torch.no_grad():
+        a.step_relu(zk.clone(), zk, v)
+        b.append(zk, v)
+    assert a.runs == b.runs
+    run = a.z[256:n]  # the second run (one row), sorted by the scores as they are
+    assert torch.equal(a.z[:n], b.z[:n]) and bool((run[1:] >= run[:-1]).all())
+    assert torch.equal(a.x[:n], b.x[:n])

@@ -104,8 +104,10 @@ through *without* this kernel's terms, a silently wrong number.)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -307,6 +309,29 @@ def _safe_inv(x: Tensor) -> Tensor:
     return torch.where(nz, 1.0 / torch.where(nz, x, torch.ones_like(x)), torch.zeros_like(x))
 
 
+#: where the forward keeps each level's key order while :func:`keep_sorts` is active
+_SORTS = threading.local()
+
+
+@contextlib.contextmanager
+def keep_sorts():
+    """Within the block, the causal forward kernels (:func:`causal_sliced_relu_attention`,
+    :func:`causal_sliced_relu_bump_attention`) keep the sort of each level's left halves: a
+    dict ``{s: order}``, ``order`` ``(R * M, s)`` the local order of the keys of node ``j`` of
+    row ``r`` in row ``r * M + j`` (``M`` nodes of ``2 s`` positions per row), sorted by the
+    scores as given up to a power of two per row (``"unusable"`` in the dict: a call whose keys
+    were cut into weight segments).  What a decode cache builds its sorted runs from
+    (:class:`~opsplit.functional.sliced_runs.SlicedDecodeCache`: the prefill sorts no run the
+    forward has sorted)."""
+    old = getattr(_SORTS, "sink", None)
+    sink: dict = {}
+    _SORTS.sink = sink
+    try:
+        yield sink
+    finally:
+        _SORTS.sink = old
+
+
 class _Keys:
     r"""The left halves (keys) and right halves (queries) of one level, keys sorted.
 
@@ -330,6 +355,9 @@ class _Keys:
         self.q = _split(qp, s, 1, M).reshape(R * M, s)
         self.w = _split(wp, s, 0, M).reshape(R * M, s)
         self.zs, self.order = torch.sort(self.z, dim=1)
+        sink = getattr(_SORTS, "sink", None)
+        if sink is not None:
+            sink[s] = self.order
         self.ws = self.w.gather(1, self.order)
         self.c = self.zs.gather(1, heaviest(self.ws))  # (R M, 1) the shift
         self.zc = self.z - self.c  # unsorted shifted keys
@@ -745,10 +773,17 @@ def causal_sliced_relu_attention(
     if wr is not None and wr.dtype == torch.float64 and not weights_one_scale(wr, SEGMENT_RELU):
         seg = weight_segments(wr, Nq, SEGMENT_RELU, FLUSH_RELU)
     if seg is not None:
+        _unusable_sorts()
         out = _by_segments(run, seg, zq, zk, v)
     else:
         out = _CausalReLU.apply(zq, zk, v, wr, centered, sc)
     return out.to(dtype).view(*lead, Nq, D)
+
+
+def _unusable_sorts() -> None:
+    sink = getattr(_SORTS, "sink", None)
+    if sink is not None:
+        sink["unusable"] = True
 
 
 def _by_segments(run, seg, zq: Tensor, zk: Tensor, v: Tensor, b: Tensor | None = None) -> Tensor:
@@ -1010,6 +1045,7 @@ def causal_sliced_relu_bump_attention(
         def run(zq, zk, v, w, b):
             return _windows.evaluate(fn, zq, zk, v, w, b, _CausalBump.apply, causal=True)
 
+        _unusable_sorts()
         out = _by_segments(run, seg, zq, zk, v, b)
     else:
         out = _windows.evaluate(fn, zq, zk, v, wr, b, _CausalBump.apply, causal=True)

@@ -81,7 +81,11 @@ from ._inputs import bandwidth_rows, check_centered
 from ._inputs import key_weights as combine_key_weights
 from ._scale import RELU_SPAN_F32, heaviest
 from ._windows import KAPPA_FAST
-from .sliced_causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
+from .sliced_causal import (
+    causal_sliced_relu_attention,
+    causal_sliced_relu_bump_attention,
+    keep_sorts,
+)
 
 __all__ = ["SlicedDecodeCache", "BLOCK", "TAIL"]
 
@@ -514,8 +518,11 @@ class SlicedDecodeCache:
         self._last = (lens - 1).unsqueeze(-1)
 
     # -- appending: the binary counter ---------------------------------------------------------
-    def _append_rows(self, z: Tensor, v: Tensor, w: Tensor | None):
-        """``z (R, m)``, ``v (R, m, D)`` (raw values), ``w (R, m)`` or ``None`` (all 1)."""
+    def _append_rows(self, z: Tensor, v: Tensor, w: Tensor | None, sorts: dict | None = None):
+        """``z (R, m)``, ``v (R, m, D)`` (raw values), ``w (R, m)`` or ``None`` (all 1).
+        ``sorts``: on an empty cache, the causal forward's sorts of these keys
+        (:func:`~opsplit.functional.sliced_causal.keep_sorts`): a run that is a left half of a
+        level takes its order from there instead of sorting again."""
         if z.shape[1] == 0:
             return
         self._set_refs(z, v, w)
@@ -547,8 +554,12 @@ class SlicedDecodeCache:
                 continue
             L = 1 << k
             take = L - (n - s) if old is not None else L
+            order = None
+            if sorts is not None and n == 0 and L in sorts and off % (2 * L) == 0:
+                M = sorts[L].shape[0] // self.R  # nodes of 2L positions per row; this run is node off / 2L
+                order = sorts[L].view(self.R, M, L)[:, off // (2 * L)]
             self._build(off, L, z[:, used: used + take], v[:, used: used + take],
-                        None if w is None else w[:, used: used + take], old)
+                        None if w is None else w[:, used: used + take], old, order)
             old = None
             used += take
             off += L
@@ -574,20 +585,26 @@ class SlicedDecodeCache:
             if self.Pv is not None:
                 self.Pv = self.Pv.double()
 
-    def _build(self, off: int, L: int, z: Tensor, v: Tensor, w: Tensor | None, old):
+    def _build(self, off: int, L: int, z: Tensor, v: Tensor, w: Tensor | None, old, order: Tensor | None = None):
         """The next run, at positions ``[off, off + L)``, from new keys ``(z, v, w)`` (raw) and
-        ``old = (z, w', x, E)`` keys of old runs (in their runs' units) or ``None``."""
+        ``old = (z, w', x, E)`` keys of old runs (in their runs' units) or ``None``;
+        ``order``: the keys' sort (``(R, L)``, from the forward), used when it sorts the
+        scores as they are (a power of two per row may have tied distinct scores: then sorted
+        again)."""
         R, D, dt = self.R, self.D, self.dtype
         idx = len(self.runs)
         w64 = torch.ones_like(z, dtype=torch.float64) if w is None else w.double()
         pos = w64 > 0
         # exponents of the new keys: weights, shifted scores, and the values with c_v (so that
         # v 2^-e_v and c_v 2^-e_v are exact and x is rounded once, as the forward kernels shift)
-        vmag = v.abs().amax(2) if w is None else torch.where(pos, v.abs().amax(2), 0)
+        if w is None:  # max |v| per row without a copy of |v|
+            vmax = torch.maximum(v.amax((1, 2)), v.amin((1, 2)).neg())
+        else:
+            vmax = torch.where(pos, v.abs().amax(2), 0).amax(1)
         wmax = w64.amax(1)
         e_new = torch.stack([torch.where(wmax > 0, _exp(wmax), _NONE),
                              _exp(torch.where(pos, (z.double() - self.cz.unsqueeze(1)).abs(), 0.0).amax(1)),
-                             _exp(torch.maximum(vmag.amax(1).double(), self.cv.abs().amax(1))) + 1], 1)
+                             _exp(torch.maximum(vmax.double(), self.cv.abs().amax(1))) + 1], 1)
         if w is not None:
             e_new[:, 1:] = torch.where((wmax > 0).unsqueeze(1), e_new[:, 1:], -_EMAX)
         if old is not None:
@@ -598,18 +615,39 @@ class SlicedDecodeCache:
             E = e_new
         ew, ez, ev = E[:, 0:1], E[:, 1:2], E[:, 2:3]
         sv = _p2(-ev).to(dt).unsqueeze(-1)
-        x = v * sv - self.cv.to(dt).unsqueeze(1) * sv
-        if w is not None:
-            x = torch.where(pos.unsqueeze(-1), x, 0)
+        a = R * off
         w1 = w64 * torch.where(ew > _NONE, _p2(-ew), 0.0)
-        if old is not None:
+        if old is None:
+            # new keys only: sorted first, then gathered straight into the run's buffer and
+            # shifted and scaled there (the operations of v 2^-e_v - c_v 2^-e_v, in place)
+            if L > 1:
+                zo = None if order is None else z.gather(1, order)
+                if zo is not None and bool((zo[:, 1:] >= zo[:, :-1]).all()):
+                    z = zo
+                else:
+                    z, order = torch.sort(z, dim=1, stable=True)
+                w1 = w1.gather(1, order)
+                pos = pos.gather(1, order)
+                src = (order + self._rows.view(R, 1) * L).reshape(-1)
+                torch.index_select(v.reshape(R * L, D), 0, src, out=self.x[a: a + R * L])
+            else:
+                self.x[a: a + R * L] = v.reshape(R * L, D)
+            x = self.x[a: a + R * L].view(R, L, D)
+            x.mul_(sv)
+            x.sub_(self.cv.to(dt).unsqueeze(1) * sv)
+            if w is not None:
+                x.masked_fill_(~pos.unsqueeze(-1), 0)
+        else:
+            x = v * sv - self.cv.to(dt).unsqueeze(1) * sv
+            if w is not None:
+                x = torch.where(pos.unsqueeze(-1), x, 0)
             w1 = torch.cat([ow1 * _p2((oE[..., 0] - ew).clamp_max(0)), w1], 1)
             xo = ox * _p2((oE[..., 2] - ev).clamp_max(0)).to(dt).unsqueeze(-1)
             z, x = torch.cat([oz, z], 1), torch.cat([xo, x], 1)
-        if L > 1:
             z, order = torch.sort(z, dim=1, stable=True)
             w1 = w1.gather(1, order)
             x = x.reshape(R * L, D).index_select(0, (order + self._rows.view(R, 1) * L).reshape(-1)).view(R, L, D)
+            self.x[a: a + R * L] = x.reshape(-1, D)
         # the run's tables are shifted by the score of its heaviest key (_scale.heaviest): every
         # table term's rounding is then a multiple of the run's share of the denominator, also
         # where a heavy key ties the query (issue 42); e_z brings the shifted scores to [1/2, 1)
@@ -620,11 +658,9 @@ class SlicedDecodeCache:
         E[:, 1:2] = ez
         fz = _p2(-torch.where(ew > _NONE, ez, 0))  # a run without weight: 1 (its sums are 0)
         wz = torch.where(w1 > 0, w1 * (zr * fz), 0.0)
-        a = R * off
         self.z[a: a + R * L] = z.reshape(-1)
         self.w1[a: a + R * L] = w1.reshape(-1)
         self.wz[a: a + R * L] = wz.reshape(-1)
-        self.x[a: a + R * L] = x.reshape(-1, D)
         # prefix tables every BLOCK keys (exclusive, at each block's start) and the totals
         if L >= BLOCK:
             nb = L >> _LOG_BLOCK
@@ -908,13 +944,14 @@ class SlicedDecodeCache:
             z, x, w = self._check_keys(fn, zk, v, key_weights, zq=zq)
             b = None
         shape = zq.shape
-        if self.length == 0:  # the prefill: the causal forward kernel, then the runs
+        if self.length == 0:  # the prefill: the causal forward kernel, then the runs from its sorts
             kw = None if w is None else w.view(shape)
-            if b is None:
-                out = causal_sliced_relu_attention(zq, zk, v, centered=centered, key_weights=kw)
-            else:
-                out = causal_sliced_relu_bump_attention(zq, zk, v, b.view(shape[:2]), key_weights=kw)
-            self._append_rows(z, x, w)
+            with keep_sorts() as sorts:
+                if b is None:
+                    out = causal_sliced_relu_attention(zq, zk, v, centered=centered, key_weights=kw)
+                else:
+                    out = causal_sliced_relu_bump_attention(zq, zk, v, b.view(shape[:2]), key_weights=kw)
+            self._append_rows(z, x, w, None if "unusable" in sorts else sorts)
             return out
         q = zq.reshape(self.R, shape[2])
         self._set_refs(z, x, w)
