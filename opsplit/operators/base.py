@@ -44,7 +44,7 @@ from .._checks import (
 )
 from ..grid import Grid, check_grid
 
-__all__ = ["Operator"]
+__all__ = ["Operator", "field_operator"]
 
 
 class Operator(nn.Module):
@@ -130,3 +130,11 @@ class Operator(nn.Module):
             # .data changes no version counter); an overflow itself is returned as before
             check_parameters_finite(self, what, fresh=True)
         return out
+
+
+def field_operator(inner, name: str) -> Operator:
+    """``inner`` if it is an opsplit :class:`Operator` with an explicit field (what a wrapper
+    of a field — dropout, drop path, a pre-norm — takes), else a ``TypeError`` naming ``name``."""
+    if not isinstance(inner, Operator) or not inner.has_field:
+        raise TypeError(f"{name}: expected an opsplit Operator with a field, got {type(inner).__name__}")
+    return inner

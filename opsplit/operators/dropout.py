@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .._checks import check_probability
 from ..grid import Grid
-from .base import Operator
+from .base import Operator, field_operator
 
 __all__ = ["FieldDropout"]
 
@@ -26,10 +26,7 @@ class FieldDropout(Operator):
 
     def __init__(self, inner: Operator, p: float):
         super().__init__()
-        if not isinstance(inner, Operator) or not inner.has_field:
-            raise TypeError(
-                f"FieldDropout.inner: expected an opsplit Operator with a field, got {type(inner).__name__}"
-            )
+        field_operator(inner, "FieldDropout.inner")
         p = check_probability(p, "FieldDropout.p")
         self.inner = inner
         self.p = p

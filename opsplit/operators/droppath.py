@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..grid import Grid
-from .base import Operator
+from .base import Operator, field_operator
 
 __all__ = ["DropPath", "FieldDropPath", "StateDropout", "drop_path"]
 
@@ -70,7 +70,15 @@ class _Rates:
         k = int(math.floor(s + 1e-9 * max(1.0, abs(s))))
         return self.rates[min(max(k, 0), n - 1)]
 
-    def _rates_repr(self) -> str:
+    def _dropped(self, t, x: Tensor) -> Tensor:
+        """``x`` with drop path at the rate of time ``t`` in training mode, else ``x``."""
+        if self.training:
+            p = self.rate(t)
+            if p > 0:
+                return drop_path(x, p)
+        return x
+
+    def extra_repr(self) -> str:
         return f"p={self.rates[0]:g}" if len(self.rates) == 1 else f"p={list(self.rates)}"
 
 
@@ -87,10 +95,7 @@ class FieldDropPath(_Rates, Operator):
 
     def __init__(self, inner: Operator, p, *, t0: float = 0.0, t1: float | None = None):
         super().__init__()
-        if not isinstance(inner, Operator) or not inner.has_field:
-            raise TypeError(
-                f"FieldDropPath.inner: expected an opsplit Operator with a field, got {type(inner).__name__}"
-            )
+        field_operator(inner, "FieldDropPath.inner")
         self.inner = inner
         self._init_rates(p, t0, t1, "FieldDropPath.p")
 
@@ -103,15 +108,7 @@ class FieldDropPath(_Rates, Operator):
         self.inner.check(grid)
 
     def field(self, t, u: Tensor, grid: Grid) -> Tensor:
-        f = self.inner.field(t, u, grid)
-        if self.training:
-            p = self.rate(t)
-            if p > 0:
-                return drop_path(f, p)
-        return f
-
-    def extra_repr(self) -> str:
-        return self._rates_repr()
+        return self._dropped(t, self.inner.field(t, u, grid))
 
 
 class DropPath(_Rates, Operator):
@@ -126,14 +123,7 @@ class DropPath(_Rates, Operator):
         self._init_rates(p, t0, t1, "DropPath.p")
 
     def flow(self, t, dt: float, u: Tensor, grid: Grid) -> Tensor:
-        if self.training:
-            p = self.rate(t)
-            if p > 0:
-                return drop_path(u, p)
-        return u
-
-    def extra_repr(self) -> str:
-        return self._rates_repr()
+        return self._dropped(t, u)
 
 
 class StateDropout(Operator):

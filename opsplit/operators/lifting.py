@@ -106,6 +106,13 @@ def check_periodic(u: Tensor, name: str, tol: float) -> None:
                 "function, or samples that include both ends x = 0 and x = L, are not data on this domain")
 
 
+def _check_like(x: Tensor, p: Tensor, name: str) -> None:
+    """``x`` on the dtype and device of the parameter ``p`` (the model's), else a ``TypeError``."""
+    if x.dtype != p.dtype or x.device != p.device:
+        raise TypeError(f"{name}: expected a {p.dtype} tensor on {p.device} (the model's), got {x.dtype} on "
+                        f"{x.device}")
+
+
 class Lifting(nn.Module):
     r"""The lifting (F) of the module docstring.
 
@@ -146,11 +153,8 @@ class Lifting(nn.Module):
         return periodic_positions(x, self.n_freq, self.length).to(dtype or torch.get_default_dtype())
 
     def check_input(self, u, name: str = "u") -> Tensor:
-        p = self.linear.weight
         u = check_field(u, name, self.in_channels, self.min_nodes)
-        if u.dtype != p.dtype or u.device != p.device:
-            raise TypeError(f"{name}: expected a {p.dtype} tensor on {p.device} (the model's), got {u.dtype} on "
-                            f"{u.device}")
+        _check_like(u, self.linear.weight, name)
         if self.periodic_tol is not None:
             check_periodic(u, name, self.periodic_tol)
         return u
@@ -205,10 +209,7 @@ class Projection(nn.Module):
         check_float_dtype(v, name)
         if v.dim() != 3 or v.shape[-1] != self.n_y:
             raise ValueError(f"{name}: expected shape (B, N_x, {self.n_y}), got {tuple(v.shape)}")
-        p = self.fc1.weight
-        if v.dtype != p.dtype or v.device != p.device:
-            raise TypeError(f"{name}: expected a {p.dtype} tensor on {p.device} (the model's), got {v.dtype} on "
-                            f"{v.device}")
+        _check_like(v, self.fc1.weight, name)
         check_finite(v, name)
         return v
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..grid import Grid
-from .base import Operator
+from .base import Operator, field_operator
 from .layernorm import ProjectionS1
 from .relu import ProjectionS2
 
@@ -46,10 +46,7 @@ class PreNorm(Operator):
 
     def __init__(self, inner: Operator, norm: Operator):
         super().__init__()
-        if not isinstance(inner, Operator) or not inner.has_field:
-            raise TypeError(
-                f"PreNorm.inner: expected an opsplit Operator with a field, got {type(inner).__name__}"
-            )
+        field_operator(inner, "PreNorm.inner")
         maps = list(norm) if isinstance(norm, (list, tuple)) else [norm]
         if not maps:
             raise ValueError("PreNorm.norm: expected at least one map")
