@@ -9,7 +9,7 @@ against its difficulty.  Two tasks (``--task``):
 embedding, a SplitEncoder with 4 heads and a feed-forward term as 5 terms, class-token
 read-out) with controls that are Legendre series in t (smooth: the solve can take any
 step), Strang splitting with Heun substeps (order 2), T = 4, trained by opsplit's Trainer
-with N_t drawn per optimizer step from --train-n-steps (TrainConfig.train_n_steps).  Then
+with N_t drawn per optimizer step from --train-n-steps (TrainConfig.n_steps).  Then
 on the 359 test images of ``load_digits(seed=0)``:
 
 * fixed N_t = 1, 2, 4, 8, 16, 32: accuracy and substep calls per input;
@@ -102,7 +102,7 @@ def digits(args):
     model = build(args.seed, args.T)
     cfg = TrainConfig(epochs=args.epochs, batch_size=64, lr=3e-3, weight_decay=0.05, schedule="cosine",
                       warmup_steps=50, grad_clip=1.0, seed=args.seed, eval_every=args.epochs, progress=False,
-                      train_n_steps=args.train_n_steps)
+                      n_steps=args.train_n_steps)
     key = {"epochs": args.epochs, "train_n_steps": args.train_n_steps, "T": args.T, "seed": args.seed}
     path = Path(args.model)
     saved = torch.load(path) if path.is_file() else None

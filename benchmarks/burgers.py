@@ -19,7 +19,7 @@ development machine is shared, and CPU time is what a model gets to use.  Each m
 few calibration steps, then trains for as many optimizer steps as fit into the budget
 (cosine schedule over exactly those steps); the table reports the CPU time and the wall
 time actually taken.  With ``--cpu-schedule`` the schedule follows the CPU time spent
-instead (:class:`CPUBudgetTrainer`) and every model stops at exactly its budget.  Loss: the mean relative L2 error per sample, the test metric (FNO's
+instead (:class:`opsplit.control.CPUTimeBudget`) and every model stops at exactly its budget.  Loss: the mean relative L2 error per sample, the test metric (FNO's
 ``LpLoss``).  Optimizer: Adam, learning rate 1e-3, weight decay 1e-4 (FNO's), batch 20.
 """
 
@@ -41,7 +41,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
+from opsplit.control import CPUTimeBudget, Objective, TrainConfig, Trainer  # noqa: E402
 from opsplit.data.burgers import RESOLUTIONS, load_burgers  # noqa: E402
 from opsplit.data.burgers_solver import solve_burgers  # noqa: E402
 from opsplit.models import NeuralOperatorTransformer  # noqa: E402
@@ -177,34 +177,6 @@ def evaluate(model, resolutions, *, n_test: int, seed: int, batch: int = 20, sub
     return out
 
 
-class CPUBudgetTrainer(Trainer):
-    """A :class:`~opsplit.control.Trainer` whose schedule follows CPU time, not the step count.
-
-    The cosine schedule's progress is the fraction of the CPU-time budget used so far,
-    ``p = (process_time() - start) / budget``, and training stops at the first optimizer
-    step that ends with ``p >= 1``.  So every model gets the same CPU time however the
-    machine's load changes its cost per step (a step-count schedule calibrated on the first
-    steps lets a model under a changing load overrun or underrun its budget).
-    """
-
-    def __init__(self, *args, budget_cpu_s: float, **kw):
-        self.budget_cpu_s = float(budget_cpu_s)
-        self._cpu0 = None
-        super().__init__(*args, **kw)
-
-    def fit(self, *args, **kw):
-        self._cpu0 = time.process_time()
-        return super().fit(*args, **kw)
-
-    def _lr_factor(self, step: int) -> float:  # called by the scheduler after each optimizer step
-        if self._cpu0 is None:
-            return 1.0
-        p = (time.process_time() - self._cpu0) / self.budget_cpu_s
-        if p >= 1.0:
-            self._total_steps = step  # the loop ends after this step
-        return 0.5 * (1 + math.cos(math.pi * min(p, 1.0)))
-
-
 def run_model(name: str, args) -> dict:
     train, test = load_burgers(args.train_res, n_train=args.n_train, n_test=args.n_test, seed=args.data_seed)
     model = build(name, args.seed, **model_kwargs(args))
@@ -214,10 +186,9 @@ def run_model(name: str, args) -> dict:
                          batch_size=args.batch, optimizer="adam", lr=args.lr,
                          weight_decay=1e-4, schedule="cosine", warmup_steps=0, seed=args.seed,
                          eval_every=10**6, progress=False, grad_clip=args.grad_clip)
-    if args.cpu_schedule:
-        trainer = CPUBudgetTrainer(model, Objective(relative_l2), config, budget_cpu_s=args.budget)
-    else:
-        trainer = Trainer(model, Objective(relative_l2), config)
+    # --cpu-schedule: the cosine schedule follows the CPU time spent, the run stops at the budget
+    callbacks = [CPUTimeBudget(args.budget)] if args.cpu_schedule else None
+    trainer = Trainer(model, Objective(relative_l2), config, callbacks=callbacks)
     t_cpu, t_wall, load0 = time.process_time(), time.perf_counter(), loadavg()
     trainer.fit(train)
     cpu, wall = time.process_time() - t_cpu, time.perf_counter() - t_wall

@@ -13,7 +13,7 @@ the continuity table) and the trained weights (``.pt``), so the table can be rec
 against the baseline (A B A B, median of the ratios).
 
 Variants (``VARIANTS``): each is the recipe with a few settings changed; the names say
-which (``multi``: ``TrainConfig.train_n_steps``; ``cost``: drawn with probability
+which (``multi``: ``TrainConfig.n_steps``; ``cost``: drawn with probability
 proportional to 1/N_t; ``kin``/``acc``: the kinetic-energy / acceleration running costs of
 ``opsplit.control.flow_costs`` with the weight after the name; ``pl``: piecewise-linear
 controls in t; ``heun2``: trained at N_t = 2 with Heun substeps — the same cost per step as
@@ -105,10 +105,10 @@ def train_config(args, v: dict) -> TrainConfig:
     tns = v.get("train_n_steps")
     tns = tuple(tns) if tns else None
     sol = tuple(v["solvers"]) if v.get("solvers") else None
-    return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None,
+    return TrainConfig(solvers=sol, solvers_weights=v.get("solver_weights") if sol else None,
                        epochs=args.epochs, batch_size=args.batch, lr=args.lr, weight_decay=args.wd,
                        schedule="cosine", warmup_steps=args.warmup, grad_clip=1.0, seed=args.seed, eval_every=10**6,
-                       progress=False, train_n_steps=tns, train_n_steps_weights=(tuple(v["weights"]) if isinstance(v.get("weights"), (list, tuple))
+                       progress=False, n_steps=tns, n_steps_weights=(tuple(v["weights"]) if isinstance(v.get("weights"), (list, tuple))
                                               else v.get("weights")) if tns else None)
 
 
@@ -218,7 +218,7 @@ def paired_steps(runs: dict, data, batches: list, rounds: int) -> dict:
         for k, tr in runs.items():
             t = time.perf_counter()
             for idx in batches:
-                tr._train_step(data, idx)
+                tr.train_step(data, idx)
             times[k].append(time.perf_counter() - t)
     base = next(iter(runs))
     out = {}

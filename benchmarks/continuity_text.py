@@ -99,7 +99,7 @@ VARIANTS = {
     # every step's gradient holds both solves (no draws)
     "par_split4_w0.25_k0.01": {"scheme": "parallel", "split": (0.25, 0.25), "kinetic": 0.01},
     "par_split4_w0.25": {"scheme": "parallel", "split": (0.25, 0.25)},
-    # the same objective through the library (TrainConfig.train_solvers_split: the shares of
+    # the same objective through the library (TrainConfig.solvers_split: the shares of
     # the draw's weights, here 3 : 1, as parts of every batch; the Heun windows are the last
     # quarter of the batch where SplitSolverObjective takes the first)
     "par_split_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0),
@@ -109,7 +109,7 @@ VARIANTS = {
     "par_split8_w0.35_k0.01": {"scheme": "parallel", "split": (0.125, 0.35), "kinetic": 0.01},
     # a quarter of every batch with Heun, weighted 0.3 (the work of the quarter split, a stronger pull to the flow)
     "par_split4_w0.3_k0.01": {"scheme": "parallel", "split": (0.25, 0.3), "kinetic": 0.01},
-    # the same through the library (TrainConfig.train_solvers_split_weights: Euler 0.7, Heun 0.3)
+    # the same through the library (TrainConfig.solvers_split_weights: Euler 0.7, Heun 0.3)
     "par_splitw0.3_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0),
                             "solvers_split": True, "split_weights": (0.7, 0.3), "kinetic": 0.01},
     # each piece of [0, layers] solved with Heun with probability 1/4, drawn per step (the
@@ -131,12 +131,12 @@ def data(args):
 def config(args, v) -> TrainConfig:
     tns = tuple(v["train_n_steps"]) if v.get("train_n_steps") else None
     sol = tuple(v["solvers"]) if v.get("solvers") else None
-    return TrainConfig(train_solvers=sol, train_solvers_weights=v.get("solver_weights") if sol else None,
-                       train_solvers_split=bool(sol and v.get("solvers_split")),
-                       train_solvers_split_weights=v.get("split_weights"), epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
+    return TrainConfig(solvers=sol, solvers_weights=v.get("solver_weights") if sol else None,
+                       solvers_split=bool(sol and v.get("solvers_split")),
+                       solvers_split_weights=v.get("split_weights"), epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw", lr=args.lr,
                        weight_decay=args.weight_decay, betas=(0.9, 0.99), schedule="cosine",
                        warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio, grad_clip=1.0, seed=args.seed,
-                       shuffle=False, train_n_steps=tns, train_n_steps_weights=v.get("weights") if tns else None,
+                       shuffle=False, n_steps=tns, n_steps_weights=v.get("weights") if tns else None,
                        progress=False)
 
 
@@ -184,7 +184,7 @@ class SplitSolverObjective(Objective):
     ``J`` the objective (data term and running costs) on its part of the batch.  The work is
     ``1 + fraction`` field evaluations per step while the Heun solve's share of the objective
     is ``weight`` (drawing Heun for a fraction of the steps ties the two).  With the weight
-    equal to the fraction this is the library's ``TrainConfig.train_solvers_split`` (variant
+    equal to the fraction this is the library's ``TrainConfig.solvers_split`` (variant
     ``par_split_k0.01``); this class is kept for the weights apart from the share."""
 
     def __init__(self, *a, fraction: float, weight: float, **k):

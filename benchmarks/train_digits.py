@@ -11,8 +11,8 @@ warm-up steps, gradient clipping at 1, batch 64, 100 epochs, and every training 
 moved by a small random affine map (rotation <= 10 degrees, scaling <= 10 %, translation
 <= 0.5 pixel; ``opsplit.data.random_affine``).  Continuous in time: every step solves the
 model at an N_t drawn from (2, 4, 8) with probability proportional to 1/N_t
-(``TrainConfig.train_n_steps_weights="cost"``) and with a substep solver drawn from (Euler,
-Heun) with probability proportional to 1/stages (``TrainConfig.train_solvers``), and the
+(``TrainConfig.n_steps_weights="cost"``) and with a substep solver drawn from (Euler,
+Heun) with probability proportional to 1/stages (``TrainConfig.solvers``), and the
 objective adds the flow's relative kinetic energy with weight 0.3 (``Objective(kinetic=...)``):
 about 1.14 times the field evaluations of one-N_t training; docs/continuity.md.  Each run is then measured
 by the solver-swap test (``opsplit.control.continuity``: N_t = 2 ... 64, Heun and RK4
@@ -129,10 +129,10 @@ def config(args, *, progress=False, eval_every=5):
         eval_every=eval_every,
         progress=progress,
         gradient=args.gradient,
-        train_n_steps=tns,
-        train_n_steps_weights=(None if args.n_steps_weights == "uniform" else args.n_steps_weights) if tns else None,
-        train_solvers=tuple(args.train_solvers) if args.train_solvers else None,
-        train_solvers_weights=(None if args.solver_weights == "uniform" else args.solver_weights)
+        n_steps=tns,
+        n_steps_weights=(None if args.n_steps_weights == "uniform" else args.n_steps_weights) if tns else None,
+        solvers=tuple(args.train_solvers) if args.train_solvers else None,
+        solvers_weights=(None if args.solver_weights == "uniform" else args.solver_weights)
         if args.train_solvers else None,
     )
 

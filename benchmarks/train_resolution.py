@@ -8,7 +8,7 @@ uses every layer's weights on several shorter steps).
 
 ``--T`` sets the interval, hence the training time step dt = T / 4 (default T = 4: dt = 1,
 the paper's choice); ``--train-n-steps 2 4 8`` trains at several N_t instead (one drawn per
-optimizer step, TrainConfig.train_n_steps).
+optimizer step, TrainConfig.n_steps).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def digits(kind, args):
     model = td.build(ns)
     cfg = TrainConfig(epochs=args.epochs, batch_size=64, lr=3e-3, weight_decay=0.05, schedule="cosine",
                       warmup_steps=50, grad_clip=1.0, seed=args.seed, eval_every=args.epochs, progress=False,
-                      train_n_steps=args.train_n_steps)
+                      n_steps=args.train_n_steps)
     tr = Trainer(model, Objective("cross_entropy"), cfg)
     t = time.perf_counter()
     tr.fit(train, test)
@@ -53,7 +53,7 @@ def periodic(kind, args):
     ns = tp.settings(seed=args.seed, n_steps=4, T=args.T / 2, control=kind, epochs=args.periodic_epochs)
     task = periodic_task("sin")
     model = tp.build(ns, task.window)
-    tr = Trainer(model, tp.objective(ns), tp.config(ns).replace(train_n_steps=args.train_n_steps),
+    tr = Trainer(model, tp.objective(ns), tp.config(ns).replace(n_steps=args.train_n_steps),
                  augment=tp.augment(ns))
     t = time.perf_counter()
     tr.fit(task.train)
@@ -71,7 +71,7 @@ def main(argv=None):
     p.add_argument("--T", type=float, default=4.0,
                    help="final time of the digits model (dt = T/4 in training); the sin model uses T/2")
     p.add_argument("--train-n-steps", type=int, nargs="+", default=None,
-                   help="multi-resolution training: N_t drawn per step from these (TrainConfig.train_n_steps)")
+                   help="multi-resolution training: N_t drawn per step from these (TrainConfig.n_steps)")
     p.add_argument("--json", default="benchmarks/out/train_resolution.json")
     args = p.parse_args(argv)
     rows = []

@@ -17,7 +17,7 @@ piecewise-constant controls on [0, T], T = --layers), trained by ``opsplit.contr
 * ``softmax-strang``: the same controls split by Strang (attention over half steps);
 * ``sliced-lie``, ``sliced-strang``: causal sliced ReLU attention (paper 004) in place of
   softmax attention (every other weight copied from the peer);
-* ``softmax-lie-multi``: softmax, Lie, trained at several N_t (``TrainConfig.train_n_steps``,
+* ``softmax-lie-multi``: softmax, Lie, trained at several N_t (``TrainConfig.n_steps``,
   ``--multi``), every step at an N_t drawn by the trainer's seeded generator.
 
 Every run uses AdamW, the same learning-rate schedule (linear warm-up, cosine decay), the
@@ -181,7 +181,7 @@ def train_config(args, train_n_steps=None) -> TrainConfig:
     return TrainConfig(epochs=1, batch_size=args.batch, eval_batch_size=args.eval_batch, optimizer="adamw",
                        lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99), schedule="cosine",
                        warmup_steps=args.warmup, min_lr_ratio=args.min_lr_ratio, grad_clip=1.0, seed=args.seed,
-                       shuffle=False, train_n_steps=train_n_steps, progress=False)
+                       shuffle=False, n_steps=train_n_steps, progress=False)
 
 
 def lr_factor(step: int, total: int, c: TrainConfig) -> float:

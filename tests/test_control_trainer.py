@@ -366,7 +366,7 @@ def test_trainer_and_checkpoint_on_cuda(tmp_path):
 
 
 def test_multi_resolution_training_draws_n_t_per_step_and_resumes(tmp_path):
-    """TrainConfig.train_n_steps: each optimizer step calls the model with an N_t drawn from
+    """TrainConfig.n_steps: each optimizer step calls the model with an N_t drawn from
     the list (seeded: the same draws in a resumed run); the model sees exactly the N_t the
     history records."""
     seen = []
@@ -377,7 +377,7 @@ def test_multi_resolution_training_draws_n_t_per_step_and_resumes(tmp_path):
                 seen.append(n_steps)
             return super().forward(x, n_steps=n_steps)
 
-    cfg = tiny_config(train_n_steps=[1, 2, 4])
+    cfg = tiny_config(n_steps=[1, 2, 4])
     h = Trainer(Recording(), Objective("cross_entropy"), cfg).fit(tiny_data())
     drawn = [int(r["n_steps"]) for r in h.steps]
     assert seen == drawn and len(drawn) == 12 and set(drawn) == {1, 2, 4}
@@ -398,8 +398,8 @@ def test_multi_resolution_training_draws_n_t_per_step_and_resumes(tmp_path):
 
 def test_multi_resolution_training_refuses_bad_lists_and_models():
     for bad in ([], [0, 2], "4", [2.5]):
-        with pytest.raises((TypeError, ValueError), match="train_n_steps"):
-            tiny_config(train_n_steps=bad)
+        with pytest.raises((TypeError, ValueError), match="n_steps"):
+            tiny_config(n_steps=bad)
 
     class NoSteps(torch.nn.Module):
         def __init__(self):
@@ -409,8 +409,8 @@ def test_multi_resolution_training_refuses_bad_lists_and_models():
         def forward(self, x):
             return self.lin(x.mean(1))
 
-    with pytest.raises(TypeError, match="train_n_steps: the model's forward must take n_steps"):
-        Trainer(NoSteps(), Objective("cross_entropy"), tiny_config(train_n_steps=[2])).fit(tiny_data())
+    with pytest.raises(TypeError, match="n_steps: the model's forward must take n_steps"):
+        Trainer(NoSteps(), Objective("cross_entropy"), tiny_config(n_steps=[2])).fit(tiny_data())
 
 
 # -- issue 42, finding 11b: the rule for the objective's weights -------------------------------------

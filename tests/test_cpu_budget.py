@@ -1,17 +1,11 @@
-"""`benchmarks/burgers.py --cpu-schedule`: a schedule that follows the CPU time spent holds
-a training run to its CPU budget, and its learning rate falls along the cosine of the
-budget's fraction (the Trainer's loop lets a schedule end the run early)."""
+"""`benchmarks/burgers.py`'s FNO peer (its CPU-time budget, ``--cpu-schedule``, is the
+library's :class:`opsplit.control.CPUTimeBudget`: tests/test_control_callbacks.py)."""
 
 import importlib.util
-import math
-import time
 from pathlib import Path
 
 import pytest
 import torch
-
-from opsplit.control import Objective, TrainConfig
-from opsplit.data import TensorData
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "burgers.py"
 
@@ -21,32 +15,6 @@ def _bench():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def test_cpu_budget_trainer_stops_at_its_budget():
-    b = _bench()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 32, generator=g)
-    y = torch.roll(x, 1, dims=1)
-    model = b.NeuralOperatorTransformer("none", "lie", d_model=8, n_steps=2, d_ff=16, modes=4, n_freq=2,
-                                        generator=torch.Generator().manual_seed(0))
-    budget, lr = 0.4, 1e-3
-    cfg = TrainConfig(epochs=10**6, max_steps=3000, batch_size=10, optimizer="adam", lr=lr, schedule="cosine",
-                      eval_every=10**6, progress=False)
-    tr = b.CPUBudgetTrainer(model, Objective(b.relative_l2), cfg, budget_cpu_s=budget)
-    t = time.process_time()
-    tr.fit(TensorData(x, y))
-    used = time.process_time() - t
-    steps = tr.history.steps
-    per_step = used / len(steps)
-    assert len(steps) > 5
-    # the run ends at the first step past the budget (not at max_steps): within a few steps of it
-    assert budget <= used <= budget + 0.25 + 5 * per_step, (used, per_step)
-    # the learning rate is the cosine of the spent fraction: decreasing, from lr to near 0
-    lrs = [r["lr"] for r in steps]
-    assert lrs[0] == lr
-    assert all(a >= c for a, c in zip(lrs, lrs[1:]))
-    assert lrs[-1] < 0.5 * lr * (1 + math.cos(math.pi * 0.8))  # the last step ran past 80 % of the budget
 
 
 def test_fno_peer_output_scale_scales_only_its_last_layer():

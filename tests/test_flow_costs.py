@@ -142,7 +142,7 @@ def test_train_solvers_draws_the_solver_of_each_step_and_restores_the_model():
     model = ImageClassifier(4, 2, 1, 3, enc)
     x = torch.randn(16, 1, 4, 4)
     y = torch.arange(16) % 3
-    cfg = TrainConfig(epochs=2, batch_size=4, progress=False, train_n_steps=[1, 2], train_solvers=["euler", "heun"])
+    cfg = TrainConfig(epochs=2, batch_size=4, progress=False, n_steps=[1, 2], solvers=["euler", "heun"])
     tr = Trainer(model, Objective("cross_entropy", kinetic=0.1), cfg)
     tr.fit((x, y))
     rows = tr.history.steps

@@ -1,4 +1,4 @@
-"""``TrainConfig.train_solvers_split``: every batch shared between the training solvers, the
+"""``TrainConfig.solvers_split``: every batch shared between the training solvers, the
 objective the mean over the windows, each window solved with its part's solver — checked
 against Euler and Heun written out by hand, not against the trainer's own pieces."""
 
@@ -81,7 +81,7 @@ def test_a_split_step_is_the_gradient_step_of_the_mean_over_windows_solved_by_th
     y = torch.randn(8, 2, 4, dtype=D, generator=g)
     model = Linear(W0)
     cfg = TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=0.1, shuffle=False, progress=False,
-                      train_solvers=["euler", "heun"], train_solvers_weights=[3, 1], train_solvers_split=True)
+                      solvers=["euler", "heun"], solvers_weights=[3, 1], solvers_split=True)
     tr = Trainer(model, Objective("mse", kinetic=kinetic), cfg)
     tr.fit((x, y))
     # by hand: 6 windows by Euler, 2 by Heun; one SGD step on W
@@ -106,9 +106,9 @@ def test_split_weights_set_each_parts_share_of_the_objective_not_its_windows():
     y = torch.randn(8, 2, 4, dtype=D, generator=g)
     model = Linear(W0)
     cfg = TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=0.1, shuffle=False, progress=False,
-                      train_solvers=["euler", "heun"], train_solvers_weights=[3, 1], train_solvers_split=True,
-                      train_solvers_split_weights=[1.4, 0.6])  # 0.7 and 0.3 of the objective, 6 and 2 windows
-    assert cfg.to_dict()["train_solvers_split_weights"] == [1.4, 0.6]
+                      solvers=["euler", "heun"], solvers_weights=[3, 1], solvers_split=True,
+                      solvers_split_weights=[1.4, 0.6])  # 0.7 and 0.3 of the objective, 6 and 2 windows
+    assert cfg.to_dict()["solvers_split_weights"] == [1.4, 0.6]
     tr = Trainer(model, Objective("mse", kinetic=0.2), cfg)
     tr.fit((x, y))
     W = W0.clone().requires_grad_(True)
@@ -126,8 +126,8 @@ def test_a_short_last_batch_is_split_too_and_float32_trains():
     x, y = torch.randn(10, 2, 4, generator=g), torch.randn(10, 2, 4, generator=g)
     model = Linear(W0)
     cfg = TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=1e-30, shuffle=False,
-                      progress=False, train_solvers=["euler", "heun"], train_solvers_weights=[3, 1],
-                      train_solvers_split=True)
+                      progress=False, solvers=["euler", "heun"], solvers_weights=[3, 1],
+                      solvers_split=True)
     tr = Trainer(model, Objective("mse", kinetic=0.1), cfg)
     tr.fit((x, y))  # batches of 8 (6 by Euler + 2 by Heun) and 2 (2 + 0: Euler only); W does not move
     assert [r["loss"] for r in tr.history.steps] == pytest.approx(

@@ -2,6 +2,8 @@ r"""Training as an optimal-control problem (paper 002, eqs. 10–12 and 36).
 
 - :class:`Objective` — :math:`J(\theta)` = data term + running costs on the controls;
 - :class:`Trainer`, :class:`TrainConfig`, :class:`History` — the optimisation loop;
+- :class:`Callback`, :class:`CPUTimeBudget` — what a script adds to the loop (per-step and
+  per-evaluation work, stopping, the schedule's progress; :mod:`opsplit.control.callbacks`);
 - gradient modes (:data:`GRADIENT_MODES`): ``"backprop"``, ``"checkpoint"``, ``"adjoint"``;
 - :class:`Unsplit` — the unsplit continuous model (eq. 10) as a trainable module;
 - :func:`save_checkpoint` / :func:`load_checkpoint` — safetensors + versioned JSON;
@@ -12,6 +14,7 @@ r"""Training as an optimal-control problem (paper 002, eqs. 10–12 and 36).
   convergence of its outputs (the solver-swap test); :func:`solved_with` — the swap itself.
 """
 
+from .callbacks import Callback, CPUTimeBudget
 from .checkpoint import (
     CheckpointError,
     SettingChange,
@@ -21,7 +24,7 @@ from .checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from .config import OPTIMIZERS, SCHEDULES, TrainConfig, config_changes
+from .config import OPTIMIZERS, SCHEDULES, ConfigField, TrainConfig, config_changes
 from .continuity import Continuity, continuity
 from .costs import energy_cost, leaf_controls, smoothness_cost
 from .gradients import GRADIENT_MODES, Unsplit, gradient_mode, set_gradient_mode
@@ -43,6 +46,9 @@ __all__ = [
     "Unsplit",
     "Trainer",
     "TrainConfig",
+    "ConfigField",
+    "Callback",
+    "CPUTimeBudget",
     "OPTIMIZERS",
     "SCHEDULES",
     "History",

@@ -1,21 +1,36 @@
 """The trainer's configuration: a plain dataclass, validated field by field — at construction
 *and on every assignment* (``config.lr = -1`` raises like ``TrainConfig(lr=-1)``) — readable
-from and writable to a dict (TOML / JSON) with unknown keys and wrong types refused."""
+from and writable to a dict (TOML / JSON) with unknown keys and wrong types refused.
+
+Every field declares, in its metadata, its check, its one-line doc, its group and what a
+resumed run may change (:meth:`TrainConfig.schema`): the dict form, the comparison on resume
+(:func:`config_changes`) and a command's keys and help text all read that one table."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from ..data.base import check_int
+from .checkpoint import SettingChange
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
 from .resolution import check_n_steps_list, check_weights, solvers_left_out
+from .swap import SOLVERS, check_solver_names
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "SCHEDULES", "check_int", "check_float", "config_changes"]
+__all__ = ["TrainConfig", "ConfigField", "OPTIMIZERS", "SCHEDULES", "RENAMED", "check_int", "check_float",
+           "config_changes"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
+#: the fields' former names (accepted, with a ``DeprecationWarning`` naming the new one)
+RENAMED = {"train_n_steps": "n_steps", "train_n_steps_weights": "n_steps_weights", "train_solvers": "solvers",
+           "train_solvers_weights": "solvers_weights", "train_solvers_split": "solvers_split",
+           "train_solvers_split_weights": "solvers_split_weights"}
 
 
 def check_float(v, name: str, *, positive=False, nonneg=False, allow_none=False, below=None) -> float | None:
@@ -35,6 +50,35 @@ def check_float(v, name: str, *, positive=False, nonneg=False, allow_none=False,
     if below is not None and v >= below:
         raise ValueError(f"{name}: expected a number < {below}, got {v}")
     return v
+
+
+class ConfigField(NamedTuple):
+    """One field of :class:`TrainConfig`, as :meth:`TrainConfig.schema` lists it.
+
+    ``accepts``: the accepted types and values in words; ``choices``: the accepted strings
+    of a field that takes one of a few names (else ``None``); ``group``: the part of the run
+    it sets (``"length"``, ``"optimizer"``, ``"schedule"``, ``"gradient"``, ``"sampling"``,
+    ``"data"``, ``"output"``); ``resume``: what a resumed run may change
+    (:func:`config_changes`) — ``"refused"`` (a change is refused), ``"allowed"``,
+    ``"samples"`` (refused when ``batch_size x world_size`` changes), ``"length"`` (refused
+    when a decaying schedule's total step count changes) or ``"keys"`` (each key compared)."""
+
+    name: str
+    default: Any
+    accepts: str
+    doc: str
+    group: str
+    resume: str
+    choices: tuple | None = None
+
+
+def _f(check, accepts: str, doc: str, group: str, resume: str = "allowed", *, default=dataclasses.MISSING,
+       factory=dataclasses.MISSING, choices=None, when: Callable | None = None):
+    """A dataclass field carrying its check ``check(value, "TrainConfig.<field>")``, its doc
+    and what a resume may change (``when(config)``: whether the comparison applies)."""
+    meta = {"check": check, "accepts": accepts, "doc": doc, "group": group, "resume": resume, "choices": choices,
+            "when": when}
+    return field(default=default, default_factory=factory, metadata=meta)
 
 
 def _choice(options):
@@ -65,10 +109,8 @@ def _min_lr_ratio(v, name):
     return v
 
 
-def _train_n_steps(v, name):
-    if v is None:
-        return None
-    return check_n_steps_list(v, name)
+def _n_steps(v, name):
+    return None if v is None else check_n_steps_list(v, name)
 
 
 def _weights(v, name):
@@ -76,19 +118,17 @@ def _weights(v, name):
 
 
 def _split_weights(v, name):
-    # the objective's weights of the split's parts: None (their shares) or one weight > 0 each
+    # the objective's weights of the split's parts: None / "shares" (their shares) or one weight > 0 each
+    if v == "shares":
+        return None
     if isinstance(v, str):
-        raise ValueError(f"{name}: expected None (each part weighted by its share of the batch) or a list of "
-                         f"weights > 0, one per solver, got {v!r}")
+        raise ValueError(f"{name}: expected None or 'shares' (each part weighted by its share of the batch) or a "
+                         f"list of weights > 0, one per solver, got {v!r}")
     return check_weights(v, None, name)
 
 
 def _solvers(v, name):
-    if v is None:
-        return None
-    from .swap import check_solver_names
-
-    return check_solver_names(v, name)
+    return None if v is None else check_solver_names(v, name)
 
 
 def _extra(v, name):
@@ -110,114 +150,48 @@ def _seed(v, name):
     return v
 
 
-def _f(**kw):
+def _num(**kw):
     return lambda v, name: check_float(v, name, **kw)
 
 
-#: one check per field: ``check(value, "TrainConfig.<field>") -> normalised value``
-_CHECKS = {
-    "epochs": _i(1),
-    "max_steps": _i(1, allow_none=True),
-    "batch_size": _i(1),
-    "eval_batch_size": _i(1),
-    "optimizer": _choice(OPTIMIZERS),
-    "lr": _f(positive=True),
-    "weight_decay": _f(nonneg=True),
-    "betas": _betas,
-    "momentum": _f(nonneg=True, below=1.0),
-    "schedule": _choice(SCHEDULES),
-    "warmup_steps": _i(0),
-    "min_lr_ratio": _min_lr_ratio,
-    "grad_clip": _f(positive=True, allow_none=True),
-    "gradient": _choice(GRADIENT_MODES),
-    "checkpoint_every": _i(1),
-    "checkpoint_snapshots": _i(1, allow_none=True),
-    "train_n_steps": _train_n_steps,
-    "train_n_steps_weights": _weights,
-    "train_solvers": _solvers,
-    "train_solvers_weights": _weights,
-    "train_solvers_split": _bool,
-    "train_solvers_split_weights": _split_weights,
-    "seed": _seed,
-    "shuffle": _bool,
-    "drop_last": _bool,
-    "eval_every": _i(1),
-    "save_every": _i(1, allow_none=True),
-    "keep_checkpoints": _i(1),
-    "progress": _bool,
-    "extra": _extra,
-}
+def _sgd(c) -> bool:
+    return c.optimizer == "sgd"
 
 
-@dataclass
+def _adam(c) -> bool:
+    return c.optimizer != "sgd"
+
+
+_WEIGHTS = "None or 'uniform', 'cost', or a list of weights > 0 (one per entry)"
+
+
+@dataclass(init=True)
 class TrainConfig:
     """What a training run does (everything but the model, objective and data).
 
-    Attributes:
-        epochs: passes over the training data.
-        max_steps: stop after this many optimizer steps (``None``: ``epochs`` decides).
-        batch_size: samples per optimizer step (per process in data-parallel runs).
-        eval_batch_size: samples per evaluation batch.
-        optimizer: ``"adamw"``, ``"adam"`` or ``"sgd"``.
-        lr: peak learning rate (> 0).
-        weight_decay: decoupled (AdamW) or L2 (Adam, SGD) weight decay (>= 0).
-        betas: Adam's (beta1, beta2).
-        momentum: SGD momentum in [0, 1).
-        schedule: ``"constant"``, ``"cosine"`` (to ``min_lr_ratio * lr``) or ``"linear"``
-            decay over the run, after ``warmup_steps`` of linear warm-up.
-        warmup_steps: linear warm-up steps (>= 0).
-        min_lr_ratio: final learning rate of the decaying schedules, relative to ``lr``.
-        grad_clip: clip the global gradient norm to this value (``None``: no clipping).
-        gradient: ``"backprop"``, ``"checkpoint"`` or ``"adjoint"``
-            (:mod:`opsplit.control.gradients`).
-        checkpoint_every: steps per checkpointed block (``gradient="checkpoint"``, and
-            ``"adjoint"`` with a snapshot budget).
-        checkpoint_snapshots: the most block states stored for the backward pass in the
-            ``"checkpoint"`` and ``"adjoint"`` modes (binomial checkpointing: memory
-            bounded independently of N_t, blocks recomputed from the stored states;
-            :mod:`opsplit.revolve`); ``None``: one state per block (``"checkpoint"``) or
-            per substep (``"adjoint"``), memory linear in N_t.
-        train_n_steps: multi-resolution training: every optimizer step solves the model at an
-            N_t drawn uniformly from this list (the model is called with ``n_steps=``; the
-            draw uses the trainer's seeded generator, so resumed runs repeat it).  The
-            controls, functions of t, are then fit at several time steps Δt = T/N_t, not to
-            one discrete map (``None``: the model's own N_t).  Distinct entries.
-        train_n_steps_weights: how the N_t of ``train_n_steps`` are drawn
-            (:mod:`opsplit.control.resolution`): ``None`` uniformly, ``"cost"`` with
-            probabilities proportional to 1/N_t (each resolution the same compute; the mean
-            cost of a step is the harmonic mean of the list), or one weight > 0 per entry.
-        train_solvers: every optimizer step also draws the substep solver the model is solved
-            with, from these names (``"euler"``, ``"heun"``, ``"rk4"``;
-            :func:`opsplit.control.swap.solved_with`): the solver-swap test as a part of the
-            objective (``None``: the model's own solvers).
-        train_solvers_weights: how they are drawn: ``None`` uniformly, ``"cost"`` with
-            probability proportional to 1 / (field evaluations per substep), or one weight per
-            entry.  Drawn independently of ``train_n_steps``.
-        train_solvers_split: ``True``: no draw — every step solves a share of its batch with
-            each solver of ``train_solvers`` (shares = the draw's probabilities, rounded by
-            :func:`~opsplit.control.resolution.split_sizes`) and the objective is the mean
-            over all the batch's windows: the drawn objective's expectation, at the same
-            expected work, without its variance (docs/continuity.md measures both).  Needs
-            ``train_solvers``, and a ``batch_size`` that gives every solver a window.
-        train_solvers_split_weights: with ``train_solvers_split``, the objective's weight of
-            each solver's part, one weight > 0 per solver, normalised to sum 1 (``None``: each
-            part its share of the batch, the mean over all windows).  The work stays that of
-            the shares; the weights set how much of the objective each solve carries
-            (docs/continuity.md: Heun on a quarter of every batch weighted 0.3).
-        seed: seeds the parameters' RNG use during training, the data order and the
-            augmentation generator.
-        shuffle: reshuffle the training data every epoch (seeded).
-        drop_last: drop the last incomplete batch of an epoch.
-        eval_every: evaluate every this many epochs (and after the last).
-        save_every: write a checkpoint every this many optimizer steps (needs an output
-            folder; ``None``: only at the end).
-        keep_checkpoints: how many step checkpoints to keep (the newest).
-        progress: show a tqdm progress bar.
-        extra: settings of the run outside this config that fix what it trains on — the
-            data (``{"data.split_seed": 0, "data.max_chars": 20000}``: corpus, split,
-            subset, augmentation), as JSON values.  Recorded in checkpoints and compared on
-            resume like ``lr`` (:func:`config_changes`: a changed or missing key is refused
-            unless allowed by its name); ``{}`` (the default) records nothing.
+    The fields, each with its accepted values and one-line doc, are listed by
+    :meth:`schema` (``docs/training.md`` prints the table).  Three pairs sample how each
+    optimizer step solves the model (group ``"sampling"``, :mod:`opsplit.control.resolution`):
+
+    * ``n_steps`` / ``n_steps_weights`` — multi-resolution training: every step solves the
+      model at an :math:`N_t` drawn from this list (the model is called with ``n_steps=``;
+      the draw uses the trainer's seeded generator, so resumed runs repeat it), uniformly
+      (``None`` or ``"uniform"``), with probabilities :math:`\\propto 1/N_t` (``"cost"``:
+      each resolution the same compute) or by one weight > 0 per entry;
+    * ``solvers`` / ``solvers_weights`` — every step also draws the substep solver
+      (``"euler"``, ``"heun"``, ``"rk4"``; :func:`opsplit.control.swap.solved_with`), the
+      same way (``"cost"``: probability :math:`\\propto` 1 / field evaluations per substep),
+      independently of the :math:`N_t` draw;
+    * ``solvers_split`` / ``solvers_split_weights`` — no draw: every step solves a share of
+      its batch with each solver of ``solvers`` (shares = the draw's probabilities, rounded
+      by :func:`~opsplit.control.resolution.split_sizes`), the objective the mean over all
+      the batch's windows (``None`` / ``"shares"``) or weighted per solver (one weight > 0
+      each, normalised).
+
+    The former names ``train_n_steps``, ``train_n_steps_weights``, ``train_solvers``,
+    ``train_solvers_weights``, ``train_solvers_split`` and ``train_solvers_split_weights``
+    (:data:`RENAMED`) are accepted by the constructor, :meth:`from_dict`, :meth:`replace`
+    and in the config a checkpoint recorded, with a ``DeprecationWarning`` naming the new name.
 
     **A config stays valid.**  Every field is checked when the config is built and again
     whenever it is assigned (``config.optimizer = "rmsprop"`` raises a ``ValueError`` naming
@@ -229,159 +203,236 @@ class TrainConfig:
     ``config.replace(**changes)`` returns a new, checked, unfrozen config.
     """
 
-    epochs: int = 10
-    max_steps: int | None = None
-    batch_size: int = 64
-    eval_batch_size: int = 512
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple = (0.9, 0.999)
-    momentum: float = 0.9
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    grad_clip: float | None = None
-    gradient: str = "backprop"
-    checkpoint_every: int = 1
-    checkpoint_snapshots: int | None = DEFAULT_SNAPSHOTS
-    train_n_steps: tuple | None = None
-    train_n_steps_weights: str | tuple | None = None
-    train_solvers: tuple | None = None
-    train_solvers_weights: str | tuple | None = None
-    train_solvers_split: bool = False
-    train_solvers_split_weights: tuple | None = None
-    seed: int = 0
-    shuffle: bool = True
-    drop_last: bool = False
-    eval_every: int = 1
-    save_every: int | None = None
-    keep_checkpoints: int = 2
-    progress: bool = True
-    extra: dict = field(default_factory=dict)
+    epochs: int = _f(_i(1), "an integer >= 1", "passes over the training data", "length", "length", default=10)
+    max_steps: int | None = _f(_i(1, allow_none=True), "an integer >= 1 or None",
+                               "stop after this many optimizer steps (None: epochs decide)", "length", "length",
+                               default=None)
+    batch_size: int = _f(_i(1), "an integer >= 1", "samples per optimizer step (per process in data-parallel runs)",
+                         "data", "samples", default=64)
+    eval_batch_size: int = _f(_i(1), "an integer >= 1", "samples per evaluation batch", "output", default=512)
+    optimizer: str = _f(_choice(OPTIMIZERS), f"one of {OPTIMIZERS}", "the optimizer", "optimizer", "refused",
+                        default="adamw", choices=OPTIMIZERS)
+    lr: float = _f(_num(positive=True), "a number > 0", "peak learning rate", "optimizer", "refused", default=1e-3)
+    weight_decay: float = _f(_num(nonneg=True), "a number >= 0",
+                             "decoupled (AdamW) or L2 (Adam, SGD) weight decay", "optimizer", "refused", default=0.0)
+    betas: tuple = _f(_betas, "a pair of numbers in [0, 1)", "Adam's (beta1, beta2)", "optimizer", "refused",
+                      default=(0.9, 0.999), when=_adam)
+    momentum: float = _f(_num(nonneg=True, below=1.0), "a number in [0, 1)", "SGD momentum", "optimizer", "refused",
+                         default=0.9, when=_sgd)
+    schedule: str = _f(_choice(SCHEDULES), f"one of {SCHEDULES}",
+                       "learning-rate decay over the run's progress, after the warm-up (cosine and linear to "
+                       "min_lr_ratio * lr)", "schedule", "refused", default="constant", choices=SCHEDULES)
+    warmup_steps: int = _f(_i(0), "an integer >= 0", "linear warm-up steps", "schedule", "refused", default=0)
+    min_lr_ratio: float = _f(_min_lr_ratio, "a number in [0, 1]",
+                             "final learning rate of the decaying schedules, relative to lr", "schedule", "refused",
+                             default=0.0)
+    grad_clip: float | None = _f(_num(positive=True, allow_none=True), "a number > 0 or None",
+                                 "clip the global gradient norm to this value (None: no clipping)", "optimizer",
+                                 "refused", default=None)
+    gradient: str = _f(_choice(GRADIENT_MODES), f"one of {GRADIENT_MODES}",
+                       "how the gradient is computed (opsplit.control.gradients)", "gradient",
+                       default="backprop", choices=GRADIENT_MODES)
+    checkpoint_every: int = _f(_i(1), "an integer >= 1",
+                               "steps per checkpointed block (gradient checkpoint, and adjoint with snapshots)",
+                               "gradient", default=1)
+    checkpoint_snapshots: int | None = _f(_i(1, allow_none=True), "an integer >= 1 or None",
+                                          "the most block states stored for the backward pass (binomial "
+                                          "checkpointing, opsplit.revolve; None: one per block or substep)",
+                                          "gradient", default=DEFAULT_SNAPSHOTS)
+    n_steps: tuple | None = _f(_n_steps, "None or a list of distinct integers >= 1",
+                               "every optimizer step solves the model at an N_t drawn from this list (None: the "
+                               "model's own N_t)", "sampling", "refused", default=None)
+    n_steps_weights: str | tuple | None = _f(_weights, _WEIGHTS, "how the N_t of n_steps are drawn",
+                                             "sampling", "refused", default=None)
+    solvers: tuple | None = _f(_solvers, f"None or a list of distinct names from {SOLVERS}",
+                               "every optimizer step also draws the substep solver from these (None: the model's "
+                               "own)", "sampling", "refused", default=None, choices=SOLVERS)
+    solvers_weights: str | tuple | None = _f(_weights, _WEIGHTS, "how the solvers are drawn", "sampling", "refused",
+                                             default=None)
+    solvers_split: bool = _f(_bool, "true or false",
+                             "no draw: every step solves a share of its batch with each of solvers", "sampling",
+                             "refused", default=False)
+    solvers_split_weights: tuple | None = _f(_split_weights, "None or 'shares', or one weight > 0 per solver",
+                                             "with solvers_split, the objective's weight of each solver's part "
+                                             "(None: its share of the batch)", "sampling", "refused", default=None)
+    seed: int = _f(_seed, "an integer in [0, 2**32)", "seeds the training RNG, the data order and the augmentation",
+                   "data", "refused", default=0)
+    shuffle: bool = _f(_bool, "true or false", "reshuffle the training data every epoch (seeded)", "data", "refused",
+                       default=True)
+    drop_last: bool = _f(_bool, "true or false", "drop the last incomplete batch of an epoch", "data", "refused",
+                         default=False)
+    eval_every: int = _f(_i(1), "an integer >= 1", "evaluate every this many epochs (and after the last)", "output",
+                         default=1)
+    save_every: int | None = _f(_i(1, allow_none=True), "an integer >= 1 or None",
+                                "write a checkpoint every this many optimizer steps (None: only at the end)",
+                                "output", default=None)
+    keep_checkpoints: int = _f(_i(1), "an integer >= 1", "how many step checkpoints to keep (the newest)", "output",
+                               default=2)
+    progress: bool = _f(_bool, "true or false", "show a tqdm progress bar", "output", default=True)
+    extra: dict = _f(_extra, "a dict of JSON values",
+                     "settings outside this config that fix what the run trains on (data.split_seed, ...), "
+                     "recorded and compared on resume", "data", "keys", factory=dict)
 
     def __post_init__(self):
         self.check_consistent()
 
     def check_consistent(self) -> None:
         """The checks across fields (each field is checked on its own when set)."""
-        w = self.train_n_steps_weights
-        if w is not None and self.train_n_steps is None:
-            raise ValueError("TrainConfig.train_n_steps_weights: weights without train_n_steps (the list of N_t they "
-                             "weigh)")
+        w = self.n_steps_weights
+        if w is not None and self.n_steps is None:
+            raise ValueError("TrainConfig.n_steps_weights: weights without n_steps (the list of N_t they weigh)")
         if isinstance(w, tuple):
-            check_weights(w, len(self.train_n_steps), "TrainConfig.train_n_steps_weights")
-        w = self.train_solvers_weights
-        if w is not None and self.train_solvers is None:
-            raise ValueError("TrainConfig.train_solvers_weights: weights without train_solvers (the solvers they "
-                             "weigh)")
+            check_weights(w, len(self.n_steps), "TrainConfig.n_steps_weights", "n_steps")
+        w = self.solvers_weights
+        if w is not None and self.solvers is None:
+            raise ValueError("TrainConfig.solvers_weights: weights without solvers (the solvers they weigh)")
         if isinstance(w, tuple):
-            check_weights(w, len(self.train_solvers), "TrainConfig.train_solvers_weights", "train_solvers")
-        if self.train_solvers_split:
-            if self.train_solvers is None:
-                raise ValueError("TrainConfig.train_solvers_split: a split of every batch between solvers needs "
-                                 "train_solvers (the solvers it shares the batch between)")
-            empty, sizes = solvers_left_out(self.batch_size, self.train_solvers, self.train_solvers_weights)
+            check_weights(w, len(self.solvers), "TrainConfig.solvers_weights", "solvers")
+        if self.solvers_split:
+            if self.solvers is None:
+                raise ValueError("TrainConfig.solvers_split: a split of every batch between solvers needs solvers "
+                                 "(the solvers it shares the batch between)")
+            empty, sizes = solvers_left_out(self.batch_size, self.solvers, self.solvers_weights)
             if empty:
-                raise ValueError(f"TrainConfig.train_solvers_split: a batch of {self.batch_size} gives "
-                                 f"{empty[0]!r} no window (windows per solver {sizes}); "
-                                 "expected a batch_size at least as large as 1 / its share, or a larger weight")
-        w = self.train_solvers_split_weights
+                raise ValueError(f"TrainConfig.solvers_split: a batch of {self.batch_size} gives {empty[0]!r} no "
+                                 f"window (windows per solver {sizes}); expected a batch_size at least as large as "
+                                 "1 / its share, or a larger weight")
+        w = self.solvers_split_weights
         if w is not None:
-            if not self.train_solvers_split:
-                raise ValueError("TrainConfig.train_solvers_split_weights: weights of the split's parts without "
-                                 "train_solvers_split (no batch is split); expected None, or train_solvers_split=True")
-            if len(w) != len(self.train_solvers):
-                raise ValueError(f"TrainConfig.train_solvers_split_weights: expected one weight per solver of "
-                                 f"train_solvers = {self.train_solvers}, got {len(w)}")
+            if not self.solvers_split:
+                raise ValueError("TrainConfig.solvers_split_weights: weights of the split's parts without "
+                                 "solvers_split (no batch is split); expected None, or solvers_split=True")
+            if len(w) != len(self.solvers):
+                raise ValueError(f"TrainConfig.solvers_split_weights: expected one weight per solver of solvers = "
+                                 f"{self.solvers}, got {len(w)}")
 
     def __setattr__(self, name, value):
         # every assignment is checked, at construction and after it: a config stays valid
-        if name in _CHECKS:
+        if name in RENAMED:
+            name = _renamed(name, stacklevel=3)
+        if name in _FIELDS:
             owner = self.__dict__.get("_owner")
             if owner is not None:
                 raise dataclasses.FrozenInstanceError(
                     f"TrainConfig.{name}: this config belongs to a {owner} (its optimizer and schedule were "
                     f"built from it) and cannot be changed; pass {name}=... to the {owner} (or use "
                     f"config.replace({name}=...)) and build a new one")
-            value = _CHECKS[name](value, f"TrainConfig.{name}")
+            value = _FIELDS[name].metadata["check"](value, f"TrainConfig.{name}")
         elif not name.startswith("_"):
-            raise AttributeError(f"TrainConfig: unknown field {name!r}; expected one of {sorted(_CHECKS)}")
+            raise AttributeError(f"TrainConfig: unknown field {name!r}; expected one of {sorted(_FIELDS)}")
         object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        # (called only for names that are not attributes: the former names of renamed fields)
+        if name in RENAMED:
+            return getattr(self, _renamed(name, stacklevel=3))
+        raise AttributeError(f"TrainConfig: unknown field {name!r}; expected one of {sorted(_FIELDS)}")
 
     def _freeze(self, owner: str) -> None:
         """Refuse later assignments (the config of a built :class:`Trainer`)."""
         object.__setattr__(self, "_owner", owner)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        if self.train_n_steps is not None:
-            d["train_n_steps"] = list(self.train_n_steps)
-        for k in ("train_n_steps_weights", "train_solvers", "train_solvers_weights", "train_solvers_split_weights"):
-            if isinstance(getattr(self, k), tuple):
-                d[k] = list(getattr(self, k))
-        return d
+        """The fields as JSON / TOML values (tuples as lists), in their order."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
         """Build from a dict (a TOML table); unknown keys are refused with their names."""
         if not isinstance(d, dict):
             raise TypeError(f"TrainConfig.from_dict: expected a dict, got {type(d).__name__}")
-        _refuse_unknown(d)
-        return cls(**d)
+        return cls(**_canonical(d, "TrainConfig.from_dict", stacklevel=4))
 
     def replace(self, **changes) -> TrainConfig:
         """A new config with ``changes`` (checked; unknown keys refused with their names)."""
-        _refuse_unknown(changes)
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **_canonical(changes, "TrainConfig.replace", stacklevel=4))
+
+    @classmethod
+    def schema(cls) -> dict[str, ConfigField]:
+        """``{name: ConfigField}`` of every field in order: its default, accepted values, doc,
+        group and what a resumed run may change (:class:`ConfigField`)."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out[f.name] = ConfigField(f.name, default, m["accepts"], m["doc"], m["group"], m["resume"],
+                                      m["choices"])
+        return out
 
 
-def _refuse_unknown(d: dict) -> None:
-    unknown = sorted(set(d) - set(_CHECKS), key=str)
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_dataclass_init = TrainConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self, *args, **kwargs):
+    _dataclass_init(self, *args, **_canonical(kwargs, "TrainConfig", stacklevel=4))
+
+
+TrainConfig.__init__ = _init
+
+
+def _renamed(old: str, stacklevel: int) -> str:
+    new = RENAMED[old]
+    warnings.warn(f"TrainConfig.{old} is deprecated: use TrainConfig.{new}", DeprecationWarning,
+                  stacklevel=stacklevel)
+    return new
+
+
+def _canonical(d: dict, where: str, stacklevel: int) -> dict:
+    """``d`` with the former field names replaced by the new ones (a warning each); unknown
+    keys, and a field given under both names, refused."""
+    out = {}
+    for k, v in d.items():
+        new = _renamed(k, stacklevel) if k in RENAMED else k
+        if new in out:
+            raise ValueError(f"TrainConfig.{new}: given twice (as {new!r} and its former name); expected one")
+        out[new] = v
+    unknown = sorted(set(out) - set(_FIELDS), key=str)
     if unknown:
-        raise ValueError(f"TrainConfig: unknown key(s) {unknown}; expected keys from {sorted(_CHECKS)}")
+        raise ValueError(f"TrainConfig: unknown key(s) {unknown}; expected keys from {sorted(_FIELDS)}")
+    return out
 
 
-#: the fields whose change between a checkpoint's run and the resumed run makes the resumed
-#: run neither of the two runs: the optimizer's rates (restored from the checkpoint), the
-#: data order and batches (restored step counter), the gradient clipping and the N_t draws
-_RESUME_FIXED = ("optimizer", "lr", "weight_decay", "betas", "momentum", "schedule", "warmup_steps", "min_lr_ratio",
-                 "grad_clip", "seed", "shuffle", "drop_last", "train_n_steps", "train_n_steps_weights",
-                 "train_solvers", "train_solvers_weights", "train_solvers_split", "train_solvers_split_weights")
+def _plain(v):
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
 
 
 def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size: int = 1, world_size: int = 1,
                    saved_total_steps: int | None = None, total_steps: int | None = None) -> list:
-    """The settings of a checkpoint's run (``saved``: its ``TrainConfig.to_dict()``) that
-    differ from ``config``, as :class:`~opsplit.control.checkpoint.SettingChange` rows
-    (``where = "TrainConfig"``): every field of ``_RESUME_FIXED`` (``momentum`` only for
-    SGD, ``betas`` only for Adam/AdamW), the samples per optimizer step
-    (``batch_size × world_size``), and — when a schedule decays over the run — its length
-    (``epochs`` / ``max_steps`` through the total step count).  Fields that do not change
-    the run (``eval_*``, ``save_every``, ``progress``, the gradient mode, ...) are not
-    compared; nor is anything when ``saved`` is ``None``.  The keys of ``extra`` (the data
-    the run trains on) are compared one by one, named by their key (``data.max_chars``),
-    when the checkpoint recorded any (runs saved before ``extra`` was compared recorded
-    none)."""
-    from .checkpoint import SettingChange
-
+    """The settings of a checkpoint's run (``saved``: its ``TrainConfig.to_dict()``, former
+    field names accepted) that differ from ``config``, as
+    :class:`~opsplit.control.SettingChange` rows (``where = "TrainConfig"``), by each field's
+    ``resume`` rule (:meth:`TrainConfig.schema`): every ``"refused"`` field (``momentum`` only
+    for SGD, ``betas`` only for Adam/AdamW), the samples per optimizer step
+    (``batch_size × world_size``), the keys of ``extra`` one by one (named by their key,
+    ``data.max_chars``; when the checkpoint recorded any), and — when a schedule decays over
+    the run — its length (``epochs`` / ``max_steps`` through the total step count).  Fields
+    that do not change the run (``eval_*``, ``save_every``, ``progress``, the gradient
+    mode, ...) are not compared; nor is anything when ``saved`` is ``None``."""
     if saved is None:
         return []
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config_changes.config: expected a TrainConfig, got {type(config).__name__}")
+    saved = {RENAMED.get(k, k): v for k, v in saved.items()}
     now = config.to_dict()
     out = []
-    for k in _RESUME_FIXED:
-        if k not in saved or (k == "momentum" and config.optimizer != "sgd") or (
-                k == "betas" and config.optimizer == "sgd"):
-            continue
-        a, b = saved[k], now[k]
-        same = a == b
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-            same = math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
-        if not same:
-            out.append(SettingChange("TrainConfig", k, a, b))
+    for f in dataclasses.fields(config):
+        when = f.metadata["when"]
+        if f.metadata["resume"] == "refused" and f.name in saved and (when is None or when(config)) \
+                and not _same(saved[f.name], now[f.name]):
+            out.append(SettingChange("TrainConfig", f.name, saved[f.name], now[f.name]))
     if "batch_size" in saved:
         a, b = saved["batch_size"] * saved_world_size, config.batch_size * world_size
         if a != b:
@@ -390,8 +441,7 @@ def config_changes(saved: dict | None, config: TrainConfig, *, saved_world_size:
     if isinstance(extra, dict) and extra:
         for k in sorted(set(extra) | set(now["extra"]), key=str):
             a, b = extra.get(k, "(not recorded)"), now["extra"].get(k, "(not set)")
-            if a != b and not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
-                               and not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)):
+            if not _same(a, b):
                 out.append(SettingChange("TrainConfig", str(k), a, b))
     decays = config.schedule != "constant" or saved.get("schedule", "constant") != "constant"
     if decays and saved_total_steps is not None and total_steps is not None and saved_total_steps != total_steps:

@@ -28,7 +28,7 @@ happens.  Nothing is trained and no gradient is recorded.
 
 **The training grid.**  ``n_steps=None`` takes the model's own :math:`N_t` (the
 ``n_steps`` of its first propagator): the grid a model built with ``n_steps=N`` and
-trained by the trainer without ``train_n_steps`` was trained on.  A model trained at
+trained by the trainer without ``TrainConfig.n_steps`` was trained on.  A model trained at
 several :math:`N_t` names its reference grid with ``reference=``.
 """
 

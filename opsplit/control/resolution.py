@@ -1,7 +1,7 @@
 r"""Multi-resolution training: the :math:`N_t` each optimizer step solves the model at.
 
-With ``TrainConfig.train_n_steps = (N_1, ..., N_k)`` every step draws one :math:`N_t` from
-the list with the trainer's seeded generator.  ``TrainConfig.train_n_steps_weights`` sets
+With ``TrainConfig.n_steps = (N_1, ..., N_k)`` every step draws one :math:`N_t` from
+the list with the trainer's seeded generator.  ``TrainConfig.n_steps_weights`` sets
 the probabilities:
 
 * ``None`` — uniform, :math:`p_i = 1/k` (each resolution gets the same number of steps; a
@@ -15,12 +15,12 @@ the probabilities:
 The controls, functions of :math:`t`, are then fit at several step sizes at once: what the
 continuous model is, not one discrete map (:mod:`opsplit.control.continuity` measures it).
 
-``TrainConfig.train_solvers`` draws the substep solver of every step too (independently;
-``train_solvers_weights="cost"``: probability proportional to 1/stages, so Heun, two field
+``TrainConfig.solvers`` draws the substep solver of every step too (independently;
+``solvers_weights="cost"``: probability proportional to 1/stages, so Heun, two field
 evaluations per substep, is drawn half as often as Euler): the solver-swap test as a part
 of the objective (:func:`opsplit.control.swap.solved_with`).
 
-``TrainConfig.train_solvers_split = True`` takes the same probabilities as **shares of every
+``TrainConfig.solvers_split = True`` takes the same probabilities as **shares of every
 batch** instead of draws: each step solves the share :math:`p_i` of its windows with solver
 :math:`i` (:func:`split_sizes`: :math:`m_i \approx p_i B` windows, rounded by largest
 remainder) and the objective is the mean over all :math:`B` windows,
@@ -54,15 +54,15 @@ def check_n_steps_list(v, name: str) -> tuple[int, ...]:
     for n in out:
         if n in seen:
             raise ValueError(f"{name}: N_t = {n} is listed twice, got {list(out)} (each N_t once; weigh the draws "
-                             "with train_n_steps_weights)")
+                             "with n_steps_weights)")
         seen.add(n)
     return out
 
 
-def check_weights(w, n: int | None, name: str, of: str = "train_n_steps"):
+def check_weights(w, n: int | None, name: str, of: str = "n_steps"):
     """``None``, ``"uniform"`` (as ``None``), ``"cost"`` or a list of positive finite weights
     (of length ``n`` when given: one per entry of the list ``of`` names, e.g.
-    ``"train_solvers"``)."""
+    ``"solvers"``)."""
     if w is None or w == "uniform":
         return None
     if w == "cost":
@@ -133,7 +133,7 @@ def draw_solver(solvers, weights, generator: torch.Generator) -> str:
 
 def split_sizes(batch: int, solvers, weights=None) -> list[int]:
     """Windows of a batch of ``batch`` for each of ``solvers`` under
-    ``TrainConfig.train_solvers_split``: :math:`p_i B` (:func:`solver_probabilities`)
+    ``TrainConfig.solvers_split``: :math:`p_i B` (:func:`solver_probabilities`)
     rounded down, the remaining windows to the largest remainders (ties to the earlier
     solver); the sizes sum to ``batch``, and a solver may get none in a small batch."""
     p = solver_probabilities(solvers, weights)
@@ -147,6 +147,6 @@ def split_sizes(batch: int, solvers, weights=None) -> list[int]:
 
 def solvers_left_out(batch: int, solvers, weights=None) -> tuple[list[str], dict]:
     """The solvers a split of a batch of ``batch`` gives no window (:func:`split_sizes`), and
-    the windows of each: what a config with ``train_solvers_split`` is checked by."""
+    the windows of each: what a config with ``solvers_split`` is checked by."""
     sizes = dict(zip(solvers, split_sizes(batch, solvers, weights)))
     return [s for s, m in sizes.items() if m == 0], sizes

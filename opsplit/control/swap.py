@@ -1,7 +1,7 @@
 r"""Solving a model another way, for the length of a block: another substep solver (Euler,
 Heun, RK4), or the Strang splitting of its terms, on every :class:`~opsplit.Propagator`
 inside it — the swap of the solver-swap test (:mod:`opsplit.control.continuity`) and of
-training with solvers drawn per step (``TrainConfig.train_solvers``).  The operators and
+training with solvers drawn per step (``TrainConfig.solvers``).  The operators and
 their controls are shared; nothing is copied, and everything is restored on exit."""
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ from torch import Tensor, nn
 
 from ..data.base import TensorData
 from ..propagator import _calls_per_step
+from .callbacks import Callback
 from .checkpoint import (
     check_allow_changes,
     latest_checkpoint,
@@ -226,6 +227,28 @@ def _check_run_state(ck) -> None:
                    "schedule factor is at most 1)")
 
 
+def _check_callbacks(callbacks) -> list:
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
+        raise TypeError(f"Trainer.callbacks: expected a list of opsplit.control.Callback, got {callbacks!r}")
+    for i, cb in enumerate(callbacks):
+        if not isinstance(cb, Callback):
+            raise TypeError(f"Trainer.callbacks[{i}]: expected an opsplit.control.Callback (subclass it and override "
+                            f"its hooks), got {type(cb).__name__}")
+    return list(callbacks)
+
+
+def _callback_keys(callbacks):
+    """``(key, callback)``: the key a callback's state is saved under (its class name, then
+    ``#2``, ``#3`` ... for further callbacks of the same class)."""
+    seen: dict = {}
+    for cb in callbacks:
+        name = type(cb).__name__
+        seen[name] = seen.get(name, 0) + 1
+        yield (name if seen[name] == 1 else f"{name}#{seen[name]}"), cb
+
+
 def _check_eval_n_steps(n) -> int:
     """``Trainer.evaluate``'s :math:`N_t`: an integer >= 1 whose time grid (``n + 1`` times,
     Python floats of 32 bytes, made before the first step) fits in the available memory."""
@@ -261,11 +284,14 @@ class Trainer:
         augment: ``fn(inputs, generator) -> inputs`` applied to every training batch (e.g.
             :func:`opsplit.data.random_shift`); ``generator`` is the trainer's own
             ``torch.Generator`` (seeded with ``config.seed``, saved in checkpoints).
+        callbacks: :class:`~opsplit.control.Callback` instances called at the run's points
+            (:mod:`opsplit.control.callbacks`: per-step and per-evaluation work, stopping, the
+            schedule's progress — e.g. :class:`~opsplit.control.CPUTimeBudget`), in order.
     """
 
     def __init__(self, model: nn.Module, objective: Objective, config: TrainConfig | dict | None = None, *,
                  forward_model: nn.Module | None = None, metrics: dict | None = None, augment=None,
-                 rank: int = 0, world_size: int = 1, **overrides):
+                 rank: int = 0, world_size: int = 1, callbacks=None, **overrides):
         if not isinstance(model, nn.Module):
             raise TypeError(f"Trainer.model: expected an nn.Module, got {type(model).__name__}")
         if not isinstance(objective, Objective):
@@ -307,20 +333,22 @@ class Trainer:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"Trainer: expected 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         self.rank, self.world_size = rank, world_size
-        if self.config.train_solvers_split and (world_size > 1 or forward_model is not None):
-            raise ValueError("TrainConfig.train_solvers_split: the split calls the model once per solver in a "
+        self.callbacks = _check_callbacks(callbacks)
+        self.should_stop = False
+        if self.config.solvers_split and (world_size > 1 or forward_model is not None):
+            raise ValueError("TrainConfig.solvers_split: the split calls the model once per solver in a "
                              "step, and a data-parallel wrapper (forward_model, world_size > 1) expects one call "
-                             "per backward; use the draw (train_solvers_split=False) for data-parallel training")
+                             "per backward; use the draw (solvers_split=False) for data-parallel training")
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.params = params
         names = {id(p): n for n, p in model.named_parameters()}
         self._param_names = [names.get(id(p), f"<parameter {i}>") for i, p in enumerate(params)]
         self.optimizer = self._make_optimizer(params)
         self._total_steps = 1
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
         self.history = History()
         self.elapsed = 0.0
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
 
     # -- optimizer / schedule -------------------------------------------------------------
     def _make_optimizer(self, params):
@@ -331,18 +359,97 @@ class Trainer:
             return torch.optim.Adam(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
         return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
 
+    @property
+    def total_steps(self) -> int:
+        """The optimizer steps of the run (``max_steps``, or ``epochs`` times the steps per
+        epoch; set by :meth:`fit`); a callback may stop the run before."""
+        return self._total_steps
+
+    def progress(self, step: int | None = None) -> float:
+        """The run's progress in [0, 1] after ``step`` optimizer steps (default
+        ``self.step``), which the decaying schedules follow: the largest of the callbacks'
+        :meth:`~opsplit.control.Callback.progress` values when one returns a number, else
+        (step − warmup_steps) / (total steps − warmup_steps)."""
+        step = self.step if step is None else step
+        values = []
+        for cb in self.callbacks:
+            v = cb.progress(self)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise TypeError(f"{type(cb).__name__}.progress: expected a finite number in [0, 1] or None, got {v!r}")
+            values.append(float(v))
+        if values:
+            return min(1.0, max(0.0, max(values)))
+        w = self.config.warmup_steps
+        return min(1.0, max(0.0, (step - w) / max(1, self._total_steps - w)))
+
     def _lr_factor(self, step: int) -> float:
         c = self.config
         if c.warmup_steps and step < c.warmup_steps:
             return (step + 1) / c.warmup_steps
         if c.schedule == "constant":
             return 1.0
-        span = max(1, self._total_steps - c.warmup_steps)
-        p = min(1.0, max(0.0, (step - c.warmup_steps) / span))
+        p = self.progress(step)
         r = c.min_lr_ratio
         if c.schedule == "cosine":
             return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))
         return r + (1 - r) * (1 - p)
+
+    def replace_parameters(self, old_to_new: dict, state_map=None) -> None:
+        """Train new parameters in place of old ones from the next optimizer step on (at a
+        step boundary, e.g. in a callback's ``on_step_start``, after the model was given the
+        new parameters — controls prolonged to a finer time grid, say).
+
+        Args:
+            old_to_new: ``{old: new}``, ``old`` a parameter this trainer trains, ``new`` an
+                ``nn.Parameter`` that requires a gradient (of any shape); each takes its
+                predecessor's place in the optimizer's parameter group.
+            state_map: ``fn(key, value, old, new) -> tensor`` mapping the optimizer's state of
+                ``old`` to ``new``'s, called for every state tensor of ``old``'s shape
+                (Adam's ``exp_avg``, ``exp_avg_sq``, SGD's ``momentum_buffer``: prolong them as
+                the parameter was); other entries (Adam's ``step``) are copied.  ``None``:
+                the new parameters start with no optimizer state (fresh moments).
+        """
+        if not isinstance(old_to_new, dict) or not old_to_new:
+            raise TypeError(f"Trainer.replace_parameters.old_to_new: expected a non-empty dict {{old parameter: new "
+                            f"parameter}}, got {old_to_new!r}")
+        if state_map is not None and not callable(state_map):
+            raise TypeError(f"Trainer.replace_parameters.state_map: expected None or a callable "
+                            f"fn(key, value, old, new) -> tensor, got {state_map!r}")
+        where = {id(p): i for i, p in enumerate(self.params)}
+        seen = {id(p) for p in self.params}
+        for old, new in old_to_new.items():
+            if id(old) not in where:
+                raise ValueError("Trainer.replace_parameters.old_to_new: a key is not a parameter this trainer "
+                                 f"trains (shape {tuple(getattr(old, 'shape', ()))})")
+            if not isinstance(new, nn.Parameter) or not new.requires_grad:
+                raise TypeError(f"Trainer.replace_parameters.old_to_new[{self._param_names[where[id(old)]]}]: "
+                                f"expected an nn.Parameter that requires a gradient, got {type(new).__name__}")
+            if id(new) in seen and new is not old:
+                raise ValueError(f"Trainer.replace_parameters.old_to_new[{self._param_names[where[id(old)]]}]: the "
+                                 "new parameter is already trained (each parameter once)")
+            seen.add(id(new))
+        opt = self.optimizer
+        for old, new in old_to_new.items():
+            st = opt.state.pop(old, None)
+            if st and state_map is not None:
+                mapped = {}
+                for k, v in st.items():
+                    if isinstance(v, Tensor) and v.shape == old.shape and v.dim() > 0:
+                        v = state_map(k, v, old, new)
+                        if not isinstance(v, Tensor) or v.shape != new.shape:
+                            raise ValueError(f"Trainer.replace_parameters.state_map: the state {k!r} mapped to "
+                                             f"{tuple(getattr(v, 'shape', ()))}, expected the new parameter's shape "
+                                             f"{tuple(new.shape)}")
+                    mapped[k] = v
+                opt.state[new] = mapped
+            for g in opt.param_groups:
+                g["params"] = [new if q is old else q for q in g["params"]]
+            i = where[id(old)]
+            self.params[i] = new
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        self._param_names = [names.get(id(p), f"<parameter {i}>") for i, p in enumerate(self.params)]
 
     # -- data ---------------------------------------------------------------------------------
     def _steps_per_epoch(self, n: int) -> int:
@@ -374,12 +481,12 @@ class Trainer:
             with torch.no_grad():
                 with _solve_inputs(self.model) as calls:
                     out = self.objective.select(self.model(x))
-                for n in self.config.train_n_steps or ():
+                for n in self.config.n_steps or ():
                     self._check_steps_fit(n, calls, k)
                     try:
                         self.model(x, n_steps=n)
                     except TypeError as e:
-                        raise TypeError(f"TrainConfig.train_n_steps: the model's forward must take n_steps= "
+                        raise TypeError(f"TrainConfig.n_steps: the model's forward must take n_steps= "
                                         f"({type(self.model).__name__}: {e})") from None
                 self.objective.check(out, y)
                 val = self.objective.data_term(out, y)  # a callable loss fails here, not mid-run
@@ -396,7 +503,7 @@ class Trainer:
                                  f"(the model outputs {C} logits), got range [{lo}, {hi}]")
 
     def _check_steps_fit(self, n: int, calls: list, k: int) -> None:
-        """``TrainConfig.train_n_steps``: refuse, before the first step (and before the model
+        """``TrainConfig.n_steps``: refuse, before the first step (and before the model
         is solved at ``n`` steps in :meth:`_check_batch`), an :math:`N_t` whose training step
         cannot fit in memory: the propagators' time grids and, with ``gradient="backprop"``,
         one state of the batch per substep call kept for the backward pass
@@ -410,14 +517,21 @@ class Trainer:
             state = nbytes / k * c.batch_size if batch == k else nbytes
             b, p = prop._steps_memory(n, state, grad=c.gradient == "backprop")
             need, parts, work = need + b, parts + p, work + n * _calls_per_step(prop.scheme)
-        check_fits("TrainConfig.train_n_steps", need,
+        check_fits("TrainConfig.n_steps", need,
                    f"N_t = {n} in a training step of batch_size {c.batch_size} ({c.gradient} gradients)",
-                   "smaller N_t in train_n_steps", parts=parts, work=f"{work:.3g} substep calls per step")
+                   "smaller N_t in n_steps", parts=parts, work=f"{work:.3g} substep calls per step")
 
     # -- checkpoints --------------------------------------------------------------------------
     def state(self) -> dict:
-        return {"step": self.step, "elapsed": self.elapsed, "history": self.history.to_dict(),
-                "total_steps": self._total_steps, "world_size": self.world_size}
+        """The counters, history and callbacks' states a checkpoint keeps (``meta.json``'s
+        ``trainer``)."""
+        out = {"step": self.step, "elapsed": self.elapsed, "history": self.history.to_dict(),
+               "total_steps": self._total_steps, "world_size": self.world_size}
+        states = {k: cb.state_dict() for k, cb in _callback_keys(self.callbacks)}
+        states = {k: v for k, v in states.items() if v}
+        if states:
+            out["callbacks"] = states
+        return out
 
     def save(self, path) -> Path:
         """Write a checkpoint folder (model, optimizer, scheduler, RNG, counters, history)."""
@@ -460,6 +574,10 @@ class Trainer:
         self.step = int(t.get("step", 0))
         self.elapsed = float(t.get("elapsed", 0.0))
         self.history = History.from_dict(t.get("history"))
+        saved_cb = t.get("callbacks") or {}
+        for k, cb in _callback_keys(self.callbacks):
+            if k in saved_cb:
+                cb.load_state_dict(saved_cb[k])
         ck.changes = list(ck.changes) + run_changes
         if run_changes:
             self._follow_config()
@@ -583,7 +701,7 @@ class Trainer:
             check_flow_costs(self.objective, self.model)
             k = min(2, n)
             check_objective(self.objective, self.model, *train[torch.arange(k)])  # J finite before step 0
-            for name in c.train_solvers or ():
+            for name in c.solvers or ():
                 with solved_with(self.model, solver=name):  # refuses a solver that cannot run a term
                     pass
             if resume is not None:
@@ -625,27 +743,26 @@ class Trainer:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         self.model.train()
+        self.should_stop = False
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
         try:
-            while self.step < self._total_steps:  # (re-read: a schedule may end the run early)
+            while self.step < self._total_steps and not self.should_stop:
                 epoch, offset = divmod(self.step, spe)
                 batches = self._epoch_batches(len(train), epoch)
                 t_ep = time.perf_counter()
                 for idx in batches[offset:]:
-                    if self.step >= self._total_steps:
+                    if self.step >= self._total_steps or self.should_stop:
                         break
-                    t0 = time.perf_counter()
-                    row = self._train_step(train, idx)
-                    self.step += 1
-                    self.elapsed += time.perf_counter() - t0
-                    row.update(step=self.step, epoch=epoch, time=self.elapsed)
-                    self.history.steps.append(row)
+                    row = self._step(train, idx, epoch)
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{row['loss']:.4g}", epoch=epoch)
                     if out is not None and c.save_every and self.step % c.save_every == 0:
                         self._save_step(out)
-                epoch_done = self.step % spe == 0 or self.step >= self._total_steps
-                if epoch_done and ((epoch + 1) % c.eval_every == 0 or self.step >= self._total_steps):
+                last = self.step >= self._total_steps or self.should_stop
+                epoch_done = self.step % spe == 0 or last
+                if epoch_done and ((epoch + 1) % c.eval_every == 0 or last):
                     erow = {"epoch": epoch, "step": self.step,
                             "train_loss": _mean(r["loss"] for r in self.history.steps if r["epoch"] == epoch),
                             "epoch_time": time.perf_counter() - t_ep,
@@ -658,27 +775,74 @@ class Trainer:
                     if bar is not None and evald is not None:
                         bar.write(f"epoch {epoch}: " + ", ".join(f"{k}={v:.4g}" for k, v in erow.items()
                                                                   if k.startswith("eval_")))
+                    self._call("on_evaluate", erow)
         finally:
             if bar is not None:
                 bar.close()
+        for cb in self.callbacks:
+            cb.on_fit_end(self)
         if out is not None:
             self._save_step(out)
 
-    def _train_step(self, train: TensorData, idx: Tensor) -> dict:
+    def _call(self, hook: str, row: dict) -> None:
+        """Call ``hook(self, row)`` of every callback; one returning ``True`` stops the run."""
+        for cb in self.callbacks:
+            if getattr(cb, hook)(self, row) is True:
+                self.should_stop = True
+
+    def train_step(self, data, indices=None) -> dict:
+        """One optimizer step on the samples ``indices`` of ``data`` (all of them when
+        ``None``), as :meth:`fit` takes it: augmentation, the config's :math:`N_t` and solver
+        draws, objective, backward pass, clipping, optimizer and schedule step, the callbacks'
+        ``on_step_start`` / ``on_step_end``; ``self.step`` counts it and its row (returned)
+        is appended to ``self.history.steps``.  The model's train/eval flag and gradient mode
+        are left as they are (:meth:`fit` sets ``model.train()`` and ``config.gradient``).
+
+        Args:
+            data: a :class:`~opsplit.data.TensorData` or ``(inputs, targets)``.
+            indices: a 1-D integer tensor (or list) of sample indices into ``data``.
+        """
+        data = as_dataset(data, "Trainer.train_step.data")
+        n = len(data)
+        if indices is None:
+            idx = torch.arange(n)
+        else:
+            idx = torch.as_tensor(indices) if isinstance(indices, (list, tuple, Tensor)) else None
+            if idx is None or idx.dim() != 1 or idx.numel() == 0 or idx.is_floating_point() or idx.dtype == torch.bool:
+                raise TypeError(f"Trainer.train_step.indices: expected a non-empty 1-D integer tensor or list of "
+                                f"sample indices, got {indices!r}")
+            if int(idx.min()) < 0 or int(idx.max()) >= n:
+                raise ValueError(f"Trainer.train_step.indices: expected indices in [0, {n - 1}] (data has {n} "
+                                 f"samples), got range [{int(idx.min())}, {int(idx.max())}]")
+        return self._step(data, idx, None)
+
+    def _step(self, train: TensorData, idx: Tensor, epoch: int | None) -> dict:
+        for cb in self.callbacks:
+            cb.on_step_start(self)
+        t0 = time.perf_counter()
+        row = self._optimizer_step(train, idx)
+        self.step += 1
+        self.elapsed += time.perf_counter() - t0
+        row.update(step=self.step, **({} if epoch is None else {"epoch": epoch}), time=self.elapsed)
+        self.history.steps.append(row)
+        self._call("on_step_end", row)
+        return row
+
+    def _optimizer_step(self, train: TensorData, idx: Tensor) -> dict:
         c = self.config
         x, y = train[idx]
         if self.augment is not None:
             x = self.augment(x, self.generator)
         kw = {}
-        if c.train_n_steps is not None:
-            kw["n_steps"] = draw_n_steps(c.train_n_steps, c.train_n_steps_weights, self.generator)
+        if c.n_steps is not None:
+            kw["n_steps"] = draw_n_steps(c.n_steps, c.n_steps_weights, self.generator)
         solver = None
-        if c.train_solvers is not None and not c.train_solvers_split:
-            solver = draw_solver(c.train_solvers, c.train_solvers_weights, self.generator)
+        if c.solvers is not None and not c.solvers_split:
+            solver = draw_solver(c.solvers, c.solvers_weights, self.generator)
             if solver == _own_solver(self.model):
                 solver = None  # the model's own solver: nothing to swap
         self.optimizer.zero_grad(set_to_none=True)
-        if c.train_solvers_split:  # (a consistent config holds train_solvers with it)
+        if c.solvers_split:  # (a consistent config holds solvers with it)
             val = self._split_objective(x, y, kw)
         else:
             with solved_with(self.model, solver=solver) if solver is not None else contextlib.nullcontext():
@@ -717,16 +881,16 @@ class Trainer:
         return row
 
     def _split_objective(self, x, y, kw) -> ObjectiveValue:
-        """``TrainConfig.train_solvers_split``: the batch in consecutive parts, part i solved
-        with ``train_solvers[i]`` (:func:`~opsplit.control.resolution.split_sizes`), the
+        """``TrainConfig.solvers_split``: the batch in consecutive parts, part i solved
+        with ``solvers[i]`` (:func:`~opsplit.control.resolution.split_sizes`), the
         objective their mean weighted by the windows of each (the mean over the batch), or
-        by ``train_solvers_split_weights`` (normalised over the parts that have windows)."""
+        by ``solvers_split_weights`` (normalised over the parts that have windows)."""
         c = self.config
         n = len(y)
         own = _own_solver(self.model)
-        fixed = c.train_solvers_split_weights
+        fixed = c.solvers_split_weights
         values, shares, start = [], [], 0
-        for i, (name, m) in enumerate(zip(c.train_solvers, split_sizes(n, c.train_solvers, c.train_solvers_weights))):
+        for i, (name, m) in enumerate(zip(c.solvers, split_sizes(n, c.solvers, c.solvers_weights))):
             if m == 0:  # a short last batch of an epoch
                 continue
             part = slice(start, start + m)

@@ -210,8 +210,8 @@ CONFIG = cases(
     ("gradient", lambda: TrainConfig(gradient="forward"), ValueError, r"TrainConfig\.gradient: expected one of"),
     ("checkpoint_every=0", lambda: TrainConfig(checkpoint_every=0), ValueError, r"TrainConfig\.checkpoint_every"),
     ("snapshots=0", lambda: TrainConfig(checkpoint_snapshots=0), ValueError, r"TrainConfig\.checkpoint_snapshots"),
-    ("train_n_steps=[]", lambda: TrainConfig(train_n_steps=[]), TypeError, r"TrainConfig\.train_n_steps"),
-    ("train_n_steps=[0]", lambda: TrainConfig(train_n_steps=[0]), ValueError, r"TrainConfig\.train_n_steps.*>= 1"),
+    ("n_steps=[]", lambda: TrainConfig(n_steps=[]), TypeError, r"TrainConfig\.n_steps"),
+    ("n_steps=[0]", lambda: TrainConfig(n_steps=[0]), ValueError, r"TrainConfig\.n_steps.*>= 1"),
     ("seed<0", lambda: TrainConfig(seed=-1), ValueError, r"TrainConfig\.seed.*>= 0"),
     ("seed>=2**32", lambda: TrainConfig(seed=2**50), ValueError, r"TrainConfig\.seed.*2\*\*32"),
     ("shuffle-str", lambda: TrainConfig(shuffle="yes"), TypeError, r"TrainConfig\.shuffle: expected true or false"),
@@ -283,8 +283,8 @@ FIT = cases(
     ("drop_last-ddp", lambda: Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config(), rank=0,
                                        world_size=2).fit(tiny_data()), ValueError, r"TrainConfig\.drop_last"),
     ("no-batch", fit_into(batch_size=64, drop_last=True), ValueError, r"train_data: 40 samples give no batch"),
-    ("train_n_steps-model", fit_into(model=NoSteps(), train_n_steps=[2]), TypeError,
-     r"TrainConfig\.train_n_steps: the model's forward must take n_steps"),
+    ("n_steps-model", fit_into(model=NoSteps(), n_steps=[2]), TypeError,
+     r"TrainConfig\.n_steps: the model's forward must take n_steps"),
     ("adjoint-no-ode", fit_into(gradient="adjoint"), ValueError, r"gradient='adjoint': the model has no smooth ODE"),
     ("checkpoint-no-prop", fit_into(model=NoSteps(), gradient="checkpoint"), ValueError,
      r"gradient='checkpoint': the model holds no opsplit Propagator"),
@@ -638,15 +638,15 @@ def test_issue42_edited_checkpoint(case):
     run_case(case)
 
 
-# -- issue 42: the size guard of train_n_steps (13f) --------------------------------------------------
+# -- issue 42: the size guard of n_steps (13f) --------------------------------------------------
 ISSUE42_SIZE = cases(
-    ("train_n_steps-1e9", fit_into(train_n_steps=[2, 10**9]), ValueError,
-     r"^TrainConfig\.train_n_steps: N_t = 1000000000 in a training step of batch_size 16 \(backprop gradients\): at "
+    ("n_steps-1e9", fit_into(n_steps=[2, 10**9]), ValueError,
+     r"^TrainConfig\.n_steps: N_t = 1000000000 in a training step of batch_size 16 \(backprop gradients\): at "
      r"least .* of memory \(a time grid of 1000000001 times: 32 GB; 3e\+09 states of 2\.56 kB kept for the backward "
      r"pass: 7\.68 TB\) and 3e\+09 substep calls per step before the first step, more than the .* available; expected "
-     r"smaller N_t in train_n_steps$"),
-    ("train_n_steps-1e12-checkpoint", fit_into(train_n_steps=[10**12], gradient="checkpoint"), ValueError,
-     r"^TrainConfig\.train_n_steps: N_t = 1000000000000 in a training step of batch_size 16 \(checkpoint gradients\): "
+     r"smaller N_t in n_steps$"),
+    ("n_steps-1e12-checkpoint", fit_into(n_steps=[10**12], gradient="checkpoint"), ValueError,
+     r"^TrainConfig\.n_steps: N_t = 1000000000000 in a training step of batch_size 16 \(checkpoint gradients\): "
      r"at least 32 TB of memory \(a time grid of 1000000000001 times: 32 TB\)"),
 )
 
