@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from ..operators import KVCache
-from .generate import MODEL_DEFAULT, _grow, _prepare, token_probs
+from ._decoding import MODEL_DEFAULT, _grow, _prepare, token_probs
 
 __all__ = ["DraftSolve", "SpeculativeOutput", "speculative_generate", "speculative_accept", "MAX_DRAFT_TOKENS"]
 
