@@ -13,6 +13,8 @@ from .convergence import (
     spatial_convergence,
     temporal_convergence,
 )
+from .metrics import relative_l2
+from .ngram import NGram
 from .problems import SmoothTransformer, smooth_transformer
 from .spline import DegreeEstimate, finite_difference, line, piecewise_degree, relu_sign_patterns
 
@@ -33,4 +35,6 @@ __all__ = [
     "line",
     "piecewise_degree",
     "relu_sign_patterns",
+    "relative_l2",
+    "NGram",
 ]
