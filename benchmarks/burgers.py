@@ -41,6 +41,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from opsplit.analysis import relative_l2  # noqa: E402
 from opsplit.control import CPUTimeBudget, Objective, TrainConfig, Trainer  # noqa: E402
 from opsplit.data.burgers import RESOLUTIONS, load_burgers  # noqa: E402
 from opsplit.data.burgers_solver import solve_burgers  # noqa: E402
@@ -130,11 +131,6 @@ def build(name: str, seed: int, **kw) -> nn.Module:
     return NeuralOperatorTransformer(att, sch, generator=g, **kw)
 
 
-def relative_l2(out, y):
-    """Per-sample relative L2 error ``(B,)`` (the test metric, and the training loss)."""
-    return (out - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)
-
-
 def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -155,7 +151,7 @@ def calibrate(model, train, batch: int, steps: int = 12) -> float:
         x, y = train[idx]
         t = time.process_time()
         opt.zero_grad()
-        relative_l2(model(x), y).mean().backward()
+        relative_l2(model(x), y).backward()
         opt.step()
         if k:  # the first step warms up
             times.append(time.process_time() - t)
@@ -171,7 +167,8 @@ def evaluate(model, resolutions, *, n_test: int, seed: int, batch: int = 20, sub
     for r in resolutions:
         _, test = load_burgers(r, n_test=n_test, seed=seed)
         k = min(len(test), (subset or {}).get(r, len(test)))
-        errs = torch.cat([relative_l2(model(test.inputs[i:min(i + batch, k)]), test.targets[i:min(i + batch, k)])
+        errs = torch.cat([relative_l2(model(test.inputs[i:min(i + batch, k)]), test.targets[i:min(i + batch, k)],
+                                      reduction="none")
                           for i in range(0, k, batch)])
         out[r] = errs.tolist()
     return out
@@ -188,7 +185,7 @@ def run_model(name: str, args) -> dict:
                          eval_every=10**6, progress=False, grad_clip=args.grad_clip)
     # --cpu-schedule: the cosine schedule follows the CPU time spent, the run stops at the budget
     callbacks = [CPUTimeBudget(args.budget)] if args.cpu_schedule else None
-    trainer = Trainer(model, Objective(relative_l2), config, callbacks=callbacks)
+    trainer = Trainer(model, Objective("relative_l2"), config, callbacks=callbacks)
     t_cpu, t_wall, load0 = time.process_time(), time.perf_counter(), loadavg()
     trainer.fit(train)
     cpu, wall = time.process_time() - t_cpu, time.perf_counter() - t_wall

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..analysis.convergence import OrderFit, fit_order
@@ -214,21 +213,6 @@ class Continuity:
         return fig
 
 
-def _data_term(objective):
-    """The objective's data term as :func:`continuity` evaluates it: ``"cross_entropy"`` over
-    every position of sequence logits ``(B, ..., C)`` against targets ``(B, ...)`` (their mean
-    over all positions: the next-token cross-entropy of a language model on windows whose
-    targets are the inputs shifted by one, as :func:`~opsplit.data.text_windows` makes them
-    and the text trainer's objective reads them); for ``(B, C)`` logits it is the
-    objective's own cross-entropy."""
-    if objective.loss == "cross_entropy":
-        def ce(out, y):
-            return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1).long())
-
-        return ce
-    return objective.data_term
-
-
 def _metric_fn(metric, objective, data_term):
     """``(name, fn(outputs, targets) -> (sum, count), higher_is_better)``."""
     if callable(metric) and not isinstance(metric, str):
@@ -341,7 +325,7 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
     objective = loss if isinstance(loss, Objective) else Objective(loss, output=output)
     if metric is None:
         metric = "accuracy" if objective.is_classification else "loss"
-    data_term = _data_term(objective)
+    data_term = objective.data_term
     mname, mfn, higher = _metric_fn(metric, objective, data_term)
     ref = props[0].n_steps if reference is None else check_int(reference, "continuity.reference", 1)
     ns = default_n_steps(ref) if n_steps is None else _n_list(n_steps, "continuity.n_steps")

@@ -32,13 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..analysis.metrics import relative_l2
 from .costs import check_controls, energy_cost, smoothness_cost
 from .flow_costs import record_flow
 
 __all__ = ["Objective", "ObjectiveValue", "LOSSES", "model_interval", "WEIGHTS", "check_objective"]
 
 #: the named losses ell
-LOSSES = ("mse", "cross_entropy")
+LOSSES = ("mse", "cross_entropy", "relative_l2")
 #: the weights of the running costs, with the cost each weighs (in words)
 WEIGHTS = {"smoothness": "the controls' smoothness cost", "energy": "the controls' energy cost",
            "kinetic": "the flow's kinetic energy", "acceleration": "the flow's acceleration",
@@ -124,7 +125,10 @@ class Objective(nn.Module):
     Args:
         loss: ``"mse"`` (mean of squares over all entries: :math:`\ell(w, v) =
             \mathrm{mean}|w - v|^2` averaged over the batch), ``"cross_entropy"``
-            (outputs ``(B, C)`` logits, targets ``(B,)`` class indices), or a callable
+            (outputs ``(B, C)`` logits with targets ``(B,)`` class indices, or sequence
+            logits ``(B, N, C)`` with targets ``(B, N)``: the mean over all positions),
+            ``"relative_l2"`` (:math:`\|w_i - v_i\|_2 / \|v_i\|_2` averaged over the batch:
+            :func:`opsplit.analysis.metrics.relative_l2`), or a callable
             ``loss(outputs, targets)`` returning a scalar or a per-sample ``(B,)`` tensor
             (then averaged: the :math:`\frac1B \sum_i`).
         smoothness: :math:`\alpha \ge 0`, weight of :math:`\int\|\theta'\|^2 dt`.
@@ -188,27 +192,30 @@ class Objective(nn.Module):
             raise TypeError(f"targets: expected a torch.Tensor, got {type(targets).__name__}")
         if not isinstance(outputs, Tensor):
             raise TypeError(f"model output: expected a torch.Tensor, got {type(outputs).__name__}")
-        if self.loss == "mse":
+        if self.loss in ("mse", "relative_l2"):
             if outputs.shape != targets.shape:
                 raise ValueError(
-                    f"loss 'mse': model output shape {tuple(outputs.shape)} and targets shape "
+                    f"loss {self.loss!r}: model output shape {tuple(outputs.shape)} and targets shape "
                     f"{tuple(targets.shape)} differ"
                 )
             if not targets.is_floating_point():
-                raise TypeError(f"loss 'mse': expected floating-point targets, got dtype {targets.dtype}")
+                raise TypeError(f"loss {self.loss!r}: expected floating-point targets, got dtype {targets.dtype}")
         elif self.loss == "cross_entropy":
-            if outputs.dim() != 2:
+            if outputs.dim() < 2:
                 raise ValueError(
-                    f"loss 'cross_entropy': expected model output (B, C) logits, got shape {tuple(outputs.shape)}"
+                    f"loss 'cross_entropy': expected model output (B, C) logits or (B, N, C) sequence logits, got "
+                    f"shape {tuple(outputs.shape)}"
                 )
-            if targets.dim() != 1 or targets.shape[0] != outputs.shape[0]:
+            if tuple(targets.shape) != tuple(outputs.shape[:-1]):
+                want = ", ".join(map(str, outputs.shape[:-1]))
+                what = "class indices" if outputs.dim() == 2 else "token ids, one per position"
                 raise ValueError(
-                    f"loss 'cross_entropy': expected targets (B,) = ({outputs.shape[0]},) class indices, "
-                    f"got shape {tuple(targets.shape)}"
+                    f"loss 'cross_entropy': expected targets ({want}{',' if outputs.dim() == 2 else ''}) of {what} "
+                    f"for model output {tuple(outputs.shape)}, got shape {tuple(targets.shape)}"
                 )
             if targets.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
                 raise TypeError(f"loss 'cross_entropy': expected integer class targets, got dtype {targets.dtype}")
-            C = outputs.shape[1]
+            C = outputs.shape[-1]
             if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= C):
                 raise ValueError(
                     f"loss 'cross_entropy': targets must be class indices in [0, {C - 1}], got range "
@@ -217,11 +224,14 @@ class Objective(nn.Module):
 
     # -- terms --------------------------------------------------------------------------------
     def data_term(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        r""":math:`\frac1B \sum_i \ell(w_i, v_i)`."""
+        r""":math:`\frac1B \sum_i \ell(w_i, v_i)` (cross-entropy of sequence logits: the mean
+        over all positions)."""
         if self.loss == "mse":
             return F.mse_loss(outputs, targets)
         if self.loss == "cross_entropy":
-            return F.cross_entropy(outputs, targets.long())
+            return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1).long())
+        if self.loss == "relative_l2":
+            return relative_l2(outputs, targets)
         val = self.loss(outputs, targets)
         if not isinstance(val, Tensor):
             raise TypeError(f"Objective.loss: the callable returned {type(val).__name__}, expected a tensor")

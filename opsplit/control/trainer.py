@@ -627,7 +627,7 @@ class Trainer:
             kw["grid"] = grid
         was = self.model.training
         self.model.eval()
-        tot, correct, sq, n = 0.0, 0, 0.0, 0
+        tot, correct, positions, sq, n = 0.0, 0, 0, 0.0, 0
         outs, tgts = [], []
         try:
             for idx in _batches(len(data), bs, False, None):
@@ -635,8 +635,9 @@ class Trainer:
                 out = self.objective.select(self.model(x, **kw))
                 b = x.shape[0]
                 tot += float(self.objective.data_term(out, y)) * b
-                if self.objective.is_classification:
+                if self.objective.is_classification:  # (per position of sequence logits)
                     correct += int((out.argmax(-1) == y).sum())
+                    positions += y.numel()
                 elif self.objective.loss == "mse":
                     sq += float((out - y).square().mean()) * b
                 if self.metrics:
@@ -647,7 +648,7 @@ class Trainer:
             self.model.train(was)
         res = {"loss": tot / n}
         if self.objective.is_classification:
-            res["accuracy"] = correct / n
+            res["accuracy"] = correct / positions
         elif self.objective.loss == "mse":
             res["mse"] = sq / n
         if self.metrics:
