@@ -40,6 +40,7 @@ from opsplit.control.swap import as_solver, field_substeps  # noqa: E402
 from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
 from opsplit.data.dedup import deduplicate, shared_substrings  # noqa: E402
 from opsplit.models import DecoderLM, convert_time_controls  # noqa: E402
+from opsplit.schemes import Scheme  # noqa: E402
 
 VARIANTS = {
     "one": {},
@@ -92,16 +93,16 @@ VARIANTS = {
     "par_rk4_8": {"scheme": "parallel", "solvers": ("euler", "rk4"), "solver_weights": (7.0, 1.0)},
     "par_rk4_16": {"scheme": "parallel", "solvers": ("euler", "rk4"), "solver_weights": (15.0, 1.0)},
     # Heun on a part of every batch instead of on a part of the steps, its loss weighted
-    # apart from its share of the work: (fraction of the windows, weight of their loss)
+    # apart from its share of the work: (fraction of the windows, weight of their loss), the
+    # library's TrainConfig.solvers_split with solvers_split_weights (config())
     "par_split8_w0.5_k0.01": {"scheme": "parallel", "split": (0.125, 0.5), "kinetic": 0.01},
     "par_split8_w0.5": {"scheme": "parallel", "split": (0.125, 0.5)},
     # the weight equal to the share: Heun for a quarter of the steps in expectation, but
     # every step's gradient holds both solves (no draws)
     "par_split4_w0.25_k0.01": {"scheme": "parallel", "split": (0.25, 0.25), "kinetic": 0.01},
     "par_split4_w0.25": {"scheme": "parallel", "split": (0.25, 0.25)},
-    # the same objective through the library (TrainConfig.solvers_split: the shares of
-    # the draw's weights, here 3 : 1, as parts of every batch; the Heun windows are the last
-    # quarter of the batch where SplitSolverObjective takes the first)
+    # the same objective written as the library's split (TrainConfig.solvers_split: the
+    # shares of the draw's weights, here 3 : 1, as parts of every batch, the Heun windows last)
     "par_split_k0.01": {"scheme": "parallel", "solvers": ("euler", "heun"), "solver_weights": (3.0, 1.0),
                         "solvers_split": True, "kinetic": 0.01},
     # the same weight on an eighth of the batch (the cost of Heun for an eighth of the steps)
@@ -129,6 +130,13 @@ def data(args):
 
 
 def config(args, v) -> TrainConfig:
+    """The run's config; a variant's ``split = (fraction, weight)``: Heun on that fraction of
+    every batch, its part weighted ``weight`` in the objective (``TrainConfig.solvers_split``
+    with shares ``1 - fraction``, ``fraction`` and weights ``1 - weight``, ``weight``)."""
+    if v.get("split"):
+        f, w = v["split"]
+        v = {**v, "solvers": ("euler", "heun"), "solver_weights": (1 - f, f), "solvers_split": True,
+             "split_weights": (1 - w, w)}
     tns = tuple(v["train_n_steps"]) if v.get("train_n_steps") else None
     sol = tuple(v["solvers"]) if v.get("solvers") else None
     return TrainConfig(solvers=sol, solvers_weights=v.get("solver_weights") if sol else None,
@@ -178,58 +186,29 @@ class AnnealedKinetic(Objective):
         return super().forward(model, inputs, targets, **k)
 
 
-class SplitSolverObjective(Objective):
-    """The objective with Heun on the first ``fraction`` of every training batch and the
-    model's own solver on the rest: ``(1 - weight) J_own(rest) + weight J_heun(part)``, each
-    ``J`` the objective (data term and running costs) on its part of the batch.  The work is
-    ``1 + fraction`` field evaluations per step while the Heun solve's share of the objective
-    is ``weight`` (drawing Heun for a fraction of the steps ties the two).  With the weight
-    equal to the fraction this is the library's ``TrainConfig.solvers_split`` (variant
-    ``par_split_k0.01``); this class is kept for the weights apart from the share."""
-
-    def __init__(self, *a, fraction: float, weight: float, **k):
-        super().__init__(*a, **k)
-        if not (0.0 < fraction < 1.0 and 0.0 < weight < 1.0):
-            raise ValueError(f"split: expected a fraction and a weight in (0, 1), got {fraction!r}, {weight!r}")
-        self.fraction, self.weight = float(fraction), float(weight)
-
-    def forward(self, model, inputs, targets, **k):
-        if not model.training:
-            return super().forward(model, inputs, targets, **k)
-        from opsplit.control import solved_with
-        from opsplit.control.objective import ObjectiveValue
-
-        m = max(1, int(round(self.fraction * inputs.shape[0])))
-        with solved_with(k.get("costs_model") or model, solver="heun"):
-            jh = super().forward(model, inputs[:m], targets[:m], **k)
-        je = super().forward(model, inputs[m:], targets[m:], **k)
-        w = self.weight
-        mix = lambda a, b: None if a is None else (1 - w) * a + w * b  # noqa: E731
-        return ObjectiveValue(mix(je.total, jh.total), mix(je.data, jh.data), mix(je.smoothness, jh.smoothness),
-                              mix(je.energy, jh.energy), je.outputs, mix(je.kinetic, jh.kinetic),
-                              mix(je.acceleration, jh.acceleration), mix(je.defect, jh.defect))
-
-
-class _PieceMix(torch.nn.Module):
+class _PieceMix(Scheme):
     """A scheme that takes the steps starting at the times in ``other_at`` with ``other``
     (the trained scheme solved with other substeps, :func:`~opsplit.control.solved_with`:
     RK4 for ``--pieces``, Heun for :class:`PieceSolverObjective`) and every other step with
-    the trained scheme ``own``.  The steps are the pieces of [0, layers] (N_t = layers)."""
+    the trained scheme ``own``.  The steps are the pieces of [0, layers] (N_t = layers).
+    Its substeps are ``own``'s (what the propagator reports and counts)."""
 
     def __init__(self, own, other, other_at):
-        super().__init__()
+        super().__init__(list(own.substeps))
         self.own, self.other, self.other_at = own, other, set(other_at)
-
-    @property
-    def substeps(self):
-        return self.own.substeps
 
     def check(self, g):
         self.own.check(g)
         self.other.check(g)
 
+    def scheme_at(self, t):
+        return self.other if round(float(t)) in self.other_at else self.own
+
+    def step(self, t, dt, u, g):
+        return self.scheme_at(t).step(t, dt, u, g)
+
     def advance(self, t, dt, u, g):
-        return (self.other if round(t) in self.other_at else self.own).advance(t, dt, u, g)
+        return self.scheme_at(t).advance(t, dt, u, g)
 
 
 class PieceSolverObjective(Objective):
@@ -274,8 +253,6 @@ def variant(args, vocab_size, v: dict):
              defect=v.get("defect", 0.0))
     if v.get("piece_heun"):
         obj = PieceSolverObjective(tt.lm_loss, p=v["piece_heun"], seed=args.seed, **k)
-    elif v.get("split"):
-        obj = SplitSolverObjective(tt.lm_loss, fraction=v["split"][0], weight=v["split"][1], **k)
     else:
         obj = (AnnealedKinetic(tt.lm_loss, total_steps=args.steps, **k) if v.get("anneal") else
                Objective(tt.lm_loss, **k))
