@@ -139,6 +139,8 @@ def test_solver_for_takes_a_name_or_an_operator():
     with pytest.raises(ValueError, match=rf"^solver_for: expected a substep solver name, one of {names}; got 'dopri5'"):
         solver_for("dopri5")
     with pytest.raises(ValueError, match=r"^train\.solver: expected a substep solver name, one of 'euler'"):
+        solver_class("Euler", "train.solver")
+    with pytest.raises(TypeError, match=r"^train\.solver: expected a substep solver name \(a str\), got NoneType"):
         solver_class(None, "train.solver")
 
     class Odd(_Counting):

@@ -67,7 +67,9 @@ _BY_CLASS = {cls: name for name, cls in SOLVERS.items()}
 def solver_class(name, where: str = "solver") -> type[Solver]:
     """The :class:`~opsplit.solvers.Solver` class named ``name`` in :data:`SOLVERS`; an
     unknown name is refused naming ``where`` and listing the names."""
-    cls = SOLVERS.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        raise TypeError(f"{where}: expected a substep solver name (a str), got {type(name).__name__}")
+    cls = SOLVERS.get(name)
     if cls is None:
         raise ValueError(f"{where}: expected a substep solver name, one of {', '.join(map(repr, SOLVERS))}; "
                          f"got {name!r}")
@@ -80,7 +82,9 @@ def solver_for(term) -> Solver:
     (``"explicit"``, ``"implicit"``, ``"exact"``) names it (:data:`DEFAULT_SOLVERS`)."""
     if isinstance(term, str):
         return solver_class(term, "solver_for")()
-    kind = getattr(term, "default_solver", None)
+    if not hasattr(term, "default_solver"):
+        raise TypeError(f"solver_for: expected a solver name or an opsplit Operator, got {type(term).__name__}")
+    kind = term.default_solver
     if not isinstance(kind, str) or kind not in DEFAULT_SOLVERS:
         raise ValueError(f"{type(term).__name__}: unknown default_solver {kind!r}; expected one of "
                          f"{', '.join(map(repr, DEFAULT_SOLVERS))}")

@@ -32,6 +32,8 @@ from opsplit.solvers import (
     ProjectedS1,
     SemiImplicit,
     Substep,
+    solver_class,
+    solver_for,
 )
 
 from ._table import cases, run_case
@@ -264,4 +266,29 @@ def test_attributes_set_after_construction(case):
 
 @pytest.mark.parametrize("case", SIZE)
 def test_size_guard(case):
+    run_case(case)
+
+
+# the solvers by name (opsplit.solvers.SOLVERS)
+REGISTRY = cases(
+    ("solver_for-unknown", lambda: solver_for("dopri5"), ValueError,
+     r"^solver_for: expected a substep solver name, one of 'euler', 'heun', 'rk4', 'odeint', 'implicit'"),
+    ("solver_for-case", lambda: solver_for("Euler"), ValueError, r"^solver_for: expected a substep solver name"),
+    ("solver_for-none", lambda: solver_for(None), TypeError,
+     r"^solver_for: expected a solver name or an opsplit Operator, got NoneType"),
+    ("solver_for-kind", lambda: solver_for(_odd_kind()), ValueError,
+     r"^FFNIntegral: unknown default_solver 'sideways'; expected one of 'explicit', 'implicit', 'exact'"),
+    ("solver_class-int", lambda: solver_class(4, "train.solver"), TypeError,
+     r"^train\.solver: expected a substep solver name \(a str\), got int"),
+)
+
+
+def _odd_kind():
+    op = ffn()
+    op.default_solver = "sideways"
+    return op
+
+
+@pytest.mark.parametrize("case", REGISTRY)
+def test_registry(case):
     run_case(case)
