@@ -7,6 +7,7 @@ import torch
 import transformers
 from torch import nn
 
+from opsplit.controls import PiecewiseConstant
 from opsplit.models import (
     ClassTokenReadout,
     CvtStageSpec,
@@ -14,12 +15,14 @@ from opsplit.models import (
     PatchEmbedding,
     TorchEncoder,
     ViT,
+    cvt_from_hf,
     from_hf,
     from_torch,
     load_torch_state_dict,
     to_torch,
     torch_state_dict,
 )
+from opsplit.models.cvt_hf import cvt_to_hf
 
 from ._table import cases, run_case
 
@@ -155,6 +158,13 @@ def nan_cvt():
     return m
 
 
+def time_sigma_cvt():
+    m = cvt()
+    norm = m.stage_operators(0)["norm2"]
+    norm.projection.sigma1 = PiecewiseConstant(torch.zeros(1), t0=0.0, t1=1.0)
+    return m
+
+
 def spec(**kw):
     args = dict(in_channels=3, embed_dim=8, depth=1, num_heads=2)
     args.update(kw)
@@ -186,6 +196,13 @@ CVT = cases(
     ("cvt-spec-heads", lambda: spec(num_heads=3), ValueError, r"CvtStageSpec: embed_dim = 8 is not divisible by num_heads = 3"),
     ("cvt-spec-padding<0", lambda: spec(padding_kv=-1), ValueError, r"CvtStageSpec.padding_kv: expected an integer >= 0"),
     ("cvt-spec-stride=0", lambda: spec(stride_kv=0), ValueError, r"CvtStageSpec.stride_kv: expected a positive integer"),
+    # the way back (opsplit.models.cvt_hf): what HF's CvT cannot hold
+    ("cvt-to_hf-time-sigma", lambda: time_sigma_cvt().to_hf(), ValueError,
+     r"^CvT\.to_hf: propagator\.scheme\.stages\.0\.body\.substeps\.1\.terms\.0\.norm\.projection\.sigma1 is a "
+     r"PiecewiseConstant; Hugging Face's LayerNorm holds a constant sigma only"),
+    ("cvt_to_hf-linear", lambda: cvt_to_hf(nn.Linear(2, 2)), TypeError, r"^cvt_to_hf: model: expected a CvT, got Linear"),
+    ("cvt_from_hf-linear", lambda: cvt_from_hf(nn.Linear(2, 2)), TypeError,
+     r"^from_hf: cvt_from_hf: model: expected transformers' CvtModel or CvtForImageClassification, got Linear"),
 )
 
 
