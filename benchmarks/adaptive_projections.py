@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 import warnings
 
+import _common
 import torch
 
 from opsplit.adaptive import PIController, StepDoubling, adaptive_obstacle
@@ -53,12 +53,12 @@ def differences(rows: list) -> None:
             prop = p.propagator(512, kind, "rk4")
             with torch.no_grad():
                 mid = prop.solve(p.f, t_eval=[0.5]).ys[:, 0]
-            est = StepDoubling(prop.scheme)
+            est = StepDoubling(prop.scheme)  # propagates the two half steps (no extrapolation)
             for where, t, u in (("f, t=0", 0.0, p.f), ("t=0.5", 0.5, mid)):
                 ds = []
                 for h in (1e-2, 1e-4, 1e-6):
                     with torch.no_grad():
-                        w = est._halves(t, t + h, u, p.grid)
+                        w = est.propagate(t, t + h, u, p.grid)
                         v = prop.scheme.step(t, h, u, p.grid)
                     ds.append(float((w - v).norm() / w.norm()))
                 rows.append({"model": name, "scheme": kind, "from": where, "h": [1e-2, 1e-4, 1e-6], "diff": ds})
@@ -115,15 +115,13 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message="There is a performance drop")
-    print(f"load: {os.getloadavg()[0]:.2f} (1-minute average), threads {torch.get_num_threads()}")
+    print(f"load: {_common.loadavg():.2f} (1-minute average), threads {torch.get_num_threads()}")
     out = {"differences": [], "proportionality": [], "refused": [], "near_floor": []}
     differences(out["differences"])
     proportionality(out["proportionality"], [1e-2, 1e-3, 1e-4] if args.quick else [1e-2, 1e-3, 1e-4, 1e-5, 1e-6])
     refused(out["refused"])
     near_floor(out["near_floor"])
-    os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(__file__), "out", "adaptive_projections.json"), "w") as fh:
-        json.dump(out, fh, indent=1)
+    (_common.out_dir() / "adaptive_projections.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -27,18 +27,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
-import pathlib  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import types  # noqa: E402
 
+import _common  # noqa: E402
 import torch  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import opsplit.functional as this  # noqa: E402
 
@@ -48,13 +41,7 @@ H, D = 4, 64
 def load_base(ref: str, tmp: str):
     """``opsplit.functional`` of commit ``ref`` as the package ``opsplit_base.functional``
     (the base's ``opsplit/__init__.py`` is not run: only the modules the kernels import)."""
-    arch = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", ref, "opsplit"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True)
-    pkg = types.ModuleType("opsplit_base")
-    pkg.__path__ = [str(pathlib.Path(tmp) / "opsplit")]
-    sys.modules["opsplit_base"] = pkg
+    _common.load_revision(ref, tmp, "opsplit_base", run_init=False)
     return importlib.import_module("opsplit_base.functional")
 
 
@@ -95,14 +82,9 @@ def paired(fa, fb, ins, backward, runs, warm=2):
     for _ in range(runs):
         ta.append(_timed(fa, ins, backward))
         tb.append(_timed(fb, ins, backward))
-    r = [a / b for a, b in zip(ta, tb)]
-    return {
-        "this_s": statistics.median(ta),
-        "base_s": statistics.median(tb),
-        "ratio": statistics.median(r),
-        "min": min(r),
-        "max": max(r),
-    }
+    p = _common.paired(ta, tb)
+    return {"this_s": p["a_median_s"], "base_s": p["b_median_s"], "ratio": p["ratio"], "min": p["ratio_min"],
+            "max": p["ratio_max"]}
 
 
 def main():
@@ -116,27 +98,16 @@ def main():
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--extreme", action="store_true")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _common.threads(args.threads)
     tmp = tempfile.mkdtemp(prefix="opsplit_base_")
     base = load_base(args.base, tmp)
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     info = {
         "base": args.base,
-        "this": head
-        + (
-            "+"
-            if subprocess.run(
-                ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "opsplit"]
-            ).returncode
-            else ""
-        ),
+        "this": _common.git_head(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "load_before": os.getloadavg()[0],
+        "load_before": _common.loadavg(),
         "H": H,
         "D": D,
         "runs": args.runs,
@@ -163,9 +134,8 @@ def main():
                         f"{r['ratio']:.3f} | {r['min']:.2f}..{r['max']:.2f} |",
                         flush=True,
                     )
-    info["load_after"] = os.getloadavg()[0]
-    out = ROOT / "benchmarks" / "out"
-    out.mkdir(parents=True, exist_ok=True)
+    info["load_after"] = _common.loadavg()
+    out = _common.out_dir()
     (out / "attention_ab.json").write_text(json.dumps({"info": info, "cases": cases}, indent=1))
     print(f"wrote {out / 'attention_ab.json'}")
 

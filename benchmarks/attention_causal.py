@@ -29,16 +29,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
-import pathlib  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
 
+import _common  # noqa: E402
 import torch  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from opsplit.functional import causal_sliced_relu_attention  # noqa: E402
 
@@ -53,63 +47,33 @@ def _inputs(T, dev, seed=0):
     return [x.to(dev) for x in (zq, zk, q, k, v)]
 
 
-def _timer(dev):
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-
-    def run(f):
-        sync()
-        t0 = time.perf_counter()
-        r = f()
-        sync()
-        dt = time.perf_counter() - t0
-        del r
-        return dt
-
-    return run
+def _sync(dev):
+    return torch.cuda.synchronize if dev.type == "cuda" else None
 
 
 def paired(T, dev, runs):
     zq, zk, q, k, v = _inputs(T, dev)
-    tm = _timer(dev)
-    sliced = lambda: causal_sliced_relu_attention(zq, zk, v)  # noqa: E731
-    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    fns = {"sliced": lambda: causal_sliced_relu_attention(zq, zk, v),
+           "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)}
     with torch.no_grad():
-        tm(sliced)
-        tm(sdpa)
-        ts, tq = [], []
-        for _ in range(runs):
-            ts.append(tm(sliced))
-            tq.append(tm(sdpa))
-    ratios = [b / a for a, b in zip(ts, tq)]
+        t = _common.interleaved(fns, runs, sync=_sync(dev))
+    ts, tq = t["sliced"], t["sdpa"]
+    ratios = _common.ratios(tq, ts)
     return {"T": T, "sliced_s": ts, "sdpa_s": tq, "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios), "ratio_max": max(ratios),
             "sliced_median_s": statistics.median(ts), "sdpa_median_s": statistics.median(tq)}
 
 
-def _time_sliced(T, dev, runs, tm):
-    zq, zk, _, _, v = _inputs(T, dev)
-
-    def f():
-        return causal_sliced_relu_attention(zq, zk, v)
-
-    with torch.no_grad():
-        tm(f)
-        return [tm(f) for _ in range(runs)]
-
-
 def scaling(sizes, dev, runs):
-    tm = _timer(dev)
     rows = []
     for T in sizes:
-        ts = _time_sliced(T, dev, runs, tm)
+        zq, zk, _, _, v = _inputs(T, dev)
+        with torch.no_grad():
+            ts = _common.interleaved({"sliced": lambda a=(zq, zk, v): causal_sliced_relu_attention(*a)}, runs,
+                                     sync=_sync(dev))["sliced"]
         rows.append({"T": T, "times_s": ts, "median_s": statistics.median(ts)})
         print(f"  scaling T={T:>8}: median {statistics.median(ts):.3f} s over {runs}", flush=True)
-    x = [math.log(r["T"]) for r in rows]
-    y = [math.log(r["median_s"]) for r in rows]
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    slope = (sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-             if len(x) > 1 else float("nan"))
-    return rows, slope
+    return rows, _common.loglog_slope([r["T"] for r in rows], [r["median_s"] for r in rows])
 
 
 def main():
@@ -124,7 +88,7 @@ def main():
     dev = torch.device(args.device)
     info = {"device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "H": H, "D": D,
-            "load_before": os.getloadavg()[0]}
+            "load_before": _common.loadavg()}
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
     print(json.dumps(info), flush=True)
@@ -139,10 +103,8 @@ def main():
     if rows:
         print(f"scaling exponent {args.scaling[0]} -> {args.scaling[-1]}: {slope:.3f} "
               f"(least squares on log time vs log T)", flush=True)
-    info["load_after"] = os.getloadavg()[0]
-    out = ROOT / "benchmarks" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"attention_causal_{dev.type}.json"
+    info["load_after"] = _common.loadavg()
+    path = _common.out_dir() / f"attention_causal_{dev.type}.json"
     path.write_text(json.dumps({"info": info, "paired": pairs, "scaling": rows,
                                 "exponent": slope}, indent=1))
     print(f"wrote {path}")

@@ -1,5 +1,6 @@
 """Accuracy of the six sliced kernels over magnitudes and bandwidths, against the naive
-O(N^2) formulas in float64 on the same (rounded) inputs; this tree, and optionally the
+O(N^2) formulas in float64 on the same (rounded) inputs
+(``opsplit.analysis.transcriptions``); this tree, and optionally the
 kernels of another commit (issue 17, finding 1).
 
     python benchmarks/attention_magnitudes.py --base fe9638b
@@ -21,21 +22,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import pathlib
-import sys
 import tempfile
 
+import _common
 import torch
+from attention_ab import load_base
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from attention_ab import load_base  # noqa: E402
-from sliced_reference import causal, naive_sliced_bump, naive_sliced_relu  # noqa: E402
-
-import opsplit.functional as this  # noqa: E402
+import opsplit.functional as this
+from opsplit.analysis.transcriptions import causal, naive_sliced_bump, naive_sliced_relu
 
 EXPS = [-38, -30, -20, -10, 0, 10, 19, 20, 30, 37]
 RATIOS = [1e3, 1.0, 1e-2, 1e-3, 1e-4, 1e-6, 1e-9, 1e-20, 1e-38, 1e-39]
@@ -154,8 +148,7 @@ def main():
     rows = study(this, "this")
     if args.base:
         rows += study(load_base(args.base, tempfile.mkdtemp(prefix="opsplit_base_")), "base")
-    out = ROOT / "benchmarks" / "out"
-    out.mkdir(parents=True, exist_ok=True)
+    out = _common.out_dir()
     (out / "attention_magnitudes.json").write_text(json.dumps(rows, indent=1, default=str))
 
 

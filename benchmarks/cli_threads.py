@@ -28,9 +28,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+import _common
 
 
 def settings() -> dict:
@@ -43,13 +42,10 @@ def run_once(job: list[str], flags: list[str], extra_env: dict) -> float:
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "OPSPLIT_THREADS")}
     env.update(extra_env)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "opsplit", "--no-progress", *flags, *job, "--out",
-                        os.path.join(tmp, "out")], cwd=ROOT, env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return time.perf_counter() - t0
+        return _common.timed(lambda: subprocess.run(
+            [sys.executable, "-m", "opsplit", "--no-progress", *flags, *job, "--out", os.path.join(tmp, "out")],
+            cwd=_common.ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def main(argv=None):
@@ -64,7 +60,7 @@ def main(argv=None):
         for name, (flags, env) in settings().items():
             sec = run_once(job, flags, env)
             runs[name].append(sec)
-            print(f"  repeat {i + 1}  {name:<14} {sec:8.1f} s   load {os.getloadavg()[0]:.2f}", flush=True)
+            print(f"  repeat {i + 1}  {name:<14} {sec:8.1f} s   load {_common.loadavg():.2f}", flush=True)
     print()
     for name, ts in runs.items():
         ratio = statistics.median(t / o for t, o in zip(ts, runs["one"]))

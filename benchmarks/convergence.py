@@ -31,14 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
+import _common
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from opsplit.analysis import (  # noqa: E402
+from opsplit.analysis import (
     fit_order,
     plot_convergence,
     self_convergence,
@@ -47,7 +45,7 @@ from opsplit.analysis import (  # noqa: E402
     temporal_convergence,
 )
 
-OUT = os.path.join(os.path.dirname(__file__), "out")
+OUT = str(_common.OUT)
 SCHEMES = ["lie", "strang", "parallel", "hybrid"]
 SOLVERS = ["euler", "heun", "rk4", "odeint"]
 THEORY = {"lie": 1, "strang": 2, "parallel": 1, "hybrid": 1}
@@ -232,9 +230,7 @@ def main(argv=None):
         os.path.join(OUT, "convergence_space.png"),
         title="same continuous model at N_y, N_x = 16 ... 128",
     )
-    import matplotlib.pyplot as plt
-
-    plt.close("all")
+    _common.pyplot().close("all")
     with open(os.path.join(OUT, "convergence.json"), "w") as fh:
         json.dump({k: [s.to_dict() for s in v] for k, v in results.items()}, fh, indent=1)
     print(f"\nplots and JSON in {OUT}  (total {time.perf_counter() - t0:.0f} s)")

@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import _common  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opsplit.models import from_hf  # noqa: E402
 
 
@@ -75,8 +72,7 @@ def main(argv=None):
     args = arguments(__doc__.split("\n")[0]).parse_args(argv)
     import transformers
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _common.threads(args.threads)
     torch.manual_seed(0)
     hf = transformers.CvtForImageClassification(transformers.CvtConfig()).eval()
     ours = from_hf(hf)
@@ -88,16 +84,10 @@ def main(argv=None):
 
     results = {}
     for mode, fn in workloads(x, args.modes):
-        fn(hf)
-        fn(ours)  # warm-up
-        th, to = [], []
-        for _ in range(args.repeats):
-            for model, acc in ((hf, th), (ours, to)):
-                t0 = time.perf_counter()
-                fn(model)
-                acc.append(time.perf_counter() - t0)
+        t = _common.interleaved({"HF": lambda fn=fn: fn(hf), "opsplit": lambda fn=fn: fn(ours)}, args.repeats)
+        th, to = t["HF"], t["opsplit"]
         mh, mo = statistics.median(th), statistics.median(to)
-        paired = statistics.median(o / h for o, h in zip(to, th))
+        paired = statistics.median(_common.ratios(to, th))
         results[mode] = paired
         print(f"{mode:>24}: HF {mh * 1e3:9.1f} ms   opsplit {mo * 1e3:9.1f} ms   ratio of medians {mo / mh:5.3f}   "
               f"median paired ratio {paired:5.3f}   (runs: HF {[round(t, 3) for t in th]}, "

@@ -16,16 +16,14 @@ Run:  OMP_NUM_THREADS=1 python benchmarks/cvt_convergence.py
 
 from __future__ import annotations
 
+import argparse
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from opsplit.grid import ImageGrid  # noqa: E402
-from opsplit.operators import ContinuousKernel, Convolution2d  # noqa: E402
+from opsplit.grid import ImageGrid
+from opsplit.operators import ContinuousKernel, Convolution2d
 
 SIGMA, R = 0.15, 0.25
 
@@ -78,8 +76,10 @@ def study(rule: str, ns=(16, 32, 64, 128)):
 
 THEORY = {"trapezoid": 2, "rectangle": 1}
 
-if __name__ == "__main__":
-    ns = (16, 32, 64, 128, 256)
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64, 128, 256], help="grid sizes N")
+    ns = tuple(ap.parse_args(argv).sizes)
     print("2-D convolution operator, max error at the grid nodes, Omega = [0,1]^2, support r = 1/4")
     print(f"{'rule':>10} {'N':>5} {'error':>12} {'order':>7}   theory")
     for rule in ("trapezoid", "rectangle"):
@@ -87,3 +87,7 @@ if __name__ == "__main__":
         for i, (n, e) in enumerate(zip(ns, errs)):
             o = "" if i == 0 else f"{orders[i - 1]:7.3f}"
             print(f"{rule:>10} {n:5d} {e:12.4e} {o:>7}   {THEORY[rule]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -15,42 +15,23 @@ Usage::
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import _common  # noqa: E402
 import torch  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from opsplit.models import from_hf  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
 from cvt import arguments, workloads  # noqa: E402
 
-
-def load_revision(rev: str, into: Path):
-    """opsplit as of git revision ``rev``, imported as the package ``opsplit_ref``."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "opsplit"], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    init = into / "opsplit" / "__init__.py"
-    spec = importlib.util.spec_from_file_location("opsplit_ref", init, submodule_search_locations=[str(init.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["opsplit_ref"] = module
-    spec.loader.exec_module(module)
-    return importlib.import_module("opsplit_ref.models")
+from opsplit.models import from_hf  # noqa: E402
 
 
 def paired(times: dict, a: str, b: str) -> float:
     """The median of the ratios of ``a``'s and ``b``'s runs taken side by side."""
-    return statistics.median(ta / tb for ta, tb in zip(times[a], times[b]))
+    return statistics.median(_common.ratios(times[a], times[b]))
 
 
 def main(argv=None):
@@ -60,10 +41,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import transformers
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _common.threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        ref_models = load_revision(args.ref, Path(tmp))
+        _common.load_revision(args.ref, tmp, "opsplit_ref")
+        ref_models = importlib.import_module("opsplit_ref.models")
         torch.manual_seed(0)
         hf = transformers.CvtForImageClassification(transformers.CvtConfig()).eval()
         models = {"HF": hf, "ref": ref_models.from_hf(hf), "this": from_hf(hf)}
@@ -74,14 +55,7 @@ def main(argv=None):
               f"reference {args.ref}; max |logits this - reference| = {d:.2e}")
 
         for mode, fn in workloads(x, args.modes):
-            for m in models.values():
-                fn(m)  # warm-up
-            t = {k: [] for k in models}
-            for _ in range(args.repeats):
-                for k, m in models.items():
-                    t0 = time.perf_counter()
-                    fn(m)
-                    t[k].append(time.perf_counter() - t0)
+            t = _common.interleaved({k: (lambda m=m, fn=fn: fn(m)) for k, m in models.items()}, args.repeats)
 
             med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
             print(f"{mode:>24}: HF {med['HF']:8.1f} ms  reference {med['ref']:8.1f} ms  this {med['this']:8.1f} ms   "

@@ -33,22 +33,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
+import _common
 import torch
 import torch.nn.functional as F
+import train_digits
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import train_digits  # noqa: E402
-
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import load_digits  # noqa: E402
-from opsplit.models import (  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.data import load_digits
+from opsplit.models import (
     CvtStageSpec,
     IntegralPatchEmbedding,
     OnPixelGrid,
@@ -56,7 +50,7 @@ from opsplit.models import (  # noqa: E402
     build_cvt,
 )
 
-OUT = ROOT / "benchmarks" / "out" / "digits_resolution"
+OUT = _common.OUT / "digits_resolution"
 SIZES = (8, 16, 32)
 
 
@@ -160,7 +154,7 @@ def main(argv=None):
             print(json.dumps(res), flush=True)
     info = {"vit_train_cpu_s": cpu_vit, "cvt_train_cpu_s": cpu_cvt, "epochs": args.epochs, "n_test": len(y),
             "vit_params": sum(q.numel() for q in vit.parameters()), "cvt_params": sum(q.numel() for q in cvt.parameters()),
-            "loadavg": os.getloadavg()}
+            "loadavg": _common.loadavg()}
     print(json.dumps(info))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps({"rows": rows, "info": info}, indent=1))

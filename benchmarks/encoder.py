@@ -24,28 +24,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
 
+import _common
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from opsplit.models import from_torch  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, model, device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn(model)
-    sync(device)
-    return time.perf_counter() - t0
+from opsplit.models import from_torch
 
 
 def torch_kernels(model, x) -> set[str]:
@@ -70,8 +54,7 @@ def main(argv=None):
     ap.add_argument("--d-ff", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=6)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _common.threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(args.d_model, args.nhead, args.d_ff, dropout=0.0, batch_first=True,
@@ -106,13 +89,10 @@ def main(argv=None):
     results = {}
     for name, mode, fn in (("eval forward", "eval", fwd), ("train forward+backward", "train", fwd_bwd)):
         ref.train(mode == "train"), ops.train(mode == "train")
-        for _ in range(args.warmup):
-            fn(ref), fn(ops)
-        tt, to = [], []
-        for r in range(args.repeats):
-            order = ((ref, tt), (ops, to)) if r % 2 == 0 else ((ops, to), (ref, tt))
-            for model, acc in order:
-                acc.append(timed(fn, model, device))
+        t = _common.interleaved({"torch": lambda fn=fn: fn(ref), "opsplit": lambda fn=fn: fn(ops)}, args.repeats,
+                                warmup=args.warmup, alternate=True,
+                                sync=torch.cuda.synchronize if device.type == "cuda" else None)
+        tt, to = t["torch"], t["opsplit"]
         mt, mo = statistics.median(tt), statistics.median(to)
         paired = statistics.median(o / t for o, t in zip(to, tt))
         best = min(to) / min(tt)

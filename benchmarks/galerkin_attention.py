@@ -20,16 +20,12 @@ import argparse
 import math
 import os
 import statistics
-import sys
-import time
-from pathlib import Path
 
+import _common
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from opsplit.grid import Grid, Interval  # noqa: E402
-from opsplit.operators import FourierAttention, GalerkinAttention, MultiHeadAttention  # noqa: E402
+from opsplit.grid import Grid, Interval
+from opsplit.operators import FourierAttention, GalerkinAttention, MultiHeadAttention
 
 
 def ops(d: int, heads: int):
@@ -39,12 +35,6 @@ def ops(d: int, heads: int):
         "fourier": FourierAttention.create(d, heads),
         "softmax": MultiHeadAttention.create(d, heads, scale=1.0 / math.sqrt(d // heads)),
     }
-
-
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def main(argv=None):
@@ -59,8 +49,7 @@ def main(argv=None):
     d, H = args.d_model, args.heads
     terms = ops(d, H)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} thread(s), d_model {d}, {H} heads, "
-          f"{'forward + backward' if args.backward else 'forward (no grad)'}, load before: "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+          f"{'forward + backward' if args.backward else 'forward (no grad)'}, load before: {_common.loadavgs()}")
     print("| N_x | Galerkin (ms) | Fourier (ms) | softmax (ms) | softmax / Galerkin (paired median) | "
           "softmax / Fourier (paired median) | flops G / F / S |")
     print("|---|---|---|---|---|---|---|")
@@ -77,16 +66,10 @@ def main(argv=None):
                     op.field(0.0, u, g)
             return forward
 
-        fns = {k: call(op) for k, op in terms.items()}
-        for f in fns.values():  # warm-up
-            f()
-        times = {k: [] for k in fns}
-        for _ in range(args.repeats):
-            for k, f in fns.items():
-                times[k].append(timed(f))
+        times = _common.interleaved({k: call(op) for k, op in terms.items()}, args.repeats)
         med = {k: statistics.median(v) for k, v in times.items()}
-        r_g = statistics.median(s / a for s, a in zip(times["softmax"], times["galerkin"]))
-        r_f = statistics.median(s / a for s, a in zip(times["softmax"], times["fourier"]))
+        r_g = statistics.median(_common.ratios(times["softmax"], times["galerkin"]))
+        r_f = statistics.median(_common.ratios(times["softmax"], times["fourier"]))
         from torch.utils.flop_counter import FlopCounterMode
 
         flops = {}
@@ -97,7 +80,7 @@ def main(argv=None):
         print(f"| {n} | {1e3 * med['galerkin']:.2f} | {1e3 * med['fourier']:.2f} | {1e3 * med['softmax']:.2f} | "
               f"{r_g:.1f} | {r_f:.1f} | {flops['galerkin']:.2e} / {flops['fourier']:.2e} / {flops['softmax']:.2e} |",
               flush=True)
-    print(f"# load after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"# load after: {_common.loadavgs()}")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ The targets (forward and forward+backward <= 1.05x HF's time, generation >= 0.95
 tokens/s) are judged on the median of the paired ratios.
 
 ``--exactness`` prints instead the worst differences to Hugging Face (logits and every
-parameter's gradient, float32 and float64) over the configurations of ``tests/test_llm_hf.py``.
+parameter's gradient, float32 and float64) over the configurations of ``tests/test_llm_hf.py``
+(``opsplit.analysis.hf_cases``).
 
 ``--copy-cost`` measures instead what the copy of the q/k/v and gate/up kernels side by side,
-made at every call without autograd, costs the forward (paired against the same forward
-reading copies made beforehand).
+made at every call without autograd, costs the forward: the forward as it runs, paired with
+the same forward followed by the same copies once more (``torch.cat`` of every layer's
+kernels, read from the model's controls).
 
 ``--decode-cost`` measures instead the time of one decode step (one new token, key/value
 cache of ``n`` tokens) against the context length ``n`` for opsplit's own causal decoders
@@ -47,21 +49,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import _common  # noqa: E402
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import transformers  # noqa: E402
 
 from opsplit.models import from_hf  # noqa: E402
 
 
 def build(kind: str, vocab: int, seed: int = 0):
+    import transformers
+
     torch.manual_seed(seed)
     if kind == "llama":
         cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -84,26 +84,16 @@ CLOCK = time.perf_counter
 
 def paired(fa, fb, repeats: int, warmup: int):
     """Interleaved runs A B A B ...; returns (times A, times B, ratios A/B per pair)."""
-    ta, tb = [], []
-    for k in range(warmup + repeats):
-        t0 = CLOCK()
-        fa()
-        t1 = CLOCK()
-        fb()
-        t2 = CLOCK()
-        if k >= warmup:
-            ta.append(t1 - t0)
-            tb.append(t2 - t1)
-    return ta, tb, [a / b for a, b in zip(ta, tb)]
+    t = _common.interleaved({"a": fa, "b": fb}, repeats, warmup=warmup, clock=CLOCK)
+    return t["a"], t["b"], _common.ratios(t["a"], t["b"])
 
 
 def copy_cost(args):
     """What making the q/k/v and gate/up kernels side by side at every call costs a forward
-    without autograd (eval, ``--B`` x ``--N`` tokens): the forward as it runs, paired with the
-    same forward reading concatenations made beforehand (what a kept copy would save; the
-    weights do not change between the runs, so both compute the same logits)."""
-    print("\n| model | forward, copy at each call (median) | forward, copies made before (median) | "
-          "paired ratio (median) |")
+    without autograd (eval, ``--B`` x ``--N`` tokens): the forward as it runs (which copies
+    them once), paired with the same forward followed by the same copies once more; the
+    ratio less 1 is the copies' share of the forward."""
+    print("\n| model | forward (median) | forward + the copies again (median) | paired ratio (median) |")
     print("|---|---|---|---|")
     for kind in args.models:
         ta, tb, rat = _copy_cost_one(kind, args)
@@ -111,31 +101,42 @@ def copy_cost(args):
               f"{statistics.median(rat):.3f} |")
 
 
-def _copy_cost_one(kind: str, args):
-    import opsplit.operators.gated_ffn as gf
-    import opsplit.operators.grouped_attention as ga
-    from opsplit.operators._linear import side_by_side
+def side_by_side_copies(model):
+    """A function making, for every layer, the copies the no-grad forward makes: the q/k/v
+    kernels side by side and their biases, and the gate and up kernels (and biases) where the
+    feed-forward is gated; from the controls' pieces (one per layer)."""
+    a, f = model.attention, model.ffn
+    kernels, biases = [(a.WQ, a.WK, a.WV)], [(a.bQ, a.bK, a.bV)]
+    if getattr(f, "W_up", None) is not None:
+        kernels.append((f.W1, f.W_up))
+        biases.append((getattr(f, "b1", None), getattr(f, "b_up", None)))
+    biases = [tuple(c for c in g if c is not None) for g in biases]
+    layers = len(a.WQ.pieces)
 
+    def copies():
+        for i in range(layers):
+            for g in kernels:
+                rows = g[0].pieces[i].shape[0]
+                torch.cat([c.pieces[i].reshape(rows, -1) for c in g], 1)
+            for g in biases:
+                if g:
+                    torch.cat([c.pieces[i].reshape(-1) for c in g])
+
+    return copies
+
+
+def _copy_cost_one(kind: str, args):
     model = from_hf(build(kind, args.vocab))
     ids = torch.randint(0, args.vocab, (args.B, args.N), generator=torch.Generator().manual_seed(1))
-    made = {}
+    copies = side_by_side_copies(model)
 
-    def kept(kernels, biases):
-        key = tuple(id(w) for w in (*kernels, *biases))
-        if key not in made:
-            made[key] = side_by_side(kernels, biases)
-        return made[key]
+    def forward(again=False):
+        with torch.no_grad():
+            model(ids)
+            if again:
+                copies()
 
-    def run(f):
-        ga.side_by_side = gf.side_by_side = f
-        try:
-            with torch.no_grad():
-                return model(ids).logits
-        finally:
-            ga.side_by_side = gf.side_by_side = side_by_side
-
-    assert torch.equal(run(side_by_side), run(kept))
-    return paired(lambda: run(side_by_side), lambda: run(kept), args.repeats, args.warmup)
+    return paired(forward, lambda: forward(True), args.repeats, args.warmup)
 
 
 def decode_cost(sizes, repeats: int, vocab: int):
@@ -183,9 +184,7 @@ def decode_cost(sizes, repeats: int, vocab: int):
                     step(tok, pos, None)
                     times.append(time.perf_counter() - t0)
             ms.append(statistics.median(times[1:]) * 1e3)
-        xs, ys = [math.log(n) for n in sizes], [math.log(t) for t in ms]
-        xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+        slope = _common.loglog_slope(sizes, ms)
         last = math.log(ms[-1] / ms[-2]) / math.log(sizes[-1] / sizes[-2])
         print(f"| {name} | " + " | ".join(f"{t:.2f} ms" for t in ms) + f" | {slope:.2f} | {last:.2f} |")
 
@@ -254,9 +253,7 @@ def exactness() -> None:
     float64.  In float32 it prints too how far HF's and opsplit's float32 gradients lie from
     HF's float64 gradient of the same model (the test's referee where opsplit and HF differ by
     more than 1e-5)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from _llm_configs import build, left_padded
-
+    from opsplit.analysis.hf_cases import build, left_padded
     from opsplit.models import hf_state_dict
 
     cases = ([("gpt2", s) for s in range(8)] + [("llama", s) for s in range(8)] + [("qwen2", s) for s in range(3)]
@@ -320,8 +317,8 @@ def main(argv=None):
     ap.add_argument("--skip", nargs="*", default=[], choices=["forward", "backward", "generate"])
     ap.add_argument("--decode-cost", action="store_true")
     ap.add_argument("--copy-cost", action="store_true",
-                    help="time the no-grad forward with the kernels side by side copied at each call against the "
-                         "same forward reading copies made beforehand")
+                    help="time the no-grad forward (which copies the kernels side by side) against the same "
+                         "forward followed by the same copies once more")
     ap.add_argument("--exactness", action="store_true",
                     help="print the worst differences to HF (logits, gradients) over the configurations of "
                          "tests/test_llm_hf.py instead of timing")
@@ -330,8 +327,9 @@ def main(argv=None):
                          "machine, the work each side does, without the time spent waiting for a core")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    import transformers
+
+    _common.threads(args.threads)
     global CLOCK
     if args.cpu_time:
         CLOCK = time.process_time

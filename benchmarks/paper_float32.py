@@ -1,5 +1,6 @@
 """Float32 rounding of the paper's transformer: opsplit vs an independent transcription of
-paper 002's eqs. (27)-(35), both against the float64 evaluation of the same map.
+paper 002's eqs. (27)-(35) (``opsplit.analysis.transcriptions``), both against the float64
+evaluation of the same map.
 
     python benchmarks/paper_float32.py [--seeds 60]
 
@@ -10,15 +11,11 @@ and opsplit(f64) - reference(f64).  Used for the figures in docs/paper_scheme.md
 
 import argparse
 import math
-import pathlib
-import sys
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from paper_reference import paper_transformer  # noqa: E402
-
-from opsplit.models import PaperTransformer  # noqa: E402
+from opsplit.analysis.transcriptions import paper_transformer
+from opsplit.models import PaperTransformer
 
 CONFIGS = [(2, 16, 12, 2), (2, 5, 8, 2), (3, 7, 6, 3), (1, 3, 4, 1), (4, 32, 24, 2)]
 

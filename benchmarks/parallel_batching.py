@@ -17,19 +17,15 @@ backward); the outputs of the two paths are compared.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import time
 
+import _common
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from opsplit import Grid, Propagator  # noqa: E402
-from opsplit.operators import FFNIntegral, SoftmaxAttention  # noqa: E402
-from opsplit.schemes import Hybrid, Parallel  # noqa: E402
-from opsplit.solvers import Heun, Substep  # noqa: E402
+from opsplit import Grid, Propagator
+from opsplit.operators import FFNIntegral, SoftmaxAttention
+from opsplit.schemes import Hybrid, Parallel
+from opsplit.solvers import Heun, Substep
 
 
 def build(kind, H, J, ny, nx, batch, dtype, seed=0):
@@ -55,22 +51,17 @@ def build(kind, H, J, ny, nx, batch, dtype, seed=0):
     return Propagator(scheme, 2, t1=1.0, grid=Grid.uniform(nx, ny))
 
 
-def timeit(fn, repeats):
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
+#: (H, J, B, N_x, N_y) of the rows
+CASES = [(8, 2, 8, 16, 16), (16, 4, 8, 16, 16), (8, 2, 16, 32, 32), (8, 2, 32, 64, 64)]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="the smallest case of each scheme only")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _common.threads(args.threads)
     dtype = torch.float32
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
@@ -81,25 +72,22 @@ def main(argv=None):
         f"{'ratio':>7} | {'loop f+b':>10}{'vmap f+b':>10}{'ratio':>7} | max |diff|"
     )
     for kind in ("parallel", "hybrid"):
-        for H, J, B, nx, ny in [
-            (8, 2, 8, 16, 16),
-            (16, 4, 8, 16, 16),
-            (8, 2, 16, 32, 32),
-            (8, 2, 32, 64, 64),
-        ]:
+        for H, J, B, nx, ny in CASES[:1] if args.quick else CASES:
             props = {b: build(kind, H, J, ny, nx, b, dtype) for b in (False, True)}
             f = torch.randn(B, nx, ny, dtype=dtype)
             with torch.no_grad():
                 diff = float((props[True](f) - props[False](f)).abs().max())
-            fw = {False: [], True: [], "fb_False": [], "fb_True": []}
             for _ in range(2):  # warm-up
                 for b in (False, True):
                     props[b](f).sum().backward()
-            for _ in range(args.repeats):
-                for b in (False, True):  # interleaved
-                    with torch.no_grad():
-                        fw[b] += timeit(lambda p=props[b], f=f: p(f), 1)
-                    fw[f"fb_{b}"] += timeit(lambda p=props[b], f=f: p(f).sum().backward(), 1)
+
+            def forward(p, f=f):
+                with torch.no_grad():
+                    p(f)
+
+            fw = _common.interleaved({k: fn for b in (False, True) for k, fn in (
+                (b, lambda p=props[b]: forward(p)), (f"fb_{b}", lambda p=props[b], f=f: p(f).sum().backward()))},
+                args.repeats, warmup=0)
             m = {k: statistics.median(v) * 1e3 for k, v in fw.items()}
             print(
                 f"{kind:<9}{H:>3}{J:>3}{B:>5}{nx:>5}{ny:>5} | {m[False]:>8.2f}ms{m[True]:>8.2f}ms"

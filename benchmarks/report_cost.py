@@ -28,7 +28,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import _common
+
+ROOT = str(_common.ROOT)
 
 
 def run(tree: str, args: list, out: str) -> tuple[float, float, float]:
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
                 inner[k].append(got[k][2])
             ratios.append(got["this"][0] / got["base"][0])
             cpu_ratios.append(got["this"][1] / got["base"][1])
-            load = os.getloadavg()[0]
+            load = _common.loadavg()
             print(f"pair {i + 1}: wall this {got['this'][0]:.1f} s, base {got['base'][0]:.1f} s, ratio "
                   f"{ratios[-1]:.3f}; CPU this {got['this'][1]:.1f} s, base {got['base'][1]:.1f} s, ratio "
                   f"{cpu_ratios[-1]:.3f} (load {load:.1f})", flush=True)

@@ -26,19 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import _common
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import load_digits, random_affine, random_shift  # noqa: E402
-from opsplit.models import ImageClassifier, SplitEncoder  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.data import load_digits, random_affine, random_shift
+from opsplit.models import ImageClassifier, SplitEncoder
 
 #: the recipe (the command-line defaults)
 DEFAULTS = dict(
@@ -193,7 +190,7 @@ def run(args, *, out_dir=None, progress=False, verbose=True, continuity=True, sa
         "train_time_s": trainer.elapsed,
         "threads": torch.get_num_threads(),
         "params": sum(p.numel() for p in model.parameters()),
-        "loadavg": _loadavg(),
+        "loadavg": _common.loadavg(),
         "nearest_neighbour_accuracy": nearest_neighbour_accuracy(train, test.inputs, test.targets),
         "continuity": measure_continuity(model, test, args.n_steps) if continuity else None,
     }
@@ -204,30 +201,6 @@ def nearest_neighbour_accuracy(train, images, targets) -> float:
     pixel distance; no training): the reference column of the table."""
     d = torch.cdist(images.flatten(1).double(), train.inputs.flatten(1).double())
     return float((train.targets[d.argmin(1)] == targets).double().mean())
-
-
-def _loadavg():
-    try:
-        return os.getloadavg()[0]
-    except OSError:  # pragma: no cover - no load average on this platform
-        return float("nan")
-
-
-def seed_list(text: str) -> list[int]:
-    """``"0-4"`` → ``[0, 1, 2, 3, 4]``; ``"0,2,5"`` → ``[0, 2, 5]``; ``"3"`` → ``[3]``."""
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        try:
-            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected seeds like 0-4 or 0,2,5, got {text!r}"
-            ) from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"expected at least one seed, got {text!r}")
-    return out
 
 
 def table(results: list[dict]) -> str:
@@ -351,13 +324,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--splits",
-        type=seed_list,
+        type=_common.seed_list,
         default=None,
         help="several split seeds, e.g. 0-4 (overrides --split-seed): a table with mean / min",
     )
     p.add_argument(
         "--seeds",
-        type=seed_list,
+        type=_common.seed_list,
         default=None,
         help="several weight seeds, e.g. 0-2 (overrides --seed)",
     )

@@ -26,17 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from functools import partial
 from pathlib import Path
 
+import _common
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import flag_retrieval, retrieval_accuracy, retrieval_loss  # noqa: E402
-from opsplit.models import AttentionDecoder, TokenClassifier  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.data import flag_retrieval, retrieval_accuracy, retrieval_loss
+from opsplit.models import AttentionDecoder, TokenClassifier
 
 
 def build(args, attention: str) -> TokenClassifier:
@@ -69,24 +68,17 @@ def paired_step_times(args, attentions, length: int, pairs: int) -> dict:
 
     def one(a):
         m, opt = runs[a]
-        t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         retrieval_loss(m(x), y).backward()
         opt.step()
-        return time.perf_counter() - t
 
-    for a in attentions:
-        one(a)
-    times = {a: [] for a in attentions}
-    for _ in range(pairs):
-        for a in attentions:
-            times[a].append(one(a))
+    times = _common.interleaved({a: partial(one, a) for a in attentions}, pairs)
     ref = attentions[0]
     out = {}
     for a in attentions:
-        ratios = [t / r for t, r in zip(times[a], times[ref])]
-        out[a] = {"median_s": statistics.median(times[a]), "min_s": min(times[a]), "max_s": max(times[a]),
-                  "ratio_to_" + ref: statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        r = _common.paired(times[a], times[ref])
+        out[a] = {"median_s": r["a_median_s"], "min_s": min(times[a]), "max_s": max(times[a]),
+                  "ratio_to_" + ref: r["ratio"], "ratio_min": r["ratio_min"], "ratio_max": r["ratio_max"],
                   "n": pairs}
     return out
 
@@ -96,11 +88,7 @@ def plot_curves(out_dir, attentions, path, title: str) -> None:
     ``steps.csv`` files the trainer wrote under ``out_dir/<attention>/``."""
     import csv
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _common.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.2))
     for a in attentions:
         f = Path(out_dir) / a / "steps.csv"
@@ -144,7 +132,7 @@ def main(argv=None):
     p.add_argument("--time-attentions", nargs="+", default=None,
                    help="variants timed at --time-lengths (default: the trained ones with attention)")
     p.add_argument("--time-pairs", type=int, default=3)
-    p.add_argument("--out", default="benchmarks/out/train_long")
+    p.add_argument("--out", default=str(_common.OUT / "train_long"))
     p.add_argument("--figure", default=None, help="write the learning curves here (png)")
     p.add_argument("--plot-only", action="store_true",
                    help="no training: draw --figure from the steps.csv files under --out")

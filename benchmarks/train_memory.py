@@ -44,85 +44,62 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
+import statistics
+import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-_CHILD = r"""
-import json, sys, time, weakref
-sys.path.insert(0, {root!r})
+import _common
 import torch
+
 from opsplit.control import gradient_mode
 from opsplit.models import SplitEncoder
+from opsplit.revolve import revolve_cost
 from opsplit.solvers import ODESolve
 
-mode, n, inner, snapshots = {mode!r}, {n}, {inner}, {snapshots!r}
-torch.manual_seed(0)
-g = torch.Generator().manual_seed(0)
-opts = {{"step_size": 1.0 / (n * inner)}} if inner > 1 else None
-m = SplitEncoder(32, 2, 64, n_steps=n, T=1.0, scheme="lie", control="legendre", n_modes=3,
-                 generator=g, solver=ODESolve("euler", options=opts))
-x = torch.randn(16, 16, 32)
 
-live = [0, 0]  # current, peak
-refs = {{}}  # storage pointer -> number of live saved references
-held = {{p.untyped_storage().data_ptr() for p in m.parameters()}} | {{x.untyped_storage().data_ptr()}}
+def model(n: int, inner: int = 1):
+    """The benchmark's SplitEncoder at N_t = ``n`` (``inner`` Euler steps inside every substep)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    opts = {"step_size": 1.0 / (n * inner)} if inner > 1 else None
+    return SplitEncoder(32, 2, 64, n_steps=n, T=1.0, scheme="lie", control="legendre", n_modes=3,
+                        generator=g, solver=ODESolve("euler", options=opts))
 
-class Saved:
-    __slots__ = ("t", "key", "nbytes")
-    def __init__(self, t):
-        self.t = t
-        st = t.untyped_storage()
-        self.key, self.nbytes = st.data_ptr(), st.nbytes()
-        if self.key in held:  # parameters and the input: memory the model holds anyway
-            self.nbytes = 0
-        refs[self.key] = refs.get(self.key, 0) + 1
-        if refs[self.key] == 1:
-            live[0] += self.nbytes
-            live[1] = max(live[1], live[0])
-    def __del__(self):
-        refs[self.key] -= 1
-        if refs[self.key] == 0:
-            del refs[self.key]
-            live[0] -= self.nbytes
 
-def pack(t):
-    return Saved(t)
-
-def unpack(s):
-    return s.t
-
-def step(n_steps=None):
-    m.zero_grad(set_to_none=True)
-    with gradient_mode(m, mode, checkpoint_every=1, snapshots=snapshots):
-        loss = m(x, n_steps=n_steps).square().mean()
-        loss.backward()
-
-step(1)  # warm-up with one time step (lazy inits, small allocator caches)
-def status(key):
+def _status(key: str) -> float:
+    """A field of /proc/self/status, MiB."""
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) / 1024.0
+    raise KeyError(key)
 
-# 1. peak RSS growth of a plain step (no hooks)
-rss0 = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")
-t0 = time.perf_counter()
-step()
-dt = time.perf_counter() - t0
-hwm = status("VmHWM")
-# 2. autograd memory held between forward and backward: hooks active during the forward pass
-m.zero_grad(set_to_none=True)
-with gradient_mode(m, mode, checkpoint_every=1, snapshots=snapshots):
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        loss = m(x).square().mean()
-    saved = live[1]
-    loss.backward()
-print(json.dumps({{"mode": mode, "snapshots": None if mode == "backprop" else snapshots, "n_steps": n, "inner": inner, "saved_mb": saved / 2**20, "rss_mb": hwm - rss0,
-                  "time_s": dt}}))
-"""
+
+def child(mode: str, n: int, inner: int, snapshots) -> dict:
+    """One (mode, N_t) in this (fresh) process: the peak RSS growth of a plain step, then the
+    autograd memory held between its forward and backward passes (module docstring)."""
+    m = model(n, inner)
+    x = torch.randn(16, 16, 32)
+
+    def step(n_steps=None):
+        m.zero_grad(set_to_none=True)
+        with gradient_mode(m, mode, checkpoint_every=1, snapshots=snapshots):
+            m(x, n_steps=n_steps).square().mean().backward()
+
+    step(1)  # warm-up with one time step (lazy inits, small allocator caches)
+    rss0 = _status("VmRSS")  # 1. peak RSS growth of a plain step (no hooks)
+    Path("/proc/self/clear_refs").write_text("5")
+    t0 = time.perf_counter()
+    step()
+    dt = time.perf_counter() - t0
+    hwm = _status("VmHWM")
+    # 2. autograd memory held between forward and backward: hooks active during the forward pass
+    m.zero_grad(set_to_none=True)
+    with gradient_mode(m, mode, checkpoint_every=1, snapshots=snapshots):
+        with _common.SavedTensors(held=[*m.parameters(), x]) as saved:
+            loss = m(x).square().mean()
+        loss.backward()
+    return {"mode": mode, "snapshots": None if mode == "backprop" else snapshots, "n_steps": n, "inner": inner,
+            "saved_mb": saved.peak_mb, "rss_mb": hwm - rss0, "time_s": dt}
 
 
 def _parse_mode(spec: str, default_snapshots):
@@ -134,16 +111,12 @@ def _parse_mode(spec: str, default_snapshots):
 
 def measure(spec: str, n: int, inner: int = 1, snapshots=8) -> dict:
     mode, snapshots = _parse_mode(spec, snapshots)
-    code = _CHILD.format(root=str(ROOT), mode=mode, n=n, inner=inner, snapshots=snapshots)
     # a fixed mmap threshold: freed large blocks go back to the OS, so RSS follows live memory
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="16384", MALLOC_TRIM_THRESHOLD_="0")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=900,
-                         env=env)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = _common.in_fresh_process(__file__, ["--child", mode, str(n), str(inner), str(snapshots)], env=env,
+                                 timeout=900)
     r["spec"] = spec
     if mode != "backprop" and snapshots is not None:
-        from opsplit.revolve import revolve_cost
-
         c = revolve_cost(n, snapshots)
         r["factor"], r["reps"], r["max_held"] = c["factor"], c["reps"], c["max_held"]
     return r
@@ -151,21 +124,9 @@ def measure(spec: str, n: int, inner: int = 1, snapshots=8) -> dict:
 
 def timing(specs, ns, repeats, snapshots):
     """Paired, interleaved step times of each mode against backprop (one process)."""
-    import statistics
-    import time
-
-    import torch
-
-    from opsplit.control import gradient_mode
-    from opsplit.models import SplitEncoder
-    from opsplit.solvers import ODESolve
-
     rows = []
     for n in ns:
-        torch.manual_seed(0)
-        g = torch.Generator().manual_seed(0)
-        m = SplitEncoder(32, 2, 64, n_steps=n, T=1.0, scheme="lie", control="legendre", n_modes=3,
-                         generator=g, solver=ODESolve("euler"))
+        m = model(n)
         x = torch.randn(16, 16, 32)
 
         def step(mode, s, m=m, x=x):
@@ -187,8 +148,6 @@ def timing(specs, ns, repeats, snapshots):
             r = {"spec": spec, "n_steps": n, "ratio": statistics.median(ratios), "backprop_s": statistics.median(tb),
                  "ratios": ratios}
             if mode != "backprop" and s is not None:
-                from opsplit.revolve import revolve_cost
-
                 r["factor"] = revolve_cost(n, s)["factor"]
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -211,16 +170,19 @@ def main(argv=None):
     p.add_argument("--inner", type=int, nargs="*", default=[],
                    help="also: N_t = 8 with this many euler steps inside every substep (backprop vs adjoint)")
     p.add_argument("--json", default=None)
+    p.add_argument("--child", nargs=4, metavar=("MODE", "N_T", "INNER", "SNAPSHOTS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        mode, n, inner, s = args.child
+        _common.print_result(child(mode, int(n), int(inner), None if s == "None" else int(s)))
+        return None
     snaps = None if args.snapshots == "none" else int(args.snapshots)
     if args.timing:
-        sys.path.insert(0, str(ROOT))
         specs = [s for s in args.modes if s != "backprop"]
         rows = timing(specs, args.n_steps, args.repeats, snaps)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         return rows
-    sys.path.insert(0, str(ROOT))
     if args.inner:
         rows = []
         for k in args.inner:

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+import _common
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import TABLE1_MSE, input_noise, periodic_task, rollout  # noqa: E402
-from opsplit.models import SequenceForecaster, SplitEncoder  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.data import TABLE1_MSE, input_noise, periodic_task, rollout
+from opsplit.models import SequenceForecaster, SplitEncoder
 
 
 def build(args, window, scheme=None, seed=None):
@@ -79,11 +78,7 @@ def square_floor(task, n_phases=200_000):
 
 
 def plot(task, pred, mse, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _common.pyplot()
     fig, ax = plt.subplots(figsize=(8, 2.8))
     a = task.starts[0]
     xs = torch.arange(a, a + task.window + task.horizon) * task.dx

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+import _common
 
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import load_digits, periodic_task  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.data import load_digits, periodic_task
 
 KINDS = ["piecewise_constant", "piecewise_linear", "legendre"]
 LEVELS = [2, 4, 8, 16, 32]
@@ -72,7 +69,7 @@ def main(argv=None):
                    help="final time of the digits model (dt = T/4 in training); the sin model uses T/2")
     p.add_argument("--train-n-steps", type=int, nargs="+", default=None,
                    help="multi-resolution training: N_t drawn per step from these (TrainConfig.n_steps)")
-    p.add_argument("--json", default="benchmarks/out/train_resolution.json")
+    p.add_argument("--json", default=str(_common.OUT / "train_resolution.json"))
     args = p.parse_args(argv)
     rows = []
     for task in args.tasks:

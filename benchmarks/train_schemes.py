@@ -18,51 +18,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import _common
 import torch
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
 
 SCHEMES = ["lie", "strang", "parallel", "hybrid"]
 TASKS = ["digits", "sin", "sin_exp", "square"]
 
 
 def saved_mb(model, x, loss_fn) -> float:
-    live = [0, 0]
-    refs = {}
-    held = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
-
-    class Saved:
-        __slots__ = ("t", "key", "nbytes")
-
-        def __init__(self, t):
-            self.t = t
-            st = t.untyped_storage()
-            self.key, self.nbytes = st.data_ptr(), (0 if st.data_ptr() in held else st.nbytes())
-            refs[self.key] = refs.get(self.key, 0) + 1
-            if refs[self.key] == 1:
-                live[0] += self.nbytes
-                live[1] = max(live[1], live[0])
-
-        def __del__(self):
-            refs[self.key] -= 1
-            if refs[self.key] == 0:
-                del refs[self.key]
-                live[0] -= self.nbytes
-
+    """Autograd's saved-tensor memory of one training step, MiB (parameters and input not counted)."""
     model.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(Saved, lambda s: s.t):
+    with _common.SavedTensors(held=[*model.parameters(), x]) as saved:
         loss_fn(model(x)).backward()
     model.zero_grad(set_to_none=True)
-    return live[1] / 2**20
+    return saved.peak_mb
 
 
 def run_one(task: str, scheme: str, args) -> dict:
@@ -111,11 +84,7 @@ def run_one(task: str, scheme: str, args) -> dict:
 
 
 def plot(rows, task, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for r in rows:
         if r["task"] != task:
@@ -149,20 +118,18 @@ def main(argv=None):
     p.add_argument("--periodic-epochs", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="docs/figures")
-    p.add_argument("--json", default="benchmarks/out/train_schemes.json")
+    p.add_argument("--json", default=str(_common.OUT / "train_schemes.json"))
     p.add_argument("--one", nargs=2, metavar=("TASK", "SCHEME"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
-        print("RESULT " + json.dumps(run_one(args.one[0], args.one[1], args)), flush=True)
+        _common.print_result(run_one(args.one[0], args.one[1], args))
         return None
     rows = []
     for task in args.tasks:
         for scheme in args.schemes:
-            cmd = [sys.executable, __file__, "--one", task, scheme, "--digits-epochs", str(args.digits_epochs),
-                   "--periodic-epochs", str(args.periodic_epochs), "--seed", str(args.seed)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=dict(os.environ))
-            line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
-            r = json.loads(line[7:])
+            r = _common.in_fresh_process(__file__, ["--one", task, scheme, "--digits-epochs", str(args.digits_epochs),
+                                                    "--periodic-epochs", str(args.periodic_epochs),
+                                                    "--seed", str(args.seed)])
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "history"}), flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

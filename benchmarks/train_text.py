@@ -51,18 +51,17 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import _common
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
-from opsplit.models import DecoderConfig, DecoderLM  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.data import bits_per_char, load_text, text_windows
+from opsplit.models import DecoderConfig, DecoderLM
 
 RUNS = ("peer", "softmax-lie", "softmax-strang", "sliced-lie", "sliced-strang", "softmax-lie-multi")
 #: the default table (sliced-strang, ~5x the peer's step, is run on its own: ``--runs sliced-strang``)
@@ -514,15 +513,6 @@ def print_attribution(a: dict) -> None:
 
 
 # -- figures --------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _losses(out: Path, run: str) -> list[float] | None:
     f = out / run / "steps.csv"
     return [float(row["loss"]) / math.log(2) for row in csv.DictReader(f.open())] if f.is_file() else None
@@ -531,7 +521,7 @@ def _losses(out: Path, run: str) -> list[float] | None:
 def plot_loss(out: Path, runs, path: Path, title: str) -> None:
     """Left: the peer and opsplit's ``softmax-lie`` (same weights, same batches), and below
     their difference; right: every run (10-step running mean)."""
-    plt = _plt()
+    plt = _common.pyplot()
     fig = plt.figure(figsize=(10.4, 4.2))
     gs = fig.add_gridspec(3, 2)
     a1, a0, a2 = fig.add_subplot(gs[:2, 0]), fig.add_subplot(gs[2, 0]), fig.add_subplot(gs[:, 1])
@@ -567,7 +557,7 @@ def plot_loss(out: Path, runs, path: Path, title: str) -> None:
 
 
 def plot_anytime(anytime: dict, path: Path, title: str) -> None:
-    plt = _plt()
+    plt = _common.pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.4, 3.4))
     for name, rows in anytime.items():
         nts = [r["n_t"] for r in rows]
@@ -613,7 +603,7 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--gen-reps", type=int, default=3, help="timed generations per model and N_t (median)")
     p.add_argument("--pairs", type=int, default=15, help="interleaved rounds of the paired step timing (0: none)")
-    p.add_argument("--out", default="benchmarks/out/train_text")
+    p.add_argument("--out", default=str(_common.OUT / "train_text"))
     p.add_argument("--figures", default=None, help="write text_loss.png and text_anytime.png here")
     p.add_argument("--paired-only", action="store_true",
                    help="no training: the paired step timing only (stored in <out>/results.json)")
@@ -634,7 +624,7 @@ def main(argv=None):
         report(saved, args)
         return saved
     out.mkdir(parents=True, exist_ok=True)
-    load0 = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else None
+    load0 = _loads()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY')}, loadavg {load0}", flush=True)
 
@@ -647,33 +637,25 @@ def main(argv=None):
     if args.attribute:
         x, y = train[torch.arange(args.batch)]
         a = attribute_step(args, vocab.size, x, y, max(1, args.pairs))
-        a["loadavg"] = [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]
+        a["loadavg"] = [load0, _loads()]
         print(json.dumps({"attribute": a}), flush=True)
         print_attribution(a)
         return a
     if args.paired_only:
         x, y = train[torch.arange(args.batch)]
         paired = paired_step_times(args, vocab.size, x, y, args.pairs)
-        paired["loadavg"] = [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]
+        paired["loadavg"] = [load0, _loads()]
         print(json.dumps({"paired": paired}), flush=True)
-        saved = _load(out)
-        if saved is not None and saved.get("setup") == _setup(args):
-            saved["paired"] = paired
-            (out / "results.json").write_text(json.dumps(saved, indent=1))
-            report(saved, args)
+        _store(out, args, "paired", paired)
         return paired
     prompt = vocab.encode(args.prompt, name="--prompt")[None]
     if prompt.shape[1] + args.gen > args.context:
         p.error(f"--gen: the prompt ({prompt.shape[1]}) and --gen ({args.gen}) exceed --context {args.context}")
     if args.gen_timing:
         speeds = {"tok_s": generation_speeds(args, vocab.size, prompt), "reps": args.gen_reps,
-                  "loadavg": [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]}
+                  "loadavg": [load0, _loads()]}
         print(json.dumps({"gen_timing": speeds}), flush=True)
-        saved = _load(out)
-        if saved is not None and saved.get("setup") == _setup(args):
-            saved["gen_timing"] = speeds
-            (out / "results.json").write_text(json.dumps(saved, indent=1))
-            report(saved, args)
+        _store(out, args, "gen_timing", speeds)
         return speeds
     print(f"{corpus}; {len(train)} training windows ({args.steps} steps x {args.batch}), {len(val)} validation "
           f"windows of {args.context}", flush=True)
@@ -724,7 +706,7 @@ def main(argv=None):
                         "gen_tok_s_cache": gen_cache, "gen_tok_s_recompute": gen_full,
                         "sample": vocab.decode(ids[0]), "wall_s": time.perf_counter() - t0,
                         "embedding_row_norms": unknown,
-                        "loadavg": Path("/proc/loadavg").read_text().split()[:3] if load0 else None}
+                        "loadavg": _loads()}
         print(json.dumps({k: v for k, v in results[run].items() if k != "sample"}), flush=True)
 
     anytime = {}
@@ -748,10 +730,10 @@ def main(argv=None):
     if args.pairs:
         x, y = train[torch.arange(args.batch)]
         paired = paired_step_times(args, vocab.size, x, y, args.pairs)
-        paired["loadavg"] = [load0, Path("/proc/loadavg").read_text().split()[:3] if load0 else None]
+        paired["loadavg"] = [load0, _loads()]
         print(json.dumps({"paired": paired}), flush=True)
 
-    load1 = Path("/proc/loadavg").read_text().split()[:3] if load0 else None
+    load1 = _loads()
     info = {"corpus": str(corpus), "train_chars": corpus.train.numel(), "val_chars": corpus.val.numel(),
             "vocab": vocab.size, "tokens_per_run": tokens, "loadavg": [load0, load1]}
     saved = _load(out)
@@ -786,6 +768,22 @@ def _setup(args) -> dict:
 def _load(out: Path) -> dict | None:
     f = out / "results.json"
     return json.loads(f.read_text()) if f.is_file() else None
+
+
+def _store(out: Path, args, key: str, value) -> None:
+    """``value`` as ``key`` of ``<out>/results.json`` when that holds runs of this setup, and
+    the tables reprinted."""
+    saved = _load(out)
+    if saved is not None and saved.get("setup") == _setup(args):
+        saved[key] = value
+        (out / "results.json").write_text(json.dumps(saved, indent=1))
+        report(saved, args)
+
+
+def _loads() -> list[str] | None:
+    """The 1-, 5- and 15-minute load averages as /proc/loadavg writes them (None elsewhere)."""
+    f = Path("/proc/loadavg")
+    return f.read_text().split()[:3] if f.is_file() else None
 
 
 def report(saved: dict, args) -> None:

@@ -37,27 +37,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
+import _common
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from opsplit import Propagator  # noqa: E402
-from opsplit.analysis import relative_error, smooth_transformer  # noqa: E402
-from opsplit.analysis.work_precision import (  # noqa: E402
+from opsplit import Propagator
+from opsplit.analysis import relative_error, smooth_transformer
+from opsplit.analysis.work_precision import (
     cheapest_fixed,
     plot_work_precision,
     run_adaptive,
     run_fixed,
     run_unsplit,
 )
-from opsplit.reference import solve_reference  # noqa: E402
-from opsplit.schemes import BlanesMoan, Hybrid, Lie, Parallel, SchemeFlow, Strang, TripleJump  # noqa: E402
-from opsplit.solvers import RK4, CatchUp, Exact, ExplicitEuler, Heun, ProjectedS1, Substep  # noqa: E402
+from opsplit.reference import solve_reference
+from opsplit.schemes import BlanesMoan, Hybrid, Lie, Parallel, SchemeFlow, Strang, TripleJump
+from opsplit.solvers import RK4, CatchUp, Exact, ExplicitEuler, Heun, ProjectedS1, Substep
 
 T0, T1 = 0.5, 1.5
 
@@ -352,8 +349,8 @@ def main(argv=None):
         default="both",
         help="which problem to run (figures and JSON keys of the others are left as they are)",
     )
-    ap.add_argument("--figures", default=str(ROOT / "docs" / "figures"))
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "out" / "work_precision.json"))
+    ap.add_argument("--figures", default=str(_common.ROOT / "docs" / "figures"))
+    ap.add_argument("--json", default=str(_common.OUT / "work_precision.json"))
     args = ap.parse_args(argv)
     args.rtols = [1e-3, 1e-4, 1e-5, 1e-6] if args.quick else [1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8]
     args.n_max = 64 if args.quick else 512
@@ -369,9 +366,7 @@ def main(argv=None):
     out = {}
     if Path(args.json).exists() and args.problems != "both":
         out = json.loads(Path(args.json).read_text())
-    import matplotlib
-
-    matplotlib.use("Agg")
+    _common.pyplot()
     for constraint in (False, True):
         key = "s1" if constraint else "smooth"
         if args.problems not in ("both", key):

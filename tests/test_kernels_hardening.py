@@ -13,10 +13,15 @@ formulas (tests/sliced_reference.py), which follow the same conventions at ties
 
 import pytest
 import torch
-from sliced_reference import causal, causal_rescaled, naive_sliced_bump, naive_sliced_relu
 from torch.autograd import gradcheck, gradgradcheck
 
 from opsplit import Grid, Propagator
+from opsplit.analysis.transcriptions import (
+    causal,
+    causal_rescaled,
+    naive_sliced_bump,
+    naive_sliced_relu,
+)
 from opsplit.functional import (
     causal_sliced_relu_attention,
     causal_sliced_relu_bump_attention,

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-from paper_reference import paper_transformer
 
+from opsplit.analysis.transcriptions import paper_transformer
 from opsplit.models import PaperTransformer
 
 CONFIGS = [  # (B, N_x, N_y, J, N_t)

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from sliced_reference import naive_sliced_relu
 from torch import nn
 
+from opsplit.analysis.transcriptions import naive_sliced_relu
 from opsplit.control import Objective, TrainConfig, Trainer
 from opsplit.data import char_corpus, text_windows
 from opsplit.models import DecoderConfig, DecoderLM

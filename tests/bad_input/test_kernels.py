@@ -14,9 +14,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sliced_reference import causal, causal_rescaled, naive_sliced_bump, naive_sliced_relu
 
 import opsplit
+from opsplit.analysis.transcriptions import (
+    causal,
+    causal_rescaled,
+    naive_sliced_bump,
+    naive_sliced_relu,
+)
 from opsplit.functional import (
     causal_sliced_relu_attention,
     causal_sliced_relu_bump_attention,
