@@ -35,6 +35,24 @@ sweeps leave only the method itself in the obvious families).  The defect-based
 estimators of Auzinger, Koch & Thalhammer need derivatives of every substep's flow
 (variational equations of each operator), which the operator interface does not offer.
 
+**Embedded Euler–Heun pair** (:class:`EulerHeunPair`): for a scheme whose step is explicit
+Euler on the sum of its terms (the parallel scheme of explicit-Euler substeps, eq. 59, or one
+explicit-Euler substep), Heun's method with Euler embedded (the RK1(2) pair): Euler's value
+:math:`w = u + h F(t, u)` is propagated and :math:`\mathrm{err} = \tfrac h2 (F((t + h)^-, w)
+- F(t, u)) = \tfrac12 (\Psi_h(w) - 2 w + u)` with :math:`\Psi_h(w)` a step from :math:`w`
+reading the controls' left limit at :math:`t + h`: Heun's value minus Euler's, an estimate of
+Euler's local error (order 1, asymptotically exact).  That second step is the next step's
+field at no cost (first same as last; Euler is linear in :math:`h`, so the next step of size
+:math:`h'` from :math:`w` is :math:`w + (h'/h)(\Psi_h(w) - w)`) wherever the controls are
+continuous at :math:`t + h`, and a rejected step retries from the field it has: an accepted
+step costs one step of the scheme, the fixed grid's work (step doubling: three).
+
+**Steps across control pieces** (``PIController(stop_at_breakpoints=False)``): a step may
+cross the breakpoints of piecewise controls (below); it then reads the controls where its
+substeps do (explicit Euler: at its start, for the whole step, as a fixed :math:`N_t` below
+the number of pieces does), and the error estimate judges what that costs — with the
+Euler–Heun pair, from the controls' left limit at the step's end.
+
 **The controller** (:class:`PIController`, Gustafsson's PI control as in diffrax's
 ``PIDController`` with ``pcoeff = 0.4``, ``icoeff = 0.3``).  The error norm of a sample
 is the root mean square of :math:`\mathrm{err}_i / (\mathrm{atol} + \mathrm{rtol}
@@ -46,8 +64,8 @@ norm :math:`E_n \le 1`; the next step is
 E_n^{-1/k})`, no growth).  The decisions are made on detached values: they are not
 differentiated (the gradient is that of the discrete solution on the accepted grid).
 
-**Times.**  Steps end exactly at the requested output times (``t_eval``) and at the
-breakpoints of piecewise controls (:func:`opsplit.controls.projection.time_breakpoints`;
+**Times.**  Steps end exactly at the requested output times (``t_eval``) and, unless
+``stop_at_breakpoints=False``, at the breakpoints of piecewise controls (:func:`opsplit.controls.projection.time_breakpoints`;
 the piece ends of a :class:`~opsplit.controls.LayerwiseConstant`, a decoder's layers), as
 torchdiffeq's ``step_t``/``jump_t``: a splitting step has no dense output, and a step
 across a breakpoint loses the scheme's order.  The controls :math:`\theta(t)` are
@@ -98,16 +116,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear
+from .controls.projection import time_breakpoints
 from .grid import Grid
 from .revolve import checkpointed_steps, revolve_steps
 from .schemes.base import Scheme, changes_grid
 from .schemes.composition import clock_reach, controls_interval
+from .schemes.parallel import ParallelGroup, ScaledOperator
 from .solution import Solution, SolveStats, count_substep_calls, substep_labels
+from .solvers import Substep
+from .solvers.catch_up import is_projection
 
 __all__ = [
     "PIController",
     "StepDoubling",
     "EmbeddedPair",
+    "EulerHeunPair",
     "AdaptiveStepError",
     "solve_adaptive",
     "adaptive_obstacle",
@@ -213,6 +237,8 @@ class PIController:
         safety, factor_min, factor_max: :math:`s`, :math:`f_\\min`, :math:`f_\\max`.
         pcoeff, icoeff: the PI coefficients (diffrax's names; ``pcoeff = icoeff = 0``
             with ``icoeff`` alone is I control).
+        stop_at_breakpoints: end steps at the breakpoints of piecewise controls (default);
+            ``False``: steps may cross them (module docstring).
     """
 
     rtol: float = 1e-6
@@ -226,8 +252,11 @@ class PIController:
     factor_max: float = 10.0
     pcoeff: float = 0.4
     icoeff: float = 0.3
+    stop_at_breakpoints: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.stop_at_breakpoints, bool):
+            raise TypeError(f"stop_at_breakpoints: expected True or False, got {self.stop_at_breakpoints!r}")
         object.__setattr__(self, "rtol", _positive(self.rtol, "rtol"))
         object.__setattr__(self, "atol", _positive(self.atol, "atol"))
         if self.first_step is not None:
@@ -431,20 +460,103 @@ class EmbeddedPair:
         return w, err
 
 
+class EulerHeunPair:
+    r"""The embedded Euler–Heun pair of a scheme whose step is explicit Euler on the sum of
+    its terms: Euler's value propagated, Heun's minus Euler's the error estimate, the second
+    step reused as the next step's field (module docstring).
+
+    Args:
+        scheme: a :class:`~opsplit.schemes.Parallel` scheme of explicit-Euler substeps of one
+            term each, or a scheme of one explicit-Euler substep; anything else is refused
+            (its step is not Euler on the sum of its terms).
+
+    ``calls_saved`` counts the scheme steps the reuse spared (a statistic of the solves)."""
+
+    name = "Euler-Heun pair"
+
+    def __init__(self, scheme: Scheme):
+        if not isinstance(scheme, Scheme):
+            raise TypeError(f"EulerHeunPair.scheme: expected an opsplit Scheme, got {type(scheme).__name__}")
+        why = _not_euler_on_a_sum(scheme)
+        if why is not None:
+            raise ValueError(f"estimator: the Euler-Heun pair needs a step that is explicit Euler on the sum of "
+                             f"the scheme's terms: {why}; use 'doubling' or an embedded pair of schemes")
+        self.scheme = scheme
+        self.breakpoints: list = []  # where the controls jump: no reuse of the field there (solve_adaptive)
+        self.calls_saved = 0
+        self._last = None  # (t, u, h, w): Euler from u over h gave w
+        self._next = None  # (t, w, h, w2): the step from w over h (left limits at its end), for the next attempt
+
+    @property
+    def order(self) -> int:
+        return 1
+
+    def propagate(self, t: float, t_next: float, u: Tensor, grid) -> Tensor:
+        return self.scheme.step(t, t_next - t, u, grid)
+
+    def _jump(self, t: float) -> bool:
+        tol = 1e-12 * max(1.0, abs(t))
+        return any(abs(b - t) <= tol for b in self.breakpoints)
+
+    def attempt(self, t: float, t_next: float, u: Tensor, grid, record: bool):
+        from .controls.timepoints import LeftLimit
+
+        h = t_next - t
+        # autograd records this step: every attempt is its own Euler step (the reused field has no graph)
+        grad = record and torch.is_grad_enabled() and (u.requires_grad or any(
+            p.requires_grad for p in self.scheme.parameters()))
+        with torch.set_grad_enabled(grad):
+            w = None
+            if not grad:
+                for c in (self._next, self._last):  # the field at (t, u), known: Euler is linear in h
+                    if c is not None and c[0] == t and c[1] is u:
+                        w = torch.add(u, c[3] - u, alpha=h / c[2])
+                        self.calls_saved += 1
+                        break
+            if w is None:
+                w = self.scheme.step(t, h, u, grid)
+        with torch.no_grad():
+            w2 = self.scheme.step(LeftLimit(t_next), h, w.detach(), grid)
+            err = 0.5 * (w2 - 2.0 * w.detach() + u.detach())
+        self._last = (t, u, h, w.detach())
+        self._next = None if grad or self._jump(t_next) else (t_next, w, h, w2)
+        return w, err
+
+
+def _not_euler_on_a_sum(scheme) -> str | None:
+    """Why a step of ``scheme`` is not explicit Euler on the sum of its terms, or ``None``."""
+    from .schemes import Parallel
+    from .solvers import ExplicitEuler
+
+    subs = list(scheme.substeps)
+    if any(type(s.solver) is not ExplicitEuler for s in subs):
+        names = sorted({type(s.solver).__name__ for s in subs})
+        return f"its substeps are solved by {names}, not explicit Euler"
+    if len(subs) == 1:
+        return None
+    if type(scheme) is not Parallel:
+        return f"{type(scheme).__name__} of {len(subs)} substeps (a splitting, not Euler on the sum)"
+    if any(len(s.terms) != 1 for s in subs):
+        return "a parallel substep of several terms"
+    return None
+
+
 def _estimator(scheme, estimator):
     if estimator is None or estimator == "doubling":
         return StepDoubling(scheme)
     if estimator == "extrapolate":
         return StepDoubling(scheme, extrapolate=True)
+    if estimator == "euler-heun":
+        return EulerHeunPair(scheme)
     if isinstance(estimator, Scheme):
         return EmbeddedPair(scheme, estimator)
-    if isinstance(estimator, (StepDoubling, EmbeddedPair)):
+    if isinstance(estimator, (StepDoubling, EmbeddedPair, EulerHeunPair)):
         if estimator.scheme is not scheme:
             raise ValueError("estimator: it must be built on the propagator's own scheme")
         return estimator
     raise TypeError(
-        f"estimator: expected 'doubling', 'extrapolate', a companion Scheme (embedded pair), a StepDoubling or an "
-        f"EmbeddedPair, got {type(estimator).__name__}"
+        f"estimator: expected 'doubling', 'extrapolate', 'euler-heun', a companion Scheme (embedded pair), a "
+        f"StepDoubling, an EmbeddedPair or an EulerHeunPair, got {type(estimator).__name__}"
     )
 
 
@@ -480,10 +592,6 @@ def adaptive_obstacle(scheme: Scheme) -> str | None:
     and for a projection averaged with other substeps in a parallel group (a relaxation
     towards the set).  A projection alone (S1: smooth near its manifold, idempotent) is
     fine."""
-    from .schemes.parallel import ParallelGroup, ScaledOperator
-    from .solvers import Substep
-    from .solvers.catch_up import is_projection
-
     labels = substep_labels(scheme)
     subs = []
     for m in scheme.modules():
@@ -745,8 +853,6 @@ def solve_adaptive(
     :meth:`opsplit.Propagator.solve` (which validates ``f`` and the grid).  ``prop`` is read
     for ``scheme``, ``t0``, ``t1`` and its checkpointing (``checkpoint_every``,
     ``checkpoint_snapshots``): step control does not depend on the propagator class."""
-    from .controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear
-    from .controls.projection import time_breakpoints
 
     scheme = getattr(prop, "scheme", None)
     if not isinstance(scheme, Scheme):
@@ -759,7 +865,10 @@ def solve_adaptive(
     t0, t1 = float(prop.t0), float(prop.t1)
     est, cap = check_adaptive(scheme, t0, t1, ctl, f.dtype, estimator, on_failure)
     pieces = [m for m in scheme.modules() if isinstance(m, (PiecewiseConstant, PiecewiseLinear, LayerwiseConstant))]
-    stops, outs = _stops(t0, t1, t_eval, sorted({b for m in pieces for b in time_breakpoints(m)}))
+    breaks = sorted({b for m in pieces for b in time_breakpoints(m)})
+    if isinstance(est, EulerHeunPair):
+        est.breakpoints = breaks
+    stops, outs = _stops(t0, t1, t_eval, breaks if ctl.stop_at_breakpoints else [])
     grad = torch.is_grad_enabled()
     every = int(getattr(prop, "checkpoint_every", 0) or 0)
     checkpointed = bool(every) and grad

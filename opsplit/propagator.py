@@ -13,10 +13,12 @@ controls held by the scheme's operators.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from ._checks import (
     check_finite,
@@ -42,6 +44,7 @@ from .grid import Grid, check_grid
 from .revolve import checkpointed_steps as _checkpointed_steps
 from .revolve import revolve_steps
 from .schemes.base import Scheme, changes_grid
+from .solution import Solution, SolveStats, count_substep_calls
 
 __all__ = ["Propagator", "AdaptivePropagator"]
 
@@ -204,8 +207,6 @@ class Propagator(nn.Module):
         autograd like the step itself.  A propagator with step hooks refuses the
         checkpointed time loop (its recomputation would call them again).  Returns a handle
         whose ``remove()`` unregisters the hook."""
-        from torch.utils.hooks import RemovableHandle
-
         if not callable(hook):
             raise TypeError(f"Propagator.register_step_hook: expected a callable, got {type(hook).__name__}")
         handle = RemovableHandle(self._step_hooks)
@@ -291,8 +292,23 @@ class Propagator(nn.Module):
                 f"return_trajectory: {type(self.scheme).__name__} may move the state to other grids (grid "
                 "transfers), so its states cannot be stacked; solve step by step with scheme.advance instead"
             )
-        u = f
-        traj = [u] if return_trajectory else None
+        traj = [f] if return_trajectory else None
+        with self._parameters_named_on_error(check_finite_input):
+            u = self._time_loop(f, g, times, traj)
+        if check_finite_input:
+            self._check_output(u)
+        if unbatched:
+            u = u.squeeze(0)
+        if not return_trajectory:
+            return u
+        trajectory = torch.stack(traj, dim=1)
+        if unbatched:
+            trajectory = trajectory.squeeze(0)
+        return u, trajectory
+
+    def _time_loop(self, u: Tensor, g: Grid, times: list, traj: list | None) -> Tensor:
+        """The steps of :meth:`forward` from ``u`` on ``times`` (checkpointed when asked for),
+        the states appended to ``traj`` when given; the step hooks called after each step."""
         hooks = getattr(self, "_step_hooks", None)
         if self.checkpoint_every and traj is None and torch.is_grad_enabled():
             if hooks:
@@ -305,26 +321,29 @@ class Propagator(nn.Module):
             else:
                 u, g = revolve_steps(self.scheme, times, u, g, int(self.checkpoint_every),
                                      int(self.checkpoint_snapshots))
-        else:
-            for n in range(len(times) - 1):
-                # a scheme with grid transfers returns the grid of the new state (Scheme.advance)
-                before = u
-                u, g = self.scheme.advance(times[n], times[n + 1] - times[n], u, g)
-                if hooks:
-                    for hook in list(hooks.values()):
-                        hook(self, times[n], times[n + 1] - times[n], before, u, g)
-                if traj is not None:
-                    traj.append(u)
-        if check_finite_input:
-            self._check_output(u)
-        if unbatched:
-            u = u.squeeze(0)
-        if not return_trajectory:
             return u
-        trajectory = torch.stack(traj, dim=1)
-        if unbatched:
-            trajectory = trajectory.squeeze(0)
-        return u, trajectory
+        for n in range(len(times) - 1):
+            # a scheme with grid transfers returns the grid of the new state (Scheme.advance)
+            before = u
+            u, g = self.scheme.advance(times[n], times[n + 1] - times[n], u, g)
+            if hooks:
+                for hook in list(hooks.values()):
+                    hook(self, times[n], times[n + 1] - times[n], before, u, g)
+            if traj is not None:
+                traj.append(u)
+        return u
+
+    @contextlib.contextmanager
+    def _parameters_named_on_error(self, check: bool):
+        """A ``ValueError`` raised inside the solve (a check of an operator that saw a NaN
+        written through ``.data``, which the cached parameter check misses) is preceded, when
+        ``check``, by a fresh read of every parameter, which names such a parameter."""
+        try:
+            yield
+        except ValueError:
+            if check:
+                check_parameters_finite(self, type(self).__name__, fresh=True)
+            raise
 
     def _prepare(self, f: Tensor, grid: Grid | None, check_finite_input: bool):
         """Validate ``f`` (batched on return), resolve the grid, check the parameters and
@@ -392,8 +411,6 @@ class Propagator(nn.Module):
         The same validation as :meth:`forward`.  Autograd records the solve (adaptive step
         sizes are not differentiated); the propagator's checkpointing applies.
         """
-        from .solution import Solution, SolveStats, count_substep_calls
-
         adaptive = rtol is not None or atol is not None or controller is not None
         if adaptive and n_steps is not None:
             raise ValueError("n_steps: a fixed N_t and adaptive steps (rtol/atol/controller) exclude each other")
@@ -415,6 +432,19 @@ class Propagator(nn.Module):
                 f"t_eval: {type(self.scheme).__name__} may move the state to other grids (grid "
                 "transfers), so its states cannot be stacked"
             )
+        with self._parameters_named_on_error(check_finite_input):
+            sol = self._solve_steps(f, g, grid, n_steps, t_eval, adaptive, controller, estimator, per_sample,
+                                    on_failure)
+        if check_finite_input:
+            self._check_output(sol.u)
+        if unbatched:
+            sol.u = sol.u.squeeze(0)
+            if sol.ys is not None:
+                sol.ys = sol.ys.squeeze(0)
+        return sol
+
+    def _solve_steps(self, f, g, grid, n_steps, t_eval, adaptive, controller, estimator, per_sample, on_failure):
+        """:meth:`solve`'s adaptive or fixed steps from the checked ``f`` on the grid ``g``."""
         if adaptive:
             sol = solve_adaptive(self, f, g, t_eval=t_eval, controller=controller, estimator=estimator,
                                  per_sample=per_sample, on_failure=on_failure)
@@ -441,12 +471,6 @@ class Propagator(nn.Module):
             stats = SolveStats(n_accepted=len(times) - 1, substep_calls=dict(calls), times=list(times))
             sol = Solution(u, None if idx is None else [times[i] for i in idx],
                            None if idx is None else traj[:, idx], stats)
-        if check_finite_input:
-            self._check_output(sol.u)
-        if unbatched:
-            sol.u = sol.u.squeeze(0)
-            if sol.ys is not None:
-                sol.ys = sol.ys.squeeze(0)
         return sol
 
     def extra_repr(self) -> str:

@@ -60,6 +60,7 @@ from math import comb
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["binomial_reps", "revolve_cost", "revolve_steps", "checkpointed_steps"]
 
@@ -341,8 +342,6 @@ def checkpointed_steps(scheme, times, u: Tensor, grid, k: int):
     backward pass stores one state per block and recomputes the block's steps.  Returns
     ``(u, grid)``: the grid is threaded as in :meth:`Scheme.advance` (recorded when a block
     runs; a recomputation records the same grid)."""
-    from torch.utils.checkpoint import checkpoint
-
     out_grid = [grid]
 
     def block(u, a, b, g):
