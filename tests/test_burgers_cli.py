@@ -26,12 +26,13 @@ modes = 4
 d_ff = 8
 n_freq = 2
 [train]
-resolution = 16
 epochs = 2
 batch_size = 4
 save_every = 2
-eval_resolutions = [8, 16, 64]
+[eval]
+resolutions = [8, 16, 64]
 [data]
+resolution = 16
 n_train = 8
 n_test = 4
 points = 64
@@ -72,7 +73,7 @@ def test_burgers_run_folder(data_dir):
 def test_burgers_band_limited_output_keys(data_dir):
     """``model.output_modes`` and ``model.output_scale`` reach the model: its output on the
     evaluation grids holds no mode above the band."""
-    from opsplit.cli import train_burgers as tb
+    from opsplit.cli.tasks import burgers as tb
 
     cfg = data_dir / "burgers.toml"
     cfg.write_text(TOML.format(attention="none").replace("n_freq = 2", "n_freq = 2\noutput_modes = 3\n"
@@ -93,10 +94,10 @@ def test_burgers_band_limited_output_keys(data_dir):
 
 def test_burgers_refusals_before_work(data_dir, capsys):
     cfg = data_dir / "b.toml"
-    cfg.write_text(TOML.format(attention="galerkin").replace("eval_resolutions = [8, 16, 64]",
-                                                               "eval_resolutions = [8, 16, 48]"))
+    cfg.write_text(TOML.format(attention="galerkin").replace("resolutions = [8, 16, 64]",
+                                                               "resolutions = [8, 16, 48]"))
     assert main(["train", "--config", str(cfg), "--print-config"]) == 2
-    assert "train.eval_resolutions: expected divisors of data.points = 64" in capsys.readouterr().err
+    assert "eval.resolutions: expected divisors of data.points = 64" in capsys.readouterr().err
     cfg.write_text(TOML.format(attention="galerkin").replace("resolution = 16", "resolution = 4"))
     assert main(["train", "--config", str(cfg), "--print-config"]) == 2
     assert "at least 2 * 4 - 1 = 7 nodes, got 4" in capsys.readouterr().err
@@ -104,7 +105,7 @@ def test_burgers_refusals_before_work(data_dir, capsys):
     cfg.write_text(TOML.format(attention="galerkin").replace("n_freq = 2", "n_freq = 2\noutput_modes = 5"))
     assert main(["train", "--config", str(cfg), "--print-config"]) == 2
     err = capsys.readouterr().err
-    assert "train.eval_resolutions" in err and "model.output_modes" in err and "2 * 5 - 1 = 9 nodes, got 8" in err
+    assert "eval.resolutions" in err and "model.output_modes" in err and "2 * 5 - 1 = 9 nodes, got 8" in err
     for key, bad in (("output_modes", "-1"), ("output_scale", "0.0"), ("output_scale", "nan"), ("output_modes", "1.5")):
         cfg.write_text(TOML.format(attention="galerkin").replace("n_freq = 2", f"n_freq = 2\n{key} = {bad}"))
         assert main(["train", "--config", str(cfg), "--print-config"]) == 2
@@ -122,7 +123,7 @@ def test_burgers_estimate_flops_match_flop_counter(attention, nonlinearity):
     out of the comparison)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from opsplit.cli import train_burgers as tb
+    from opsplit.cli.tasks import burgers as tb
 
     m = dict(attention=attention, scheme="strang", d_model=16, heads=2, head_dim=4 if nonlinearity == "map" else 0,
              nonlinearity=nonlinearity, n_steps=2, modes=4, d_ff=32, n_freq=2, seed=0)
@@ -183,11 +184,11 @@ def test_estimate_counts_every_data_size(key):
     """Sixteen times a data size: the estimated time of the job grows by more than 1.5x
     (data generation dominates this small model; sixteen times the points add least, as the
     solver drops the modes the smooth data no longer needs after its first steps)."""
-    from opsplit.cli import train_burgers as tb
     from opsplit.cli.config import load
+    from opsplit.cli.tasks import burgers as tb
 
     cfg = load(tb.SCHEMA, data={"task": "burgers", "model": {"d_model": 8, "heads": 2, "d_ff": 8, "n_steps": 1},
-                                 "train": {"epochs": 1, "eval_resolutions": [256]}})
+                                 "train": {"epochs": 1}, "eval": {"resolutions": [256]}})
     base = tb.estimate(cfg)
     cfg["data"][key] *= 16
     more = tb.estimate(cfg)

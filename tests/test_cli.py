@@ -326,10 +326,11 @@ epochs = 2
 batch_size = 16
 save_every = 2
 warmup_steps = 0
-shift = 1
-eval_n_steps = [1, 2, 4]
+[eval]
+n_steps = [1, 2, 4]
 [data]
 limit = 64
+shift = 1
 """
 
 
@@ -355,7 +356,7 @@ def test_train_solvers_split_key(tmp_path, capsys):
     solvers' list (no solver drawn per step), the report says so; the model's own solver alone
     is refused before anything is written."""
     out = tmp_path / "split"
-    toml = TRAIN.replace("[train]", '[train]\ntrain_n_steps = [2]\ntrain_solvers = ["euler", "heun"]\n'
+    toml = TRAIN.replace("[train]", '[train]\nn_steps = [2]\nsolvers = ["euler", "heun"]\n'
                          "solvers_split = true")
     assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
     steps = _rows(out / "train" / "steps.csv")
@@ -363,16 +364,17 @@ def test_train_solvers_split_key(tmp_path, capsys):
     assert "every batch shared between the substep solvers ['euler', 'heun'] (cost weights)" in \
         (out / "report.md").read_text()
     bad = tmp_path / "bad"
-    toml = TRAIN.replace("[train]", '[train]\ntrain_solvers = ["euler"]\nsolvers_split = true')
+    toml = TRAIN.replace("[train]", '[train]\nsolvers = ["euler"]\nsolvers_split = true')
     capsys.readouterr()
     assert main(["train", "--config", _toml(tmp_path, toml, "b.toml"), "--out", str(bad), "--no-progress"]) == 2
-    assert "train.solvers_split: shares every batch between the solvers of train.train_solvers" in \
+    assert "train.solvers_split: a split of every batch between solvers needs solvers (the solvers it shares the " \
+        "batch between) (train.solvers = ['euler'] is the model's own: no draw)" in \
         capsys.readouterr().err
     assert not bad.exists()
-    toml = TRAIN.replace("[train]", '[train]\ntrain_solvers = ["euler", "heun"]\nsolvers_split = true\n'
+    toml = TRAIN.replace("[train]", '[train]\nsolvers = ["euler", "heun"]\nsolvers_split = true\n'
                          "solvers_split_weights = [0.7, 0.2, 0.1]")
     assert main(["train", "--config", _toml(tmp_path, toml, "c.toml"), "--out", str(bad), "--no-progress"]) == 2
-    assert "train.solvers_split_weights: expected 'shares' or one weight per solver of train.train_solvers" in \
+    assert "train.solvers_split_weights: expected one weight per solver of solvers = ('euler', 'heun'), got 3" in \
         capsys.readouterr().err
     assert not bad.exists()
 
@@ -389,7 +391,7 @@ def test_train_is_seeded_whatever_the_global_rng(tmp_path):
         losses.append([r["loss"] for r in _rows(tmp_path / f"r{k}" / "train" / "steps.csv")])
     assert len(losses[0]) == 8 and losses[0] == losses[1]
     from opsplit.cli.config import load
-    from opsplit.cli.train import SCHEMA, build_model
+    from opsplit.cli.tasks.digits import SCHEMA, build_model
 
     torch.manual_seed(3)
     before = torch.random.get_rng_state()
@@ -402,12 +404,12 @@ def test_train_is_seeded_whatever_the_global_rng(tmp_path):
 def test_interrupted_train_resumes_from_its_folder(tmp_path, monkeypatch, capsys):
     """Interrupted after the step-4 checkpoint, `--resume` finishes the run; the losses
     equal those of an uninterrupted run."""
-    from opsplit.cli import train as train_cmd
+    from opsplit.cli.tasks import digits as train_cmd
 
     cfg = _toml(tmp_path, TRAIN)
     full = tmp_path / "full"
     assert main(["train", "--config", cfg, "--out", str(full), "--no-progress"]) == 0
-    real = train_cmd._augment
+    real = train_cmd.augment
 
     def interrupting(shift):
         aug = real(shift)
@@ -422,11 +424,11 @@ def test_interrupted_train_resumes_from_its_folder(tmp_path, monkeypatch, capsys
         return f
 
     cut = tmp_path / "cut"
-    monkeypatch.setattr(train_cmd, "_augment", interrupting)
+    monkeypatch.setattr(train_cmd, "augment", interrupting)
     assert main(["train", "--config", cfg, "--out", str(cut), "--no-progress"]) == 130
     assert "interrupted" in capsys.readouterr().err
     assert not (cut / "train" / "steps.csv").exists()
-    monkeypatch.setattr(train_cmd, "_augment", real)
+    monkeypatch.setattr(train_cmd, "augment", real)
     assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
     a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
     b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
@@ -499,12 +501,17 @@ def test_threads_in_process_are_restored(capsys):
 
 # -- issue 17, finding 8: checked before anything is written, interrupts resumable ------------------
 def test_print_config_runs_the_cross_key_checks(tmp_path, capsys):
-    """--print-config prints only a config that would run: the checks between keys and the
-    size guard run first."""
+    """--print-config prints only a config whose keys are valid: the checks between keys run
+    first; it does not refuse the job's cost (issue 47: it runs nothing), it says so in one
+    line on stderr and builds nothing (the run itself refuses it, or takes --force)."""
     assert main(["train", "--print-config", "--config", _toml(tmp_path, "[model]\nheads = 3\n")]) == 2
     assert "model.heads: expected a divisor of model.d_model" in capsys.readouterr().err
-    assert main(["solve", "--print-config", "--n-x", "100000", "--n-y", "100000"]) == 2
-    assert "solve.n_x = [100000], solve.n_y = [100000]: the job needs an estimated" in capsys.readouterr().err
+    assert main(["solve", "--print-config", "--n-x", "100000", "--n-y", "100000"]) == 0
+    out, err = capsys.readouterr()
+    assert "n_x = [100000]" in out and err.count("\n") == 1
+    assert "opsplit solve: note: not built" in err and "solve.n_x = [100000], solve.n_y = [100000]: the job needs" in err
+    assert main(["solve", "--n-x", "100000", "--n-y", "100000", "--out", str(tmp_path / "s")]) == 2
+    assert "the job needs an estimated" in capsys.readouterr().err and not (tmp_path / "s").exists()
     assert main(["train", "--print-config", "--config", _toml(tmp_path, "[model]\nheads = 2\n")]) == 0
 
 
@@ -527,7 +534,7 @@ def test_interrupt_saves_a_checkpoint_and_prints_how_to_resume(tmp_path, monkeyp
     import os
     import signal
 
-    from opsplit.cli import train as train_cmd
+    from opsplit.cli.tasks import digits as train_cmd
     from opsplit.control.checkpoint import latest_checkpoint
 
     # the handler the run must restore: Python's own, or SIG_IGN in a process started in the
@@ -536,7 +543,7 @@ def test_interrupt_saves_a_checkpoint_and_prints_how_to_resume(tmp_path, monkeyp
     cfg = _toml(tmp_path, TRAIN.replace("save_every = 2", "save_every = 4"))
     full = tmp_path / "full"
     assert main(["train", "--config", cfg, "--out", str(full), "--no-progress"]) == 0
-    real = train_cmd._augment
+    real = train_cmd.augment
 
     def interrupting(shift):
         aug, calls = real(shift), {"n": 0}
@@ -550,14 +557,14 @@ def test_interrupt_saves_a_checkpoint_and_prints_how_to_resume(tmp_path, monkeyp
         return f
 
     cut = tmp_path / "cut"
-    monkeypatch.setattr(train_cmd, "_augment", interrupting)
+    monkeypatch.setattr(train_cmd, "augment", interrupting)
     assert main(["train", "--config", cfg, "--out", str(cut), "--no-progress"]) == 130
     err = " ".join(capsys.readouterr().err.split())
     assert "interrupted at step 6; saved a checkpoint at step 6" in err
     assert f"continue with: opsplit train --resume {cut}" in err
     assert latest_checkpoint(cut / "train").name == "step-00000006"
     assert signal.getsignal(signal.SIGINT) is before  # handler restored
-    monkeypatch.setattr(train_cmd, "_augment", real)
+    monkeypatch.setattr(train_cmd, "augment", real)
     assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
     a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
     b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
@@ -568,7 +575,8 @@ def test_train_adjoint_with_rk4_substeps(tmp_path):
     """train.gradient = 'adjoint' runs with model.solver = 'rk4' (ODE substeps), whose
     gradient is the continuous adjoint's (finding 8: refused with Euler substeps); the drawn
     solvers are its own only and no flow cost reads the steps (both refused with it)."""
-    toml = TRAIN.replace("[train]", '[train]\ngradient = "adjoint"\ntrain_solvers = ["rk4"]\nkinetic = 0.0').replace(
+    toml = TRAIN.replace("[train]", '[train]\ngradient = "adjoint"\nsolvers = ["rk4"]').replace(
+        "[data]", "[objective]\nkinetic = 0.0\n[data]").replace(
         "[model]", '[model]\nsolver = "rk4"').replace("epochs = 2", "epochs = 1").replace(
         "shift = 1", "shift = 0")
     out = tmp_path / "adj"
@@ -692,8 +700,8 @@ def test_memory_estimate_against_the_peak_resident_memory():
 def test_train_estimate_flops_match_flop_counter():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from opsplit.cli import train as train_cmd
     from opsplit.cli.config import load
+    from opsplit.cli.tasks import digits as train_cmd
 
     for model in ({}, {"scheme": "strang", "patch": 4, "d_model": 16, "heads": 2}, {"solver": "rk4", "n_steps": 2}):
         m = load(train_cmd.SCHEMA, data={"model": model})["model"]
@@ -768,8 +776,8 @@ def test_compare_report_explains_parallel_with_the_constraint(tmp_path):
 
 def test_a_folder_holding_a_training_run_is_continued_only_by_the_same_config(tmp_path):
     from opsplit.cli import default
-    from opsplit.cli import train as train_cmd
     from opsplit.cli.config import ConfigError, dump_toml
+    from opsplit.cli.tasks import digits as train_cmd
 
     run = tmp_path / "run"
     (run / "train" / "checkpoints" / "step-00000004").mkdir(parents=True)

@@ -199,7 +199,7 @@ _TEXT = [
 def _text_lm():
     """A small character-level GPT as ``opsplit train --task text`` builds it (float64, its
     weights spread so the logits are far from uniform) and windows of validation text."""
-    from opsplit.cli import train_text as tt
+    from opsplit.cli.tasks import text as tt
     from opsplit.data import char_corpus, text_windows
 
     corpus = char_corpus({f"d{i}": t * 2 for i, t in enumerate(_TEXT)}, val_fraction=0.4, seed=0)
@@ -218,7 +218,7 @@ def _text_lm():
 def test_language_model_bits_per_char_equal_the_trainers_evaluation_and_a_direct_computation():
     """The table of a DecoderLM on windows of text (``loss="cross_entropy", output="logits"``):
     every row's bits per character equals the trainer's evaluation of the text objective
-    (``Trainer.evaluate`` with ``opsplit.cli.train_text``'s objective, at that N_t and solver)
+    (``Trainer.evaluate`` with ``opsplit.cli.tasks.text``'s objective, at that N_t and solver)
     and a direct computation: F.cross_entropy of the logits of each window of context + 1
     characters, the first context characters in, the last context characters the targets."""
     import torch.nn.functional as F
@@ -227,7 +227,7 @@ def test_language_model_bits_per_char_equal_the_trainers_evaluation_and_a_direct
     from opsplit.data import bits_per_char
 
     tt, model, ids, val, C = _text_lm()
-    trainer = Trainer(model, tt.objective({"train": {"kinetic": 0.0, "acceleration": 0.0}}),
+    trainer = Trainer(model, tt.objective({"objective": {"kinetic": 0.0, "acceleration": 0.0}}),
                       TrainConfig(eval_batch_size=2, progress=False))
     c = continuity(model, val, loss="cross_entropy", output="logits", metric="bits_per_char", n_steps=[2, 4],
                    solvers=["trained", "heun"], levels=[], batch_size=2)

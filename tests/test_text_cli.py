@@ -23,15 +23,16 @@ d_model = 16
 heads = 2
 layers = 2
 [train]
-steps = 6
+max_steps = 6
 batch_size = 4
 warmup_steps = 2
 n_steps = [1, 2]
 save_every = 3
-eval_n_steps = [1, 2, 4]
+[eval]
+n_steps = [1, 2, 4]
+windows = 8
 [data]
 max_chars = 20000
-eval_windows = 8
 [generate]
 max_new_tokens = 12
 """
@@ -85,7 +86,7 @@ def test_text_run_folder(run):
 
 
 def test_generate_at_a_chosen_n_t(run, capsys):
-    from opsplit.cli.train_text import load_run
+    from opsplit.cli.tasks.text import load_run
 
     assert main(["generate", str(run), "--prompt", "The ", "--n-t", "4", "--seed", "1"]) == 0
     out, err = capsys.readouterr()
@@ -109,7 +110,7 @@ def test_generate_at_a_chosen_n_t(run, capsys):
 def test_resume_a_text_run(tmp_path, monkeypatch, capsys):
     """Interrupted after the step-3 checkpoint, --resume finishes the text run with the
     losses of an uninterrupted one."""
-    from opsplit.cli import train_text
+    from opsplit.cli.tasks import text as train_text
 
     cfg = tmp_path / "text.toml"
     cfg.write_text(TEXT)
@@ -147,8 +148,8 @@ def test_task_picks_the_schema(tmp_path, capsys):
 def test_text_estimate_flops_match_flop_counter():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from opsplit.cli import train_text
     from opsplit.cli.config import load
+    from opsplit.cli.tasks import text as train_text
 
     for model in ({"context": 32, "d_model": 32}, {"context": 32, "d_model": 16, "scheme": "strang"},
                   {"context": 32, "d_model": 16, "scheme": "parallel"},
@@ -211,17 +212,18 @@ def test_train_help_names_both_tasks(capsys):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "on the bundled digits;" not in out and "character-level GPT" in out
-    assert "train.n_steps (task = \"text\")" in out and "(the text task refuses it)" in out
+    assert "train.n_steps (text)" in out and "text: backprop, checkpoint;" in out
+    assert 'task = "text": config keys' in out and 'task = "burgers": config keys' in out
 
 
 def test_sliced_run_samples_with_the_cache(tmp_path, capsys):
     """A sliced-attention run samples with the key/value cache (report and generate),
     giving the text of the argmax loop without it."""
-    from opsplit.cli.train_text import load_run
+    from opsplit.cli.tasks.text import load_run
 
     cfg = tmp_path / "s.toml"
     cfg.write_text(TEXT.replace("layers = 2", 'layers = 2\nattention = "sliced_relu"').replace("steps = 6", "steps = 2")
-                   .replace("eval_n_steps = [1, 2, 4]", "eval_n_steps = [2]"))
+                   .replace("n_steps = [1, 2, 4]", "n_steps = [2]"))
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["generate", str(tmp_path / "s"), "--greedy", "--n-t", "3", "--max-new-tokens", "6"]) == 0
@@ -238,7 +240,7 @@ def test_sliced_run_samples_with_the_cache(tmp_path, capsys):
 def test_greedy_is_the_models_argmax(run, capsys):
     """``--greedy`` prints the argmax of the model, never the unknown id (which is no
     training target): an undertrained model repeats its most likely characters."""
-    from opsplit.cli.train_text import load_run
+    from opsplit.cli.tasks.text import load_run
 
     assert main(["generate", str(run), "--greedy", "--max-new-tokens", "12"]) == 0
     text = capsys.readouterr().out.rstrip("\n")
@@ -250,8 +252,8 @@ def test_greedy_is_the_models_argmax(run, capsys):
 def test_a_prompt_with_a_newline_round_trips(tmp_path, capsys):
     """``generate.prompt = "a\\nb"`` is written as valid TOML (before: raw, so that generate
     and --resume failed with "not valid TOML") and reads back equal."""
-    from opsplit.cli import train_text
     from opsplit.cli.config import dump_toml, load
+    from opsplit.cli.tasks import text as train_text
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(TEXT.replace("max_new_tokens = 12", 'max_new_tokens = 12\nprompt = "T\\nh\\"e"'))
@@ -328,12 +330,12 @@ def test_text_estimate_counts_the_corpus_and_the_windows():
     steps: 9.6 GB per int64 copy; before: 3 MB estimated, then a failed allocation) and
     its time the real corpus (the standard library: about 11 million characters; before:
     470 000 assumed)."""
-    from opsplit.cli import train_text
     from opsplit.cli.config import load
+    from opsplit.cli.tasks import text as train_text
     from opsplit.data import corpus_chars
 
     small = {"model": {"context": 2, "d_model": 8, "heads": 2, "layers": 1}, "generate": {"max_new_tokens": 0, "prompt": "a"},
-             "train": {"steps": 200_000, "batch_size": 2000, "n_steps": [1], "eval_n_steps": [1]}}
+             "train": {"max_steps": 200_000, "batch_size": 2000, "n_steps": [1]}, "eval": {"n_steps": [1]}}
     assert train_text.estimate(load(train_text.SCHEMA, data=small)).bytes > 2 * 9.6e9
     std = load(train_text.SCHEMA, data={"data": {"corpus": "stdlib"}})
     pydoc = load(train_text.SCHEMA, data={})
@@ -349,8 +351,8 @@ def test_the_continuous_recipe_keys(tmp_path):
     """train.solvers / solvers_weights / kinetic reach the trainer: every step draws its
     substep solver with the given weights and its loss is the data term plus the weighted
     kinetic energy (steps.csv); the report says so."""
-    text = TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [1, 3]\n'
-                        "kinetic = 0.25\n").replace("steps = 6\n", "steps = 8\n")
+    text = TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [1, 3]\n').replace(
+        "[eval]", "[objective]\nkinetic = 0.25\n[eval]").replace("steps = 6\n", "steps = 8\n")
     cfg = tmp_path / "text.toml"
     cfg.write_text(text)
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
@@ -370,7 +372,7 @@ def test_solvers_split_key_shares_every_batch(tmp_path, capsys):
     cannot split (the model's own solver only, a batch leaving a solver no window) is
     refused before anything is written."""
     text = TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [3, 1]\n'
-                        "solvers_split = true\nkinetic = 0.1\n")
+                        "solvers_split = true\n").replace("[eval]", "[objective]\nkinetic = 0.1\n[eval]")
     cfg = tmp_path / "text.toml"
     cfg.write_text(text)
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
@@ -388,13 +390,14 @@ def test_solvers_split_key_shares_every_batch(tmp_path, capsys):
     w_rows = _rows(tmp_path / "w" / "train" / "steps.csv")
     assert float(w_rows[0]["loss"]) != pytest.approx(float(rows[0]["loss"]), rel=1e-6)
     for bad, match in ((TEXT.replace("n_steps = [1, 2]\n", "solvers_split = true\n"),
-                        r"train\.solvers_split: shares every batch between the solvers of train\.solvers"),
+                        r"train\.solvers_split: a split of every batch between solvers needs solvers .*\(train\.solvers = \['euler'\] "
+                        r"is the model's own: no draw\)"),
                        (TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_split_weights = [7, 3]\n'),
-                        r"train\.solvers_split_weights: weights of a split batch's parts, but train\.solvers_split"),
+                        r"train\.solvers_split_weights: weights of the split's parts without solvers_split"),
                        (text.replace("solvers_split = true\n", "solvers_split = true\nsolvers_split_weights = [1]\n"),
-                        r"train\.solvers_split_weights: expected 'shares' or one weight per solver of train\.solvers"),
+                        r"train\.solvers_split_weights: expected one weight per solver of solvers = \('euler', 'heun'\), got 1"),
                        (text.replace("solvers_split = true\n", 'solvers_split = true\nsolvers_split_weights = "cost"\n'),
-                        r"train\.solvers_split_weights: expected 'shares' or a non-empty list of positive numbers"),
+                        r"train\.solvers_split_weights: expected None or 'shares' .* or a list of weights > 0, one per solver, got 'cost'"),
                        (TEXT.replace("n_steps = [1, 2]\n", 'solvers = ["euler", "heun"]\nsolvers_weights = [7, 1]\n'
                                      "solvers_split = true\n"),
                         r"train\.solvers_split: a batch of 4 gives 'heun' no window")):

@@ -22,8 +22,10 @@ import torch, so that those settings are in place when torch loads.
 
 from __future__ import annotations
 
+import importlib
 import sys
 
+from . import threads
 from .config import ConfigError
 
 __all__ = ["main", "ConfigError", "COMMANDS", "Output", "new_folder", "build_parser", "grid_study"]
@@ -34,8 +36,6 @@ def main(argv=None) -> int:
     exit status: 0, 2 for a usage or config error (one line on stderr, nothing written),
     130 for an interrupt (``opsplit train`` saves a checkpoint first and prints how to
     resume)."""
-    from . import threads
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         threads.requested(argv)  # a bad --threads / OPSPLIT_THREADS: before anything loads
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         print(f"opsplit: error: {e}", file=sys.stderr)
         return 2
     with threads.configured(argv):
-        from .app import run
+        from .app import run  # loads torch: after the thread settings are in place (see the docstring)
 
         return run(argv)
 
@@ -55,7 +55,5 @@ _LAZY = {"COMMANDS": "app", "build_parser": "app", "grid_study": "grid", "Output
 def __getattr__(name: str):
     # torch-importing parts load on first use (see the module docstring)
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,10 +4,14 @@ torch's threads are set, :mod:`opsplit.cli.threads`).
 A configured job runs in this order, and nothing is written before the last step:
 the flags (argparse), ``--out`` / ``--resume`` (the folder can be written, is of the right
 kind, no flag contradicts it), the config (:func:`~opsplit.cli.config.load`: every key's
-type and range), the job's cross-key checks (``check``), the size and cost guard
-(``estimate``, :func:`~opsplit.cli.budget.guard`), the library's own checks on the built
-model (``prepare``); then ``--print-config`` prints, or the folder is created and the job
-runs.
+type and range), the job's cross-key checks (``check``: with the library's checks of the
+keys that set its objects' fields), the size and cost guard (``estimate``,
+:func:`~opsplit.cli.budget.guard`), the library's own checks on the built model
+(``prepare``); then the folder is created and the job runs.
+
+``--print-config`` checks the config the same way and prints it; it does not refuse the
+job's cost (it runs nothing): a config over the guard's limits is printed with one line on
+stderr that says so (the run asks for ``--force``), and its model is not built.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from . import budget, compare, convert, default, generate, grid, report, solve, threads, train
 from .config import ConfigError, describe, dump_toml, load
 from .output import Output, check_out, new_folder, relpath
+from .tasks import Interrupted
 
 __all__ = ["run", "build_parser", "COMMANDS", "UsageError"]
 
@@ -65,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
     for name, mod in COMMANDS.items():
         epilog = mod.EXAMPLE
-        if mod.SCHEMA is not None:
+        if hasattr(mod, "config_help"):
+            epilog += mod.config_help()
+        elif mod.SCHEMA is not None:
             epilog += "\nconfig keys and defaults (opsplit " + name + " --print-config):\n"
             epilog += describe(mod.SCHEMA)
         sp = sub.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY + ".",
@@ -93,34 +100,42 @@ def _progress(args) -> bool:
 
 def run_configured(mod, args) -> int:
     """Flags -> folder checks -> config -> cross-key checks -> cost guard -> library checks
-    -> (print, or) output folder -> run -> report."""
-    if hasattr(mod, "select"):  # opsplit train: the config's task picks the schema
-        mod = mod.select(args)
-    resume = getattr(args, "resume", None)
-    if resume is not None:
-        path = mod.check_resume(args)
-        cfg = load(mod.SCHEMA, path)
+    -> output folder -> run -> report (or, with ``--print-config``, the checks and the
+    config printed: see the module docstring)."""
+    if hasattr(mod, "select"):  # opsplit train: the config's task picks the schema (and checks --resume)
+        path, mod = mod.config_path(args), mod.select(args)
     else:
-        cfg = load(mod.SCHEMA, args.config, mod.overrides(args))
+        path = args.config
+    resume = getattr(args, "resume", None)
+    cfg = load(mod.SCHEMA, path, None if resume is not None else mod.overrides(args),
+               renamed=getattr(mod, "RENAMED", None))
     out = resume if resume is not None else args.out
     if not args.print_config:
         check_out(out, "--resume" if resume is not None else "--out")
     mod.check(cfg)
-    budget.guard(f"opsplit {mod.NAME}", mod.SCHEMA, cfg, mod.estimate, args.force)
+    job = f"opsplit {mod.NAME}"
+    if args.print_config:
+        over = None if args.force else budget.refusal(job, mod.SCHEMA, cfg, mod.estimate)
+        if over is None:  # the library's checks on the built model, when it may be built
+            plan = mod.prepare(cfg)
+            if resume is not None and hasattr(mod, "check_resumed"):
+                mod.check_resumed(cfg, plan, Path(resume), getattr(args, "allow_changes", None))
+        else:
+            print(f"{job}: note: not built (the model and data), the run would be refused: {over}", file=sys.stderr)
+        print(dump_toml(cfg), end="")
+        return 0
+    budget.guard(job, mod.SCHEMA, cfg, mod.estimate, args.force)
     plan = mod.prepare(cfg)
     if resume is not None and hasattr(mod, "check_resumed"):  # the checkpoint, before anything is written
         mod.check_resumed(cfg, plan, Path(resume), getattr(args, "allow_changes", None))
-    if args.print_config:
-        print(dump_toml(cfg), end="")
-        return 0
     if resume is None and hasattr(mod, "check_new_folder"):
         mod.check_new_folder(out)
     folder = new_folder(mod.NAME, out)
     (folder / "config.toml").write_text(dump_toml(cfg))
-    out = Output(folder, f"opsplit {mod.NAME}")
+    out = Output(folder, job)
     mod.run(cfg, plan, out, _progress(args))
     html = out.finish()
-    print(f"opsplit {mod.NAME}: results in {relpath(folder)}/ "
+    print(f"{job}: results in {relpath(folder)}/ "
           f"(report: {relpath(html)}, {relpath(folder / 'report.md')})")
     return 0
 
@@ -160,7 +175,7 @@ def run(argv: list[str]) -> int:
         return _error(e.prog, e)
     except ConfigError as e:
         return _error(prog, e)
-    except train.Interrupted as e:
+    except Interrupted as e:
         print(f"\n{prog}: {e}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from .._memory import available_memory, human_bytes
 from .config import ConfigError
 
-__all__ = ["Estimate", "guard", "available_memory", "FLOP_RATE", "CALL_SECONDS", "MAX_SECONDS"]
+__all__ = ["refusal", "Estimate", "guard", "available_memory", "FLOP_RATE", "CALL_SECONDS", "MAX_SECONDS"]
 
 #: matrix-product throughput of one thread (flop/s).  Calibrated with the CPU time (user +
 #: sys, one thread, start-up subtracted) of the jobs on the 2-core development machine:
@@ -116,13 +116,11 @@ def _culprits(schema: dict, cfg: dict, estimate: Callable, metric: Callable) -> 
     return [name for g, name in gains if g >= best / 10 and g > 1.5]
 
 
-def guard(job: str, schema: dict, cfg: dict, estimate: Callable, force: bool = False,
-          *, memory: float | None = None) -> Estimate:
-    """``estimate(cfg)``, or :class:`ConfigError` when it exceeds the available memory or
-    :data:`MAX_SECONDS` and not ``force``; the message names the key(s) responsible."""
-    est = estimate(cfg)
-    if force:
-        return est
+def refusal(job: str, schema: dict, cfg: dict, estimate: Callable, *, memory: float | None = None,
+            est: Estimate | None = None) -> str | None:
+    """Why :func:`guard` refuses ``cfg`` (its message, naming the key(s) responsible), or
+    ``None`` when its estimate fits the available memory and :data:`MAX_SECONDS`."""
+    est = estimate(cfg) if est is None else est
     memory = available_memory() if memory is None else memory
     limits = [  # (metric, limit, what is needed, what it exceeds)
         (lambda e: e.bytes, memory, f"{human_bytes(est.bytes)} of memory at its peak",
@@ -135,6 +133,18 @@ def guard(job: str, schema: dict, cfg: dict, estimate: Callable, force: bool = F
     for metric, limit, needed, exceeded in limits:
         if metric(est) > limit:
             names = _culprits(schema, cfg, estimate, metric) if schema else []
-            raise ConfigError(f"{', '.join(names) or job}: the job needs an estimated {needed}, "
-                              f"more than {exceeded}")
+            return f"{', '.join(names) or job}: the job needs an estimated {needed}, more than {exceeded}"
+    return None
+
+
+def guard(job: str, schema: dict, cfg: dict, estimate: Callable, force: bool = False,
+          *, memory: float | None = None) -> Estimate:
+    """``estimate(cfg)``, or :class:`ConfigError` when it exceeds the available memory or
+    :data:`MAX_SECONDS` and not ``force``; the message names the key(s) responsible."""
+    est = estimate(cfg)
+    if force:
+        return est
+    msg = refusal(job, schema, cfg, estimate, memory=memory, est=est)
+    if msg is not None:
+        raise ConfigError(msg)
     return est

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 
-from . import solve, study, threads
+from . import plots, study, threads
 from .config import Field, at_least
+from .study import CI_NOTE, REFERENCE_NOTE, statistics_tables
 
 NAME = "compare"
 SUMMARY = "compare splitting schemes: error vs cost, measured orders"
@@ -54,23 +55,15 @@ SCHEMA = {
 
 
 def add_arguments(p):
-    p.add_argument("--schemes", nargs="+", metavar="S", help="lie strang parallel hybrid triple_jump blanes_moan")
-    p.add_argument("--solvers", nargs="+", metavar="S", help="euler heun rk4 odeint")
-    p.add_argument("--n-t", nargs="+", type=int, metavar="N", help="time steps N_t")
+    study.add_arguments(p, "compare", several_solvers=True)
     p.add_argument("--n-x", type=int, metavar="N", help="nodes N_x")
     p.add_argument("--n-y", type=int, metavar="N", help="nodes N_y")
     p.add_argument("--repeats", type=int, help="solves per run (median time)")
-    p.add_argument("--rtol", type=float, help="also solve by adaptive steps to this tolerance")
-    p.add_argument("--atol", type=float, help="absolute tolerance of the adaptive solve")
-    p.add_argument("--seed", type=int, help="model seed")
-    p.add_argument("--margin", type=float, help="model.margin: the controls on [-margin T, (1 + margin) T] "
-                   "(room for the triple jump's substeps outside a step)")
 
 
 def overrides(a) -> dict:
-    return {"compare.schemes": a.schemes, "compare.solvers": a.solvers, "compare.n_t": a.n_t,
-            "compare.n_x": a.n_x, "compare.n_y": a.n_y, "compare.repeats": a.repeats,
-            f"{NAME}.rtol": a.rtol, f"{NAME}.atol": a.atol, "model.seed": a.seed, "model.margin": a.margin}
+    return {**study.overrides(a, "compare", several_solvers=True), "compare.n_x": a.n_x, "compare.n_y": a.n_y,
+            "compare.repeats": a.repeats}
 
 
 def check(cfg) -> None:
@@ -134,14 +127,8 @@ def parallel_summary(m: dict) -> str:
             "only at small Δt")
 
 
-#: why a fitted order has no confidence interval (the report shows the cell empty, with this)
-CI_NOTE = "a 95 % confidence interval needs at least three points (this fit has two)"
-
-
 def run(cfg, plan, out, progress=True, heading="Scheme comparison", prefix=""):
-    import matplotlib.pyplot as plt
-
-    from . import plots
+    import matplotlib.pyplot as plt  # optional and slow: loaded when the job draws
 
     c, m = cfg["compare"], cfg["model"]
     n_t = plan["n_t"]
@@ -179,10 +166,10 @@ def run(cfg, plan, out, progress=True, heading="Scheme comparison", prefix=""):
     if "parallel" in c["schemes"] and m["constraint"]:
         out.text(parallel_note(m), anchor="parallel-note", summary=parallel_summary(m))
     study.adaptive_table(out, ref, prefix)
-    solve.statistics_tables(out, rows, ref, prefix)
+    statistics_tables(out, rows, ref, prefix)
     out.table(f"{prefix}compare_runs", rows,
               ["scheme", "solver", "n_t", "dt", "substeps", "rel_error", "seconds"], "every run",
-              kind="compare_runs", notes={"rel_error": solve.REFERENCE_NOTE})
+              kind="compare_runs", notes={"rel_error": REFERENCE_NOTE})
     if sts:
         fig = plots.convergence(sts, plots.DT, plots.REL_ERROR,
                                 f"error vs Δt ({c['n_x']} x {c['n_y']} grid)")

@@ -22,8 +22,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["ConfigError", "Field", "load", "dump_toml", "check_choice", "seed_field", "MAX_SEED", "TOP",
-           "read_top"]
+__all__ = ["ConfigError", "Field", "library_field", "load", "dump_toml", "check_choice", "seed_field", "MAX_SEED",
+           "TOP", "read_top", "describe", "accepted", "distinct", "both", "at_least", "between", "positive"]
 
 #: the schema section of the keys outside any [section] (top-level TOML keys)
 TOP = ""
@@ -51,10 +51,6 @@ def _is_num(v):
     return math.isfinite(v) if isinstance(v, float) else -_INT_LIMIT <= v < _INT_LIMIT
 
 
-def _positive_list(v) -> bool:
-    return isinstance(v, list) and len(v) > 0 and all(_is_num(x) and x > 0 for x in v)
-
-
 _KINDS: dict[str, tuple[str, Callable]] = {
     "int": ("an integer (64-bit)", _is_int),
     "float": ("a finite number", _is_num),
@@ -72,16 +68,8 @@ _KINDS: dict[str, tuple[str, Callable]] = {
         "a non-empty list of strings",
         lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
     ),
-    # the weights of a draw: by cost, uniform, or given
-    "weights": (
-        "'cost', 'uniform' or a non-empty list of positive numbers",
-        lambda v: v in ("cost", "uniform") if isinstance(v, str) else _positive_list(v),
-    ),
-    # the objective's weights of a split batch's parts: their shares of the windows, or given
-    "split_weights": (
-        "'shares' or a non-empty list of positive numbers",
-        lambda v: v == "shares" if isinstance(v, str) else _positive_list(v),
-    ),
+    # a value the library checks (a TrainConfig field, an Objective weight): passed on as it is
+    "library": ("", lambda v: True),
 }
 
 
@@ -91,14 +79,20 @@ class Field:
 
     Args:
         kind: ``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"int_list"``,
-            ``"float_list"``, ``"str_list"``, ``"weights"`` (``"cost"``, ``"uniform"`` or a
-            list of positive numbers) or ``"split_weights"`` (``"shares"`` or a list of positive
-            numbers).
-        default: its value when neither the file nor a flag sets it.
+            ``"float_list"``, ``"str_list"``, or ``"library"``: a value the command passes on
+            as it is to the library object whose field the key sets (``TrainConfig``,
+            ``Objective``), which checks it (:func:`library_field`).
+        default: its value when neither the file nor a flag sets it (``None``: unset, the
+            library's default; such a key is left out of the printed config).
         help: what it means (shown in error messages and ``--help``).
         check: ``check(value) -> str | None``: a description of what was expected when the
             value is out of range, else ``None``.
         choices: the allowed values (of a string, or of each list element).
+        accepts: the accepted values in words, for ``--help`` (default: from ``kind``,
+            ``choices``).
+        derive: ``derive(cfg) -> value``: the default computed from the other keys (checked
+            like a given value) when neither the file nor a flag sets the key; ``default``
+            is then what ``--help`` shows.
     """
 
     kind: str
@@ -106,16 +100,18 @@ class Field:
     help: str = ""
     check: Callable | None = None
     choices: tuple | None = None
+    accepts: str | None = None
+    derive: Callable | None = None
 
     def validate(self, value, name: str):
         desc, test = _KINDS[self.kind]
         if self.kind == "float" and _is_int(value):
             value = float(value)
-        if self.kind in ("float_list", "weights", "split_weights") and isinstance(value, list):
+        if self.kind == "float_list" and isinstance(value, list):
             value = [float(x) if _is_int(x) else x for x in value]
         if not test(value):
             raise ConfigError(f"{name}: expected {desc}, got {_short(value)} ({type(value).__name__})")
-        if self.choices is not None:
+        if self.choices is not None and (self.kind != "library" or isinstance(value, (str, list))):
             items = value if isinstance(value, list) else [value]
             bad = [x for x in items if x not in self.choices]
             if bad:
@@ -128,6 +124,19 @@ class Field:
             if msg:
                 raise ConfigError(f"{name}: expected {msg}, got {value!r}")
         return value
+
+
+def library_field(spec, default=None, help: str | None = None, *, choices: tuple | None = None) -> Field:
+    """The key of a library object's field (``spec``: a
+    :class:`~opsplit.control.config.ConfigField` of ``TrainConfig.schema()``): its value
+    is checked by the library, its help and accepted values are the library's; ``default``
+    (``None``: the field's own) and ``choices`` (a subset of the field's, where a task's
+    model takes fewer: checked here) are the task's."""
+    default = spec.default if default is None else default
+    shown = spec.accepts
+    if choices is None and spec.choices is not None:  # the library's names, as --help lists choices
+        shown = ("each of " if isinstance(default, list) else "") + ", ".join(map(str, spec.choices))
+    return Field("library", default, help or spec.doc, choices=choices, accepts=None if choices else shown)
 
 
 def _short(v) -> str:
@@ -158,6 +167,20 @@ def at_least(lo):
         return None if all(x >= lo for x in items) else (
             f"{'values' if isinstance(v, list) else 'a value'} >= {lo}"
         )
+
+    return check
+
+
+def distinct(v):
+    """A check: no list element given twice."""
+    dup = sorted({x for x in v if v.count(x) > 1})
+    return None if not dup else f"distinct values ({', '.join(map(repr, dup))} given more than once)"
+
+
+def both(*checks):
+    """A check: every one of ``checks``."""
+    def check(v):
+        return next((m for m in (c(v) for c in checks) if m), None)
 
     return check
 
@@ -194,14 +217,18 @@ def read_toml(path) -> dict:
         raise ConfigError(f"config: {path} is not valid TOML: {e}") from None
 
 
-def load(schema: dict, path=None, overrides: dict | None = None, *, data: dict | None = None) -> dict:
+def load(schema: dict, path=None, overrides: dict | None = None, *, data: dict | None = None,
+         renamed: dict | None = None) -> dict:
     """The checked config: defaults, then the TOML file ``path`` (or the dict ``data``), then
-    ``overrides`` (``{"section.key": value}``, ``None`` values ignored)."""
+    ``overrides`` (``{"section.key": value}``, ``None`` values ignored); a key of ``renamed``
+    (``{"section.old": "section.new"}``) is refused naming its new name."""
     cfg = {s: {k: copy.deepcopy(f.default) for k, f in keys.items()} for s, keys in schema.items()}
+    given = set()
     raw = read_toml(path) if path is not None else (data or {})
     for section, values in raw.items():
         if TOP in schema and section in schema[TOP] and not isinstance(values, dict):
             cfg[TOP][section] = values
+            given.add((TOP, section))
             continue
         if section not in schema and not isinstance(values, dict):
             top = f" (top-level keys: {', '.join(schema[TOP])})" if TOP in schema else ""
@@ -218,20 +245,37 @@ def load(schema: dict, path=None, overrides: dict | None = None, *, data: dict |
             raise ConfigError(f"config: [{section}] must be a table of keys, got {values!r}")
         for key, value in values.items():
             if key not in schema[section]:
+                new = (renamed or {}).get(f"{section}.{key}")
+                if new is not None:
+                    raise ConfigError(f"{section}.{key}: renamed {new} (the name of what it sets); expected "
+                                      f"{new.split('.')[1]} = ... under [{new.split('.')[0]}]")
                 raise ConfigError(
                     f"{section}.{key}: unknown key; [{section}] accepts "
                     f"{', '.join(schema[section])}"
                 )
             cfg[section][key] = value
+            given.add((section, key))
     for name, value in (overrides or {}).items():
         if value is None:
             continue
         section, key = name.split(".", 1)
         cfg[section][key] = value
+        given.add((section, key))
+    derived = []
     for section, keys in schema.items():
         for key, f in keys.items():
-            cfg[section][key] = f.validate(cfg[section][key], f"{section}.{key}" if section != TOP else key)
+            if f.derive is not None and (section, key) not in given:
+                derived.append((section, key, f))
+                continue
+            if cfg[section][key] is not None or (section, key) in given:
+                cfg[section][key] = f.validate(cfg[section][key], _name(section, key))
+    for section, key, f in derived:  # from the checked values of the other keys
+        cfg[section][key] = f.validate(f.derive(cfg), _name(section, key))
     return cfg
+
+
+def _name(section: str, key: str) -> str:
+    return f"{section}.{key}" if section != TOP else key
 
 
 def read_top(path, key: str, default=None):
@@ -264,28 +308,44 @@ def _toml_value(v) -> str:
     return str(v)
 
 
+def _toml_line(k: str, v) -> str:
+    # a key left unset (None: the library's default) is shown as a comment
+    return f"# {k}: unset" if v is None else f"{k} = {_toml_value(v)}"
+
+
 def dump_toml(cfg: dict) -> str:
     """A config as TOML text (what each run writes to ``config.toml`` in its folder)."""
-    out = [f"{k} = {_toml_value(v)}" for k, v in cfg.get(TOP, {}).items()]
+    out = [_toml_line(k, v) for k, v in cfg.get(TOP, {}).items()]
     if out:
         out.append("")
     for section, values in cfg.items():
         if section == TOP:
             continue
         out.append(f"[{section}]")
-        out += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        out += [_toml_line(k, v) for k, v in values.items()]
         out.append("")
     return "\n".join(out)
 
 
+def accepted(f: Field) -> str:
+    """What a key accepts, in words: its choices, or the library's description of its field."""
+    if f.choices is not None:
+        each = "each of " if f.kind.endswith("_list") or isinstance(f.default, list) else ""
+        return each + ", ".join(map(str, f.choices))
+    return f.accepts or _KINDS[f.kind][0]
+
+
 def describe(schema: dict) -> str:
-    """The schema as an annotated TOML example (for ``--help``)."""
-    out = [f"  {k} = {_toml_value(f.default)}" + (f"   # {f.help}" if f.help else "")
-           for k, f in schema.get(TOP, {}).items()]
+    """The schema as an annotated TOML example (for ``--help``): each key with its default,
+    its help and, in brackets, the values it accepts (:func:`accepted`)."""
+    def line(k, f):
+        value = "(unset)" if f.default is None else _toml_value(f.default)
+        return f"  {k} = {value}   # " + (f"{f.help} " if f.help else "") + f"[{accepted(f)}]"
+
+    out = [line(k, f) for k, f in schema.get(TOP, {}).items()]
     for section, keys in schema.items():
         if section == TOP:
             continue
         out.append(f"  [{section}]")
-        for k, f in keys.items():
-            out.append(f"  {k} = {_toml_value(f.default)}" + (f"   # {f.help}" if f.help else ""))
+        out += [line(k, f) for k, f in keys.items()]
     return "\n".join(out)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import budget, compare, solve, threads, train
+from . import budget, compare, solve, threads
 from .config import dump_toml, load
+from .continuity_report import console_lines
 from .output import Output, check_out, new_folder, relpath
+from .tasks import Interrupted
+from .tasks import digits as train
 
 EXAMPLE = """\
 examples:
@@ -32,7 +35,7 @@ QUICK = {
     "solve": {"model": {"batch": 1}, "solve": {"solver": "euler", "n_t": [2, 4, 8], "n_x": [4, 6, 8],
                                                "n_y": [4, 6, 8], "reference": "finest"}},
     "train": {"model": {"d_model": 16, "heads": 2, "d_ff": 32},
-              "train": {"epochs": 2, "batch_size": 32, "eval_n_steps": [2, 4, 8]},
+              "train": {"epochs": 2, "batch_size": 32}, "eval": {"n_steps": [2, 4, 8]},
               "data": {"limit": 256}},
 }
 
@@ -83,11 +86,9 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
     print("  3/3 training on the digits ...", flush=True)
     try:
         _, _, cont = train.run(cfgs["train"], plans["train"], o, progress)
-    except train.Interrupted as e:
+    except Interrupted as e:
         e.command = f"opsplit{' --quick' if quick else ''} --out {relpath(folder)}"
         raise
-    from .continuity_report import console_lines
-
     for line in console_lines(cont):
         print(f"      {line}")
     html = o.finish()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .output import fmt
+from .tables import fmt
 
 __all__ = ["Finding", "finder", "collect", "FINDERS", "TOL", "KEEP", "HOW", "order_verdict"]
 

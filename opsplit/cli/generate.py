@@ -21,6 +21,28 @@ and the line on stderr gives the acceptance rate."""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..data import CharVocab
+from ..models.speculative import DraftSolve, speculative_generate
+from ..solvers import EXPLICIT_SOLVERS
+from .budget import guard
+from .config import MAX_SEED, ConfigError, Field
+from .tasks.text import (
+    VOCAB,
+    build_model,
+    check_n_t,
+    check_temperature,
+    generate_estimate,
+    load_model,
+    run_config,
+)
+
 NAME = "generate"
 SUMMARY = "sample text from a run of opsplit train with task = \"text\", at a chosen N_t"
 EXAMPLE = """\
@@ -45,7 +67,7 @@ def add_arguments(p):
     p.add_argument("--greedy", action="store_true", help="take the most likely character (no sampling)")
     p.add_argument("--draft-n-t", type=int, dest="draft_n_t", metavar="N",
                    help="decode speculatively: draft with the model solved at N_t = N (fewer steps than --n-t)")
-    p.add_argument("--draft-solver", choices=("euler", "heun", "rk4"), dest="draft_solver",
+    p.add_argument("--draft-solver", choices=EXPLICIT_SOLVERS, dest="draft_solver",
                    help="the draft's substep solver (default: the model's own)")
     p.add_argument("--num-draft-tokens", dest="num_draft_tokens", metavar="K",
                    help="draft characters per round: an integer >= 1, or auto (default) to follow the acceptance rate")
@@ -54,9 +76,6 @@ def add_arguments(p):
 
 
 def _check_flags(a) -> None:
-    from .config import MAX_SEED, ConfigError
-    from .train_text import check_n_t, check_temperature
-
     check_n_t(a.n_t)
     if a.temperature is not None:
         check_temperature(a.temperature)
@@ -81,15 +100,6 @@ def _check_flags(a) -> None:
 
 
 def run_generate(a) -> str:
-    import sys
-    import time
-
-    import torch
-
-    from .budget import guard
-    from .config import ConfigError, Field
-    from .train_text import generate_estimate, load_model
-
     _check_flags(a)
     cfg, vocab, ckpt = _checked_run(a)
     m, g = cfg["model"], cfg["generate"]
@@ -113,9 +123,6 @@ def run_generate(a) -> str:
     temperature = a.temperature if a.temperature is not None else g["temperature"]
     draft = None
     if a.draft_n_t is not None or a.draft_solver is not None:
-        from ..models.speculative import DraftSolve
-        from .train_text import build_model
-
         draft = DraftSolve(n_steps=a.draft_n_t, solver=a.draft_solver)
         shell = build_model(m, vocab.size)  # the solve's cost, before the weights are read
         cost, dcost = shell.solve_cost(n_t), shell.solve_cost(draft.n_steps, draft.solver)
@@ -135,8 +142,6 @@ def run_generate(a) -> str:
     t0 = time.perf_counter()
     spec = ""
     if draft is not None:
-        from ..models.speculative import speculative_generate
-
         nk = a.num_draft_tokens or "auto"
         res = speculative_generate(model, ids, k, draft=draft, num_draft_tokens=nk if nk == "auto" else int(nk),
                                    do_sample=not a.greedy, temperature=temperature,
@@ -158,13 +163,6 @@ def run_generate(a) -> str:
 def _checked_run(a):
     """The run's config, vocabulary and latest checkpoint, after the prompt is checked
     against the vocabulary (which comes from the folder before the config is read)."""
-    import json
-    from pathlib import Path
-
-    from ..data import CharVocab
-    from .config import ConfigError
-    from .train_text import VOCAB, run_config
-
     folder = Path(a.folder)
     voc = folder / VOCAB
     if a.prompt is not None and voc.is_file():  # the prompt before the model is built and loaded

@@ -14,99 +14,17 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
-import math
 import os
+import re
 from pathlib import Path
 
 from .config import ConfigError
+from .page import render
+from .tables import cell, fmt, markdown_table, note_lines, read_csv
 
 __all__ = ["Output", "new_folder", "check_out", "write_report", "markdown_table", "read_csv", "fmt", "cell"]
 
 MANIFEST = "manifest.json"
-
-
-def fmt(v) -> str:
-    """A table cell: floats in 4 significant digits (scientific when small or large)."""
-    if isinstance(v, bool) or v is None:
-        return "" if v is None else str(v)
-    if isinstance(v, str):  # a CSV cell: numbers are formatted like numbers
-        try:
-            int(v)
-            return v
-        except ValueError:
-            pass
-        try:
-            v = float(v)
-        except ValueError:
-            return v
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if v == 0 or 1e-3 <= abs(v) < 1e5:
-            return f"{v:.4g}"
-        return f"{v:.3e}"
-    return str(v)
-
-
-#: what a table shows in a cell that is not a number for a reason the table states (a
-#: confidence interval of a two-point fit, the error of the reference run itself)
-EMPTY = "—"
-
-
-def is_nan(v) -> bool:
-    """A NaN cell, as a float or as its CSV text."""
-    if isinstance(v, float):
-        return math.isnan(v)
-    return isinstance(v, str) and v.strip().lower() == "nan"
-
-
-def cell(v, column: str = "", notes=None) -> str:
-    """A table cell as shown: :func:`fmt`, and :data:`EMPTY` for a NaN in a column whose
-    ``notes`` say why it is not a number."""
-    if notes and column in notes and is_nan(v):
-        return EMPTY
-    return fmt(v)
-
-
-def note_lines(columns, rows, notes) -> list[str]:
-    """The sentences that explain the :data:`EMPTY` cells of a table: one per note that
-    applies to a NaN cell, naming its columns."""
-    if not notes:
-        return []
-    used: dict[str, list[str]] = {}
-    for c in columns:
-        if c in notes and any(is_nan(r.get(c)) for r in rows):
-            used.setdefault(notes[c], []).append(c)
-    return [f"{EMPTY} in {', '.join(cs)}: {why}" for why, cs in used.items()]
-
-
-def _cell(v, column: str = "", notes=None) -> str:
-    return cell(v, column, notes).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(columns, rows, notes=None) -> str:
-    """A Markdown table; ``notes`` (column -> why) show a NaN there as :data:`EMPTY`."""
-    head = "| " + " | ".join(_cell(c) for c in columns) + " |"
-    sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(_cell(r.get(c), c, notes) for c in columns) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
-
-
-def read_csv(path) -> tuple[list[str], list[dict]]:
-    """The columns and rows of a CSV table; :class:`ConfigError` naming the file when it is
-    not UTF-8 text or not CSV."""
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rd = csv.DictReader(fh)
-            rows = list(rd)
-            return list(rd.fieldnames or []), rows
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: expected a CSV table (UTF-8 text), found byte {e.object[e.start]:#04x} "
-                          f"at offset {e.start}") from None
-    except csv.Error as e:
-        raise ConfigError(f"{path}: expected a CSV table, {e}") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
 def check_writable_folder(path, name: str) -> None:
@@ -114,6 +32,7 @@ def check_writable_folder(path, name: str) -> None:
     one, in which files can be written: the trainer's check of its output folder
     (:func:`opsplit.control.paths.check_out_dir`, which leaves nothing behind), as a
     command-line error."""
+    # opsplit.control loads torch, which writing a report (opsplit report) does not need
     from ..control.paths import check_out_dir
 
     try:
@@ -215,7 +134,7 @@ class Output:
     def figure(self, fig, name: str, caption: str = "", *, kind: str | None = None) -> Path:
         """Save a matplotlib figure as ``name.png`` (and close it); ``kind`` names what it
         shows, for the findings that link to it."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional and slow: only a job that draws loads it
 
         path = self.folder / f"{name}.png"
         fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.08)  # a margin round the labels
@@ -245,8 +164,6 @@ DPI = 110
 
 
 def _anchor_name(name, what: str) -> str:
-    import re
-
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
         raise ValueError(f"{what}: expected a name of letters, digits, '-' and '_' (an HTML id), got {name!r}")
     return name
@@ -334,8 +251,6 @@ def write_report(folder, max_rows: int = 60) -> Path:
     """Write ``report.md`` and ``report.html`` in ``folder`` from its manifest (see the
     module docstring; the page itself: :mod:`opsplit.cli.page`); returns the path of
     ``report.html``."""
-    from .page import render
-
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"report: no such folder {str(folder)!r}")

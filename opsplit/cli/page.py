@@ -23,7 +23,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .output import cell, markdown_table, note_lines, read_csv
+from .findings import HOW, collect
+from .tables import cell, markdown_table, note_lines, read_csv
 
 __all__ = ["Table", "Figure", "Page", "build", "render"]
 
@@ -365,8 +366,6 @@ def _markdown(page: Page, findings: list, how: str, max_rows: int) -> str:
 
 def render(folder, title: str, blocks: list, max_rows: int = 60) -> tuple[str, str]:
     """``(report.md, report.html)`` of a manifest's blocks (see the module docstring)."""
-    from .findings import HOW, collect
-
     page = build(folder, title, blocks)
     findings = collect(page)
     return _markdown(page, findings, HOW, max_rows), _html(page, findings, HOW, max_rows)

@@ -3,8 +3,9 @@ N_t, N_x, N_y by the chosen schemes; errors, fitted orders in time and in space,
 
 from __future__ import annotations
 
-from . import study
+from . import plots, study
 from .config import Field, at_least
+from .study import CI_NOTE, GRID_NOTE, REFERENCE_NOTE, statistics_tables
 
 NAME = "solve"
 SUMMARY = "solve a seeded continuous transformer at given N_t, N_x, N_y and schemes"
@@ -47,22 +48,13 @@ SCHEMA = {
 
 
 def add_arguments(p):
-    p.add_argument("--schemes", nargs="+", metavar="S", help="lie strang parallel hybrid triple_jump blanes_moan")
-    p.add_argument("--solver", help="euler, heun, rk4 or odeint")
-    p.add_argument("--n-t", nargs="+", type=int, metavar="N", help="time steps N_t")
+    study.add_arguments(p, "solve", several_solvers=False)
     p.add_argument("--n-x", nargs="+", type=int, metavar="N", help="nodes N_x")
     p.add_argument("--n-y", nargs="+", type=int, metavar="N", help="nodes N_y")
-    p.add_argument("--rtol", type=float, help="also solve by adaptive steps to this tolerance")
-    p.add_argument("--atol", type=float, help="absolute tolerance of the adaptive solve")
-    p.add_argument("--seed", type=int, help="model seed")
-    p.add_argument("--margin", type=float, help="model.margin: the controls on [-margin T, (1 + margin) T] "
-                   "(room for the triple jump's substeps outside a step)")
 
 
 def overrides(a) -> dict:
-    return {"solve.schemes": a.schemes, "solve.solver": a.solver, "solve.n_t": a.n_t,
-            "solve.n_x": a.n_x, "solve.n_y": a.n_y, "solve.rtol": a.rtol,
-            "solve.atol": a.atol, "model.seed": a.seed, "model.margin": a.margin}
+    return {**study.overrides(a, "solve", several_solvers=False), "solve.n_x": a.n_x, "solve.n_y": a.n_y}
 
 
 def check(cfg) -> None:
@@ -88,15 +80,7 @@ def prepare(cfg) -> dict:
     return {"grids": sorted(set(gs)), "n_t": n_t}
 
 
-#: why a run has no error (the report shows the cell empty, with this)
-REFERENCE_NOTE = "this run is the reference (the finest run, reference = 'finest')"
-GRID_NOTE = "the finest grid is the reference of the grid error"
-
-
 def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
-    from . import plots
-    from .compare import CI_NOTE
-
     c, m = cfg["solve"], cfg["model"]
     gs, n_t = plan["grids"], plan["n_t"]
     rows, ref = study.solve_all(m, gs, n_t, c["schemes"], [c["solver"]], c["reference"],
@@ -143,30 +127,3 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
                    "convergence in space: error against the finest grid, fitted orders",
                    kind="convergence_space")
     return rows
-
-
-def statistics_tables(out, rows, ref: dict, prefix: str = "") -> None:
-    """Every solve's statistics (``Propagator.solve(...).stats``): ``substep_calls`` -- one row
-    per run (fixed N_t, and the adaptive solve of each scheme), accepted and rejected steps
-    and the substep calls per operator (columns ``"<index>:<operator>"`` of
-    :func:`opsplit.solution.substep_labels`; empty where a scheme has no such substep);
-    ``adaptive_times`` -- the time grid each adaptive solve accepted, one row per step."""
-    adaptive = ref.get("adaptive") or []
-    runs = [{"scheme": r["scheme"], "solver": r["solver"], "run": f"N_t = {r['n_t']}", "n_x": r["n_x"],
-             "n_y": r["n_y"], "accepted": r["n_t"], "rejected": 0, **r["substep_calls"], "total": r["substeps"]}
-            for r in rows]
-    runs += [{"scheme": r["scheme"], "solver": r["solver"], "run": f"adaptive, rtol {r['rtol']:g}", "n_x": r["n_x"],
-              "n_y": r["n_y"], "accepted": r["accepted"], "rejected": r["rejected"], **r["substep_calls"],
-              "total": r["substeps"]} for r in adaptive]
-    ops = sorted({k for r in rows + adaptive for k in r["substep_calls"]}, key=lambda k: (int(k.split(":")[0]), k))
-    out.table(f"{prefix}substep_calls", runs,
-              ["scheme", "solver", "run", "n_x", "n_y", "accepted", "rejected", *ops, "total"],
-              "every solve's statistics: accepted and rejected steps, substep calls per operator (the scheme's "
-              "substeps in order; an adaptive solve's include its rejected attempts and its error estimate)")
-    if adaptive:
-        times = [{"scheme": r["scheme"], "solver": r["solver"], "step": i, "t": t,
-                  "dt": "" if i == 0 else t - r["times"][i - 1]}
-                 for r in adaptive for i, t in enumerate(r["times"])]
-        out.table(f"{prefix}adaptive_times", times, ["scheme", "solver", "step", "t", "dt"],
-                  "the time grid of each adaptive solve: the accepted step ends t (step 0: the initial time)")
-

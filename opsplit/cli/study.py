@@ -19,7 +19,7 @@ from ..adaptive import AdaptiveStepError, PIController, check_adaptive
 from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
 from ..analysis.problems import SCHEMES, SOLVERS
 from .budget import Estimate
-from .config import ConfigError, Field, at_least, positive, seed_field
+from .config import ConfigError, Field, at_least, distinct, positive, seed_field
 
 __all__ = ["MODEL_SCHEMA", "THEORY", "build", "preflight", "solve_all", "expected_order", "estimate"]
 
@@ -115,12 +115,6 @@ def check(model: dict, gs: list[tuple[int, int]], n_t: list[int], reference: str
                 f"{section}.n_{axis}: the finest grid is resampled to the coarser ones by cubic "
                 f"splines, which need >= 4 nodes; expected a finest n_{axis} >= 4, got {fine}"
             )
-
-
-def distinct(v):
-    """A check: no list element given twice."""
-    dup = sorted({x for x in v if v.count(x) > 1})
-    return None if not dup else f"distinct values ({', '.join(map(repr, dup))} given more than once)"
 
 
 def adaptive_controller(model: dict, n_t, rtol: float, atol: float) -> PIController:
@@ -402,6 +396,65 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
     return rows, ref_info
 
 
+#: why a fitted order has no confidence interval (the report shows the cell empty, with this)
+CI_NOTE = "a 95 % confidence interval needs at least three points (this fit has two)"
+
+
+#: why a run has no error (the report shows the cell empty, with this)
+REFERENCE_NOTE = "this run is the reference (the finest run, reference = 'finest')"
+GRID_NOTE = "the finest grid is the reference of the grid error"
+
+
+def statistics_tables(out, rows, ref: dict, prefix: str = "") -> None:
+    """Every solve's statistics (``Propagator.solve(...).stats``): ``substep_calls`` -- one row
+    per run (fixed N_t, and the adaptive solve of each scheme), accepted and rejected steps
+    and the substep calls per operator (columns ``"<index>:<operator>"`` of
+    :func:`opsplit.solution.substep_labels`; empty where a scheme has no such substep);
+    ``adaptive_times`` -- the time grid each adaptive solve accepted, one row per step."""
+    adaptive = ref.get("adaptive") or []
+    runs = [{"scheme": r["scheme"], "solver": r["solver"], "run": f"N_t = {r['n_t']}", "n_x": r["n_x"],
+             "n_y": r["n_y"], "accepted": r["n_t"], "rejected": 0, **r["substep_calls"], "total": r["substeps"]}
+            for r in rows]
+    runs += [{"scheme": r["scheme"], "solver": r["solver"], "run": f"adaptive, rtol {r['rtol']:g}", "n_x": r["n_x"],
+              "n_y": r["n_y"], "accepted": r["accepted"], "rejected": r["rejected"], **r["substep_calls"],
+              "total": r["substeps"]} for r in adaptive]
+    ops = sorted({k for r in rows + adaptive for k in r["substep_calls"]}, key=lambda k: (int(k.split(":")[0]), k))
+    out.table(f"{prefix}substep_calls", runs,
+              ["scheme", "solver", "run", "n_x", "n_y", "accepted", "rejected", *ops, "total"],
+              "every solve's statistics: accepted and rejected steps, substep calls per operator (the scheme's "
+              "substeps in order; an adaptive solve's include its rejected attempts and its error estimate)")
+    if adaptive:
+        times = [{"scheme": r["scheme"], "solver": r["solver"], "step": i, "t": t,
+                  "dt": "" if i == 0 else t - r["times"][i - 1]}
+                 for r in adaptive for i, t in enumerate(r["times"])]
+        out.table(f"{prefix}adaptive_times", times, ["scheme", "solver", "step", "t", "dt"],
+                  "the time grid of each adaptive solve: the accepted step ends t (step 0: the initial time)")
+
+
+def add_arguments(p, section: str, *, several_solvers: bool) -> None:
+    """The flags ``opsplit solve`` and ``opsplit compare`` share (the schemes, the substep
+    solver(s), N_t, the adaptive tolerances, the model's seed and margin); the accepted
+    names are the config's (:data:`SCHEMES`, :data:`SOLVERS`)."""
+    p.add_argument("--schemes", nargs="+", metavar="S", help=f"{section}.schemes: {' '.join(SCHEMES)}")
+    if several_solvers:
+        p.add_argument("--solvers", nargs="+", metavar="S", help=f"{section}.solvers: {' '.join(SOLVERS)}")
+    else:
+        p.add_argument("--solver", help=f"{section}.solver: {', '.join(SOLVERS)}")
+    p.add_argument("--n-t", nargs="+", type=int, metavar="N", help="time steps N_t")
+    p.add_argument("--rtol", type=float, help="also solve by adaptive steps to this tolerance")
+    p.add_argument("--atol", type=float, help="absolute tolerance of the adaptive solve")
+    p.add_argument("--seed", type=int, help="model seed")
+    p.add_argument("--margin", type=float, help="model.margin: the controls on [-margin T, (1 + margin) T] "
+                   "(room for the triple jump's substeps outside a step)")
+
+
+def overrides(a, section: str, *, several_solvers: bool) -> dict:
+    """The config keys of the flags of :func:`add_arguments`."""
+    solvers = {f"{section}.solvers": a.solvers} if several_solvers else {f"{section}.solver": a.solver}
+    return {f"{section}.schemes": a.schemes, **solvers, f"{section}.n_t": a.n_t, f"{section}.rtol": a.rtol,
+            f"{section}.atol": a.atol, "model.seed": a.seed, "model.margin": a.margin}
+
+
 def check_tolerances(c: dict, section: str) -> None:
     """``atol`` without ``rtol`` has nothing to apply to."""
     if c["atol"] > 0 and c["rtol"] == 0:
@@ -475,5 +528,5 @@ def order_rows(sts, what: str):
     return rows
 
 
-__all__ += ["distinct", "adaptive_controller", "grids", "check", "check_tolerances", "adaptive_table", "studies", "order_rows", "SCHEMES", "SOLVERS", "run_estimate",
+__all__ += ["add_arguments", "overrides", "CI_NOTE", "REFERENCE_NOTE", "GRID_NOTE", "statistics_tables", "distinct", "adaptive_controller", "grids", "check", "check_tolerances", "adaptive_table", "studies", "order_rows", "SCHEMES", "SOLVERS", "run_estimate",
             "reference_estimate", "field_flops", "memory_bytes", "dopri5_evaluations"]

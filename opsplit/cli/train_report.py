@@ -3,6 +3,8 @@ with the kinds the findings read (:mod:`opsplit.cli.findings`), and its plots.""
 
 from __future__ import annotations
 
+from . import continuity_report, plots
+
 __all__ = ["report_training"]
 
 
@@ -12,15 +14,12 @@ def report_training(out, prefix: str, sub: str, steps: list, epochs: list, evals
     training curve, and the trained model at other N_t — the solver-swap table of
     ``continuity`` (an :class:`~opsplit.analysis.Continuity`, :mod:`opsplit.cli.continuity_report`)
     or the accuracy at each N_t evaluated (``evals``); the trainer's own files linked."""
-    from . import plots
 
     out.table(f"{prefix}train_epochs", epochs, title="training history (per evaluated epoch)",
               kind="train_epochs")
     out.figure(plots.training_curve(steps, epochs), f"{prefix}training_curve", "the training curve: "
                "the objective per step, test loss and accuracy per evaluated epoch", kind="training_curve")
     if continuity is not None:
-        from . import continuity_report
-
         continuity_report.write(out, continuity, prefix=prefix)
     else:
         out.table(f"{prefix}eval_n_t", evals, title=f"test accuracy at other N_t (trained at N_t = {n_steps})",

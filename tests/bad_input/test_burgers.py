@@ -298,11 +298,12 @@ modes = 4
 d_ff = 8
 n_freq = 2
 [train]
-resolution = 16
 epochs = 1
 batch_size = 4
-eval_resolutions = [16]
+[eval]
+resolutions = [16]
 [data]
+resolution = 16
 n_train = {n_train}
 n_test = {n_test}
 points = {points}

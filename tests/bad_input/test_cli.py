@@ -114,31 +114,31 @@ CASES = rows(
     ("convert-dtype", ["convert", *CFG, *OUT], "convert.dtypes: expected each of one of 'float32', 'float64', got 'float16'", toml('[convert]\ndtypes = ["float16"]\n')),
     ("convert-model", ["convert", "--models", "bert", *OUT], "convert.models: expected each of one of 'torch', 'vit', 'cvt', 'gpt2', 'llama', 'qwen2', 'mistral', got 'bert'"),
     ("seed-negative", ["solve", "--seed", "-1", *OUT], "model.seed: expected a seed from 0 to 4294967295, got -1"),
-    ("seed-2-32", ["train", *CFG, *OUT], "train.seed: expected a seed from 0 to 4294967295, got 4294967296", toml("[train]\nseed = 4294967296\n")),
+    ("seed-2-32", ["train", *CFG, *OUT], "train.seed: expected an integer in [0, 2**32), got 4294967296", toml("[train]\nseed = 4294967296\n")),
     ("split-seed-large", ["train", *CFG, *OUT], "data.split_seed: expected a seed from 0 to 4294967295", toml("[data]\nsplit_seed = 1099511627776\n")),
     ("convert-seed-large", ["convert", *CFG, *OUT], "convert.seed: expected a seed from 0 to 4294967295", toml("[convert]\nseed = 1099511627776\n")),
-    ("shift-past-image", ["train", *CFG, *OUT], "train.shift: expected a shift in pixels from 0 to 7, got 8", toml("[train]\nshift = 8\n")),
+    ("shift-past-image", ["train", *CFG, *OUT], "data.shift: expected a shift in pixels from 0 to 7, got 8", toml("[data]\nshift = 8\n")),
     ("test-fraction-one", ["train", *CFG, *OUT], "data.test_fraction: expected a number in (0, 1), got 1.0", toml("[data]\ntest_fraction = 1.0\n")),
     ("n-t-zero", ["solve", "--n-t", "0", "4", *OUT], "solve.n_t: expected values >= 1, got [0, 4]"),
     ("repeats-zero", ["compare", "--repeats", "0", *OUT], "compare.repeats: expected a value >= 1, got 0"),
     # -- keys against each other ----------------------------------------------------------------------
     ("test-fraction-high", ["train", *CFG, *OUT], "data.test_fraction: the stratified split puts 178 of the 178 images of digit 0 in the test set, leaving no training image", toml("[data]\ntest_fraction = 0.999\n")),
     ("test-fraction-low", ["train", *CFG, *OUT], "data.test_fraction: the stratified split puts 0 of the 178 images of digit 0 in the test set, leaving no test image", toml("[data]\ntest_fraction = 0.001\n")),
-    ("train-n-steps-repeated", ["train", *CFG, *OUT], "train.train_n_steps: expected distinct N_t, got 4 twice in [2, 4, 4]", toml("[train]\ntrain_n_steps = [2, 4, 4]\n")),
-    ("train-n-steps-zero", ["train", *CFG, *OUT], "train.train_n_steps: expected values >= 1, got [0, 4]", toml("[train]\ntrain_n_steps = [0, 4]\n")),
-    ("train-n-steps-negative", ["train", *CFG, *OUT], "train.train_n_steps: expected values >= 1, got [4, -2]", toml("[train]\ntrain_n_steps = [4, -2]\n")),
-    ("eval-n-steps-repeated", ["train", *CFG, *OUT], "train.eval_n_steps: expected distinct N_t, got 8 twice", toml("[train]\neval_n_steps = [4, 8, 8]\n")),
-    ("n-steps-weights", ["train", *CFG, *OUT], "train.n_steps_weights: expected one of 'cost', 'uniform', got 'harmonic'", toml("[train]\nn_steps_weights = \"harmonic\"\n")),
-    ("kinetic-negative", ["train", *CFG, *OUT], "train.kinetic: expected a value >= 0, got -0.5", toml("[train]\nkinetic = -0.5\n")),
-    ("kinetic-nan", ["train", *CFG, *OUT], "train.kinetic: expected a finite number, got nan", toml("[train]\nkinetic = nan\n")),
-    ("acceleration-inf", ["train", *CFG, *OUT], "train.acceleration: expected a finite number, got inf", toml("[train]\nacceleration = inf\n")),
+    ("train-n-steps-repeated", ["train", *CFG, *OUT], "train.n_steps: N_t = 4 is listed twice", toml("[train]\nn_steps = [2, 4, 4]\n")),
+    ("train-n-steps-zero", ["train", *CFG, *OUT], "train.n_steps: expected an integer >= 1, got 0", toml("[train]\nn_steps = [0, 4]\n")),
+    ("train-n-steps-negative", ["train", *CFG, *OUT], "train.n_steps: expected an integer >= 1, got -2", toml("[train]\nn_steps = [4, -2]\n")),
+    ("eval-n-steps-repeated", ["train", *CFG, *OUT], "eval.n_steps: expected distinct values (8 given more than once), got [4, 8, 8]", toml("[eval]\nn_steps = [4, 8, 8]\n")),
+    ("n-steps-weights", ["train", *CFG, *OUT], "train.n_steps_weights: expected None, 'uniform', 'cost' or a list of weights > 0, got 'harmonic'", toml("[train]\nn_steps_weights = \"harmonic\"\n")),
+    ("kinetic-negative", ["train", *CFG, *OUT], "objective.kinetic: expected a finite weight >= 0, got -0.5", toml("[objective]\nkinetic = -0.5\n")),
+    ("kinetic-nan", ["train", *CFG, *OUT], "objective.kinetic: expected a finite weight >= 0, got nan", toml("[objective]\nkinetic = nan\n")),
+    ("acceleration-inf", ["train", *CFG, *OUT], "objective.acceleration: expected a finite weight >= 0, got inf", toml("[objective]\nacceleration = inf\n")),
     # issue 42, finding 11b: a cost weight whose term (or its gradient's norm) overflows float32 at the untrained model
-    ("kinetic-1e308", ["train", *CFG, *OUT], "train.kinetic: a weight of 1e+308 is beyond the largest float32 number (3.4e+38)", toml("[train]\nkinetic = 1e308\n")),
-    ("kinetic-gradient-overflow", ["train", *CFG, *OUT], "train.kinetic: the weight 1e+37 times the gradient of the flow's kinetic energy", toml("[train]\nkinetic = 1e37\n")),
-    ("acceleration-gradient-overflow", ["train", *CFG, *OUT], "train.acceleration: the weight 1e+30 times the gradient of the flow's acceleration", toml("[train]\nacceleration = 1e30\n")),
-    ("eval-solvers-unknown", ["train", *CFG, *OUT], "train.eval_solvers: expected each of one of 'euler', 'heun', 'rk4', got 'implicit'", toml("[train]\neval_solvers = [\"implicit\"]\n")),
-    ("kinetic-checkpoint", ["train", "--gradient", "checkpoint", *OUT], "train.kinetic: a flow cost reads every step of the forward solve, which train.gradient = 'checkpoint' recomputes"),
-    ("adjoint-euler", ["train", "--gradient", "adjoint", *OUT], "train.gradient: 'adjoint' solves the substeps' ODEs backwards by torchdiffeq, and model.solver = 'euler' has none"),
+    ("kinetic-1e308", ["train", *CFG, *OUT], "objective.kinetic: a weight of 1e+308 is beyond the largest float32 number (3.4e+38)", toml("[objective]\nkinetic = 1e308\n")),
+    ("kinetic-gradient-overflow", ["train", *CFG, *OUT], "objective.kinetic: the weight 1e+37 times the gradient of the flow's kinetic energy", toml("[objective]\nkinetic = 1e37\n")),
+    ("acceleration-gradient-overflow", ["train", *CFG, *OUT], "objective.acceleration: the weight 1e+30 times the gradient of the flow's acceleration", toml("[objective]\nacceleration = 1e30\n")),
+    ("eval-solvers-unknown", ["train", *CFG, *OUT], "eval.solvers: expected each of one of 'euler', 'heun', 'rk4', got 'implicit'", toml("[eval]\nsolvers = [\"implicit\"]\n")),
+    ("kinetic-checkpoint", ["train", "--gradient", "checkpoint", *OUT], "objective.kinetic: a flow cost reads every step of the forward solve, and the checkpointed time loop (gradient='checkpoint', or 'adjoint' with snapshots) recomputes steps"),
+    ("adjoint-euler", ["train", "--gradient", "adjoint", *OUT], "train.gradient: gradient='adjoint': the model has no smooth ODE substep to solve by the continuous adjoint"),
     ("heads-divisor", ["train", *CFG, *OUT], "model.heads: expected a divisor of model.d_model = 32, got 3", toml("[model]\nheads = 3\n")),
     ("patch-divisor", ["train", *CFG, *OUT], "model.patch: expected a divisor of 8", toml("[model]\npatch = 3\n")),
     ("train-T-float32", ["train", *CFG, *OUT], "model.T: the model runs in float32, and its steps T / n_steps = 2.5e+299", toml("[model]\nT = 1e300\n")),
@@ -205,7 +205,7 @@ CASES = rows(
     ("guard-train-d-model", ["train", *CFG, *OUT], "model.d_model = 4000000: the job needs an estimated", toml("[model]\nd_model = 4000000\n")),
     ("guard-train-d-ff", ["train", *CFG, *OUT], f"model.d_ff = {HUGE}: the job needs an estimated", toml(f"[model]\nd_ff = {HUGE}\n")),
     ("guard-train-n-steps", ["train", "--n-steps", HUGE, *OUT], f"model.n_steps = {HUGE}: the job needs an estimated"),
-    ("guard-train-eval-n-steps", ["train", *CFG, *OUT], f"train.eval_n_steps = [4, {HUGE}]: the job needs an estimated", toml(f"[train]\neval_n_steps = [4, {HUGE}]\n")),
+    ("guard-train-eval-n-steps", ["train", *CFG, *OUT], f"eval.n_steps = [4, {HUGE}]: the job needs an estimated", toml(f"[eval]\nn_steps = [4, {HUGE}]\n")),
     ("guard-convert-d-model", ["convert", "--d-model", "4000000", "--nhead", "4", *OUT], "torch.d_model = 4000000: the job needs an estimated"),
     ("guard-convert-seq-len", ["convert", *CFG, *OUT], f"torch.seq_len = {HUGE}: the job needs an estimated", toml(f"[torch]\nseq_len = {HUGE}\n")),
     ("guard-convert-batch", ["convert", *CFG, *OUT], f"convert.batch = {HUGE}: the job needs an estimated", toml(f"[convert]\nbatch = {HUGE}\n")),
@@ -214,7 +214,6 @@ CASES = rows(
     ("guard-convert-llama-width", ["convert", "--models", "llama", *CFG, *OUT], "llama.hidden_size = 4000000: the job needs an estimated", toml("[llama]\nhidden_size = 4000000\n")),
     ("guard-convert-llama-seq-len", ["convert", "--models", "llama", *CFG, *OUT], f"llama.seq_len = {HUGE}: the job needs an estimated", toml(f"[llama]\nseq_len = {HUGE}\n")),
     ("guard-convert-gpt2-vocab", ["convert", "--models", "gpt2", *CFG, *OUT], f"gpt2.vocab_size = {HUGE}: the job needs an estimated", toml(f"[gpt2]\nvocab_size = {HUGE}\n")),
-    ("guard-print-config", ["solve", "--print-config", "--n-x", HUGE, "--n-y", "8"], f"solve.n_x = [{HUGE}]: the job needs an estimated"),
     # -- --resume ------------------------------------------------------------------------------------
     ("resume-solve-folder", ["train", "--resume", "{tmp}/s"], "--resume: expected an opsplit train output folder, '{tmp}/s' holds the output of opsplit solve", SOLVE_DIR),
     ("resume-default-folder", ["train", "--resume", "{tmp}/d"], "'{tmp}/d' holds the output of the default job", {"d/manifest.json": json.dumps({"title": "opsplit: the default job", "blocks": []}), "d/train.toml": ""}),
@@ -467,7 +466,8 @@ epochs = 1
 batch_size = 16
 save_every = 2
 warmup_steps = 0
-eval_n_steps = [2]
+[eval]
+n_steps = [2]
 [data]
 limit = 48
 """
@@ -480,7 +480,7 @@ DIGITS_ROWS = run_rows(
      config_edit("split_seed = 0", "split_seed = 5")),
     ("digits-limit", RESUME, "data.limit = 48 in the checkpoint, 40 in config.toml",
      config_edit("limit = 48", "limit = 40")),
-    ("digits-shift", RESUME, "train.shift = 0 in the checkpoint, 1 in config.toml",
+    ("digits-shift", RESUME, "data.shift = 0 in the checkpoint, 1 in config.toml",
      config_edit("shift = 0", "shift = 1")),
     ("digits-lr", RESUME, "train.lr = 0.01 in the checkpoint, 0.02 in config.toml. A resume continues that run: "
      "restore the value(s) in config.toml, or start a new run with --out, or pass --allow-changes train.lr",
@@ -507,9 +507,10 @@ DIGITS_ROWS = run_rows(
     ("digits-adam-step", RESUME, "the optimizer's update counts (optimizer.<i>.step, largest -3) and trainer.step = 3",
      checkpoint_edit(lambda t: {k: (v.clone().fill_(-3.0) if k.endswith(".step") else v) for k, v in t.items()})),
     ("digits-allow-unknown", (*RESUME, "--allow-changes", "model.T"),
-     "--allow-changes: expected keys that a resume compares (data.limit, data.split_seed, data.test_fraction, "
-     "train.batch_size, train.epochs, train.lr, train.max_steps, train.seed, train.shift, train.warmup_steps, "
-     "train.weight_decay), got 'model.T'", config_edit("T = 2.0", "T = 3.0")),
+     "--allow-changes: expected keys that a resume compares (data.limit, data.shift, data.split_seed, "
+     "data.test_fraction, train.batch_size, train.epochs, train.lr, train.max_steps, train.n_steps, "
+     "train.n_steps_weights, train.seed, train.solvers, train.solvers_split, train.solvers_split_weights, "
+     "train.solvers_weights, train.warmup_steps, train.weight_decay), got 'model.T'", config_edit("T = 2.0", "T = 3.0")),
 )
 
 
