@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..data.base import check_int
-from .checkpoint import SettingChange
+from .checkpoint_diff import SettingChange
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
 from .resolution import check_n_steps_list, check_weights, solvers_left_out
 from .swap import SOLVERS, check_solver_names

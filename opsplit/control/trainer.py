@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import shutil
 import sys
 import time
 import warnings
@@ -60,16 +61,15 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .._memory import available_memory, check_fits, human_bytes
 from ..data.base import TensorData
-from ..propagator import _calls_per_step
+from ..propagator import Propagator, _calls_per_step
 from .callbacks import Callback
-from .checkpoint import (
-    check_allow_changes,
-    latest_checkpoint,
-    load_checkpoint,
-    refuse_changes,
-    save_checkpoint,
-)
+from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint_diff import check_allow_changes, checkpoint_differences, refuse_changes
+from .checkpoint_meta import CheckpointError
+from .checkpoint_read import latest_checkpoint, read_checkpoint
+from .checkpoint_resample import plan_model_state
 from .config import TrainConfig, check_int, config_changes
 from .distributed import any_rank, check_data_parallel
 from .flow_costs import check_flow_costs
@@ -78,7 +78,7 @@ from .history import History
 from .objective import Objective, ObjectiveValue, check_objective
 from .paths import check_out_dir, check_path
 from .resolution import draw_n_steps, draw_solver, split_sizes
-from .swap import solved_with
+from .swap import field_substeps, propagators, solved_with, solver_name
 
 __all__ = ["Trainer", "peak_memory_mb", "as_dataset", "check_out_dir"]
 
@@ -132,8 +132,6 @@ def _batches(n: int, batch_size: int, drop_last: bool, perm: Tensor | None):
 
 def _own_solver(model) -> str | None:
     """The name of the solver of every field substep of ``model`` when they share one."""
-    from .swap import field_substeps, propagators, solver_name
-
     names = {solver_name(s.solver) for p in propagators(model) for s in field_substeps(p.scheme)}
     return names.pop() if len(names) == 1 else None
 
@@ -148,8 +146,6 @@ def _solve_inputs(model):
     """``with _solve_inputs(model) as calls: model(x)``: ``calls`` lists ``(propagator, bytes
     of its input state, its batch size or None)`` for every solve of an opsplit propagator
     inside ``model``."""
-    from ..propagator import Propagator
-
     calls = []
 
     def hook(mod, args, kwargs):
@@ -176,8 +172,6 @@ def _check_run_state(ck) -> None:
     and the parameter groups hold the rates of the run's config (``initial_lr == lr``,
     ``weight_decay``, ``betas`` / ``momentum``; the scheduled ``lr`` never above its base).
     A :class:`~opsplit.control.CheckpointError` names the two records that disagree."""
-    from .checkpoint import CheckpointError
-
     t = ck.trainer
     if not isinstance(t, dict):
         return
@@ -252,8 +246,6 @@ def _callback_keys(callbacks):
 def _check_eval_n_steps(n) -> int:
     """``Trainer.evaluate``'s :math:`N_t`: an integer >= 1 whose time grid (``n + 1`` times,
     Python floats of 32 bytes, made before the first step) fits in the available memory."""
-    from .._memory import available_memory, human_bytes
-
     n = check_int(n, "Trainer.evaluate.n_steps", 1)
     need, free = 32.0 * (n + 1), available_memory()
     if need > free:
@@ -509,8 +501,6 @@ class Trainer:
         one state of the batch per substep call kept for the backward pass
         (:meth:`opsplit.Propagator._steps_memory`, lower bounds; ``calls``: the
         propagators the model called on ``k`` samples, with their input's bytes and batch)."""
-        from .._memory import check_fits
-
         c = self.config
         need, parts, work = 0.0, [], 0
         for prop, nbytes, batch in calls:  # (a state of the k samples grows to the batch's)
@@ -557,13 +547,11 @@ class Trainer:
             p = Path(path)  # not a complete checkpoint: read_checkpoint says what is wrong
         if p is None:
             raise FileNotFoundError(f"resume: no checkpoint found at {str(path)!r}")
-        from .checkpoint import _plan_model_state, checkpoint_differences, read_checkpoint
-
         ck = read_checkpoint(p)
         t = ck.trainer or {}
         _check_run_state(ck)  # the counters, the optimizer and the schedule against each other and the config
         # another model first (class, keys, shapes, settings of the map), then another run
-        _plan_model_state(ck, self.model, False)
+        plan_model_state(ck, self.model, False)
         refuse_changes(checkpoint_differences(ck, self.model), allow, ck.path)
         run_changes = refuse_changes(
             config_changes(ck.config, self.config, saved_world_size=int(t.get("world_size", 1)),
@@ -607,8 +595,6 @@ class Trainer:
         self.save(ck / f"step-{self.step:08d}")
         olds = sorted(p for p in ck.iterdir() if p.is_dir() and p.name.startswith("step-"))
         for p in olds[:-self.config.keep_checkpoints]:
-            import shutil
-
             shutil.rmtree(p, ignore_errors=True)
 
     # -- evaluation -----------------------------------------------------------------------------
