@@ -36,6 +36,13 @@ characters).  Then on the validation windows (non-overlapping, the first --limit
 * each sequence's loss at N_t = 16 (its difficulty) against the steps it took (plot:
   docs/figures/adaptive_depth_text.png), Spearman's rank correlation.
 
+**Estimators and pieces** (both tasks): ``--estimator doubling`` (default; three steps an
+attempt), ``euler-heun`` (the embedded Euler-Heun pair, ``opsplit.adaptive.EulerHeunPair``:
+one step of the scheme an accepted step; a parallel scheme of explicit-Euler substeps, the
+text recipe's) or ``lie-pair`` (a Strang scheme against Lie on the same substeps, two steps an
+attempt); ``--cross`` lets steps cross the breakpoints of piecewise controls
+(``PIController(stop_at_breakpoints=False)``).
+
 The logits are composed here from DecoderLM's public pieces: ``embed``, ``decoder.solve``
 (on the ContextGrid that ``DecoderLM.hidden`` uses), the maps of ``final_norm``, and the
 read-out ``head_weight``; at a fixed N_t they are checked against ``model(ids, n_steps=N_t)``.
@@ -73,6 +80,17 @@ def build(seed: int, T: float):
     torch.manual_seed(seed)
     enc = SplitEncoder(32, 4, 64, n_steps=4, T=T, scheme="strang", control="legendre", solver=Heun(), generator=g)
     return ImageClassifier(8, 2, 1, 10, enc)
+
+
+def estimator(args, prop):
+    """The error estimate of --estimator for the propagator ``prop``: step doubling, the
+    embedded Euler-Heun pair (a scheme that is Euler on the sum of its terms), or the embedded
+    pair of the scheme against Lie splitting of the same substeps (a Strang scheme)."""
+    if args.estimator == "lie-pair":
+        from opsplit.schemes import Lie
+
+        return Lie(list(prop.scheme.substeps))
+    return args.estimator
 
 
 def classify(model, x, **solve):
@@ -146,8 +164,9 @@ def digits_eval(args, model, test, T: float):
             t = time.perf_counter()
             from opsplit.adaptive import PIController
 
-            ctl = PIController(rtol=rtol, atol=rtol, first_step=args.first_step or T / 2)
-            logits, stats = classify(model, x, controller=ctl, per_sample=True)
+            ctl = PIController(rtol=rtol, atol=rtol, first_step=args.first_step or T / 2,
+                               stop_at_breakpoints=not args.cross)
+            logits, stats = classify(model, x, controller=ctl, per_sample=True, estimator=estimator(args, model.encoder))
             secs = time.perf_counter() - t
             acc = float((logits.argmax(-1) == y).float().mean())
             calls = np.array([s.n_substep_calls for s in stats.per_sample])
@@ -323,9 +342,11 @@ def text_eval(args, model, val, T: float):
               "per sequence, fixed N_t: " + ", ".join(f"{r['gap_to_reference']:.1e}" for r in rows), flush=True)
         per_seq = {}
         for rtol in args.rtols:
-            ctl = PIController(rtol=rtol, atol=rtol, first_step=args.first_step or T / args.layers)
+            ctl = PIController(rtol=rtol, atol=rtol, first_step=args.first_step or T / args.layers,
+                               stop_at_breakpoints=not args.cross)
             t = time.perf_counter()
-            logits, stats = text_logits(model, x, controller=ctl, per_sample=True)
+            logits, stats = text_logits(model, x, controller=ctl, per_sample=True,
+                                        estimator=estimator(args, model.decoder))
             secs = time.perf_counter() - t
             bits = seq_bits(logits, y)
             calls = np.array([s.n_substep_calls for s in stats.per_sample])
@@ -395,6 +416,12 @@ def text_eval(args, model, val, T: float):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=("digits", "text"), default="digits")
+    ap.add_argument("--estimator", choices=("doubling", "euler-heun", "lie-pair"), default="doubling",
+                    help="the local error estimate: step doubling (3 steps an attempt), the embedded Euler-Heun pair "
+                         "(a parallel scheme of Euler substeps: one step an accepted step), or a Strang scheme "
+                         "against Lie on the same substeps (2 steps an attempt)")
+    ap.add_argument("--cross", action="store_true",
+                    help="steps may cross the breakpoints of piecewise controls (PIController(stop_at_breakpoints=False))")
     ap.add_argument("--rtols", type=float, nargs="+", default=None,
                     help="adaptive tolerances (rtol = atol; default digits 1e-1 1e-2 1e-3, text also 1e-4)")
     ap.add_argument("--first-step", type=float, default=None,
