@@ -29,6 +29,8 @@ Usage::
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/decode.py [--sizes 1024 ... 262144] [--runs 9]
         [--threads 1] [--plot docs/figures/decode.png]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/decode.py --prefill --sizes 4096 16384 65536
+        # the prefill: the runs built from the causal forward's sorts, per token and layer
 """
 
 from __future__ import annotations
@@ -114,7 +116,13 @@ def main():
     ap.add_argument("--plot", default=None)
     ap.add_argument("--wall", action="store_true",
                     help="time wall-clock (default: the process's CPU time, 1 thread: robust to a loaded machine)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="the prefill instead: the causal forward kernel alone, the prefill step of a fresh "
+                         "SlicedDecodeCache (the forward, then the runs from its sorts), and the runs built by "
+                         "appending the keys to a fresh cache (sorted again), paired, per token and layer")
     args = ap.parse_args()
+    if args.prefill:
+        return prefill(args)
     clock = time.perf_counter if args.wall else time.process_time
     torch.set_num_threads(args.threads)
     E, L, H = args.d_model, args.layers, args.heads
@@ -198,6 +206,50 @@ def main():
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}")
+
+
+def prefill(args):
+    """Prefill cost of one layer's causal sliced attention (``--heads`` heads, values of width
+    ``--d-model``, float32): per size, ``--runs`` rounds of (forward kernel, prefill step,
+    append), timed (process CPU time, one thread unless --threads); the runs' build time per
+    token and layer is the paired difference prefill - forward (the runs from the forward's
+    sorts) against an append to an empty cache (the runs sorted again)."""
+    from opsplit.functional import causal_sliced_relu_attention
+    from opsplit.functional.sliced_runs import SlicedDecodeCache
+
+    clock = time.perf_counter if args.wall else time.process_time
+    torch.set_num_threads(args.threads)
+    H, D = args.heads, args.d_model
+    print(f"prefill of one layer: {H} heads, values of width {D}, float32, {args.threads} thread(s), "
+          f"{'wall-clock' if args.wall else 'process CPU'} time; load before: {load()}")
+    print("| n | forward kernel | prefill (forward + runs) | runs from the forward's sorts, per token | "
+          "runs sorted again (append), per token |")
+    print("|---|---|---|---|---|")
+    rows = []
+    with torch.no_grad():
+        for n in args.sizes:
+            g = torch.Generator().manual_seed(n)
+            zq, zk = torch.randn(1, H, n, generator=g), torch.randn(1, H, n, generator=g)
+            v = torch.randn(1, H, n, D, generator=g)
+            calls = {"forward": lambda zq=zq, zk=zk, v=v: causal_sliced_relu_attention(zq, zk, v),
+                     "prefill": lambda zq=zq, zk=zk, v=v: SlicedDecodeCache().step_relu(zq, zk, v),
+                     "append": lambda zk=zk, v=v: SlicedDecodeCache().append(zk, v)}
+            times = {k: [] for k in calls}
+            for r in range(args.warmup + args.runs):
+                for k, f in calls.items():
+                    t0 = clock()
+                    f()
+                    if r >= args.warmup:
+                        times[k].append(clock() - t0)
+            shared = statistics.median(b - a for a, b in zip(times["forward"], times["prefill"])) / n
+            again = statistics.median(times["append"]) / n
+            row = {"n": n, "forward": statistics.median(times["forward"]), "prefill": statistics.median(times["prefill"]),
+                   "runs_shared_per_token": shared, "runs_sorted_per_token": again}
+            rows.append(row)
+            print(f"| {n} | {row['forward'] * 1e3:.1f} ms | {row['prefill'] * 1e3:.1f} ms | {shared * 1e6:.2f} us | "
+                  f"{again * 1e6:.2f} us |", flush=True)
+    print(f"load after: {load()}")
+    return rows
 
 
 if __name__ == "__main__":
