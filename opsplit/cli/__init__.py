@@ -43,7 +43,8 @@ def main(argv=None) -> int:
         print(f"opsplit: error: {e}", file=sys.stderr)
         return 2
     with threads.configured(argv):
-        from .app import run  # loads torch: after the thread settings are in place (see the docstring)
+        # loads torch: after the thread settings are in place (see the docstring)
+        from .app import run
 
         return run(argv)
 

@@ -128,7 +128,8 @@ def parallel_summary(m: dict) -> str:
 
 
 def run(cfg, plan, out, progress=True, heading="Scheme comparison", prefix=""):
-    import matplotlib.pyplot as plt  # optional and slow: loaded when the job draws
+    # slow to import (about 1 s): loaded when the job draws
+    import matplotlib.pyplot as plt
 
     c, m = cfg["compare"], cfg["model"]
     n_t = plan["n_t"]

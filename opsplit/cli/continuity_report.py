@@ -5,16 +5,16 @@ every number is the analysis'."""
 
 from __future__ import annotations
 
+import warnings
+
+from ..control.continuity import continuity
+
 __all__ = ["measure", "write", "refined_worst", "console_lines"]
 
 
 def measure(model, data, *, n_steps, reference: int, solvers=("trained", "heun", "rk4"), schemes=("trained",),
             levels=None, batch_size: int = 512):
     """The :class:`~opsplit.analysis.Continuity` of a trained classifier on ``data``."""
-    import warnings
-
-    from ..control.continuity import continuity
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="There is a performance drop")  # torch's vmap note
         return continuity(model, data, n_steps=list(n_steps), reference=reference, solvers=list(solvers),
@@ -44,6 +44,7 @@ def _rows(c) -> list[dict]:
 def write(out, c, *, prefix: str = "", what: str = "test accuracy") -> list[dict]:
     """Add the solver-swap table, the convergence table and the figure of ``c`` to the
     report ``out`` (an :class:`~opsplit.cli.output.Output`)."""
+    # slow to import (about 1 s): loaded when a report draws
     import matplotlib.pyplot as plt
 
     ref = c.reference

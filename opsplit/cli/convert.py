@@ -8,10 +8,14 @@ the LLMs, how many greedy tokens agree)."""
 from __future__ import annotations
 
 import torch
+from torch import nn
+from tqdm.auto import tqdm
 
+from ..models import from_hf, from_torch, to_torch
 from . import convert_decoders as llm
 from .budget import Estimate
 from .config import ConfigError, Field, at_least, positive, seed_field
+from .conversion import diff, perturb
 
 NAME = "convert"
 SUMMARY = ("convert a torch encoder, a Hugging Face ViT, CvT, GPT-2, Llama, Qwen2 or Mistral built from a "
@@ -123,6 +127,7 @@ def check(cfg) -> None:
     hf = [m for m in models if m != "torch"]
     if hf:
         try:
+            # optional: only the Hugging Face models need it
             import transformers  # noqa: F401
         except ImportError:
             raise ConfigError(f"convert.models: {', '.join(map(repr, hf))} need the transformers package "
@@ -228,8 +233,6 @@ def prepare(cfg) -> dict:
 
 
 def _torch_reference(t: dict, seed: int):
-    from torch import nn
-
     torch.manual_seed(seed)
     layer = nn.TransformerEncoderLayer(
         t["d_model"], t["nhead"], t["dim_feedforward"], dropout=0.0, activation=t["activation"],
@@ -240,6 +243,7 @@ def _torch_reference(t: dict, seed: int):
 
 
 def _vit_reference(v: dict, seed: int):
+    # optional (checked by check), and slow to import
     import transformers
 
     torch.manual_seed(seed)
@@ -247,6 +251,7 @@ def _vit_reference(v: dict, seed: int):
 
 
 def _cvt_reference(c: dict, seed: int):
+    # optional (checked by check), and slow to import
     import transformers
 
     torch.manual_seed(seed)
@@ -254,20 +259,14 @@ def _cvt_reference(c: dict, seed: int):
 
 
 def _build_torch(t: dict, seed: int):
-    from ..models import from_torch
-
     return from_torch(_torch_reference(t, seed))
 
 
 def _build_vit(v: dict, seed: int):
-    from ..models import from_hf
-
     return from_hf(_vit_reference(v, seed))
 
 
 def _build_cvt(c: dict, seed: int):
-    from ..models import from_hf
-
     model = from_hf(_cvt_reference(c, seed))
     x = torch.zeros(1, c["num_channels"], c["image_size"], c["image_size"])
     with torch.no_grad():
@@ -278,28 +277,12 @@ def _build_cvt(c: dict, seed: int):
 BUILDERS = {"torch": _build_torch, "vit": _build_vit, "cvt": _build_cvt, **llm.BUILDERS}
 
 
-def _perturb(module, gen):
-    # random weights everywhere (biases and LayerNorm affines included), so that a missed
-    # parameter shows in the difference
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-    return module
-
-
-def _diff(a, b) -> tuple[float, float]:
-    d = float((a - b).abs().max())
-    return d, d / max(float(b.abs().max()), 1e-300)
-
-
 def convert_torch(t: dict, batch: int, seed: int, dtype) -> dict:
     """Build the torch encoder, convert it, compare outputs, input gradients and the
     round trip ``to_torch(from_torch(m))``."""
-    from ..models import from_torch, to_torch
-
     ref = _torch_reference(t, seed)
     gen = torch.Generator().manual_seed(seed)
-    ref = _perturb(ref.to(dtype), gen).eval()
+    ref = perturb(ref.to(dtype), gen).eval()
     model = from_torch(ref).eval()
     x = torch.randn(batch, t["seq_len"], t["d_model"], generator=gen, dtype=torch.float64).to(dtype)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -310,9 +293,9 @@ def convert_torch(t: dict, batch: int, seed: int, dtype) -> dict:
     back = to_torch(model).eval()
     with torch.no_grad():  # both in the same mode (no_grad may take torch's fast path)
         y_back, y_ref0 = back(x), ref(x)
-    out_abs, out_rel = _diff(y.detach(), y_ref.detach())
-    g_abs, _ = _diff(x2.grad, x1.grad)
-    rt_abs, _ = _diff(y_back, y_ref0)
+    out_abs, out_rel = diff(y.detach(), y_ref.detach())
+    g_abs, _ = diff(x2.grad, x1.grad)
+    rt_abs, _ = diff(y_back, y_ref0)
     return {"model": f"nn.TransformerEncoder ({t['num_layers']} layers, "
                      f"{'pre' if t['norm_first'] else 'post'}-norm, {t['activation']})",
             "opsplit class": type(model).__name__, "dtype": str(dtype).replace("torch.", ""),
@@ -320,29 +303,36 @@ def convert_torch(t: dict, batch: int, seed: int, dtype) -> dict:
             "round trip": rt_abs, "parameters": sum(p.numel() for p in ref.parameters())}
 
 
-def convert_vit(v: dict, batch: int, seed: int, dtype) -> dict:
-    from ..models import from_hf
-
-    ref = _vit_reference(v, seed)
+def _image_model(ref, c: dict, batch: int, seed: int, dtype):
+    """A Hugging Face image model ``ref`` (random weights added, eval mode) and its conversion
+    on the same seeded images of section ``c``: ``(ref output, opsplit output, output diffs,
+    input-gradient diff)`` (the gradients of a random linear functional of the last hidden
+    state)."""
     gen = torch.Generator().manual_seed(seed)
-    ref = _perturb(ref.to(dtype), gen).eval()
+    ref = perturb(ref.to(dtype), gen).eval()
     model = from_hf(ref).eval()
-    x = torch.randn(batch, v["num_channels"], v["image_size"], v["image_size"], generator=gen,
+    x = torch.randn(batch, c["num_channels"], c["image_size"], c["image_size"], generator=gen,
                     dtype=torch.float64).to(dtype)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     r, o = ref(x1), model(x2)
     w = torch.randn(o.last_hidden_state.shape, generator=gen, dtype=torch.float64).to(dtype)
     (r.last_hidden_state * w).sum().backward()
     (o.last_hidden_state * w).sum().backward()
-    out_abs, out_rel = _diff(o.last_hidden_state.detach(), r.last_hidden_state.detach())
-    pool_abs, _ = _diff(o.pooler_output.detach(), r.pooler_output.detach())
-    g_abs, _ = _diff(x2.grad, x1.grad)
-    return {"model": f"HF ViTModel ({v['num_hidden_layers']} layers, {v['image_size']}px, "
-                     f"patch {v['patch_size']})",
-            "opsplit class": type(model).__name__, "dtype": str(dtype).replace("torch.", ""),
-            "max abs diff (output)": max(out_abs, pool_abs), "relative diff (output)": out_rel,
-            "max abs diff (input grad)": g_abs, "round trip": "",
-            "parameters": sum(p.numel() for p in ref.parameters())}
+    out = diff(o.last_hidden_state.detach(), r.last_hidden_state.detach())
+    return ref, model, r, o, out, diff(x2.grad, x1.grad)[0]
+
+
+def _row(what: str, ref, model, dtype, out_abs: float, out_rel: float, g_abs) -> dict:
+    return {"model": what, "opsplit class": type(model).__name__, "dtype": str(dtype).replace("torch.", ""),
+            "max abs diff (output)": out_abs, "relative diff (output)": out_rel, "max abs diff (input grad)": g_abs,
+            "round trip": "", "parameters": sum(p.numel() for p in ref.parameters())}
+
+
+def convert_vit(v: dict, batch: int, seed: int, dtype) -> dict:
+    ref, model, r, o, (out_abs, out_rel), g_abs = _image_model(_vit_reference(v, seed), v, batch, seed, dtype)
+    pool_abs, _ = diff(o.pooler_output.detach(), r.pooler_output.detach())
+    return _row(f"HF ViTModel ({v['num_hidden_layers']} layers, {v['image_size']}px, patch {v['patch_size']})",
+                ref, model, dtype, max(out_abs, pool_abs), out_rel, g_abs)
 
 
 def cvt_config(c: dict) -> dict:
@@ -362,29 +352,11 @@ def cvt_config(c: dict) -> dict:
 
 
 def convert_cvt(c: dict, batch: int, seed: int, dtype) -> dict:
-    from ..models import from_hf
-
-    ref = _cvt_reference(c, seed)
-    gen = torch.Generator().manual_seed(seed)
-    ref = _perturb(ref.to(dtype), gen).eval()
-    model = from_hf(ref).eval()
-    x = torch.randn(batch, c["num_channels"], c["image_size"], c["image_size"], generator=gen,
-                    dtype=torch.float64).to(dtype)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    r, o = ref(x1), model(x2)
-    w = torch.randn(o.last_hidden_state.shape, generator=gen, dtype=torch.float64).to(dtype)
-    (r.last_hidden_state * w).sum().backward()
-    (o.last_hidden_state * w).sum().backward()
-    out_abs, out_rel = _diff(o.last_hidden_state.detach(), r.last_hidden_state.detach())
+    ref, model, r, o, (out_abs, out_rel), g_abs = _image_model(_cvt_reference(c, seed), c, batch, seed, dtype)
     if r.cls_token_value is not None:
-        out_abs = max(out_abs, _diff(o.cls_token_value.detach(), r.cls_token_value.detach())[0])
-    g_abs, _ = _diff(x2.grad, x1.grad)
-    return {"model": f"HF CvtModel ({len(c['depth'])} stages, depths {c['depth']}, "
-                     f"{c['image_size']}px)",
-            "opsplit class": type(model).__name__, "dtype": str(dtype).replace("torch.", ""),
-            "max abs diff (output)": out_abs, "relative diff (output)": out_rel,
-            "max abs diff (input grad)": g_abs, "round trip": "",
-            "parameters": sum(p.numel() for p in ref.parameters())}
+        out_abs = max(out_abs, diff(o.cls_token_value.detach(), r.cls_token_value.detach())[0])
+    return _row(f"HF CvtModel ({len(c['depth'])} stages, depths {c['depth']}, {c['image_size']}px)",
+                ref, model, dtype, out_abs, out_rel, g_abs)
 
 
 # name -> builder(section config, batch, seed, dtype) -> a table row; a new converter plugs
@@ -397,8 +369,6 @@ COLUMNS = ("model", "opsplit class", "dtype", "max abs diff (output)", "relative
 
 
 def run(cfg, plan, out, progress=True, heading="Converted models", prefix=""):
-    from tqdm.auto import tqdm
-
     c = cfg["convert"]
     jobs = [(m, d) for m in c["models"] for d in c["dtypes"]]
     rows = []

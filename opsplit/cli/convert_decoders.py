@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from ..models import from_hf, hf_state_dict
 from .budget import Estimate
 from .config import ConfigError, Field, at_least, positive
+from .conversion import diff, perturb
 
 __all__ = ["FAMILIES", "SCHEMA", "check", "estimate", "BUILDERS", "CONVERTERS", "forward_flops"]
 
@@ -118,6 +120,7 @@ def check(cfg, models) -> None:
 
 
 def _hf_config(name: str, s: dict):
+    # optional (checked by convert.check), and slow to import
     import transformers
 
     kw = {k: v for k, v in s.items() if k not in ("seq_len", "new_tokens")}
@@ -136,6 +139,7 @@ def _hf_config(name: str, s: dict):
 
 def reference(name: str, s: dict, seed: int):
     """The Hugging Face causal LM of section ``s`` with seeded random weights (eval mode)."""
+    # optional (checked by convert.check), and slow to import
     import transformers
 
     torch.manual_seed(seed)
@@ -144,8 +148,6 @@ def reference(name: str, s: dict, seed: int):
 
 def _build(name):
     def build(s: dict, seed: int):
-        from ..models import from_hf
-
         return from_hf(reference(name, s, seed))
 
     return build
@@ -206,15 +208,8 @@ def convert_decoder(name: str, s: dict, batch: int, seed: int, dtype) -> dict:
     """Build the HF model, convert it, compare the logits of every position of a left-padded
     batch, the gradients of a random linear functional of them with respect to every
     parameter (relative to the largest entry of each HF gradient), and greedy generation."""
-    from ..models import from_hf, hf_state_dict
-    from .convert import _diff
-
-    ref = reference(name, s, seed)
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # random weights everywhere (norms and biases included)
-        for p in ref.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-    ref = ref.to(dtype)
+    ref = perturb(reference(name, s, seed), gen).to(dtype)
     model = from_hf(ref).eval()
     V, N = s["vocab_size"], s["seq_len"]
     ids, mask = _left_padded(V, batch, N, gen)
@@ -223,7 +218,7 @@ def convert_decoder(name: str, s: dict, batch: int, seed: int, dtype) -> dict:
     w = torch.randn(r.shape, generator=gen, dtype=torch.float64).to(dtype)
     (r * w).sum().backward()
     (o * w).sum().backward()
-    out_abs, out_rel = _diff(o.detach(), r.detach())
+    out_abs, out_rel = diff(o.detach(), r.detach())
     ours = hf_state_dict(model, grads=True)
     worst = 0.0
     for n, p in ref.named_parameters():

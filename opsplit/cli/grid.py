@@ -11,8 +11,9 @@ import time
 import torch
 
 from ..models import ContinuousTransformer
-from .budget import Estimate
-from .config import MAX_SEED, Field, seed_field
+from .budget import Estimate, guard
+from .config import MAX_SEED, ConfigError, Field, seed_field
+from .threads import describe
 
 NAME = "grid"
 SUMMARY = "nested-grid convergence of the paper's scheme with smooth kernels (printed table)"
@@ -85,9 +86,6 @@ def estimate(cfg) -> Estimate:
 
 
 def run_grid(args):
-    from .budget import guard
-    from .config import ConfigError
-
     seed_field("--seed").validate(args.seed, "--seed")
     Field("int", 4).validate(args.steps, "--steps")
     if args.steps < 1:
@@ -99,8 +97,6 @@ def run_grid(args):
     res = tuple(3 ** (k + 2) for k in range(args.levels))
     reference = 3 * res[-1]
     model, rows, t_ref = grid_study(res, reference, args.steps, args.seed)
-    from .threads import describe
-
     print("opsplit: a seeded continuous transformer (paper 002, eq. 7; Lie scheme (13)-(17))")
     print(f"  torch: {describe()}")
     print(f"  Omega = [0, 1] x [0, 1], smooth cosine-series kernels, J = {model.J}, "

@@ -134,7 +134,8 @@ class Output:
     def figure(self, fig, name: str, caption: str = "", *, kind: str | None = None) -> Path:
         """Save a matplotlib figure as ``name.png`` (and close it); ``kind`` names what it
         shows, for the findings that link to it."""
-        import matplotlib.pyplot as plt  # optional and slow: only a job that draws loads it
+        # slow to import (about 1 s): loaded when a job draws
+        import matplotlib.pyplot as plt
 
         path = self.folder / f"{name}.png"
         fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.08)  # a margin round the labels

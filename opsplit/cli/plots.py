@@ -4,6 +4,8 @@ screen (:mod:`opsplit.cli.page`)."""
 
 from __future__ import annotations
 
+from ..analysis import plot_convergence
+
 __all__ = ["SIZE", "label", "legend_outside", "convergence", "training_curve", "accuracy_vs_n_t",
            "DT", "H", "REL_ERROR", "GRID_ERROR", "SECONDS"]
 
@@ -38,9 +40,8 @@ def label(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
 
 def convergence(studies, xlabel: str, ylabel: str, title: str):
     """Error against step size, the fitted orders in the legend (beside the axes)."""
+    # slow to import (about 1 s): loaded when a report draws
     import matplotlib.pyplot as plt
-
-    from ..analysis import plot_convergence
 
     fig, ax = plt.subplots(figsize=SIZE, layout="constrained")
     plot_convergence(studies, ax=ax, title=title)
@@ -51,6 +52,7 @@ def convergence(studies, xlabel: str, ylabel: str, title: str):
 def training_curve(steps: list, epochs: list):
     """The training curve: the objective J per optimizer step and the test loss per
     evaluated epoch (left), the test accuracy per evaluated epoch (right) on one step axis."""
+    # slow to import (about 1 s): loaded when a report draws
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(2 * SIZE[0], SIZE[1] * 0.85), layout="constrained")
@@ -75,6 +77,7 @@ def training_curve(steps: list, epochs: list):
 
 def accuracy_vs_n_t(evals: list, trained_at: int):
     """Test accuracy of the trained model at each N_t evaluated; the N_t of training marked."""
+    # slow to import (about 1 s): loaded when a report draws
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=SIZE, layout="constrained")

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from .config import ConfigError
+from .output import check_writable_folder, write_report
+
 NAME = "report"
 SUMMARY = "assemble an output folder's CSV tables and PNG plots into a Markdown/HTML report"
 EXAMPLE = """\
@@ -18,11 +23,6 @@ def add_arguments(p):
 
 
 def run_report(a):
-    from pathlib import Path
-
-    from .config import ConfigError
-    from .output import check_writable_folder, write_report
-
     folder = Path(a.folder)
     if not folder.is_dir():
         raise ConfigError(f"folder: expected an existing folder, got {str(folder)!r}")

@@ -114,16 +114,11 @@ def run(cfg, plan, out, progress=True, heading="Solve", prefix=""):
         out.table(f"{prefix}orders", orders, title="fitted orders (least squares on "
                   "log-log, 95% confidence interval; theory: the scheme's order with these substeps)",
                   kind="orders", notes={"ci95_low": CI_NOTE, "ci95_high": CI_NOTE}, key=True)
-    if t_st:
-        fig = plots.convergence(t_st, plots.DT, plots.REL_ERROR,
-                                f"error vs Δt on the {fine[0]} x {fine[1]} grid")
-        out.figure(fig, f"{prefix}convergence_time",
-                   "convergence in time: relative error against Δt, fitted orders in the legend",
-                   kind="convergence_time")
-    if s_st:
-        fig = plots.convergence(s_st, plots.H, plots.GRID_ERROR,
-                                f"grid error vs max(Δx, Δy) at N_t = {max(n_t)}")
-        out.figure(fig, f"{prefix}convergence_space",
-                   "convergence in space: error against the finest grid, fitted orders",
-                   kind="convergence_space")
+    for sts, x, y, title, kind, caption in (
+            (t_st, plots.DT, plots.REL_ERROR, f"error vs Δt on the {fine[0]} x {fine[1]} grid", "convergence_time",
+             "convergence in time: relative error against Δt, fitted orders in the legend"),
+            (s_st, plots.H, plots.GRID_ERROR, f"grid error vs max(Δx, Δy) at N_t = {max(n_t)}", "convergence_space",
+             "convergence in space: error against the finest grid, fitted orders")):
+        if sts:
+            out.figure(plots.convergence(sts, x, y, title), f"{prefix}{kind}", caption, kind=kind)
     return rows

@@ -14,10 +14,12 @@ import warnings
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ..adaptive import AdaptiveStepError, PIController, check_adaptive
 from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
 from ..analysis.problems import SCHEMES, SOLVERS
+from ..operators.layernorm import constant_tokens
 from .budget import Estimate
 from .config import ConfigError, Field, at_least, distinct, positive, seed_field
 
@@ -129,8 +131,6 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
     grid with each scheme, and its initial state can be projected onto S1; with ``rtol > 0``
     each scheme can be solved adaptively (:func:`opsplit.adaptive.check_adaptive`: the
     tolerance is one the dtype can meet, the scheme's error can be estimated)."""
-    from ..operators.layernorm import constant_tokens
-
     check(model, gs, n_t, reference, section)
     for nx, ny in gs:
         p = build(model, nx, ny)
@@ -317,8 +317,6 @@ def solve_all(model: dict, gs, n_t, schemes, solvers, reference: str, *, repeats
     at most ``T / min(n_t)``, the largest fixed step); those rows are
     ``reference_info["adaptive"]``.
     """
-    from tqdm.auto import tqdm
-
     fine = (max(g[0] for g in gs), max(g[1] for g in gs))
     p_fine = build(model, *fine)
     ref_info = {"reference": reference, "n_x": fine[0], "n_y": fine[1]}

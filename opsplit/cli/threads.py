@@ -87,7 +87,8 @@ def configured(argv: list[str]):
             os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
         yield n, source
         return
-    import torch  # already loaded by the caller (this module must not load it: see the docstring)
+    # already loaded by the caller (this module must not load it: see the docstring)
+    import torch
 
     before = torch.get_num_threads()
     if n is not None and n != before:
@@ -103,7 +104,8 @@ def apply_late(n: int) -> None:
     """Set ``n`` threads after torch has loaded (a ``--threads`` that :func:`requested`
     did not see, e.g. abbreviated: the count applies, the wait policy is torch's)."""
     n = _parse(n, "--threads")
-    import torch  # loaded by now (called after the parser); this module must not load it at import
+    # loaded by now (called after the parser); this module must not load it at import
+    import torch
 
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -111,7 +113,8 @@ def apply_late(n: int) -> None:
 
 def describe() -> str:
     """The threads the jobs ran with, for reports: ``"1 torch thread (OMP_WAIT_POLICY=PASSIVE)"``."""
-    import torch  # loaded by now (a job runs); this module must not load it at import
+    # loaded by now (a job runs); this module must not load it at import
+    import torch
 
     n = torch.get_num_threads()
     policy = os.environ.get("OMP_WAIT_POLICY", "torch's default")

@@ -183,7 +183,7 @@ CLI = rows(
     ("gen-prompt-unknown", ["generate", "{tmp}/g", "--prompt", "Thé λ"], "--prompt: character(s) 'é', 'λ' are not "
      "in the vocabulary of 7 characters", RUN),
     ("gen-no-folder", ["generate", "{tmp}/nothing"], "folder: expected the output folder of an opsplit train run "
-     "with task = \"text\", '{tmp}/nothing' is not a folder"),
+     "with task = \"text\" (its config.toml, vocab.json and checkpoints), '{tmp}/nothing' is not a folder"),
     ("gen-no-config", ["generate", "{tmp}/e"], "has no config.toml", {"e": None}),
     ("gen-digits-run", ["generate", "{tmp}/d"], "holds a training run with task = 'digits'",
      {"d/config.toml": "[model]\nd_model = 8\nheads = 2\n"}),
@@ -221,9 +221,9 @@ CLI = rows(
      "> 0, got nan", RUN),
     ("gen-greedy-temperature", ["generate", "{tmp}/g", "--greedy", "--temperature", "0.5"], "--temperature: --greedy "
      "takes the most likely character, no temperature applies", RUN),
-    ("gen-solve-folder", ["generate", "{tmp}/s"], "folder: '{tmp}/s' holds the output of opsplit solve; opsplit "
-     "generate samples from a run of opsplit train with task = \"text\"", SOLVE_DIR),
-    ("gen-default-folder", ["generate", "{tmp}/d"], "folder: '{tmp}/d' holds the output of the default job",
+    ("gen-solve-folder", ["generate", "{tmp}/s"], "folder: expected the output folder of an opsplit train run "
+     "with task = \"text\" (its config.toml, vocab.json and checkpoints), '{tmp}/s' holds the output of opsplit solve", SOLVE_DIR),
+    ("gen-default-folder", ["generate", "{tmp}/d"], "'{tmp}/d' holds the output of the default job",
      {"d/manifest.json": '{"title": "opsplit: the default job", "blocks": []}', "d/train.toml": ""}),
 )
 

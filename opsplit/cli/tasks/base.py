@@ -40,7 +40,7 @@ from ..output import relpath
 
 __all__ = ["NAME", "TASKS", "TRAIN_FIELDS", "train_key", "objective_key", "task_field", "train_config", "objective",
            "run_keys", "preflight", "fit", "Interrupted", "resumable_after_training", "check_resume",
-           "check_new_folder", "folder_kind", "check_checkpoint", "data_settings", "no_allow_changes",
+           "check_new_folder", "folder_kind", "run_folder", "check_checkpoint", "data_settings", "no_allow_changes",
            "without_api_advice", "library_error"]
 
 NAME = "train"
@@ -292,18 +292,23 @@ def check_resume(a, flags: dict) -> Path:
             raise ConfigError(f"{flag}: cannot be combined with --resume (a resumed run continues with the "
                               f"settings of {str(folder / 'config.toml')!r}; start a new run with --out to "
                               f"change them)")
+    return run_folder(folder, "--resume", "an opsplit train output folder (its config.toml and checkpoints)")
+
+
+def run_folder(folder: Path, name: str, expected: str) -> Path:
+    """The config.toml of the training run in ``folder``; refused naming ``name`` (``"--resume"``,
+    ``"folder"``) and saying what was ``expected`` when it is not a folder, holds another job's
+    output or has no config.toml."""
+    folder = Path(folder)
     if not folder.is_dir():
-        raise ConfigError(f"--resume: expected an opsplit train output folder (its config.toml and "
-                          f"checkpoints), {str(folder)!r} is not a folder")
+        raise ConfigError(f"{name}: expected {expected}, {str(folder)!r} is not a folder")
     kind = folder_kind(folder)
     if kind not in (None, NAME):
         what = "the default job" if kind == "default" else f"opsplit {kind}"
-        raise ConfigError(f"--resume: expected an opsplit train output folder, {str(folder)!r} holds the "
-                          f"output of {what}")
+        raise ConfigError(f"{name}: expected {expected}, {str(folder)!r} holds the output of {what}")
     p = folder / "config.toml"
     if not p.is_file():
-        raise ConfigError(f"--resume: expected an opsplit train output folder with config.toml, "
-                          f"{str(folder)!r} has none")
+        raise ConfigError(f"{name}: expected {expected}, {str(folder)!r} has no config.toml")
     return p
 
 

@@ -278,7 +278,8 @@ def fit(cfg, plan, folder: Path, progress: bool):
 
 
 def run(cfg, plan, out, progress=True):
-    import matplotlib.pyplot as plt  # optional and slow: loaded when the job draws
+    # slow to import (about 1 s): loaded when the job draws
+    import matplotlib.pyplot as plt
 
     m, e, d = cfg["model"], cfg["eval"], cfg["data"]
     model = plan["model"]

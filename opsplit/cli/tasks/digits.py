@@ -185,10 +185,12 @@ def check(cfg) -> None:
         raise ConfigError(f"train.solvers: the drawn solvers replace explicit-Euler substeps; with model.solver "
                           f"= {m['solver']!r} expected [{m['solver']!r}] (its own only), got {t['solvers']}")
     try:
-        import sklearn  # noqa: F401  (optional: the bundled digits are scikit-learn's)
+        # slow to import: loaded when the digits task runs (a dependency, checked for a clear message)
+        import sklearn  # noqa: F401
     except ImportError:
         raise ConfigError("train: the bundled digits need scikit-learn (pip install scikit-learn)") from None
-    from sklearn.datasets import load_digits as sk_digits  # optional dependency (checked above)
+    # slow to import: loaded when the digits task runs
+    from sklearn.datasets import load_digits as sk_digits
 
     f = d["test_fraction"]
     counts = np.bincount(sk_digits(return_X_y=True)[1], minlength=10)

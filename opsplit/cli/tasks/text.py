@@ -394,7 +394,8 @@ def _numbers(v):
 
 
 def run(cfg, plan, out, progress=True):
-    import matplotlib.pyplot as plt  # optional and slow: loaded when the job draws
+    # slow to import (about 1 s): loaded when the job draws
+    import matplotlib.pyplot as plt
 
     m, t, o, e, g = cfg["model"], cfg["train"], cfg["objective"], cfg["eval"], cfg["generate"]
     corpus, model, val = plan["corpus"], plan["model"], plan["val"]
@@ -463,18 +464,8 @@ def run_config(folder):
     ``folder`` (its config.toml, vocab.json and the path of its latest checkpoint), checked;
     nothing is built or loaded."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"folder: expected the output folder of an opsplit train run with task = \"text\", "
-                          f"{str(folder)!r} is not a folder")
-    kind = base.folder_kind(folder)
-    if kind not in (None, base.NAME):
-        what = "the default job" if kind == "default" else f"opsplit {kind}"
-        raise ConfigError(f"folder: {str(folder)!r} holds the output of {what}; opsplit generate samples from a "
-                          f"run of opsplit train with task = \"text\"")
-    path = folder / "config.toml"
-    if not path.is_file():
-        raise ConfigError(f"folder: expected an opsplit train output folder (config.toml, vocab.json, "
-                          f"checkpoints), {str(folder)!r} has no config.toml")
+    path = base.run_folder(folder, "folder", "the output folder of an opsplit train run with task = \"text\" "
+                           "(its config.toml, vocab.json and checkpoints)")
     task = read_top(path, "task", "digits")
     if task != "text":
         raise ConfigError(f"folder: {str(folder)!r} holds a training run with task = {task!r}; opsplit generate "
