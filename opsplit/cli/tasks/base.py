@@ -29,7 +29,14 @@ import threading
 import warnings
 from pathlib import Path
 
-from ...control import Objective, TrainConfig, Trainer, checkpoint_differences, config_changes
+from ...control import (
+    Callback,
+    Objective,
+    TrainConfig,
+    Trainer,
+    checkpoint_differences,
+    config_changes,
+)
 from ...control.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
 from ...control.flow_costs import check_flow_costs
 from ...control.gradients import restore_gradient_mode, set_gradient_mode
@@ -186,9 +193,9 @@ class _StopHere(Exception):
     """Raised at the start of an optimizer step after an interrupt (the state is whole)."""
 
 
-class InterruptAtStepEnd:
+class InterruptAtStepEnd(Callback):
     """While active (in the main thread): the first SIGINT only sets a flag, checked at the
-    start of the next optimizer step; the second one interrupts at once."""
+    start of the next optimizer step (a trainer callback); the second one interrupts at once."""
 
     def __init__(self):
         self.requested = False
@@ -211,26 +218,19 @@ class InterruptAtStepEnd:
             signal.signal(signal.SIGINT, self._previous)
         return False
 
-    def wrap(self, augment):
-        """The trainer's per-batch hook (called first in every step): stop here if asked."""
-
-        def hook(x, g):
-            if self.requested:
-                raise _StopHere
-            return augment(x, g) if augment is not None else x
-
-        return hook
+    def on_step_start(self, trainer) -> None:
+        if self.requested:  # between two optimizer steps: the state is whole
+            raise _StopHere
 
 
-def fit(trainer_of, folder: Path, train, evald=None, *, augment=None, allow=False, wrap=None):
-    """Train the :class:`~opsplit.control.Trainer` ``trainer_of(hook)`` (``hook``: its
-    ``augment`` with the interrupt's check, ``wrap(hook)`` if given) on ``train``; its
-    checkpoints and history go to ``folder``, which is resumed from when it holds a
-    checkpoint.  An interrupt stops at the end of the current step and saves a checkpoint
-    there (:class:`Interrupted`).  Returns ``(trainer, history, resumed)``."""
+def fit(trainer_of, folder: Path, train, evald=None, *, allow=False, callbacks=()):
+    """Train the :class:`~opsplit.control.Trainer` ``trainer_of(callbacks)`` (the task's
+    ``callbacks`` and the interrupt's, last) on ``train``; its checkpoints and history go
+    to ``folder``, which is resumed from when it holds a checkpoint.  An interrupt stops at
+    the end of the current step and saves a checkpoint there (:class:`Interrupted`).
+    Returns ``(trainer, history, resumed)``."""
     stop = InterruptAtStepEnd()
-    hook = stop.wrap(augment)
-    trainer = trainer_of(wrap(hook) if wrap is not None else hook)
+    trainer = trainer_of([*callbacks, stop])
     folder.mkdir(parents=True, exist_ok=True)
     resume = folder if latest_checkpoint(folder) is not None else None
     try:

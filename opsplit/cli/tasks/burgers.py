@@ -273,8 +273,8 @@ def prepare(cfg) -> dict:
 def fit(cfg, plan, folder: Path, progress: bool):
     """Train (:func:`~opsplit.cli.tasks.base.fit`: resumable, an interrupt saves a
     checkpoint); returns ``(trainer, history, resumed)``."""
-    return base.fit(lambda hook: Trainer(plan["model"], objective(cfg), train_config(cfg, progress), augment=hook),
-                    folder, plan["train"], None)
+    return base.fit(lambda callbacks: Trainer(plan["model"], objective(cfg), train_config(cfg, progress),
+                                              callbacks=callbacks), folder, plan["train"], None)
 
 
 def run(cfg, plan, out, progress=True):

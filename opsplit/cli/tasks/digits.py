@@ -348,8 +348,9 @@ def fit(cfg, model, folder: Path, progress: bool = True, allow=False):
     resumed)``."""
     train, test = _train_split(cfg["data"])
     trainer, history, resumed = base.fit(
-        lambda hook: Trainer(model, objective(cfg), train_config(cfg, progress), augment=hook), folder, train, test,
-        augment=augment(cfg["data"]["shift"]), allow=allow)
+        lambda callbacks: Trainer(model, objective(cfg), train_config(cfg, progress),
+                                  augment=augment(cfg["data"]["shift"]), callbacks=callbacks),
+        folder, train, test, allow=allow)
     return trainer, history, train, test, resumed
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ...control import Trainer
+from ...control import Callback, Trainer
 from ...control.checkpoint import latest_checkpoint, load_checkpoint
 from ...control.resolution import expected_stages
 from ...data import CharVocab, TensorData, bits_per_char, corpus_chars, load_text, text_windows
@@ -339,13 +339,17 @@ def prepare(cfg) -> dict:
     return {"model": model, "corpus": corpus, "train": train, "val": val}
 
 
-class _BitsBar:
+class _BitsBar(Callback):
     """The progress bar of a text run: the training loss in bits per character (the unit of
     the report), from the trainer's history at the start of every step (the trainer's own
     bar shows the objective, in nats)."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled, self.bar, self.trainer = total, enabled, None, None
+
+    def on_step_start(self, trainer) -> None:
+        self.trainer = trainer
+        self.update()
 
     def update(self) -> None:
         if not self.enabled or self.trainer is None:
@@ -358,13 +362,6 @@ class _BitsBar:
         if steps:
             self.bar.set_postfix_str(f"loss={bits_per_char(steps[-1]['loss']):.4g} bits/char", refresh=False)
 
-    def wrap(self, hook):
-        def f(x, g):
-            self.update()
-            return hook(x, g)
-
-        return f
-
     def close(self) -> None:
         if self.bar is not None:
             self.update()
@@ -376,14 +373,10 @@ def fit(cfg, plan, folder: Path, progress: bool):
     checkpoint), with a progress bar in bits per character; returns ``(trainer, history,
     resumed)``."""
     bar = _BitsBar(cfg["train"]["max_steps"], progress)
-
-    def trainer_of(hook):
-        bar.trainer = Trainer(plan["model"], objective(cfg), train_config(cfg, False), augment=hook)
-        return bar.trainer
-
     try:
-        return base.fit(trainer_of, folder, plan["train"], None, allow=plan.get("allow_changes", False),
-                        wrap=bar.wrap)
+        return base.fit(lambda callbacks: Trainer(plan["model"], objective(cfg), train_config(cfg, False),
+                                                  callbacks=callbacks),
+                        folder, plan["train"], None, allow=plan.get("allow_changes", False), callbacks=[bar])
     finally:
         bar.close()
 
