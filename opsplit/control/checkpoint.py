@@ -75,6 +75,7 @@ import os
 import shutil
 from pathlib import Path
 
+import safetensors.torch as st
 import torch
 from torch import Tensor, nn
 
@@ -94,7 +95,6 @@ from .checkpoint_meta import (
     meta_digest,
     model_metadata,
     module_settings,
-    need_safetensors,
     nonfinite_tensors,
     opsplit_version,
 )
@@ -151,7 +151,6 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
             ``ValueError`` naming them, nothing written: a diverged model is not a
             checkpoint to resume from; :func:`load_checkpoint` refuses them likewise).
     """
-    st = need_safetensors()
     if not isinstance(model, nn.Module):
         raise TypeError(f"save_checkpoint.model: expected an nn.Module, got {type(model).__name__}")
     path = check_out_dir(path, "save_checkpoint.path")

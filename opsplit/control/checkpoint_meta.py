@@ -22,7 +22,7 @@ from ..propagator import Propagator
 from ..solvers.base import Solver
 
 __all__ = ["CheckpointError", "TENSORS_FILE", "META_FILE", "META_DIGEST_KEY", "meta_digest", "header_metadata",
-           "model_metadata", "module_settings", "jsonable", "nonfinite_tensors", "tensor_kind", "need_safetensors",
+           "model_metadata", "module_settings", "jsonable", "nonfinite_tensors", "tensor_kind",
            "opsplit_version"]
 
 TENSORS_FILE = "state.safetensors"
@@ -54,17 +54,6 @@ def header_metadata(data: bytes) -> dict:
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit what it is loaded into."""
-
-
-def need_safetensors():
-    """The ``safetensors.torch`` module (an ImportError naming the extra to install without it)."""
-    try:
-        import safetensors.torch as st  # optional dependency (the "train" extra): imported when a checkpoint is used
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "opsplit checkpoints need the 'safetensors' package: pip install 'opsplit[train]'"
-        ) from e
-    return st
 
 
 # -- metadata ---------------------------------------------------------------------------------

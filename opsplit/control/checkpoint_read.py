@@ -8,6 +8,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import safetensors.torch as st
+
 from .checkpoint_meta import (
     META_DIGEST_KEY,
     META_FILE,
@@ -15,7 +17,6 @@ from .checkpoint_meta import (
     CheckpointError,
     header_metadata,
     meta_digest,
-    need_safetensors,
 )
 from .paths import check_path
 from .schema import SCHEMA_NAME, SCHEMA_VERSION, SchemaError, validate
@@ -68,7 +69,6 @@ class Checkpoint:
 def read_checkpoint(path) -> Checkpoint:
     """Read and verify a checkpoint folder (schema, version, size, SHA-256, tensor index);
     raises :class:`CheckpointError` naming the problem."""
-    st = need_safetensors()
     path = check_path(path, "read_checkpoint.path")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r}: not a folder (expected a folder with {META_FILE} "

@@ -36,13 +36,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..analysis.convergence import OrderFit, fit_order
+from ..data.base import check_int
+from ..schemes import Strang
+from ..schemes.nested import SchemeFlow
+from ..solvers.base import Substep
+from .objective import Objective, _select
 from .swap import (
     SOLVERS,
     as_solver,
@@ -52,6 +57,7 @@ from .swap import (
     solver_name,
     strang_of,
 )
+from .trainer import as_dataset
 
 __all__ = ["Continuity", "continuity", "solved_with", "SOLVERS", "strang_of", "solver_name"]
 
@@ -167,8 +173,6 @@ class Continuity:
                 f"relative distance {errs}; fitted order (successive differences) {fit}")
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         return {"metric": self.metric, "rows": self.table(), "reference": dict(self.reference),
                 "levels": list(self.levels), "errors": list(self.errors),
                 "differences": list(self.differences), "order": self.order,
@@ -180,6 +184,7 @@ class Continuity:
         training grid marked), and the outputs' distance to the finest level against
         :math:`\\Delta t` with the successive differences and the fitted order.  Returns the
         figure; ``path`` saves it."""
+        # on use: matplotlib is slow to import (~1 s)
         import matplotlib.pyplot as plt
 
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
@@ -310,10 +315,6 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
     Returns:
         a :class:`Continuity`.
     """
-    from ..data.base import check_int
-    from .objective import Objective
-    from .trainer import as_dataset
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"continuity.model: expected an nn.Module, got {type(model).__name__}")
     props = propagators(model)
@@ -422,8 +423,6 @@ def _check_outputs(model, data, objective, mname: str, mfn, data_term, ref: int,
     """The model's outputs on the first sample (at the training grid) against the loss, the
     metric and the targets of every sample, before the table is computed: a mismatch of
     ``data``, ``loss`` and ``output`` is named with the shapes expected."""
-    from .objective import _select
-
     was = model.training
     model.eval()
     try:
@@ -512,10 +511,6 @@ def _cost(model, n: int) -> float:
 
 def _scheme_evals(scheme) -> float:
     """Field evaluations of one step of ``scheme`` (substep calls times solver stages)."""
-    from ..schemes import Strang
-    from ..schemes.nested import SchemeFlow
-    from ..solvers.base import Substep
-
     def sub_cost(s) -> float:
         inner = [op for op in s.terms if isinstance(op, SchemeFlow)]
         if inner:

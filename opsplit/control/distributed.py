@@ -43,7 +43,9 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = [
     "DistEnv",
@@ -72,7 +74,6 @@ class DistEnv:
             single process without one.
         device: where this process trains (``cuda:<local_rank>`` with NCCL, else CPU).
     """
-
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -159,8 +160,6 @@ def _resolve_device(device, local_rank: int) -> torch.device:
 
 
 def _resolve_backend(backend, dev: torch.device) -> str:
-    import torch.distributed as dist
-
     if backend is None or backend == "auto":
         backend = "nccl" if dev.type == "cuda" else "gloo"
     if backend not in BACKENDS:
@@ -194,8 +193,6 @@ def init_from_env(backend: str | None = "auto", device=None, *, environ=None,
     If a default process group already exists it is reused after checking that its rank and
     size are the environment's.
     """
-    import torch.distributed as dist
-
     environ = os.environ if environ is None else environ
     env = env_from_environ(environ)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
@@ -242,7 +239,6 @@ def wrap(model: nn.Module, env: DistEnv, **ddp_kwargs) -> nn.Module:
     if devs != {env.device}:
         raise ValueError(f"wrap.model: expected every parameter on {env.device} (move the model with "
                          f".to(env.device) first), got {sorted(map(str, devs))}")
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     if env.device.type == "cuda":
         ddp_kwargs.setdefault("device_ids", [env.device.index])
@@ -261,9 +257,6 @@ def check_data_parallel(rank: int, world_size: int, model: nn.Module, forward_mo
       ``world_size`` (a DDP run with the default ``world_size=1`` would feed the whole
       batch to every rank).
     """
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     is_ddp = isinstance(forward_model, DDP)
     if is_ddp and forward_model.module is not model:
         raise ValueError("Trainer.forward_model: a DistributedDataParallel wrapper of another module; expected "
@@ -294,8 +287,6 @@ def any_rank(flags, device=None) -> list[bool]:
     flags): how the ranks agree to stop together — on a non-finite objective or gradient,
     an unwritable output folder — instead of one rank raising while the others wait in
     the next all-reduce.  Without a process group (or with one process): ``flags``."""
-    import torch.distributed as dist
-
     flags = [bool(f) for f in flags]
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return flags
@@ -320,8 +311,6 @@ def assert_in_sync(model: nn.Module) -> None:
     """Check that every rank holds bitwise the same floating-point parameters and buffers
     as rank 0 (a collective: every rank must call it).  Raises ``RuntimeError`` on every
     rank, naming the ranks that differ; does nothing without a process group."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     mine = _flat_state(model)
@@ -349,8 +338,6 @@ def shutdown(*, barrier: bool = True) -> None:
     Drop the trainer and the DDP wrapper before the interpreter exits (``del trainer`` in a
     module-level script): the group is freed only when nothing refers to it, and a gloo group
     still alive at interpreter finalisation aborts the process (docs/distributed.md)."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return
     gc.collect()  # a trainer dropped by the caller but kept in a reference cycle holds the group

@@ -42,6 +42,8 @@ import contextlib
 import torch
 from torch import Tensor, nn
 
+from ..propagator import Propagator
+
 __all__ = ["FlowRecorder", "record_flow", "FLOW_COSTS", "check_flow_costs"]
 
 #: the state running costs (weights of :class:`~opsplit.control.Objective`)
@@ -62,8 +64,6 @@ class FlowRecorder:
     running costs computed from them (module docstring).  Use :func:`record_flow`."""
 
     def __init__(self, model: nn.Module, *, relative: bool = True, eps: float = 1e-5, defect_fraction: float = 0.0):
-        from ..propagator import Propagator
-
         self.props = [m for m in model.modules() if isinstance(m, Propagator)]
         if not self.props:
             raise ValueError("flow costs (kinetic / acceleration): the model holds no opsplit Propagator whose "
@@ -150,8 +150,6 @@ class FlowRecorder:
 def check_flow_costs(objective, model: nn.Module) -> None:
     """Before training: an objective with a flow cost needs a propagator in ``model`` and the
     plain time loop (the checkpointed loop would record its recomputed steps again)."""
-    from ..propagator import Propagator
-
     active = [k for k in FLOW_COSTS if getattr(objective, k, 0.0)]
     if not active:
         return

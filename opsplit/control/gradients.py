@@ -46,6 +46,7 @@ import contextlib
 from torch import Tensor, nn
 
 from ..propagator import Propagator
+from ..reference import solve_reference, unsplit_terms
 from ..solvers.base import Solver, Substep
 from ..solvers.odeint import ODESolve
 
@@ -187,16 +188,12 @@ class Unsplit(nn.Module):
         super().__init__()
         if not isinstance(propagator, Propagator):
             raise TypeError(f"Unsplit.propagator: expected an opsplit Propagator, got {type(propagator).__name__}")
-        from ..reference import unsplit_terms
-
         unsplit_terms(propagator)  # raises for terms without an ODE meaning
         self.propagator = propagator
         # one ODESolve carries the settings (so set_gradient_mode finds and switches it)
         self.solver = ODESolve(method, rtol=rtol, atol=atol, options=options, adjoint=adjoint)
 
     def forward(self, f: Tensor) -> Tensor:
-        from ..reference import solve_reference
-
         s = self.solver
         return solve_reference(self.propagator, f, method=s.method, rtol=s.rtol, atol=s.atol,
                                options=s.options or None, adjoint=s.adjoint)

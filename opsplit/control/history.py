@@ -81,10 +81,12 @@ class History:
     def plot(self, path=None, *, title: str | None = None):
         """Learning curves: the objective per step (log scale) and the evaluation metrics per
         epoch.  Returns the matplotlib figure; saved to ``path`` when given."""
+        # on use: matplotlib is slow to import (~1 s), and the backend is chosen first
         import matplotlib
 
         if path is not None:
             matplotlib.use("Agg", force=False)
+        # on use: after the backend is chosen
         import matplotlib.pyplot as plt
 
         eval_keys = [k for k in (self.epochs[0] if self.epochs else {}) if k.startswith("eval_")]

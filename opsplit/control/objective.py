@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..analysis.metrics import relative_l2
+from ..propagator import Propagator
 from .costs import check_controls, energy_cost, smoothness_cost
 from .flow_costs import record_flow
 
@@ -96,8 +97,6 @@ class ObjectiveValue:
 
 def model_interval(model: nn.Module):
     """``(t0, T)`` of the first :class:`~opsplit.Propagator` inside ``model`` (or ``None``)."""
-    from ..propagator import Propagator
-
     for m in model.modules():
         if isinstance(m, Propagator):
             return (m.t0, m.t1)

@@ -38,6 +38,9 @@ import math
 
 import torch
 
+from ..data.base import check_int
+from .swap import STAGES
+
 __all__ = ["n_steps_probabilities", "expected_n_steps", "draw_n_steps", "check_n_steps_list", "draw_solver",
            "expected_stages", "solver_probabilities", "split_sizes", "solvers_left_out"]
 
@@ -45,8 +48,6 @@ __all__ = ["n_steps_probabilities", "expected_n_steps", "draw_n_steps", "check_n
 def check_n_steps_list(v, name: str) -> tuple[int, ...]:
     """A non-empty list of distinct integers >= 1 (an N_t list); anything else is refused
     naming ``name``: a zero or negative entry, a repeated one, a non-integer."""
-    from ..data.base import check_int
-
     if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or not v:
         raise TypeError(f"{name}: expected a non-empty list of integers >= 1, got {v!r}")
     out = tuple(check_int(n, name, 1) for n in v)
@@ -109,8 +110,6 @@ def draw_n_steps(n_steps, weights, generator: torch.Generator) -> int:
 def solver_probabilities(solvers, weights=None) -> list[float]:
     """The probability of each of ``solvers`` (``weights``: ``None`` uniform, ``"cost"``
     proportional to 1 / stages, or one weight > 0 per solver)."""
-    from .swap import STAGES
-
     if weights is None:
         return [1.0 / len(solvers)] * len(solvers)
     w = [1.0 / STAGES[s] for s in solvers] if weights == "cost" else list(weights)
@@ -119,8 +118,6 @@ def solver_probabilities(solvers, weights=None) -> list[float]:
 
 def expected_stages(solvers, weights=None) -> float:
     """The mean field evaluations per substep of a solver draw."""
-    from .swap import STAGES
-
     return sum(p * STAGES[s] for p, s in zip(solver_probabilities(solvers, weights), solvers))
 
 

@@ -60,6 +60,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from .._memory import available_memory, check_fits, human_bytes
 from ..data.base import TensorData
@@ -280,7 +281,6 @@ class Trainer:
             (:mod:`opsplit.control.callbacks`: per-step and per-evaluation work, stopping, the
             schedule's progress — e.g. :class:`~opsplit.control.CPUTimeBudget`), in order.
     """
-
     def __init__(self, model: nn.Module, objective: Objective, config: TrainConfig | dict | None = None, *,
                  forward_model: nn.Module | None = None, metrics: dict | None = None, augment=None,
                  rank: int = 0, world_size: int = 1, callbacks=None, **overrides):
@@ -723,8 +723,6 @@ class Trainer:
         c = self.config
         bar = None
         if c.progress and self.rank == 0:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=self._total_steps, initial=self.step, desc="train", leave=False, dynamic_ncols=True)
         dev = next(iter(self.params)).device
         if dev.type == "cuda":

@@ -15,8 +15,9 @@ from torch import Tensor, nn
 from .._checks import check_time, check_time_step
 from ..grid import check_grid
 from ..solvers import Substep
+from ..solvers.catch_up import is_projection
 
-__all__ = ["Scheme", "changes_grid", "fixed_at_construction"]
+__all__ = ["Scheme", "changes_grid", "fixed_at_construction", "irreversibility"]
 
 
 def fixed_at_construction(obj, name: str, why: str) -> AttributeError:
@@ -29,6 +30,27 @@ def fixed_at_construction(obj, name: str, why: str) -> AttributeError:
 def changes_grid(substep) -> bool:
     """Whether a substep moves the state to another grid (its operator is a grid transfer)."""
     return any(getattr(op, "changes_grid", False) for op in getattr(substep, "terms", (substep,)))
+
+
+def irreversibility(substep) -> str | None:
+    """Why ``substep`` cannot be advanced over a negative time step, or ``None`` if it can."""
+    solver = substep.solver
+    if not getattr(solver, "reversible", False):
+        kind = (
+            "a resolvent (an implicit step)"
+            if getattr(solver, "requires", "") == "resolvent"
+            else "not declared reversible"
+        )
+        return f"its solver {solver!r} is {kind}"
+    for op in substep.terms:
+        name = type(op).__name__
+        if is_projection(op):
+            return f"its operator {name} is a projection (the resolvent of an indicator), which cannot run backwards"
+        if getattr(op, "is_map", False):
+            return f"its operator {name} is a map applied once per step, not a flow with a negative-time meaning"
+        if not getattr(op, "reversible", True):
+            return f"its operator {name} cannot run backwards (a random field in training mode, or a map)"
+    return None
 
 
 class Scheme(nn.Module):

@@ -57,8 +57,9 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from ..solvers.catch_up import is_projection
-from .base import Scheme
+from ..controls.base import Control
+from .base import Scheme, irreversibility
+from .nested import SchemeFlow
 
 __all__ = [
     "Composition",
@@ -129,27 +130,6 @@ def substep_calls(
     return tuple((k, a, c) for k, a, c in calls if abs(c) > _ZERO)
 
 
-def irreversibility(substep) -> str | None:
-    """Why ``substep`` cannot be advanced over a negative time step, or ``None`` if it can."""
-    solver = substep.solver
-    if not getattr(solver, "reversible", False):
-        kind = (
-            "a resolvent (an implicit step)"
-            if getattr(solver, "requires", "") == "resolvent"
-            else "not declared reversible"
-        )
-        return f"its solver {solver!r} is {kind}"
-    for op in substep.terms:
-        name = type(op).__name__
-        if is_projection(op):
-            return f"its operator {name} is a projection (the resolvent of an indicator), which cannot run backwards"
-        if getattr(op, "is_map", False):
-            return f"its operator {name} is a map applied once per step, not a flow with a negative-time meaning"
-        if not getattr(op, "reversible", True):
-            return f"its operator {name} cannot run backwards (a random field in training mode, or a map)"
-    return None
-
-
 def clock_reach(scheme) -> tuple[float, float]:
     """Where the substeps of one step of ``scheme`` over :math:`[t, t + \\Delta t]` may read
     the controls, in units of :math:`\\Delta t` from :math:`t`: ``(lo, hi)`` with
@@ -158,8 +138,6 @@ def clock_reach(scheme) -> tuple[float, float]:
     followed through the calls of its substep (exactly inside a composition; inside another
     scheme, whose substeps run over parts of the step, its own reach is taken as the
     bound)."""
-    from .nested import SchemeFlow
-
     lo, hi = 0.0, 1.0
     if isinstance(scheme, Composition):
         lo, hi = min(lo, scheme.clock_range[0]), max(hi, scheme.clock_range[1])
@@ -182,8 +160,6 @@ def clock_reach(scheme) -> tuple[float, float]:
 def controls_interval(scheme) -> tuple[float, float]:
     """The time interval on which every control of ``scheme`` with a finite interval of
     definition (``t0``, ``t1``) is defined: their intersection (``(-inf, inf)`` if none)."""
-    from ..controls.base import Control
-
     c0, c1 = -math.inf, math.inf
     for m in scheme.modules():
         if isinstance(m, Control):
@@ -258,8 +234,6 @@ class Composition(Scheme):
         """Raise before compute if a substep would read a control outside its interval (only
         compositions whose clocks leave [t, t + dt], such as the triple jump)."""
         if self._controls is None:
-            from ..controls.base import Control
-
             self._controls = [
                 m
                 for m in self.modules()

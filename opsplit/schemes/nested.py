@@ -26,8 +26,7 @@ from torch import Tensor
 
 from ..grid import Grid
 from ..operators.base import Operator
-from .base import Scheme, changes_grid
-from .composition import irreversibility
+from .base import Scheme, changes_grid, irreversibility
 
 __all__ = ["SchemeFlow"]
 

@@ -46,9 +46,10 @@ import dataclasses
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call, vmap
 
 from ..operators.base import Operator
-from ..solvers import Substep
+from ..solvers import Substep, catch_up
 from ..solvers.base import Solver
 from .base import Scheme, fixed_at_construction
 
@@ -60,7 +61,6 @@ class ScaledOperator(Operator):
 
     Shares the wrapped operator (and its parameters); has the same capabilities.
     """
-
     def __init__(self, op: Operator, factor: float):
         super().__init__()
         factor = float(factor)
@@ -75,9 +75,7 @@ class ScaledOperator(Operator):
 
     @property
     def is_projection(self) -> bool:
-        from ..solvers.catch_up import is_projection
-
-        return is_projection(self.op)
+        return catch_up.is_projection(self.op)
 
     @property
     def order(self):
@@ -170,7 +168,6 @@ class ParallelGroup(nn.Module):
 
     Holds no parameters of its own: the wrapped operators are owned by the scheme.
     """
-
     #: with ``batch="auto"``, the largest state (``u.numel()``) batched on the CPU
     auto_numel: int = 8192
 
@@ -252,8 +249,6 @@ class ParallelGroup(nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
     def _batched(self, idx, names, t, dt, u, grid) -> Tensor:
-        from torch.func import functional_call, vmap
-
         names_p, names_b, slots_p, slots_b = names
         params = {
             n: torch.stack([mod._parameters[a] for mod, a in (sl[j] for sl in slots_p)])
@@ -316,7 +311,6 @@ class Parallel(Scheme):
             (a loop), or ``"auto"`` (default): batched on CUDA, and on the CPU when the state
             has at most ``ParallelGroup.auto_numel`` entries (see the module docstring).
     """
-
     order = 1
 
     def __init__(self, substeps, *, batch="auto"):
