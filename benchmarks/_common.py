@@ -247,6 +247,13 @@ def options(parser: argparse.ArgumentParser, **defaults) -> argparse.ArgumentPar
     return parser
 
 
+def switches(parser: argparse.ArgumentParser, **helps: str) -> argparse.ArgumentParser:
+    """``--name`` flags (``store_true``) from their help texts (``cpu_time=...`` -> ``--cpu-time``)."""
+    for key, text in helps.items():
+        parser.add_argument("--" + key.replace("_", "-"), action="store_true", help=text)
+    return parser
+
+
 def threads(n: int | None) -> int:
     """``torch.set_num_threads(n)`` when ``n`` is given; the thread count in use."""
     import torch

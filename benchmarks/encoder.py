@@ -42,17 +42,9 @@ def torch_kernels(model, x) -> set[str]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--B", type=int, default=32)
-    ap.add_argument("--N", type=int, default=128)
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--nhead", type=int, default=4)
-    ap.add_argument("--d-ff", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=6)
+    _common.options(ap, repeats=15, warmup=3, device="cpu", dtype="float32", B=32, N=128, d_model=256, nhead=4,
+                    d_ff=1024, layers=6)
     args = ap.parse_args(argv)
     _common.threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)

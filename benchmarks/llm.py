@@ -304,28 +304,19 @@ def exactness() -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--models", nargs="+", default=["llama", "gpt2"], choices=["llama", "gpt2"])
-    ap.add_argument("--B", type=int, default=8)
-    ap.add_argument("--N", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--gen-B", type=int, default=1)
-    ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--new", type=int, default=64)
+    _common.options(ap, repeats=9, warmup=2, B=8, N=256, vocab=2048, gen_B=1, prompt=32, new=64,
+                    sizes=[1024, 4096, 16384, 65536])
     ap.add_argument("--skip", nargs="*", default=[], choices=["forward", "backward", "generate"])
-    ap.add_argument("--decode-cost", action="store_true")
-    ap.add_argument("--copy-cost", action="store_true",
-                    help="time the no-grad forward (which copies the kernels side by side) against the same "
-                         "forward followed by the same copies once more")
-    ap.add_argument("--exactness", action="store_true",
-                    help="print the worst differences to HF (logits, gradients) over the configurations of "
-                         "tests/test_llm_hf.py instead of timing")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time with the process's CPU time (time.process_time) instead of the wall clock: on a loaded "
-                         "machine, the work each side does, without the time spent waiting for a core")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    _common.switches(
+        ap, decode_cost="time one decode step against the cached context length (--sizes) instead",
+        copy_cost="time the no-grad forward (which copies the kernels side by side) against the same forward "
+                  "followed by the same copies once more",
+        exactness="print the worst differences to HF (logits, gradients) over the configurations of "
+                  "tests/test_llm_hf.py instead of timing",
+        cpu_time="time with the process's CPU time (time.process_time) instead of the wall clock: on a loaded "
+                 "machine, the work each side does, without the time spent waiting for a core")
     args = ap.parse_args(argv)
     import transformers
 

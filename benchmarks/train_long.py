@@ -110,28 +110,18 @@ def plot_curves(out_dir, attentions, path, title: str) -> None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--length", type=int, default=4096)
     p.add_argument("--attentions", nargs="+", default=["sliced_relu", "softmax", "none"],
                    choices=["sliced_relu", "softmax", "sliced_bump", "none"])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--symbols", type=int, default=8)
     p.add_argument("--flag-length", type=int, default=32, help="tokens in the flagged span")
-    p.add_argument("--d-model", type=int, default=32)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--d-ff", type=int, default=64)
     p.add_argument("--n-steps", type=int, default=1, help="N_t (layers)")
     p.add_argument("--bandwidth", type=float, default=1.0, help="initial bandwidth of sliced_bump")
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-samples", type=int, default=64)
     p.add_argument("--pairs", type=int, default=7, help="interleaved rounds of the paired step timing")
+    _common.options(p, length=4096, steps=300, batch=4, symbols=8, d_model=32, heads=2, d_ff=64, lr=1e-2, warmup=20,
+                    seed=0, eval_samples=64, time_pairs=3)
     p.add_argument("--time-lengths", type=int, nargs="*", default=[],
                    help="extra lengths: paired step times only, no training")
     p.add_argument("--time-attentions", nargs="+", default=None,
                    help="variants timed at --time-lengths (default: the trained ones with attention)")
-    p.add_argument("--time-pairs", type=int, default=3)
     p.add_argument("--out", default=str(_common.OUT / "train_long"))
     p.add_argument("--figure", default=None, help="write the learning curves here (png)")
     p.add_argument("--plot-only", action="store_true",

@@ -582,39 +582,26 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), choices=RUNS)
     p.add_argument("--corpus", default="pydoc_topics", choices=["pydoc_topics", "stdlib"])
-    p.add_argument("--context", type=int, default=256)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4, help="layers of the peer = control pieces = T = N_t")
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--warmup", type=int, default=15)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--multi", type=int, nargs="+", default=[2, 4, 8], help="train_n_steps of softmax-lie-multi")
-    p.add_argument("--anytime", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--seed", type=int, default=0, help="initial weights, training windows, trainer, sampling")
     p.add_argument("--split-seed", type=int, default=0, help="the train/validation split by document")
-    p.add_argument("--eval-batch", type=int, default=64)
     p.add_argument("--eval-windows", type=int, default=None, help="cap on validation windows (default: all)")
-    p.add_argument("--prompt", default="The ")
     p.add_argument("--gen", type=int, default=200, help="characters generated after the prompt")
-    p.add_argument("--temperature", type=float, default=0.8)
+    _common.options(p, context=256, d_model=128, heads=4, steps=150, batch=16, lr=3e-3, weight_decay=0.0,
+                    warmup=15, min_lr_ratio=0.1, anytime=[1, 2, 4, 8, 16], eval_batch=64, prompt="The ",
+                    temperature=0.8)
     p.add_argument("--gen-reps", type=int, default=3, help="timed generations per model and N_t (median)")
     p.add_argument("--pairs", type=int, default=15, help="interleaved rounds of the paired step timing (0: none)")
     p.add_argument("--out", default=str(_common.OUT / "train_text"))
     p.add_argument("--figures", default=None, help="write text_loss.png and text_anytime.png here")
-    p.add_argument("--paired-only", action="store_true",
-                   help="no training: the paired step timing only (stored in <out>/results.json)")
-    p.add_argument("--attribute", action="store_true",
-                   help="no training: saved-tensor bytes, allocations and per-op CPU time of the peer's step "
-                        "and softmax-lie's (--pairs rounds)")
-    p.add_argument("--gen-timing", action="store_true",
-                   help="no training: generation tokens/s of every --runs architecture, interleaved "
-                        "(stored in <out>/results.json)")
-    p.add_argument("--report", action="store_true",
-                   help="no training: print the tables and draw the figures from <out>/results.json")
+    _common.switches(
+        p, paired_only="no training: the paired step timing only (stored in <out>/results.json)",
+        attribute="no training: saved-tensor bytes, allocations and per-op CPU time of the peer's step and "
+                  "softmax-lie's (--pairs rounds)",
+        gen_timing="no training: generation tokens/s of every --runs architecture, interleaved (stored in "
+                   "<out>/results.json)",
+        report="no training: print the tables and draw the figures from <out>/results.json")
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.report:
