@@ -284,6 +284,10 @@ class Propagator(nn.Module):
                 the solve produces NaN/inf (one reduction each; the parameters are
                 re-checked only after they change).
         """
+        if n_steps is None:
+            out = self._forward_own_steps(f, grid, return_trajectory, check_finite_input)
+            if out is not None:
+                return out
         f, g, unbatched = self._prepare(f, grid, check_finite_input)
         self._check_steps_fit(n_steps, f, return_trajectory)
         times = self.times(n_steps)
@@ -305,6 +309,11 @@ class Propagator(nn.Module):
         if unbatched:
             trajectory = trajectory.squeeze(0)
         return u, trajectory
+
+    def _forward_own_steps(self, f: Tensor, grid: Grid | None, return_trajectory: bool, check_finite_input: bool):
+        """``forward`` without ``n_steps``: ``None`` here (the propagator's own :math:`N_t`
+        fixed steps); a subclass that solves otherwise returns what ``forward`` returns."""
+        return None
 
     def _time_loop(self, u: Tensor, g: Grid, times: list, traj: list | None) -> Tensor:
         """The steps of :meth:`forward` from ``u`` on ``times`` (checkpointed when asked for),
@@ -553,23 +562,8 @@ class AdaptivePropagator(Propagator):
         kwargs.setdefault("grid", prop.grid)
         return cls(prop.scheme, **kwargs)
 
-    def forward(
-        self,
-        f: Tensor,
-        *,
-        n_steps: int | None = None,
-        grid: Grid | None = None,
-        return_trajectory: bool = False,
-        check_finite_input: bool = True,
-    ):
-        if n_steps is not None:
-            return super().forward(
-                f,
-                n_steps=n_steps,
-                grid=grid,
-                return_trajectory=return_trajectory,
-                check_finite_input=check_finite_input,
-            )
+    def _forward_own_steps(self, f: Tensor, grid: Grid | None, return_trajectory: bool, check_finite_input: bool):
+        """``forward`` without ``n_steps``: the adaptive solve (the last statistics kept)."""
         if return_trajectory:
             raise ValueError(
                 "return_trajectory: adaptive steps have no fixed grid to stack; use solve(f, t_eval=...) "

@@ -230,6 +230,18 @@ def save_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
     return path
 
 
+def _apply(model, optimizer, scheduler, generator, model_state, opt_state, sched_state, rng_state) -> None:
+    """Load the given states (``None``: that part left as it is)."""
+    with torch.no_grad():
+        model.load_state_dict(model_state, strict=True)
+    if opt_state is not None:
+        optimizer.load_state_dict(opt_state)
+    if sched_state is not None:
+        scheduler.load_state_dict(sched_state)
+    if rng_state is not None:
+        apply_rng(rng_state, generator)
+
+
 def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, generator=None,
                     resample: bool = False, restore_rng: bool = True, allow_changes=False,
                     allow_nonfinite: bool = False) -> Checkpoint:
@@ -293,23 +305,9 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
     backup_sched = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
     backup_rng = current_rng(generator) if restore_rng else None
     try:
-        with torch.no_grad():
-            model.load_state_dict(state, strict=True)
-        if opt_state is not None:
-            optimizer.load_state_dict(opt_state)
-        if sched_state is not None:
-            scheduler.load_state_dict(sched_state)
-        if rng_state is not None:
-            apply_rng(rng_state, generator)
+        _apply(model, optimizer, scheduler, generator, state, opt_state, sched_state, rng_state)
     except Exception as e:
-        with torch.no_grad():
-            model.load_state_dict(backup_model, strict=True)
-        if backup_opt is not None:
-            optimizer.load_state_dict(backup_opt)
-        if backup_sched is not None:
-            scheduler.load_state_dict(backup_sched)
-        if backup_rng is not None:
-            apply_rng(backup_rng, generator)
+        _apply(model, optimizer, scheduler, generator, backup_model, backup_opt, backup_sched, backup_rng)
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: applying the state failed ({e}); the previous "
                               "state was restored") from e
     ckpt.resampled = resampled
