@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from opsplit.control import (
+    Callback,
     CheckpointError,
+    CPUTimeBudget,
     Objective,
     TrainConfig,
     Trainer,
@@ -653,4 +655,73 @@ ISSUE42_SIZE = cases(
 
 @pytest.mark.parametrize("case", ISSUE42_SIZE)
 def test_issue42_size_guard(case):
+    run_case(case)
+
+
+# -- issue 43: the trainer's extension points and the config's former names -------------------------
+class _BadProgress(Callback):
+    def progress(self, trainer):
+        return float("nan")
+
+
+def _trained_step():
+    t = Trainer(TinyClassifier(), Objective("cross_entropy"), tiny_config())
+    return t
+
+
+def _replace(mapping, state_map=None):
+    t = _trained_step()
+    t.replace_parameters(mapping(t), state_map=state_map)
+
+
+ISSUE43 = cases(
+    ("callbacks-one", lambda: Trainer(TinyClassifier(), Objective("cross_entropy"), callbacks=CPUTimeBudget(1.0)),
+     TypeError, r"^Trainer\.callbacks: expected a list of opsplit\.control\.Callback"),
+    ("callbacks-function", lambda: Trainer(TinyClassifier(), Objective("cross_entropy"), callbacks=[print]),
+     TypeError, r"^Trainer\.callbacks\[0\]: expected an opsplit\.control\.Callback \(subclass it"),
+    ("callback-progress-nan", lambda: Trainer(TinyClassifier(), Objective("cross_entropy"),
+                                              tiny_config(schedule="cosine", warmup_steps=0),
+                                              callbacks=[_BadProgress()]),
+     TypeError, r"^_BadProgress\.progress: expected a finite number in \[0, 1\] or None, got nan"),
+    ("budget-zero", lambda: CPUTimeBudget(0), ValueError, r"^CPUTimeBudget\.seconds: expected a finite number of "
+     r"seconds > 0, got 0"),
+    ("budget-nan", lambda: CPUTimeBudget(NAN), ValueError, r"^CPUTimeBudget\.seconds"),
+    ("budget-str", lambda: CPUTimeBudget("60"), TypeError, r"^CPUTimeBudget\.seconds: expected a number"),
+    ("budget-clock", lambda: CPUTimeBudget(1.0, clock=3.0), TypeError, r"^CPUTimeBudget\.clock: expected a callable"),
+    ("budget-state", lambda: CPUTimeBudget(1.0).load_state_dict({"spent": -1.0}), ValueError,
+     r"^CPUTimeBudget\.load_state_dict: expected \{'spent': seconds >= 0\}"),
+    ("train_step-float-indices", lambda: _trained_step().train_step(tiny_data(), torch.tensor([0.0, 1.0])),
+     TypeError, r"^Trainer\.train_step\.indices: expected a non-empty 1-D integer tensor"),
+    ("train_step-out-of-range", lambda: _trained_step().train_step(tiny_data(), [0, 40]), ValueError,
+     r"^Trainer\.train_step\.indices: expected indices in \[0, 39\] \(data has 40 samples\), got range \[0, 40\]"),
+    ("train_step-empty", lambda: _trained_step().train_step(tiny_data(), []), TypeError,
+     r"^Trainer\.train_step\.indices"),
+    ("train_step-data", lambda: _trained_step().train_step([1, 2, 3]), TypeError, r"^Trainer\.train_step\.data"),
+    ("replace-not-dict", lambda: _trained_step().replace_parameters([]), TypeError,
+     r"^Trainer\.replace_parameters\.old_to_new: expected a non-empty dict"),
+    ("replace-foreign", lambda: _replace(lambda t: {nn.Parameter(torch.zeros(2)): nn.Parameter(torch.zeros(3))}),
+     ValueError, r"^Trainer\.replace_parameters\.old_to_new: a key is not a parameter this trainer trains"),
+    ("replace-tensor", lambda: _replace(lambda t: {t.params[0]: torch.zeros(3)}), TypeError,
+     r"^Trainer\.replace_parameters\.old_to_new\[.*\]: expected an nn\.Parameter that requires a gradient"),
+    ("replace-twice", lambda: _replace(lambda t: {t.params[0]: t.params[1]}), ValueError,
+     r"^Trainer\.replace_parameters\.old_to_new\[.*\]: the new parameter is already trained"),
+    ("replace-state-map", lambda: _replace(lambda t: {t.params[0]: nn.Parameter(torch.zeros(3))}, state_map=3),
+     TypeError, r"^Trainer\.replace_parameters\.state_map: expected None or a callable"),
+    ("config-both-names", lambda: TrainConfig(n_steps=[2], train_n_steps=[4]), ValueError,
+     r"^TrainConfig\.n_steps: given twice \(as 'n_steps' and its former name\)"),
+    ("config-former-name-bad", lambda: TrainConfig(train_n_steps=[0]), ValueError,
+     r"^TrainConfig\.n_steps: expected an integer >= 1, got 0"),
+    ("config-shares-elsewhere", lambda: TrainConfig(n_steps=[2, 4], n_steps_weights="shares"), ValueError,
+     r"^TrainConfig\.n_steps_weights: expected None, 'uniform', 'cost' or a list"),
+    ("objective-relative_l2-shape", lambda: Objective("relative_l2").check(torch.ones(2, 3), torch.ones(2, 4)),
+     ValueError, r"^loss 'relative_l2': model output shape \(2, 3\) and targets shape \(2, 4\) differ"),
+    ("objective-ce-sequence-targets", lambda: Objective("cross_entropy").check(torch.ones(2, 5, 7),
+                                                                               torch.zeros(2, 4, dtype=torch.long)),
+     ValueError, r"^loss 'cross_entropy': expected targets \(2, 5\) of token ids, one per position"),
+)
+
+
+@pytest.mark.parametrize("case", ISSUE43)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_issue43_extension_points(case):
     run_case(case)
