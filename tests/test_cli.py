@@ -4,6 +4,8 @@ stopped before any work (the default job's report: tests/test_report.py)."""
 from __future__ import annotations
 
 import csv
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -790,3 +792,233 @@ def test_a_folder_holding_a_training_run_is_continued_only_by_the_same_config(tm
         train_cmd.check_new_folder(run, run / "train.toml", cfg)  # the full job's training
     (run / "train.toml").write_text(dump_toml(cfg))
     train_cmd.check_new_folder(run, run / "train.toml", cfg)  # opsplit --quick --out run again
+
+
+# -- issue 43: one name per setting, checked once (by the library) ---------------------------------
+#: a valid value of each TrainConfig field a task may have a [train] key for (no task's
+#: default), with the keys it needs beside it, and the field's value TrainConfig then holds
+SET = {
+    "epochs": ({"epochs": 3}, 3),
+    "max_steps": ({"max_steps": 7}, 7),
+    "batch_size": ({"batch_size": 6}, 6),
+    "lr": ({"lr": 0.02}, 0.02),
+    "weight_decay": ({"weight_decay": 0.03}, 0.03),
+    "warmup_steps": ({"warmup_steps": 3}, 3),
+    "gradient": ({"gradient": "checkpoint"}, "checkpoint"),
+    "save_every": ({"save_every": 7}, 7),
+    "seed": ({"seed": 5}, 5),
+    "n_steps": ({"n_steps": [3, 5]}, (3, 5)),
+    "n_steps_weights": ({"n_steps": [3, 5], "n_steps_weights": [1, 3]}, (1.0, 3.0)),
+    "solvers": ({"solvers": ["euler", "rk4"]}, ("euler", "rk4")),
+    "solvers_weights": ({"solvers": ["euler", "rk4"], "solvers_weights": [2, 1]}, (2.0, 1.0)),
+    "solvers_split": ({"solvers": ["euler", "heun"], "solvers_split": True}, True),
+    "solvers_split_weights": ({"solvers": ["euler", "heun"], "solvers_split": True, "solvers_split_weights": [3, 1]},
+                              (3.0, 1.0)),
+}
+
+
+@pytest.mark.parametrize("task", ["digits", "text", "burgers"])
+def test_every_train_key_sets_the_trainconfig_field_of_its_name(task):
+    """Every [train] key of every task is a TrainConfig field, and its value reaches that
+    field (and nothing else does: the task's defaults leave it elsewhere); every [objective]
+    key is the Objective weight of its name; every renamed key names its new name, which the
+    schema has."""
+    from opsplit.cli.config import ConfigError, load
+    from opsplit.cli.tasks import MODULES
+    from opsplit.control import TrainConfig
+
+    mod = MODULES[task]
+    fields = TrainConfig.schema()
+    assert set(mod.SCHEMA["train"]) <= set(fields), set(mod.SCHEMA["train"]) - set(fields)
+    default = mod.train_config(load(mod.SCHEMA, data={"task": task}), progress=False)
+    for key in mod.SCHEMA["train"]:
+        keys, want = SET[key]
+        c = mod.train_config(load(mod.SCHEMA, data={"task": task, "train": keys}), progress=False)
+        assert getattr(c, key) == want and getattr(default, key) != want, (task, key)
+    for key in mod.SCHEMA.get("objective", {}):
+        obj = mod.objective(load(mod.SCHEMA, data={"task": task, "objective": {key: 0.125}}))
+        assert getattr(obj, key) == 0.125, (task, key)
+    for old, new in mod.RENAMED.items():
+        section, key = new.split(".")
+        assert key in mod.SCHEMA[section] and old.split(".")[1] not in mod.SCHEMA[old.split(".")[0]]
+        with pytest.raises(ConfigError, match=rf"^{re.escape(old)}: renamed {re.escape(new)} "):
+            load(mod.SCHEMA, data={"task": task, old.split(".")[0]: {old.split(".")[1]: 1}}, renamed=mod.RENAMED)
+
+
+@pytest.mark.parametrize("task, toml, match", [
+    ("digits", "[train]\nlr = -1\n", "train.lr: expected a number > 0, got -1"),
+    ("digits", "[train]\nsolvers_weights = [1]\n", "train.solvers_weights: expected one weight per entry of solvers (2)"),
+    ("text", 'task = "text"\n[train]\nmax_steps = 0\n', "train.max_steps: expected an integer >= 1, got 0"),
+    ("burgers", 'task = "burgers"\n[train]\nepochs = 1.5\n', "train.epochs: expected an integer"),
+])
+def test_train_keys_are_checked_by_trainconfig(task, toml, match, tmp_path, capsys, monkeypatch):
+    """A [train] value is checked by TrainConfig alone: its refusal, one line naming the key,
+    is the one TrainConfig gives (TrainConfig.<field> shown as train.<field>)."""
+    from opsplit.cli.tasks import MODULES
+    from opsplit.control import TrainConfig
+
+    key, value = toml.split("[train]\n")[1].strip().split(" = ")
+    with pytest.raises((ValueError, TypeError)) as e:
+        kw = {"solvers": ("euler", "heun")} if key == "solvers_weights" else {}
+        TrainConfig(**kw, **{key: json.loads(value)})
+    assert str(e.value).replace("TrainConfig.", "train.", 1).startswith(match.split(" got ")[0])
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and not (tmp_path / "out").exists()
+    assert MODULES[task]
+
+
+def _help(argv) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return out.getvalue()
+
+
+def _listed(help_text: str) -> dict:
+    """``{(block, "section.key"): [values]}`` of the keys whose bracket lists names: the
+    described schemas of a --help, each key line ``  key = default   # help [a, b, c]``."""
+    out, block, section = {}, "", ""
+    for line in help_text.splitlines():
+        if line.startswith("task = ") or line.startswith("config keys"):
+            block, section = line.split(":")[0], ""
+        m = re.match(r"^  \[(\w+)\]$", line)
+        if m:
+            section = m.group(1)
+            continue
+        m = re.match(r"^  (\w+) = .*\[(?:each of )?([a-z0-9_]+(?:, [a-z0-9_]+)*)\]$", line)
+        if m and section:
+            out[(block, f"{section}.{m.group(1)}")] = m.group(2).split(", ")
+    return out
+
+
+_MODELS = {}
+
+
+def _model(mod, task, m):
+    if task not in _MODELS:
+        _MODELS[task] = mod.build_model(m, 12) if task == "text" else mod.build_model(m)
+    return _MODELS[task]
+
+
+def _accepts(mod, task: str, key: str, value) -> bool:
+    """Whether ``task`` takes ``value`` for ``key``: the config loads, the library takes it
+    (TrainConfig for [train], the model for [model], a solver swap for eval.solvers and
+    eval.schemes), independently of what --help prints."""
+    from opsplit.cli.config import ConfigError, load
+    from opsplit.control import solved_with
+
+    section, name = key.split(".")
+    v = [value] if isinstance(mod.SCHEMA[section][name].default, list) else value
+    small = {"digits": {"d_model": 8, "heads": 2, "d_ff": 8, "n_steps": 1, "T": 1.0}, "text": {"context": 8, "d_model": 8, "heads": 2, "layers": 1},
+             "burgers": {"d_model": 8, "heads": 2, "n_steps": 1, "modes": 2, "d_ff": 8}}[task]
+    try:
+        cfg = load(mod.SCHEMA, data={"task": task, "model": dict(small), section: {name: v}})
+        if section == "train":
+            mod.train_config(cfg, progress=False)
+            return True
+        model = _model(mod, task, cfg["model"]) if section == "eval" else \
+            mod.build_model(cfg["model"], 12) if task == "text" else mod.build_model(cfg["model"])
+        if key == "eval.solvers":
+            with solved_with(model, solver=value):
+                pass
+        if key == "eval.schemes":
+            with solved_with(model, scheme=value):
+                pass
+    except (ConfigError, ValueError, TypeError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("task", ["digits", "text", "burgers"])
+def test_help_lists_exactly_the_values_each_key_accepts(task):
+    """Issue 47: `opsplit train --help` lists every task's keys, each choice key with exactly
+    the values that task takes (before: the text task's schemes were listed as "lie, strang";
+    parallel is taken); the --scheme flag's help lists each task's schemes the same way.
+    Each value listed anywhere in the help (and a few more) is tried on the task."""
+    from opsplit.analysis.problems import SCHEMES
+    from opsplit.cli.tasks import MODULES
+    from opsplit.models.token_decoder import ATTENTIONS
+    from opsplit.solvers import SOLVERS
+
+    text = _help(["train"])
+    listed = _listed(text)
+    pool = {v for vs in listed.values() for v in vs} | set(SCHEMES) | set(SOLVERS) | set(ATTENTIONS) | {"bogus"}
+    mod = MODULES[task]
+    block = f'task = "{task}"' + (" (the default)" if task == "digits" else "")
+    keys = [k for (b, k) in listed if b == block]
+    assert {"model.scheme", "model.attention" if task != "digits" else "train.gradient"} <= set(keys), keys
+    for key in keys:
+        if key.startswith("data."):
+            continue  # data.corpus: a corpus each (read when the run starts)
+        took = sorted(v for v in pool if _accepts(mod, task, key, v))
+        assert sorted(listed[(block, key)]) == took, (task, key)
+    flag = " ".join(text.split())
+    assert f"{task}: {', '.join(mod.SCHEMA['model']['scheme'].choices)}" in flag
+    assert "text: lie, strang, parallel" in flag
+
+
+def _examples():
+    """Every documented example config: the ``<name>.toml:`` blocks of the commands' EXAMPLE
+    strings and the TOML code blocks of docs/*.md and README.md, as ``(where, command,
+    text)``."""
+    from opsplit.cli.app import COMMANDS
+
+    out = []
+    for name, mod in COMMANDS.items():
+        for m in re.finditer(r"^(\w+)\.toml:\n((?:  .*\n?)+)", mod.EXAMPLE, re.M):
+            text = "\n".join(line[2:] for line in m.group(2).splitlines())
+            out.append((f"opsplit {name} --help: {m.group(1)}.toml", text))
+    for p in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+        for i, m in enumerate(re.finditer(r"```toml\n(.*?)```", p.read_text(), re.S)):
+            out.append((f"{p.relative_to(ROOT)} block {i + 1}", m.group(1)))
+    rows = []
+    for where, text in out:
+        sections = set(re.findall(r"^\[(\w+)\]", text, re.M))
+        command = ("train" if "task =" in text or sections & {"train", "objective", "eval"} else
+                   "convert" if sections & {"convert", "torch", "vit", "cvt", "gpt2", "llama", "qwen2", "mistral"}
+                   else "compare" if "compare" in sections else "solve")
+        rows.append(pytest.param(command, text, id=where))
+    return rows
+
+
+@pytest.mark.parametrize("command, text", _examples())
+def test_every_documented_example_config_prints(command, text, tmp_path, capsys, monkeypatch):
+    """Issue 47: every example config of the commands' --help and of the docs is a valid
+    config of its command: `--print-config` accepts it with its defaults (exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    rc = main([command, "--config", _toml(tmp_path, text), "--print-config"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.strip() and not any(tmp_path.glob("opsplit-runs"))
+
+
+@pytest.mark.parametrize("toml, key", [
+    ("[train]\nepochs = 1000000000000\n", "train.epochs = 1000000000000"),
+    ('task = "text"\n[train]\nmax_steps = 1000000000000\n', "train.max_steps = 1000000000000"),
+    ('task = "burgers"\n[data]\nsolver_steps = 1000000000000\n', "data.solver_steps = 1000000000000"),
+])
+def test_print_config_checks_but_does_not_refuse_the_cost(toml, key, tmp_path, capsys, monkeypatch):
+    """Issue 47: --print-config of a config the size guard refuses (every task) prints it,
+    with one line on stderr saying what the run would need, and builds nothing (neither the
+    model nor the data); the run itself is refused (exit 2, nothing written)."""
+    from opsplit.cli.tasks import MODULES
+
+    def built(cfg):
+        raise AssertionError("prepare ran for --print-config over the guard")
+
+    for mod in MODULES.values():
+        monkeypatch.setattr(mod, "prepare", built)
+    monkeypatch.chdir(tmp_path)
+    cfg = _toml(tmp_path, toml)
+    assert main(["train", "--config", cfg, "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{key.split('.')[1].split(' = ')[0]} = 1000000000000" in out
+    assert err.count("\n") == 1 and "note: not built" in err and f"{key}: the job needs an estimated" in err
+    assert main(["train", "--config", cfg, "--out", str(tmp_path / "out")]) == 2
+    assert f"{key}: the job needs an estimated" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "opsplit-runs").exists()

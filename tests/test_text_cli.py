@@ -407,3 +407,24 @@ def test_solvers_split_key_shares_every_batch(tmp_path, capsys):
         assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 2
         assert re.search(match, capsys.readouterr().err)
         assert not out.exists()
+
+
+def test_max_new_tokens_defaults_to_what_the_context_leaves(tmp_path, capsys):
+    """Issue 47: a context of 128 characters with the default generate.max_new_tokens (200,
+    more than the context leaves after the prompt "The ") is a valid config: unset, the key
+    is 124 (context - len(prompt)); set to 200 by hand it is refused naming it."""
+    from opsplit.cli.config import load
+    from opsplit.cli.tasks import text as train_text
+
+    small = TEXT.replace("context = 24", "context = 128").replace("max_new_tokens = 12\n", "")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(small)
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "max_new_tokens = 124" in out and load(train_text.SCHEMA, data={})["generate"]["max_new_tokens"] == 200
+    assert load(train_text.SCHEMA, data={"model": {"context": 6}, "generate": {"prompt": "abc"}})["generate"][
+        "max_new_tokens"] == 3
+    cfg.write_text(small.replace("[generate]\n", "[generate]\nmax_new_tokens = 200\n"))
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 2
+    assert "generate.max_new_tokens: the prompt (4 characters) and 200 new characters exceed model.context = 128" \
+        in capsys.readouterr().err

@@ -333,6 +333,16 @@ CLI_CASES = rows(
      "data.points = 64: with fewer the data solver's ETDRK4 step is unstable", btoml(solver_steps=2)),
     ("burgers-print-config-solver-steps-unstable", ["train", *CFG, *PRINT], "data.solver_steps: expected at least 32 "
      "steps at data.points = 64", btoml(solver_steps=2)),
+    # issue 43: a key of an earlier version names its new name
+    ("burgers-old-eval-resolutions", ["train", *CFG, *OUT], "train.eval_resolutions: renamed eval.resolutions (the name "
+     "of what it sets); expected resolutions = ... under [eval]", {"c.toml": BURGERS_TOML.format(
+         n_train=8, n_test=4, points=64, solver_steps=100).replace("[train]\n", "[train]\neval_resolutions = [16]\n")}),
+    ("burgers-old-resolution", ["train", *CFG, *OUT], "train.resolution: renamed data.resolution", {
+        "c.toml": BURGERS_TOML.format(n_train=8, n_test=4, points=64, solver_steps=100).replace(
+            "[train]\n", "[train]\nresolution = 16\n")}),
+    ("burgers-epochs-float", ["train", *CFG, *OUT], "train.epochs: expected an integer", {
+        "c.toml": BURGERS_TOML.format(n_train=8, n_test=4, points=64, solver_steps=100).replace(
+            "epochs = 1", "epochs = 1.5")}),
     ("burgers-solver-steps-zero", ["train", *CFG, *OUT], "data.solver_steps: expected a value >= 1, got 0",
      btoml(solver_steps=0)),
 )

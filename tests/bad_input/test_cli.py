@@ -136,6 +136,12 @@ CASES = rows(
     ("kinetic-1e308", ["train", *CFG, *OUT], "objective.kinetic: a weight of 1e+308 is beyond the largest float32 number (3.4e+38)", toml("[objective]\nkinetic = 1e308\n")),
     ("kinetic-gradient-overflow", ["train", *CFG, *OUT], "objective.kinetic: the weight 1e+37 times the gradient of the flow's kinetic energy", toml("[objective]\nkinetic = 1e37\n")),
     ("acceleration-gradient-overflow", ["train", *CFG, *OUT], "objective.acceleration: the weight 1e+30 times the gradient of the flow's acceleration", toml("[objective]\nacceleration = 1e30\n")),
+    # issue 43: a key of an earlier version names its new name (the TrainConfig field, the Objective weight, ...)
+    ("old-train-n-steps", ["train", *CFG, *OUT], "train.train_n_steps: renamed train.n_steps (the name of what it sets); expected n_steps = ... under [train]", toml("[train]\ntrain_n_steps = [2, 4]\n")),
+    ("old-train-solvers", ["train", *CFG, *OUT], "train.train_solvers: renamed train.solvers", toml('[train]\ntrain_solvers = ["euler"]\n')),
+    ("old-kinetic", ["train", *CFG, *OUT], "train.kinetic: renamed objective.kinetic (the name of what it sets); expected kinetic = ... under [objective]", toml("[train]\nkinetic = 0.1\n")),
+    ("old-eval-n-steps", ["train", *CFG, *OUT], "train.eval_n_steps: renamed eval.n_steps", toml("[train]\neval_n_steps = [4]\n")),
+    ("old-shift", ["train", *CFG, *OUT], "train.shift: renamed data.shift", toml("[train]\nshift = 1\n")),
     ("eval-solvers-unknown", ["train", *CFG, *OUT], "eval.solvers: expected each of one of 'euler', 'heun', 'rk4', got 'implicit'", toml("[eval]\nsolvers = [\"implicit\"]\n")),
     ("kinetic-checkpoint", ["train", "--gradient", "checkpoint", *OUT], "objective.kinetic: a flow cost reads every step of the forward solve, and the checkpointed time loop (gradient='checkpoint', or 'adjoint' with snapshots) recomputes steps"),
     ("adjoint-euler", ["train", "--gradient", "adjoint", *OUT], "train.gradient: gradient='adjoint': the model has no smooth ODE substep to solve by the continuous adjoint"),

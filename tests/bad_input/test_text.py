@@ -161,6 +161,18 @@ CLI = rows(
      "cost reads every step of the forward solve, and the checkpointed time loop (gradient='checkpoint', or 'adjoint' "
      "with snapshots) recomputes steps",
      cfg(**{"[data]": "[objective]\nkinetic = 0.1\n[data]"})),
+    # issue 47: the objective's weights checked on the untrained model before the run folder is made
+    ("cli-text-kinetic-1e308", ["train", *CFG, *OUT], "objective.kinetic: a weight of 1e+308 is beyond the largest "
+     "float32 number (3.4e+38)", cfg(**{"[data]": "[objective]\nkinetic = 1e308\n[data]"})),
+    ("cli-text-kinetic-gradient-overflow", ["train", *CFG, *OUT], "objective.kinetic: the weight 1e+30 times the "
+     "gradient of the flow's kinetic energy", cfg(**{"[data]": "[objective]\nkinetic = 1e30\n[data]"})),
+    # issue 43: a key of an earlier version names its new name
+    ("cli-text-old-steps", ["train", *CFG, *OUT], "train.steps: renamed train.max_steps (the name of what it sets); "
+     "expected max_steps = ... under [train]", cfg(**{"max_steps = 2": "steps = 2"})),
+    ("cli-text-old-kinetic", ["train", *CFG, *OUT], "train.kinetic: renamed objective.kinetic",
+     cfg(**{"batch_size = 2\n": "batch_size = 2\nkinetic = 0.1\n"})),
+    ("cli-text-old-eval-windows", ["train", *CFG, *OUT], "data.eval_windows: renamed eval.windows",
+     cfg(**{"max_chars = 20000": "max_chars = 20000\neval_windows = 4"})),
     ("cli-text-context-longer-than-data", ["train", *CFG, *OUT],
      "model.context: a window of 3000 characters and its targets need 3001 characters, but the validation split",
      cfg(**{"context = 24": "context = 3000", "max_chars = 20000": "max_chars = 12000"})),
