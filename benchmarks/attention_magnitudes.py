@@ -1,6 +1,6 @@
 """Accuracy of the six sliced kernels over magnitudes and bandwidths, against the naive
 O(N^2) formulas in float64 on the same (rounded) inputs
-(``opsplit.analysis.transcriptions``); this tree, and optionally the
+(``opsplit.analysis.formulas``); this tree, and optionally the
 kernels of another commit (issue 17, finding 1).
 
     python benchmarks/attention_magnitudes.py --base fe9638b
@@ -29,7 +29,7 @@ import torch
 from attention_ab import load_base
 
 import opsplit.functional as this
-from opsplit.analysis.transcriptions import causal, naive_sliced_bump, naive_sliced_relu
+from opsplit.analysis.formulas import causal, naive_sliced_bump, naive_sliced_relu
 
 EXPS = [-38, -30, -20, -10, 0, 10, 19, 20, 30, 37]
 RATIOS = [1e3, 1.0, 1e-2, 1e-3, 1e-4, 1e-6, 1e-9, 1e-20, 1e-38, 1e-39]

@@ -1,5 +1,5 @@
 """Float32 rounding of the paper's transformer: opsplit vs an independent transcription of
-paper 002's eqs. (27)-(35) (``opsplit.analysis.transcriptions``), both against the float64
+paper 002's eqs. (27)-(35) (``opsplit.analysis.formulas``), both against the float64
 evaluation of the same map.
 
     python benchmarks/paper_float32.py [--seeds 60]
@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from opsplit.analysis.transcriptions import paper_transformer
+from opsplit.analysis.formulas import paper_transformer
 from opsplit.models import PaperTransformer
 
 CONFIGS = [(2, 16, 12, 2), (2, 5, 8, 2), (3, 7, 6, 3), (1, 3, 4, 1), (4, 32, 24, 2)]

@@ -16,12 +16,7 @@ import torch
 from torch.autograd import gradcheck, gradgradcheck
 
 from opsplit import Grid, Propagator
-from opsplit.analysis.transcriptions import (
-    causal,
-    causal_rescaled,
-    naive_sliced_bump,
-    naive_sliced_relu,
-)
+from opsplit.analysis.formulas import causal, causal_rescaled, naive_sliced_bump, naive_sliced_relu
 from opsplit.functional import (
     causal_sliced_relu_attention,
     causal_sliced_relu_bump_attention,

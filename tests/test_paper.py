@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from opsplit.analysis.transcriptions import paper_transformer
+from opsplit.analysis.formulas import paper_transformer
 from opsplit.models import PaperTransformer
 
 CONFIGS = [  # (B, N_x, N_y, J, N_t)

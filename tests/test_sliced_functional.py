@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import opsplit.functional._sorted as S
 import opsplit.functional.sliced as SL
-from opsplit.analysis.transcriptions import naive_sliced_bump, naive_sliced_relu
+from opsplit.analysis.formulas import naive_sliced_bump, naive_sliced_relu
 from opsplit.functional import sliced_relu_attention, sliced_relu_bump_attention
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsplit.analysis.transcriptions import causal_rescaled, naive_sliced_bump, naive_sliced_relu
+from opsplit.analysis.formulas import causal_rescaled, naive_sliced_bump, naive_sliced_relu
 from opsplit.functional import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 from opsplit.functional.sliced_runs import BLOCK, TAIL, SlicedDecodeCache
 from opsplit.models import AttentionDecoder, DecoderConfig, DecoderLM, TokenClassifier

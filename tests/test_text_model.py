@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsplit.analysis.transcriptions import naive_sliced_relu
+from opsplit.analysis.formulas import naive_sliced_relu
 from opsplit.control import Objective, TrainConfig, Trainer
 from opsplit.data import char_corpus, text_windows
 from opsplit.models import DecoderConfig, DecoderLM

@@ -16,12 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import opsplit
-from opsplit.analysis.transcriptions import (
-    causal,
-    causal_rescaled,
-    naive_sliced_bump,
-    naive_sliced_relu,
-)
+from opsplit.analysis.formulas import causal, causal_rescaled, naive_sliced_bump, naive_sliced_relu
 from opsplit.functional import (
     causal_sliced_relu_attention,
     causal_sliced_relu_bump_attention,
