@@ -135,12 +135,13 @@ def preflight(model, obj: Objective, config: TrainConfig, inputs, targets, what:
     two training samples, before anything is written: the gradient mode applies to the
     model, the flow costs can read its steps, the objective's weighted costs and their
     gradients are finite (:func:`~opsplit.control.objective.check_objective`), every drawn
-    solver can run the model's terms.  A refusal names the key."""
+    solver can run the model's terms.  A refusal names the key (``gradient_hint``: what the
+    task's keys change about a refused gradient mode)."""
     try:
         previous = set_gradient_mode(model, config.gradient, checkpoint_every=config.checkpoint_every,
                                      snapshots=config.checkpoint_snapshots)
     except ValueError as e:
-        raise ConfigError(f"train.gradient: {e}") from None
+        raise ConfigError(f"train.gradient: {e}{gradient_hint}") from None
     try:
         check_flow_costs(obj, model)
         with warnings.catch_warnings():
