@@ -118,13 +118,15 @@ from torch import Tensor, nn
 
 from .controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear
 from .controls.projection import time_breakpoints
+from .controls.timepoints import LeftLimit
 from .grid import Grid
 from .revolve import checkpointed_steps, revolve_steps
+from .schemes import Parallel
 from .schemes.base import Scheme, changes_grid
 from .schemes.composition import clock_reach, controls_interval
 from .schemes.parallel import ParallelGroup, ScaledOperator
 from .solution import Solution, SolveStats, count_substep_calls, substep_labels
-from .solvers import Substep
+from .solvers import ExplicitEuler, Substep
 from .solvers.catch_up import is_projection
 
 __all__ = [
@@ -499,8 +501,6 @@ class EulerHeunPair:
         return any(abs(b - t) <= tol for b in self.breakpoints)
 
     def attempt(self, t: float, t_next: float, u: Tensor, grid, record: bool):
-        from .controls.timepoints import LeftLimit
-
         h = t_next - t
         # autograd records this step: every attempt is its own Euler step (the reused field has no graph)
         grad = record and torch.is_grad_enabled() and (u.requires_grad or any(
@@ -525,9 +525,6 @@ class EulerHeunPair:
 
 def _not_euler_on_a_sum(scheme) -> str | None:
     """Why a step of ``scheme`` is not explicit Euler on the sum of its terms, or ``None``."""
-    from .schemes import Parallel
-    from .solvers import ExplicitEuler
-
     subs = list(scheme.substeps)
     if any(type(s.solver) is not ExplicitEuler for s in subs):
         names = sorted({type(s.solver).__name__ for s in subs})
