@@ -528,7 +528,8 @@ class Trainer:
         return save_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                generator=self.generator, trainer=self.state(), config=self.config.to_dict())
 
-    def load(self, path, *, restore_rng: bool = True, allow_changes=False, _total_steps: int | None = None):
+    def load(self, path, *, restore_rng: bool = True, allow_changes=False, total_steps: int | None = None,
+             _total_steps: int | None = None):
         """Load a checkpoint (or the latest ``step-*`` one under a run folder) into the
         model, optimizer, scheduler, RNG and counters; refused as a whole if anything differs.
 
@@ -539,7 +540,11 @@ class Trainer:
         seed, ... — the checkpoint's optimizer would keep its own rates while the config
         reports the new ones).  ``allow_changes`` (``True`` or setting names such as
         ``["lr", "epochs"]``) accepts them: a warning lists them, and the optimizer and
-        schedule then follow *this* trainer's config from the resumed step on."""
+        schedule then follow *this* trainer's config from the resumed step on.
+        ``total_steps``: the resumed run's total optimizer steps, compared with the
+        checkpoint's when a schedule decays (:meth:`fit` passes its own; ``None``: not
+        compared); ``_total_steps`` is its former name."""
+        total_steps = _total_steps if total_steps is None else total_steps
         check_path(path, "resume")
         allow = check_allow_changes(allow_changes, "allow_changes")
         p = latest_checkpoint(path)
@@ -556,7 +561,7 @@ class Trainer:
         run_changes = refuse_changes(
             config_changes(ck.config, self.config, saved_world_size=int(t.get("world_size", 1)),
                            world_size=self.world_size, saved_total_steps=t.get("total_steps"),
-                           total_steps=_total_steps), allow, ck.path, what="run")
+                           total_steps=total_steps), allow, ck.path, what="run")
         ck = load_checkpoint(ck, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                              generator=self.generator, restore_rng=restore_rng, allow_changes=allow)
         self.step = int(t.get("step", 0))
@@ -692,7 +697,7 @@ class Trainer:
                 with solved_with(self.model, solver=name):  # refuses a solver that cannot run a term
                     pass
             if resume is not None:
-                self.load(resume, allow_changes=allow, _total_steps=self._total_steps)
+                self.load(resume, allow_changes=allow, total_steps=self._total_steps)
             else:
                 torch.manual_seed(c.seed)
                 self.generator.manual_seed(c.seed)
