@@ -35,6 +35,7 @@ docs/figures/work_precision_*.png, JSON to benchmarks/out/work_precision.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
@@ -57,6 +58,9 @@ from opsplit.schemes import BlanesMoan, Hybrid, Lie, Parallel, SchemeFlow, Stran
 from opsplit.solvers import RK4, CatchUp, Exact, ExplicitEuler, Heun, ProjectedS1, Substep
 
 T0, T1 = 0.5, 1.5
+#: the unsplit model's solvers: torchdiffeq's dopri5 and, where the benchmarks' extra is
+#: installed (opsplit[benchmarks]), torchode's Tsit5
+UNSPLIT = ("dopri5", "tsit5") if importlib.util.find_spec("torchode") else ("dopri5",)
 
 
 def problem(constraint: bool):
@@ -157,7 +161,7 @@ def study(constraint: bool, args):
                 f"{q.accepted:>4}/{q.rejected:<3} {1e3 * q.seconds:8.1f}",
                 flush=True,
             )
-    for solver in ("dopri5", "tsit5"):
+    for solver in UNSPLIT:
         label = f"{solver} ({'torchdiffeq' if solver == 'dopri5' else 'torchode'}, unsplit)"
         pts = run_unsplit(
             label,
@@ -361,6 +365,7 @@ def main(argv=None):
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread, OMP_WAIT_POLICY="
         f"{os.environ.get('OMP_WAIT_POLICY', '')}, repeats {args.repeats}"
+        + ("" if "tsit5" in UNSPLIT else "; no torchode (pip install torchode): no Tsit5 rows")
     )
     t_start = time.perf_counter()
     out = {}
