@@ -1022,3 +1022,38 @@ def test_print_config_checks_but_does_not_refuse_the_cost(toml, key, tmp_path, c
     assert main(["train", "--config", cfg, "--out", str(tmp_path / "out")]) == 2
     assert f"{key}: the job needs an estimated" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "opsplit-runs").exists()
+
+
+def test_a_run_of_an_earlier_version_resumes_with_its_keys_renamed(tmp_path, capsys):
+    """A digits run whose checkpoint recorded the augmentation as train.shift (before it was
+    data.shift) resumes once its config.toml's keys are renamed: the same value under its
+    former name is the same setting (the checkpoint checks of --resume, run by --print-config);
+    another value is refused naming both names, and --allow-changes takes either."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _train_helpers import rewrite_checkpoint
+
+    from opsplit.control.checkpoint import latest_checkpoint
+
+    run = tmp_path / "run"
+    cfg = _toml(tmp_path, TRAIN.replace("epochs = 2", "epochs = 1").replace("limit = 64", "limit = 16").replace(
+        "n_steps = [1, 2, 4]", 'n_steps = [2]\nsolvers = ["heun"]\n'))
+    assert main(["train", "--config", cfg, "--out", str(run), "--no-progress"]) == 0
+
+    def old_name(value):
+        def edit(m):
+            extra = m["config"]["extra"]
+            del extra["data.shift"]
+            extra["train.shift"] = value
+        return edit
+
+    resume = ["train", "--resume", str(run), "--print-config"]
+    rewrite_checkpoint(latest_checkpoint(run / "train"), meta=old_name(1))  # config.toml: data.shift = 1
+    capsys.readouterr()
+    assert main(resume) == 0
+    rewrite_checkpoint(latest_checkpoint(run / "train"), meta=lambda m: m["config"]["extra"].update({"train.shift": 0}))
+    capsys.readouterr()
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert "train.shift = 0 in the checkpoint" in err and "data.shift = '(not recorded)' in the checkpoint" in err
+    assert "--allow-changes data.shift train.shift" in err
+    assert main([*resume, "--allow-changes", "data.shift", "train.shift"]) == 0

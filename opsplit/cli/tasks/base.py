@@ -42,7 +42,7 @@ from ...control.flow_costs import check_flow_costs
 from ...control.gradients import restore_gradient_mode, set_gradient_mode
 from ...control.objective import check_objective
 from ...control.swap import solved_with
-from ..config import TOP, ConfigError, Field, dump_toml, library_field
+from ..config import ConfigError, Field, dump_toml, library_field
 from ..output import relpath
 
 __all__ = ["NAME", "TASKS", "TRAIN_FIELDS", "train_key", "objective_key", "task_field", "train_config", "objective",
@@ -326,11 +326,6 @@ def check_new_folder(out, same_config: Path | None = None, cfg: dict | None = No
                           f"opsplit train --resume {out}, or choose another folder")
 
 
-def task_of(cfg: dict) -> str:
-    """The task of a config (its top-level ``task``)."""
-    return cfg[TOP]["task"]
-
-
 def _cli_key(change, keys: dict) -> str:
     base = change.key.split(" ")[0]
     if change.where != "TrainConfig":
@@ -377,18 +372,19 @@ def without_api_advice(e: Exception) -> str:
 
 
 def check_checkpoint(plan, folder: Path, allow, *, trainer: Trainer, total_steps: int, keys: dict,
-                     data_keys) -> None:
+                     data_keys, renamed: dict | None = None) -> None:
     """Before anything of a resumed run is written: the folder's latest checkpoint is read,
     checked against ``trainer`` (the model of ``config.toml`` and its run, ``total_steps``
     optimizer steps) and loaded — what :meth:`~opsplit.control.Trainer.fit` does when it
     resumes, refused here as one :class:`ConfigError` that names the edited keys by their
     config names (``keys``: TrainConfig field -> key, :func:`run_keys`), with the advice the
-    command offers (``--allow-changes``, ``--out``).  The accepted names go to
+    command offers (``--allow-changes``, ``--out``).  A data key the checkpoint recorded
+    under its former name (``renamed``: old -> new, a run of an earlier version) counts as
+    the same key when it holds the same value.  The accepted names go to
     ``plan["allow_changes"]`` for the run."""
     ck_path = latest_checkpoint(folder / "train")
     if ck_path is None:
         return  # nothing saved yet: the run starts from step 0
-    names = _allowed_names(allow, keys, data_keys)
     older = sorted(p for p in ck_path.parent.iterdir()
                    if p.name.startswith("step-") and p < ck_path and (p / "meta.json").is_file())
     earlier = (f"; remove {str(ck_path)!r} to resume from the earlier {str(older[-1])!r}" if older else
@@ -401,6 +397,12 @@ def check_checkpoint(plan, folder: Path, allow, *, trainer: Trainer, total_steps
             saved_total_steps=t.get("total_steps"), total_steps=total_steps)
     except CheckpointError as e:
         raise ConfigError(f"--resume: {e}{earlier}") from None
+    saved = (ck.config or {}).get("extra") or {}
+    former = {old: new for old, new in (renamed or {}).items() if new in data_keys and old in saved}
+    names = _allowed_names(allow, keys, (*data_keys, *former))
+    for old, new in former.items():
+        if saved[old] == trainer.config.extra.get(new):
+            names |= {old, new}  # the same setting under its former name
     bad = [c for c in changes if c.where != "TrainConfig" or not (
         c.key.split(" ")[0] in names or any(k in names for k in c.key.split(" ")[0].split("/")))]
     if bad:

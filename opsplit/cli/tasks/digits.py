@@ -332,7 +332,7 @@ def check_resumed(cfg, plan, folder: Path, allow=None) -> None:
     total = -(-n // c.batch_size) * c.epochs
     base.check_checkpoint(plan, folder, allow, trainer=Trainer(plan["model"], objective(cfg), c),
                           total_steps=min(total, c.max_steps) if c.max_steps else total,
-                          keys=base.run_keys(cfg), data_keys=DATA_KEYS)
+                          keys=base.run_keys(cfg), data_keys=DATA_KEYS, renamed=RENAMED)
 
 
 def augment(shift: int):
