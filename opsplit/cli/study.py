@@ -20,6 +20,7 @@ from ..adaptive import AdaptiveStepError, PIController, check_adaptive
 from ..analysis import ConvergenceStudy, fit_order, relative_error, resample, smooth_transformer
 from ..analysis.problems import SCHEMES, SOLVERS
 from ..operators.layernorm import constant_tokens
+from ..solvers import solver_class
 from .budget import Estimate
 from .config import ConfigError, Field, at_least, distinct, positive, seed_field
 
@@ -28,8 +29,6 @@ __all__ = ["MODEL_SCHEMA", "THEORY", "build", "preflight", "solve_all", "expecte
 # the order each scheme has when its substeps are solved to at least its order (Appendix C
 # of paper 002; docs/schemes.md); explicit-Euler substeps make every scheme first order
 THEORY = {"lie": 1, "strang": 2, "parallel": 1, "hybrid": 1, "triple_jump": 4, "blanes_moan": 4}
-#: the order of the substep solvers (odeint: tolerance-limited)
-SOLVER_ORDER = {"euler": 1, "heun": 2, "rk4": 4, "odeint": 99}
 #: the fourth-order compositions (with projections they sit inside an outer Strang step)
 COMPOSITIONS = ("triple_jump", "blanes_moan")
 TIME_BASES = ("legendre", "chebyshev", "cosine", "piecewise_linear")
@@ -57,7 +56,7 @@ MODEL_SCHEMA = {
 def expected_order(scheme: str, solver: str, projections: bool = False) -> int:
     """The scheme's order with these substeps; a composition around projections (an outer
     Strang step) is second order."""
-    order = min(THEORY[scheme], SOLVER_ORDER[solver])
+    order = min(THEORY[scheme], solver_class(solver).order)  # odeint: tolerance-limited (99)
     return min(order, 2) if projections and scheme in COMPOSITIONS else order
 
 
@@ -180,8 +179,6 @@ def preflight(model: dict, gs: list[tuple[int, int]], n_t: list[int], schemes, s
 
 
 # -- the size and cost estimate (opsplit.cli.budget) -----------------------------------------
-#: field evaluations per substep of the fixed-stage solvers
-STAGES = {"euler": 1, "heun": 2, "rk4": 4}
 
 
 def dopri5_evaluations(x: float, coupled: bool = False) -> float:
@@ -239,7 +236,7 @@ def run_estimate(model: dict, nx: int, ny: int, n: int, scheme: str, solver: str
     K = 1 + J + projections
     # (evaluations of the attention term, of each FFN term) per step
     if solver != "odeint":
-        per = STAGES[solver]
+        per = solver_class(solver).stages  # field evaluations per substep (opsplit.solvers.SOLVERS)
         a, f = (2 * per, (2 * (J - 1) + 1) * per / J) if scheme == "strang" else (per, per)
     elif scheme == "strang":  # half steps, the last FFN term over the whole step
         a = 2 * dopri5_evaluations(dt / 2)
