@@ -11,7 +11,10 @@ r"""Training as an optimal-control problem (paper 002, eqs. 10–12 and 36).
   checkpoint's model / run that differ from a model / config (what loading refuses);
 - :func:`check_out_dir` — whether a run can write its output folder (checked before training);
 - :func:`continuity` — a trained model's metric over N_t, substep solvers and schemes, and the
-  convergence of its outputs (the solver-swap test); :func:`solved_with` — the swap itself.
+  convergence of its outputs (the solver-swap test); :func:`solved_with` — the swap itself;
+- :func:`frontier` — one model's metric against N_t and compute beside models trained at each
+  N_t; :func:`coarse_controls` — a solve coarser than the controls' pieces that averages them;
+  multilevel training in time: ``TrainConfig.levels`` (:mod:`opsplit.control.multilevel`).
 """
 
 from .callbacks import Callback, CPUTimeBudget
@@ -25,9 +28,11 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import OPTIMIZERS, SCHEDULES, ConfigField, TrainConfig, config_changes
+from .coarse import COARSE_MODES, coarse_controls
 from .continuity import Continuity, continuity
 from .costs import energy_cost, leaf_controls, smoothness_cost
 from .gradients import GRADIENT_MODES, Unsplit, gradient_mode, set_gradient_mode
+from .frontier import Frontier, frontier
 from .history import History
 from .objective import LOSSES, Objective, ObjectiveValue
 from .swap import solved_with, strang_of
@@ -66,4 +71,8 @@ __all__ = [
     "continuity",
     "solved_with",
     "strang_of",
+    "coarse_controls",
+    "COARSE_MODES",
+    "Frontier",
+    "frontier",
 ]

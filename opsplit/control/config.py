@@ -20,6 +20,8 @@ from ..data.base import check_int
 from .checkpoint_diff import SettingChange
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
 from .resolution import check_n_steps_list, check_weights, solvers_left_out
+from .coarse import COARSE_MODES
+from .multilevel import PROLONGATIONS, check_levels
 from .swap import SOLVERS, check_solver_names
 
 __all__ = ["TrainConfig", "ConfigField", "OPTIMIZERS", "SCHEDULES", "RENAMED", "check_int", "check_float",
@@ -58,7 +60,8 @@ class ConfigField(NamedTuple):
     ``accepts``: the accepted types and values in words; ``choices``: the accepted strings
     of a field that takes one of a few names (else ``None``); ``group``: the part of the run
     it sets (``"length"``, ``"optimizer"``, ``"schedule"``, ``"gradient"``, ``"sampling"``,
-    ``"data"``, ``"output"``); ``resume``: what a resumed run may change
+    ``"levels"`` — the time grids of multilevel training and coarse solves —, ``"data"``,
+    ``"output"``); ``resume``: what a resumed run may change
     (:func:`config_changes`) — ``"refused"`` (a change is refused), ``"allowed"``,
     ``"samples"`` (refused when ``batch_size x world_size`` changes), ``"length"`` (refused
     when a decaying schedule's total step count changes) or ``"keys"`` (each key compared)."""
@@ -255,6 +258,18 @@ class TrainConfig:
     solvers_split_weights: tuple | None = _f(_split_weights, "None or 'shares', or one weight > 0 per solver",
                                              "with solvers_split, the objective's weight of each solver's part "
                                              "(None: its share of the batch)", "sampling", "refused", default=None)
+    coarse_controls: str = _f(_choice(COARSE_MODES), f"one of {COARSE_MODES}",
+                              "how a step longer than a control piece reads the controls: at the solver's times "
+                              "('point') or averaged over the step ('average', opsplit.control.coarse)", "levels",
+                              "refused", default="point", choices=COARSE_MODES)
+    levels: tuple | None = _f(check_levels, "None or a list of [pieces, fraction] levels, pieces increasing",
+                              "multilevel training in time: the controls' pieces in t and the fraction of the run's "
+                              "steps at each level, the last the model's own (opsplit.control.multilevel)",
+                              "levels", "refused", default=None)
+    levels_prolongation: str = _f(_choice(PROLONGATIONS), f"one of {PROLONGATIONS}",
+                                  "how the controls and the optimizer's moments are prolonged at a level change "
+                                  "(opsplit.controls.prolong)", "levels", "refused", default="constant",
+                                  choices=PROLONGATIONS)
     seed: int = _f(_seed, "an integer in [0, 2**32)", "seeds the training RNG, the data order and the augmentation",
                    "data", "refused", default=0)
     shuffle: bool = _f(_bool, "true or false", "reshuffle the training data every epoch (seeded)", "data", "refused",

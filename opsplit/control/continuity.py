@@ -47,6 +47,7 @@ from ..data.base import check_int
 from ..schemes import Strang
 from ..schemes.nested import SchemeFlow
 from ..solvers.base import Substep
+from .coarse import COARSE_MODES, check_coarse, coarse_controls
 from .objective import Objective, _select
 from .swap import (
     SOLVERS,
@@ -275,7 +276,8 @@ def default_n_steps(n: int) -> list[int]:
 def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Callable | None = None,
                output=None, n_steps: Sequence[int] | None = None, reference: int | None = None,
                solvers: Sequence = ("trained", "heun", "rk4"), schemes: Sequence[str] = ("trained",),
-               levels: Sequence[int] | None = None, batch_size: int = 256, full: bool = False) -> Continuity:
+               levels: Sequence[int] | None = None, batch_size: int = 256, full: bool = False,
+               coarse: str = "point") -> Continuity:
     """The solver-swap table and the convergence of the outputs of a trained ``model``
     (module docstring).
 
@@ -311,6 +313,9 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
         full: every :math:`N_t` for every scheme and solver; otherwise (default) the
             training scheme and solver at every :math:`N_t`, and the other schemes and
             solvers at the :math:`N_t` from ``reference`` up.
+        coarse: ``"point"`` (default) or ``"average"``: how a solve with fewer steps than the
+            controls' pieces reads them (:func:`~opsplit.control.coarse.coarse_controls`:
+            averaged over each step).
 
     Returns:
         a :class:`Continuity`.
@@ -337,6 +342,11 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
     if lv and (len(lv) < 2 or any(b <= a for a, b in zip(lv, lv[1:]))):
         raise ValueError(f"continuity.levels: expected at least two increasing N_t, got {list(levels)}")
     bs = check_int(batch_size, "continuity.batch_size", 1)
+    if coarse not in COARSE_MODES:
+        raise ValueError(f"continuity.coarse: expected one of {COARSE_MODES}, got {coarse!r}")
+    if coarse == "average":
+        for n in ns:
+            check_coarse(model, n, "continuity.n_steps")
     if isinstance(solvers, (str, bytes)) or not isinstance(solvers, Sequence) or not solvers:
         raise TypeError(f"continuity.solvers: expected a non-empty list, got {solvers!r}")
     if isinstance(schemes, (str, bytes)) or not isinstance(schemes, Sequence) or not schemes:
@@ -377,7 +387,8 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
                     tot, cnt, ltot, seen, chunks = 0.0, 0, 0.0, 0, []
                     for a in range(0, len(data), bs):
                         x, y = data[torch.arange(a, min(len(data), a + bs))]
-                        out = objective.select(model(x, n_steps=n))
+                        with coarse_controls(model, n if coarse == "average" else None):
+                            out = objective.select(model(x, n_steps=n))
                         s_, c_ = mfn(out, y)
                         tot, cnt = tot + s_, cnt + c_
                         ltot += float(data_term(out, y)) * x.shape[0]

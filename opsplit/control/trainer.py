@@ -71,11 +71,13 @@ from .checkpoint_diff import check_allow_changes, checkpoint_differences, refuse
 from .checkpoint_meta import CheckpointError
 from .checkpoint_read import latest_checkpoint, read_checkpoint
 from .checkpoint_resample import plan_model_state
+from .coarse import check_coarse, coarse_controls
 from .config import TrainConfig, check_int, config_changes
 from .distributed import any_rank, check_data_parallel
 from .flow_costs import check_flow_costs
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
+from .multilevel import change_level, check_level_schedule, level_at, level_n_steps
 from .objective import Objective, ObjectiveValue, check_objective
 from .paths import check_out_dir, check_path
 from .resolution import draw_n_steps, draw_solver, split_sizes
@@ -341,6 +343,16 @@ class Trainer:
         self.history = History()
         self.elapsed = 0.0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        # multilevel training (TrainConfig.levels): the model as built is the finest level
+        self.level = None
+        c = self.config
+        if c.levels is not None:
+            self._final_pieces = check_level_schedule(model, c.levels, c.n_steps)
+            self._final_n_steps = {p: p.n_steps for p in propagators(model)}
+            self.level = len(c.levels) - 1
+        if c.coarse_controls == "average":
+            for n in c.n_steps or ():
+                check_coarse(model, n, "TrainConfig.n_steps")
 
     # -- optimizer / schedule -------------------------------------------------------------
     def _make_optimizer(self, params):
@@ -443,6 +455,44 @@ class Trainer:
         names = {id(p): n for n, p in self.model.named_parameters()}
         self._param_names = [names.get(id(p), f"<parameter {i}>") for i, p in enumerate(self.params)]
 
+    # -- levels (TrainConfig.levels) ------------------------------------------------------------
+    def set_level(self, level: int) -> None:
+        """Bring the model to level ``level`` of ``TrainConfig.levels`` (its controls'
+        pieces, its propagators' :math:`N_t`), the optimizer's state carried by the
+        prolongation (:func:`opsplit.control.multilevel.change_level`); :meth:`fit` calls it
+        at every level's first step."""
+        levels = self.config.levels
+        if levels is None:
+            raise ValueError("Trainer.set_level: the config has no levels (TrainConfig.levels)")
+        level = check_int(level, "Trainer.set_level.level", 0)
+        if level >= len(levels):
+            raise ValueError(f"Trainer.set_level.level: expected a level in [0, {len(levels) - 1}], got {level}")
+        if level == self.level:
+            return
+        change_level(self.model, levels[level][0], kind=self.config.levels_prolongation, optimizer=self.optimizer,
+                     final_n_steps=self._final_n_steps, final_pieces=self._final_pieces)
+        self.params[:] = self.optimizer.param_groups[0]["params"]
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        self._param_names = [names.get(id(p), f"<parameter {i}>") for i, p in enumerate(self.params)]
+        self.level = level
+
+    def _sync_level(self) -> None:
+        if self.config.levels is not None:
+            self.set_level(level_at(self.config.levels, self._total_steps, self.step))
+
+    def _draws(self):
+        """``TrainConfig.n_steps`` and its weights at the current level."""
+        c = self.config
+        if c.levels is None or c.n_steps is None:
+            return c.n_steps, c.n_steps_weights
+        return level_n_steps(c.n_steps, c.n_steps_weights, c.levels[self.level][0], self._final_pieces)
+
+    def _coarse(self, n):
+        """The coarse-solve context of a solve at ``n`` steps (``TrainConfig.coarse_controls``)."""
+        if self.config.coarse_controls == "average" and n is not None:
+            return coarse_controls(self.model, n)
+        return contextlib.nullcontext()
+
     # -- data ---------------------------------------------------------------------------------
     def _steps_per_epoch(self, n: int) -> int:
         b = self.config.batch_size * self.world_size
@@ -517,6 +567,8 @@ class Trainer:
         ``trainer``)."""
         out = {"step": self.step, "elapsed": self.elapsed, "history": self.history.to_dict(),
                "total_steps": self._total_steps, "world_size": self.world_size}
+        if self.level is not None:
+            out["level"] = self.level
         states = {k: cb.state_dict() for k, cb in _callback_keys(self.callbacks)}
         states = {k: v for k, v in states.items() if v}
         if states:
@@ -555,6 +607,7 @@ class Trainer:
         ck = read_checkpoint(p)
         t = ck.trainer or {}
         _check_run_state(ck)  # the counters, the optimizer and the schedule against each other and the config
+        self._load_level(ck, t)
         # another model first (class, keys, shapes, settings of the map), then another run
         plan_model_state(ck, self.model, False)
         refuse_changes(checkpoint_differences(ck, self.model), allow, ck.path)
@@ -580,6 +633,24 @@ class Trainer:
                           + (" (the optimizer and the schedule follow the new config from here on)"
                              if run_changes else ""), stacklevel=2)
         return ck
+
+    def _load_level(self, ck, t: dict) -> None:
+        """A run with ``TrainConfig.levels``: bring the model to the checkpoint's level before
+        its tensors are compared and loaded (refused when the checkpoint's run had other
+        levels; nothing loaded)."""
+        mine = self.config.levels
+        saved = (ck.config or {}).get("levels") if isinstance(ck.config, dict) else None
+        if mine is None and saved is None:
+            return
+        mine_l = [list(x) for x in mine] if mine is not None else None
+        if saved != mine_l:
+            raise CheckpointError(f"checkpoint {str(ck.path)!r}: TrainConfig.levels = {saved} in the checkpoint's run, "
+                                  f"{mine_l} in this one; a level schedule cannot change on resume. Nothing was loaded")
+        lvl = t.get("level")
+        if isinstance(lvl, bool) or not isinstance(lvl, int) or not 0 <= lvl < len(mine):
+            raise CheckpointError(f"checkpoint {str(ck.path)!r}: trainer.level = {lvl!r}, expected a level in "
+                                  f"[0, {len(mine) - 1}] of TrainConfig.levels. Nothing was loaded")
+        self.set_level(lvl)
 
     def _follow_config(self) -> None:
         """Set the optimizer's rates and the schedule's base rate from ``self.config``
@@ -614,6 +685,8 @@ class Trainer:
         kw = {}
         if n_steps is not None:
             kw["n_steps"] = _check_eval_n_steps(n_steps)
+            if self.config.coarse_controls == "average":
+                check_coarse(self.model, kw["n_steps"], "Trainer.evaluate.n_steps")
         if grid is not None:
             kw["grid"] = grid
         was = self.model.training
@@ -623,7 +696,8 @@ class Trainer:
         try:
             for idx in _batches(len(data), bs, False, None):
                 x, y = data[idx]
-                out = self.objective.select(self.model(x, **kw))
+                with self._coarse(kw.get("n_steps")):
+                    out = self.objective.select(self.model(x, **kw))
                 b = x.shape[0]
                 tot += float(self.objective.data_term(out, y)) * b
                 if self.objective.is_classification:  # (per position of sequence logits)
@@ -701,6 +775,7 @@ class Trainer:
             else:
                 torch.manual_seed(c.seed)
                 self.generator.manual_seed(c.seed)
+            self._sync_level()
         except Exception as e:
             err = e
         refused = any_rank([err is not None], self._device())[0] if self.world_size > 1 else err is not None
@@ -744,6 +819,7 @@ class Trainer:
                 for idx in batches[offset:]:
                     if self.step >= self._total_steps or self.should_stop:
                         break
+                    self._sync_level()
                     row = self._step(train, idx, epoch)
                     if bar is not None:
                         bar.update(1)
@@ -824,19 +900,21 @@ class Trainer:
         if self.augment is not None:
             x = self.augment(x, self.generator)
         kw = {}
-        if c.n_steps is not None:
-            kw["n_steps"] = draw_n_steps(c.n_steps, c.n_steps_weights, self.generator)
+        draws, weights = self._draws()
+        if draws is not None:
+            kw["n_steps"] = draw_n_steps(draws, weights, self.generator)
         solver = None
         if c.solvers is not None and not c.solvers_split:
             solver = draw_solver(c.solvers, c.solvers_weights, self.generator)
             if solver == _own_solver(self.model):
                 solver = None  # the model's own solver: nothing to swap
         self.optimizer.zero_grad(set_to_none=True)
-        if c.solvers_split:  # (a consistent config holds solvers with it)
-            val = self._split_objective(x, y, kw)
-        else:
-            with solved_with(self.model, solver=solver) if solver is not None else contextlib.nullcontext():
-                val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
+        with self._coarse(kw.get("n_steps")):
+            if c.solvers_split:  # (a consistent config holds solvers with it)
+                val = self._split_objective(x, y, kw)
+            else:
+                with solved_with(self.model, solver=solver) if solver is not None else contextlib.nullcontext():
+                    val = self.objective(self.forward_model, x, y, costs_model=self.model, **kw)
         loss_ok = bool(torch.isfinite(val.total))
         if not loss_ok and self.world_size == 1:
             raise FloatingPointError(f"step {self.step}: the objective is {float(val.total)}; lower the "
@@ -866,6 +944,8 @@ class Trainer:
         row.update(lr=lr, grad_norm=gn)
         if kw:
             row["n_steps"] = kw["n_steps"]
+        if self.level is not None:
+            row["level"] = self.level
         if solver is not None:
             row["solver"] = solver
         return row

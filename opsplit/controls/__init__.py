@@ -9,6 +9,7 @@ from .piecewise_linear import PiecewiseLinear
 from .polynomial import PolynomialSeries
 from .position_table import PositionTable
 from .reference_grid import OnReferenceGrid
+from .refine import PieceAverage, prolong, prolongation_matrix, restrict, restriction_matrix
 from .time_basis import TimeBasis, basis_matrix
 from .timepoints import LeftLimit, is_left_limit
 
@@ -27,4 +28,9 @@ __all__ = [
     "OnReferenceGrid",
     "LeftLimit",
     "is_left_limit",
+    "prolong",
+    "restrict",
+    "prolongation_matrix",
+    "restriction_matrix",
+    "PieceAverage",
 ]
