@@ -197,7 +197,7 @@ AFTER_CONSTRUCTION = cases(
     ("adaptive-set-controller", _set(_adaptive, controller={"rtol": 1e-3}), TypeError, r"^AdaptivePropagator\.controller: expected an opsplit\.adaptive\.PIController, got dict"),
     ("adaptive-set-per_sample", _set(_adaptive, per_sample=2), TypeError, r"^AdaptivePropagator\.per_sample: expected True or False, got 2"),
     ("adaptive-set-on_failure", _set(_adaptive, on_failure="ignore"), ValueError, r"^AdaptivePropagator\.on_failure: expected one of \('raise', 'return'\), got 'ignore'"),
-    ("adaptive-set-estimator", _set(_adaptive, estimator=3), TypeError, r"^AdaptivePropagator\.estimator: expected 'doubling', 'extrapolate', a companion Scheme"),
+    ("adaptive-set-estimator", _set(_adaptive, estimator=3), TypeError, r"^AdaptivePropagator\.estimator: expected 'doubling', 'extrapolate', 'euler-heun', a companion Scheme"),
     ("adaptive-set-t1-below-t0", _set(_adaptive, t1=-2.0), ValueError, r"^Propagator\.t1 \(T\): expected t0 < t1"),
     ("scheme-set-order", _set(lambda: Lie([ffn()]), order=2), AttributeError, r"^Lie\.order: a property of the scheme's class \(order = 1\)"),
     ("scheme-set-threads_grid", _set(lambda: Strang([ffn()]), threads_grid=True), AttributeError, r"^Strang\.threads_grid: a property of the scheme's class"),
