@@ -109,6 +109,7 @@ from ..operators.context import ContextGrid
 from ..propagator import Propagator
 from ..schemes import Lie, Parallel, Strang
 from ..solvers import EXPLICIT_SOLVERS, ExplicitEuler, Substep, solver_for
+from .nanogpt_init import INITS, nanogpt_init
 
 __all__ = ["DecoderConfig", "DecoderLM", "DecoderOutput"]
 
@@ -413,10 +414,21 @@ class DecoderLM(nn.Module):
         return None if self.positions is None else self.positions.n_positions
 
     @torch.no_grad()
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """GPT-2's initialisation from ``generator``: weights normal with std 0.02, biases 0,
-        norm weights 1; a sliced attention term then draws its own
-        (:meth:`SlicedReLUAttention.reset_parameters`, as ``nn.Linear``)."""
+    def reset_parameters(self, generator: torch.Generator | None = None, *, init: str = "gpt2") -> None:
+        """GPT-2's initialisation from ``generator`` (``init="gpt2"``, the default): weights
+        normal with std 0.02, biases 0, norm weights 1; a sliced attention term then draws
+        its own (:meth:`SlicedReLUAttention.reset_parameters`, as ``nn.Linear``).
+        ``init="nanogpt"``: nanoGPT's (the residual projections' std 0.02 / sqrt(2 n_layers),
+        drawn as a plain-torch nanoGPT draws them: :mod:`opsplit.models.nanogpt_init`; GPT-2
+        layout with softmax attention only)."""
+        if init not in INITS:
+            raise ValueError(f"DecoderLM.reset_parameters.init: expected one of {INITS}, got {init!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"DecoderLM.reset_parameters.generator: expected a torch.Generator or None, got "
+                            f"{type(generator).__name__}")
+        if init == "nanogpt":
+            nanogpt_init(self, generator)
+            return
 
         def params(ctl):
             return [] if ctl is None else list(ctl.parameters())

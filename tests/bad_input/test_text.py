@@ -72,6 +72,17 @@ CASES = cases(
      r"DecoderConfig\.positions: attention='sliced_relu' has no rotary"),
     ("sliced-qkv-bias", lambda: _gpt(attention="sliced_relu", qkv_bias=True), ValueError, r"DecoderConfig\.qkv_bias"),
     ("sliced-gqa", lambda: _gpt(attention="sliced_relu", n_kv_heads=1), ValueError, r"DecoderConfig\.n_kv_heads"),
+    # issue 47: nanoGPT's initialisation, for nanoGPT's layout only
+    ("init-unknown", lambda: DecoderLM(_gpt()).reset_parameters(init="xavier"), ValueError,
+     r"DecoderLM\.reset_parameters\.init: expected one of \('gpt2', 'nanogpt'\), got 'xavier'"),
+    ("init-nanogpt-sliced", lambda: DecoderLM(_gpt(attention="sliced_relu")).reset_parameters(init="nanogpt"),
+     ValueError, r"init: 'nanogpt' initialises nanoGPT's layout .* this model has attention='sliced_relu'"),
+    ("init-nanogpt-rms", lambda: DecoderLM(_gpt(norm="rms")).reset_parameters(init="nanogpt"), ValueError,
+     r"init: 'nanogpt' .* this model has norm='rms'"),
+    ("init-nanogpt-gqa", lambda: DecoderLM(_gpt(n_kv_heads=1)).reset_parameters(init="nanogpt"), ValueError,
+     r"init: 'nanogpt' initialises nanoGPT's attention .* n_kv_heads=1, n_heads=2"),
+    ("init-generator-int", lambda: DecoderLM(_gpt()).reset_parameters(3, init="nanogpt"), TypeError,
+     r"DecoderLM\.reset_parameters\.generator: expected a torch\.Generator or None, got int"),
 )
 
 
