@@ -150,17 +150,18 @@ def config(args, v) -> TrainConfig:
 
 def build(args, vocab_size, control: str = "piecewise_constant", solver: str = "euler", n_steps: int | None = None,
           scheme: str = "lie"):
-    """The model, nanoGPT's initial weights; ``control``: the layer weights' kind in time
-    (``convert_time_controls``: their L2 projection onto it, as many modes as layers);
+    """The model, nanoGPT's initial weights (``DecoderLM.reset_parameters(init="nanogpt")``);
+    ``control``: the layer weights' kind in time (``convert_time_controls``: their L2
+    projection onto it, as many modes as layers);
     ``solver``: the substep solver of its own (``"euler"``: GPT's layer); ``scheme``:
     ``"lie"`` (GPT's layer at dt = 1) or ``"parallel"`` (both terms from the same state)."""
-    torch.manual_seed(args.seed)
-    peer = tt.NanoGPT(vocab_size, args.context, args.d_model, args.layers, args.heads, 4 * args.d_model)
     cfg = tt.opsplit_config(vocab_size, args, scheme=scheme)
     if args.dropout:  # the residual (field) and embedding dropout of nanoGPT's small configurations
         cfg = dataclasses.replace(cfg, residual_dropout=args.dropout, embedding_dropout=args.dropout)
     model = DecoderLM(cfg, generator=torch.Generator().manual_seed(args.seed))
-    tt.copy_peer_weights(peer, model)
+    # the weights of train_text.NanoGPT built after torch.manual_seed(args.seed) (what this
+    # script copied before; opsplit train's model.init = "nanogpt")
+    model.reset_parameters(torch.Generator().manual_seed(args.seed), init="nanogpt")
     if solver != "euler":
         for sub in field_substeps(model.decoder.scheme):
             sub.solver = as_solver(solver, "own_solver")
