@@ -30,7 +30,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -39,14 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from opsplit.analysis import relative_l2  # noqa: E402
-from opsplit.control import CPUTimeBudget, Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data.burgers import RESOLUTIONS, load_burgers  # noqa: E402
-from opsplit.data.burgers_solver import solve_burgers  # noqa: E402
-from opsplit.models import NeuralOperatorTransformer  # noqa: E402
-from opsplit.operators import FourierMultiplier  # noqa: E402
+from opsplit.analysis import relative_l2
+from opsplit.control import CPUTimeBudget, Objective, TrainConfig, Trainer
+from opsplit.data.burgers import RESOLUTIONS, load_burgers
+from opsplit.data.burgers_solver import solve_burgers
+from opsplit.models import NeuralOperatorTransformer
+from opsplit.operators import FourierMultiplier
 
 OUT = Path(__file__).resolve().parent / "out" / "burgers"
 FIG = Path(__file__).resolve().parents[1] / "docs" / "figures" / "burgers_resolution.png"

@@ -1,5 +1,6 @@
 """Named discretisations that recover known architectures."""
 
+from .attention_operator import AttentionNeuralOperator
 from .continuous import ContinuousTransformer
 from .convert import from_torch, load_torch_state_dict, to_torch, torch_state_dict
 from .cvt import CvT, CvTOutput, CvtReadout, CvtStageSpec, build_cvt, one_head_cvt
@@ -70,6 +71,7 @@ __all__ = [
     "to_hf",
     "hf_state_dict",
     "NeuralOperatorTransformer",
+    "AttentionNeuralOperator",
     "IntegralPatchEmbedding",
     "PixelQuadrature",
     "OnPixelGrid",

@@ -12,6 +12,7 @@ from .dropout import FieldDropout
 from .droppath import DropPath, FieldDropPath, StateDropout
 from .feedforward import FeedForward
 from .ffn import FFNIntegral
+from .field_sum import FieldSum
 from .fourier_attention import FourierAttention
 from .fourier_multiplier import FourierMultiplier
 from .galerkin_attention import GalerkinAttention
@@ -29,6 +30,7 @@ from .rmsnorm import ProjectionSphere, project_sphere
 from .rope import RotaryEmbedding
 from .sliced_attention import SlicedReLUAttention, SlicedReLUBumpAttention
 from .spectral_convolution import SpectralConvolution
+from .spectral_gated_ffn import SpectralGatedFeedForward
 from .transfer import ConvTransfer, GridTransfer, PrependTokens
 
 __all__ = [
@@ -69,6 +71,8 @@ __all__ = [
     "GalerkinAttention",
     "FourierAttention",
     "SpectralConvolution",
+    "SpectralGatedFeedForward",
+    "FieldSum",
     "Lifting",
     "Projection",
     "FourierMultiplier",
