@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["available_memory", "human_bytes", "check_fits", "steps_memory", "FLOAT_LIST_ENTRY", "GUARD_FROM"]
+__all__ = ["available_memory", "human_bytes", "human_seconds", "check_fits", "steps_memory", "FLOAT_LIST_ENTRY", "GUARD_FROM"]
 
 #: bytes per entry of a Python list of floats (the float object, 24 bytes, and the list's
 #: pointer to it): a time grid of N_t steps holds N_t + 1 of them
@@ -77,3 +77,12 @@ def check_fits(name: str, need: float, what: str, expected: str, *, parts=(), wo
         raise ValueError(f"{name}: {what}: at least {human_bytes(need)} of memory{detail}"
                          f"{f' and {work}' if work else ''} before the first step, more than the "
                          f"{human_bytes(free)} available; expected {expected}")
+
+
+def human_seconds(s: float) -> str:
+    if s >= 86400 * 365 * 100:
+        return f"{s / (86400 * 365):.2e} years"
+    for unit, k in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if s >= k:
+            return f"{s / k:.3g} {unit}"
+    return f"{s:.3g} s"

@@ -28,7 +28,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._memory import available_memory, human_bytes
+from .._memory import available_memory, human_bytes, human_seconds
 from .config import ConfigError
 
 __all__ = ["refusal", "Estimate", "guard", "available_memory", "FLOP_RATE", "CALL_SECONDS", "MAX_SECONDS"]
@@ -64,15 +64,6 @@ class Estimate:
     def times(self, k: float) -> Estimate:
         """``k`` repetitions (same peak memory)."""
         return Estimate(self.flops * k, self.calls * k, self.bytes)
-
-
-def human_seconds(s: float) -> str:
-    if s >= 86400 * 365 * 100:
-        return f"{s / (86400 * 365):.2e} years"
-    for unit, k in (("days", 86400), ("hours", 3600), ("minutes", 60)):
-        if s >= k:
-            return f"{s / k:.3g} {unit}"
-    return f"{s:.3g} s"
 
 
 def _clamped(value, default):

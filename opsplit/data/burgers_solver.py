@@ -75,7 +75,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._memory import available_memory, human_bytes
+from .._memory import available_memory, human_bytes, human_seconds
 
 __all__ = ["etdrk4_coefficients", "solve_burgers", "viscosity_range", "ViscosityRange", "solve_cost",
            "STABILITY_A", "STABILITY_B", "RESOLUTION_TOL", "MAX_STIFFNESS", "MAX_SECONDS"]
@@ -132,15 +132,6 @@ def check_bool(v, name: str) -> bool:
     if not isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{name}: expected True or False, got {v!r}")
     return bool(v)
-
-
-def human_seconds(s: float) -> str:
-    if s >= 86400 * 365 * 100:
-        return f"{s / (86400 * 365):.2e} years"
-    for unit, k in (("days", 86400), ("hours", 3600), ("minutes", 60)):
-        if s >= k:
-            return f"{s / k:.3g} {unit}"
-    return f"{s:.3g} s"
 
 
 def size_guard(who: str, *, seconds: float, nbytes: float, sizes: dict, force: bool, what: str,
