@@ -45,6 +45,9 @@ DIGITS = {
     "multilevel_b": ({}, {"levels": ((1, 0.5), (2, 0.25), (4, 0.25))}),
     "multilevel_lin": ({}, {"levels": ((1, 0.4), (2, 0.3), (4, 0.3)), "levels_prolongation": "linear"}),
     "multilevel_24": ({}, {"levels": ((2, 0.5), (4, 0.5))}),
+    # the learning-rate decay restarted at every level
+    "multilevel_r": ({}, {"levels": ((1, 0.4), (2, 0.3), (4, 0.3)), "levels_schedule": "level"}),
+    "multilevel_rb": ({}, {"levels": ((1, 0.5), (2, 0.25), (4, 0.25)), "levels_schedule": "level"}),
     # every depth: N_t drawn from (1, 2, 4, 8) by cost, a coarse step reading the controls' averages
     "frontier": ({"train_n_steps": (1, 2, 4, 8)}, {"coarse_controls": "average"}),
     "frontier_point": ({"train_n_steps": (1, 2, 4, 8)}, {}),

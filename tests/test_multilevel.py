@@ -317,3 +317,18 @@ def test_training_with_coarse_averages_uses_them(tmp_path):
     with torch.no_grad(), coarse_controls(model, 1):
         want = float(torch.nn.functional.cross_entropy(model(data.inputs, n_steps=1), data.targets))
     assert loss == pytest.approx(want, rel=1e-6)
+
+
+def test_the_schedule_restarts_at_every_level():
+    """levels_schedule='level': the cosine's progress runs from 0 to 1 within each level
+    (the warm-up only in the first), against the formula written out."""
+    tr = Trainer(TinyClassifier(n_steps=4), Objective("cross_entropy"),
+                 tiny_config(levels=((1, 0.4), (2, 0.2), (4, 0.4)), levels_schedule="level", warmup_steps=2))
+    tr._total_steps = 20  # levels start at steps 0, 8, 12
+    want = [0.0] * 3 + [(s - 2) / 6 for s in range(3, 8)] + [(s - 8) / 4 for s in range(8, 12)] + \
+        [(s - 12) / 8 for s in range(12, 20)]
+    assert [tr.progress(s) for s in range(20)] == pytest.approx(want)
+    one = Trainer(TinyClassifier(n_steps=4), Objective("cross_entropy"),
+                  tiny_config(levels=((1, 0.4), (2, 0.2), (4, 0.4)), warmup_steps=2))
+    one._total_steps = 20
+    assert [one.progress(s) for s in range(20)] == pytest.approx([max(0.0, (s - 2) / 18) for s in range(20)])

@@ -21,7 +21,7 @@ from .checkpoint_diff import SettingChange
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
 from .resolution import check_n_steps_list, check_weights, solvers_left_out
 from .coarse import COARSE_MODES
-from .multilevel import PROLONGATIONS, check_levels
+from .multilevel import LEVEL_SCHEDULES, PROLONGATIONS, check_levels
 from .swap import SOLVERS, check_solver_names
 
 __all__ = ["TrainConfig", "ConfigField", "OPTIMIZERS", "SCHEDULES", "RENAMED", "check_int", "check_float",
@@ -270,6 +270,10 @@ class TrainConfig:
                                   "how the controls and the optimizer's moments are prolonged at a level change "
                                   "(opsplit.controls.prolong)", "levels", "refused", default="constant",
                                   choices=PROLONGATIONS)
+    levels_schedule: str = _f(_choice(LEVEL_SCHEDULES), f"one of {LEVEL_SCHEDULES}",
+                              "with levels: one learning-rate schedule over the run ('run') or the decay restarted "
+                              "at every level ('level': the progress within the level)", "levels", "refused",
+                              default="run", choices=LEVEL_SCHEDULES)
     seed: int = _f(_seed, "an integer in [0, 2**32)", "seeds the training RNG, the data order and the augmentation",
                    "data", "refused", default=0)
     shuffle: bool = _f(_bool, "true or false", "reshuffle the training data every epoch (seeded)", "data", "refused",

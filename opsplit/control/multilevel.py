@@ -28,6 +28,11 @@ as they are.  The running costs of the objective (the kinetic energy
 (:func:`~opsplit.controls.restrict` ``kind="sample"``: each coarse piece the value at its
 start, so a freshly initialised model starts with layer weights of the usual scale).
 
+**The learning-rate schedule** (``TrainConfig.levels_schedule``): ``"run"`` — one decay over
+the whole run, as without levels; ``"level"`` — the decay restarted at every level, its
+progress :math:`(s - s_\ell) / (s_{\ell+1} - s_\ell)` within level :math:`\ell`'s steps (the
+warm-up only at the start of the run).
+
 **A level change** (:func:`change_level`) prolongs every control
 (:func:`~opsplit.controls.prolong`, ``TrainConfig.levels_prolongation``: ``"constant"``
 duplicates the pieces — the same function of :math:`t`, so the continuous flow is
@@ -54,9 +59,11 @@ from ..data.base import check_int
 from .coarse import piecewise_controls
 from .swap import propagators
 
-__all__ = ["check_levels", "level_starts", "level_at", "level_n_steps", "model_pieces", "check_level_schedule",
+__all__ = ["LEVEL_SCHEDULES", "check_levels", "level_starts", "level_at", "level_n_steps", "model_pieces", "check_level_schedule",
            "change_level", "PROLONGATIONS"]
 
+#: the learning-rate schedule of a multilevel run: one over the run, or restarted at every level
+LEVEL_SCHEDULES = ("run", "level")
 _PIECEWISE = (PiecewiseConstant, LayerwiseConstant, PiecewiseLinear)
 
 

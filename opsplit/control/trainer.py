@@ -77,7 +77,7 @@ from .distributed import any_rank, check_data_parallel
 from .flow_costs import check_flow_costs
 from .gradients import restore_gradient_mode, set_gradient_mode
 from .history import History
-from .multilevel import change_level, check_level_schedule, level_at, level_n_steps
+from .multilevel import change_level, check_level_schedule, level_at, level_n_steps, level_starts
 from .objective import Objective, ObjectiveValue, check_objective
 from .paths import check_out_dir, check_path
 from .resolution import draw_n_steps, draw_solver, split_sizes
@@ -373,7 +373,8 @@ class Trainer:
         """The run's progress in [0, 1] after ``step`` optimizer steps (default
         ``self.step``), which the decaying schedules follow: the largest of the callbacks'
         :meth:`~opsplit.control.Callback.progress` values when one returns a number, else
-        (step − warmup_steps) / (total steps − warmup_steps)."""
+        (step − warmup_steps) / (total steps − warmup_steps) — with ``TrainConfig.levels``
+        and ``levels_schedule="level"`` the progress within the current level's steps."""
         step = self.step if step is None else step
         values = []
         for cb in self.callbacks:
@@ -386,6 +387,12 @@ class Trainer:
         if values:
             return min(1.0, max(0.0, max(values)))
         w = self.config.warmup_steps
+        levels = self.config.levels
+        if levels is not None and self.config.levels_schedule == "level":
+            starts = level_starts(levels, self._total_steps) + [self._total_steps]
+            i = level_at(levels, self._total_steps, min(step, self._total_steps - 1))
+            a = max(starts[i], w) if i == 0 else starts[i]
+            return min(1.0, max(0.0, (step - a) / max(1, starts[i + 1] - a)))
         return min(1.0, max(0.0, (step - w) / max(1, self._total_steps - w)))
 
     def _lr_factor(self, step: int) -> float:
