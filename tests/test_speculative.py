@@ -288,5 +288,18 @@ def test_stages_of_a_solver_cache_apart(attention, solver):
 
 def test_auto_k_follows_the_acceptance():
     assert spec._best_k(0.95, 0.25) > spec._best_k(0.5, 0.25) >= 1
-    assert spec._best_k(0.2, 0.9) == 1
+    assert spec._best_k(0.2, 0.9) == 0  # no draft pays: plain decoding
     assert spec._best_k(0.999, 0.01) == spec.MAX_DRAFT_TOKENS
+
+
+def test_auto_k_stops_drafting_where_no_draft_pays_and_probes_again():
+    m = _model("softmax", "lie", torch.float64, seed=7, scale=1.0)
+    ids, _ = _prompts(23, 1, 6, 7)
+    ref = m.generate(ids, 60, n_steps=8)
+    out = speculative_generate(m, ids, 60, n_steps=8, draft=1, num_draft_tokens="auto")
+    assert torch.equal(out.sequences, ref)
+    assert out.acceptance_rate < 0.3
+    ks = out.draft_lengths
+    assert 0 in ks and ks.count(0) > len(ks) // 2  # mostly the target alone
+    first = ks.index(0)
+    assert any(k > 0 for k in ks[first + spec.PROBE_EVERY - 1: first + spec.PROBE_EVERY + 1])  # a probing round

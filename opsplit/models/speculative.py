@@ -33,7 +33,8 @@ drafts are accepted.  **Cost** per round: :math:`k` draft steps and one target s
 picks :math:`k \le 16` each round maximising that ratio, with :math:`\alpha` a running mean of
 the acceptances and the draft's cost relative to the target's (term evaluations per token,
 :meth:`DecoderLM.solve_cost <opsplit.models.DecoderLM.solve_cost>`; the verification counted
-as one target step).
+as one target step), or :math:`k = 0` — plain decoding — where no draft pays (a round of one
+draft every :data:`PROBE_EVERY` rounds measures the acceptance again).
 
 **Batches.**  Every row of a batch is judged on its own; a round appends as many positions
 as the row that accepted most, and in the other rows the positions past their accepted
@@ -66,6 +67,8 @@ __all__ = ["DraftSolve", "SpeculativeOutput", "speculative_generate", "speculati
 
 #: the largest number of draft tokens ``num_draft_tokens="auto"`` chooses
 MAX_DRAFT_TOKENS = 16
+#: ``num_draft_tokens="auto"`` with no draft paying: rounds of the target alone between two rounds of one draft
+PROBE_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -215,10 +218,10 @@ def speculative_accept(target: Tensor, draft_probs: Tensor | None, draft_tokens:
 def _best_k(alpha: float, cost: float) -> int:
     """The number of drafts maximising tokens per round over its cost, :math:`(1 -
     \\alpha^{k+1}) / ((1 - \\alpha)(k c + 1))`, for acceptance rate ``alpha`` and draft cost
-    ``c`` relative to a target step."""
+    ``c`` relative to a target step; 0 (plain decoding) where no draft pays."""
     alpha = min(max(alpha, 0.0), 0.999)
-    best, arg = -1.0, 1
-    for k in range(1, MAX_DRAFT_TOKENS + 1):
+    best, arg = -1.0, 0
+    for k in range(0, MAX_DRAFT_TOKENS + 1):
         v = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost + 1))
         if v > best:
             best, arg = v, k
@@ -331,6 +334,7 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
     n, ct, cd = N + 1, N, N  # slots; tokens in the target's and the draft's cache
     k = 4 if k_arg == "auto" else k_arg
     alpha, cost = 0.8, draft_cost / target_cost
+    probe = PROBE_EVERY  # with k = 0 ("auto": no draft pays), a round of one draft every PROBE_EVERY rounds
     while not bool(done.all()):
         need = (max_new_tokens - count).masked_fill(done, 0)  # tokens each row still needs
         k_eff = min(k, int(need.max()) - 1)
@@ -401,9 +405,14 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
         out.draft_lengths.append(k_eff)
         out.drafted.append(judged)
         out.accepted.append(int(acc.sum()))
-        if k_arg == "auto" and judged:
-            alpha = 0.7 * alpha + 0.3 * (int(acc.sum()) / judged)
-            k = _best_k(alpha, cost)
+        if k_arg == "auto":
+            if judged:
+                alpha = 0.7 * alpha + 0.3 * (int(acc.sum()) / judged)
+                k = _best_k(alpha, cost)
+            if k == 0:
+                probe -= 1
+                if probe <= 0:  # measure the acceptance again
+                    k, probe = 1, PROBE_EVERY
     L = int(count.max())
     out.sequences = torch.cat([input_ids, new[:, :L]], 1)
     return out
