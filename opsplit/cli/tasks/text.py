@@ -20,20 +20,26 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ...analysis.ngram import NGram
 from ...control import Callback, Trainer
 from ...control.checkpoint import latest_checkpoint, load_checkpoint
 from ...control.resolution import expected_stages
 from ...data import CharVocab, TensorData, bits_per_char, corpus_chars, load_text, text_windows
+from ...data.dedup import deduplicate
 from ...models import DecoderConfig, DecoderLM
 from ...models.decoder_lm import ATTENTION_KINDS, DECODER_SCHEMES
-from ..budget import Estimate
+from ...models.nanogpt_init import INITS
+from ...solvers import EXPLICIT_SOLVERS, solver_class
+from .. import continuity_report
+from ..budget import CALL_SECONDS, Estimate
 from ..config import TOP, ConfigError, Field, at_least, both, distinct, load, read_top, seed_field
 from . import base
 from .base import Interrupted, check_new_folder, objective_key, train_key
 
 __all__ = ["SCHEMA", "RENAMED", "check", "estimate", "prepare", "run", "build_model", "forward_flops",
            "decode_flops", "cache_bytes", "lm_loss", "objective", "run_config", "load_model", "load_run",
-           "check_n_t", "check_temperature", "generate_estimate", "VOCAB", "check_new_folder"]
+           "check_n_t", "check_temperature", "generate_estimate", "VOCAB", "check_new_folder", "training_grid",
+           "held_out", "DEDUP_K", "EVAL_BATCH"]
 
 NAME = base.NAME
 EXAMPLE = """\
@@ -68,6 +74,15 @@ NEW_TOKENS = 200
 #: the keys that fix which characters a text run trains on (TrainConfig.extra: recorded in
 #: the run's checkpoints; an edit is refused on --resume like one of train.lr)
 DATA_KEYS = ("data.corpus", "data.val_fraction", "data.split_seed", "data.max_chars")
+#: the deduplicated validation text shares no substring of this many characters with the
+#: training text (whole paragraphs removed: :func:`opsplit.data.dedup.deduplicate`)
+DEDUP_K = 40
+#: windows per forward call of the solver-swap table
+EVAL_BATCH = 64
+#: the n-gram baseline's fit: seconds per training character and order (Python counting;
+#: 1.6 million characters at order 7 in 28 s on the 2-core development machine at load 6)
+#: and bytes per training character and order (400 MB for the same fit)
+NGRAM_SECONDS, NGRAM_BYTES = 2.5e-6, 40.0
 #: the keys of an earlier version -> their names now (refused, naming the new one)
 RENAMED = {"train.steps": "train.max_steps", "train.kinetic": "objective.kinetic",
            "train.acceleration": "objective.acceleration", "train.eval_n_steps": "eval.n_steps",
@@ -88,6 +103,9 @@ SCHEMA = {
         "layers": Field("int", 4, "control pieces on [0, T], T = layers (N_t = layers: dt = 1)", at_least(1)),
         "attention": Field("str", "softmax", "the attention term", choices=ATTENTION_KINDS),
         "scheme": Field("str", "lie", "the splitting of attention and feed-forward", choices=DECODER_SCHEMES),
+        "init": Field("str", "gpt2", "initial weights: gpt2 (DecoderLM's: every weight normal with std 0.02) or "
+                      "nanogpt (nanoGPT's: the residual projections' std 0.02 / sqrt(2 layers), drawn as "
+                      "benchmarks/train_text.py's NanoGPT draws them; softmax attention)", choices=INITS),
         "seed": seed_field("seed of the initial weights"),
     },
     "train": {
@@ -115,8 +133,15 @@ SCHEMA = {
     },
     "eval": {
         "n_steps": Field("int_list", [1, 2, 4, 8, 16], "N_t at which the trained model is evaluated on the "
-                         "validation split", both(at_least(1), distinct)),
-        "windows": Field("int", 0, "validation windows evaluated (0: all)", at_least(0)),
+                         "validation split and on its deduplicated text (the solver-swap table)",
+                         both(at_least(1), distinct)),
+        "solvers": Field("str_list", ["heun", "rk4"], "substep solvers the trained model is also solved with on the "
+                         "deduplicated validation text, at N_t >= the training grid (besides its own)", distinct,
+                         choices=EXPLICIT_SOLVERS),
+        "ngram_order": Field("int", 7, "order of the Kneser-Ney n-gram baseline fitted on the training text and "
+                             "scored on the same validation texts (0: none)", at_least(0)),
+        "windows": Field("int", 0, "validation windows evaluated, of the split and of its deduplicated text "
+                         "(0: all)", at_least(0)),
     },
     "data": {
         "corpus": Field("str", "pydoc_topics", "text that ships with Python", choices=CORPORA),
@@ -178,6 +203,9 @@ def check(cfg) -> None:
     if m["attention"] == "softmax" and m["d_model"] % m["heads"]:
         raise ConfigError(f"model.heads: expected a divisor of model.d_model = {m['d_model']} (softmax heads "
                           f"split the features), got {m['heads']}")
+    if m["init"] == "nanogpt" and m["attention"] != "softmax":
+        raise ConfigError(f"model.init: 'nanogpt' initialises nanoGPT's softmax attention; with model.attention = "
+                          f"{m['attention']!r} expected 'gpt2', got 'nanogpt'")
     train_config(cfg, progress=False)
     objective(cfg)
     if d["max_chars"] == 1:
@@ -236,10 +264,13 @@ def estimate(cfg) -> Estimate:
     """Training (forward and backward: 3 forward passes' flops), the evaluations at
     ``eval.n_steps`` on the validation windows of the corpus (its real size:
     :func:`opsplit.data.corpus_chars`), and the sampled characters (one decode step each
-    with the key/value cache: :func:`decode_flops`); memory: the corpus (its string and ids
-    while it is encoded), the training windows (``max_steps x batch_size`` of ``context + 1``
-    ids, three int64 copies while they are cut), parameters with gradients and AdamW state,
-    and the activations of a batch."""
+    with the key/value cache: :func:`decode_flops`), the solver-swap table on the
+    deduplicated validation text (bounded by the split's windows), the deduplication and the
+    n-gram baseline's fit (Python work: :data:`NGRAM_SECONDS`); memory: the corpus (its
+    string and ids while it is encoded), the training windows (``max_steps x batch_size`` of
+    ``context + 1`` ids, three int64 copies while they are cut), parameters with gradients
+    and AdamW state, and the activations of a batch — or, when larger, the training text's
+    substrings of the deduplication or the n-gram's counts (:data:`NGRAM_BYTES`)."""
     m, t, e, d, g = cfg["model"], cfg["train"], cfg["eval"], cfg["data"], cfg["generate"]
     N, dm = m["context"], m["d_model"]
     mean_n = sum(t["n_steps"]) / len(t["n_steps"])
@@ -248,7 +279,10 @@ def estimate(cfg) -> Estimate:
     fwd, calls = forward_flops(m, 1)
     work = Estimate(t["max_steps"] * t["batch_size"] * 3 * fwd * mean_n, t["max_steps"] * 3 * calls * mean_n)
     chars = corpus_chars(d["corpus"], d["max_chars"] or None)
-    windows = max(1, int(chars * d["val_fraction"]) // N)
+    # the validation split: a share of the corpus (pydoc_docstrings: of its topics, the
+    # docstrings join the training split only)
+    val_chars = corpus_chars("pydoc_topics") if d["corpus"] == "pydoc_docstrings" else chars
+    windows = max(1, int(val_chars * d["val_fraction"]) // N)
     if e["windows"]:
         windows = min(windows, e["windows"])
     for n in e["n_steps"]:
@@ -257,13 +291,31 @@ def estimate(cfg) -> Estimate:
     for n in e["n_steps"]:  # one sample per N_t
         per = decode_flops(m, n, len(g["prompt"]) + g["max_new_tokens"])
         work += Estimate(g["max_new_tokens"] * per[0], g["max_new_tokens"] * per[1])
+    # the solver-swap table on the deduplicated text (at most the split's windows): the own
+    # solver at eval.n_steps and at the outputs' levels (the training grid x 1 .. 16), each of
+    # eval.solvers at the eval.n_steps from the training grid up
+    ref = training_grid(cfg)
+    own = set(e["n_steps"]) | {ref * k for k in (1, 2, 4, 8, 16)}
+    runs = [(n, 1) for n in own] + [(n, solver_class(s).stages) for s in e["solvers"] for n in e["n_steps"]
+                                    if n >= ref]
+    for n, k in runs:
+        f_n, c_n = forward_flops(m, n)
+        work += Estimate(k * windows * f_n, k * math.ceil(windows / EVAL_BATCH) * c_n)
+    # the deduplication (a set of the training text's substrings) and the n-gram's counts:
+    # Python work, counted in seconds as calls
+    train_chars = chars * (1 - d["val_fraction"])
+    held = 150.0 * train_chars
+    work += Estimate(0.0, 1.5e-6 * train_chars / CALL_SECONDS)
+    if e["ngram_order"]:
+        work += Estimate(0.0, NGRAM_SECONDS * train_chars * e["ngram_order"] / CALL_SECONDS)
+        held = max(held, NGRAM_BYTES * train_chars * e["ngram_order"])
     twice = 2 if m["scheme"] == "strang" else 1
     sliced = m["attention"] != "softmax"
     params = m["layers"] * ((2 + m["heads"] + 2) * dm * dm if sliced else 4 * dm * dm) + m["layers"] * 8 * dm * dm \
         + (N + 110) * dm
     act = t["batch_size"] * max(t["n_steps"]) * N * dm * (twice * (12 + (4 * m["heads"] if sliced else 0)) + 12)
     data = 24.0 * chars + 24.0 * t["max_steps"] * t["batch_size"] * (N + 1)
-    return Estimate(work.flops, work.calls, data + 4.0 * (4.0 * params + act))
+    return Estimate(work.flops, work.calls, max(data + 4.0 * (4.0 * params + act), 24.0 * chars + held))
 
 
 # -- the job --------------------------------------------------------------------------------------
@@ -290,7 +342,51 @@ def decoder_config(m: dict, vocab_size: int):
 
 
 def build_model(m: dict, vocab_size: int):
-    return DecoderLM(decoder_config(m, vocab_size), generator=torch.Generator().manual_seed(m["seed"]))
+    """The model of ``[model]``, its initial weights drawn from ``model.seed``: DecoderLM's
+    own (``model.init = "gpt2"``) or nanoGPT's (``"nanogpt"``: ``DecoderLM.reset_parameters(
+    init="nanogpt")``, the weights benchmarks/continuity_text.py starts from with ``--seed``
+    equal to ``model.seed``)."""
+    model = DecoderLM(decoder_config(m, vocab_size), generator=torch.Generator().manual_seed(m["seed"]))
+    if m.get("init", "gpt2") != "gpt2":
+        model.reset_parameters(torch.Generator().manual_seed(m["seed"]), init=m["init"])
+    return model
+
+
+def training_grid(cfg) -> int:
+    """The training grid's N_t (the reference of the solver-swap table): ``model.layers``
+    when ``train.n_steps`` holds it (the model's own), else the first of ``train.n_steps``."""
+    m, t = cfg["model"], cfg["train"]
+    return m["layers"] if m["layers"] in t["n_steps"] else t["n_steps"][0]
+
+
+def held_out(cfg, corpus) -> dict:
+    """The validation text the model has not seen repeated: the validation split without
+    every paragraph that shares a :data:`DEDUP_K`-character substring with the training text
+    (:func:`opsplit.data.dedup.deduplicate`, as benchmarks/continuity_text.py builds it), its
+    windows of ``model.context`` characters (at most ``eval.windows``).  When no paragraph
+    survives, or too few characters for one window, the whole validation split stands in
+    (``"deduplicated": False``, ``"why"`` says so)."""
+    m, k = cfg["model"], cfg["eval"]["windows"]
+    train_text, val_text = corpus.vocab.decode(corpus.train), corpus.vocab.decode(corpus.val)
+    try:
+        text, info = deduplicate(val_text, train_text, k=DEDUP_K, unit="paragraph")
+    except ValueError:
+        text, info = None, None
+    ids = None if text is None else corpus.vocab.encode(text, errors="replace")
+    why = None
+    if text is None:
+        why = (f"every paragraph of the validation split shares a {DEDUP_K}-character substring with the training "
+               f"text")
+    elif ids.numel() < m["context"] + 1:
+        why = (f"the {ids.numel()} characters of the validation split that share no {DEDUP_K}-character substring "
+               f"with the training text are fewer than one window of model.context = {m['context']} and its targets")
+    if why is not None:
+        text, ids = val_text, corpus.val
+    windows = text_windows(ids, m["context"], name="validation_dedup" if why is None else "validation")
+    if k and k < len(windows):
+        windows = TensorData(windows.inputs[:k], windows.targets[:k], name=windows.name)
+    return {"text": text, "train_text": train_text, "val_text": val_text, "windows": windows, "info": info,
+            "deduplicated": why is None, "why": why}
 
 
 def windows(cfg, corpus):
@@ -412,6 +508,18 @@ def run(cfg, plan, out, progress=True):
             rows.append({"n_t": n, "dt": m["layers"] / n, "val_bits_per_char": bpc, "gen_chars_per_s": rate,
                          "trained_at": "yes" if n in t["n_steps"] else ""})
             samples.append((n, corpus.vocab.decode(ids[0])))
+        held = held_out(cfg, corpus)
+        ref = training_grid(cfg)
+        cont = continuity_report.measure(model, held["windows"], n_steps=e["n_steps"], reference=ref,
+                                         solvers=["trained", *e["solvers"]], batch_size=EVAL_BATCH, loss=lm_loss,
+                                         output="logits", metric="bits_per_char")
+        whole = next((r["val_bits_per_char"] for r in rows if r["n_t"] == ref), None)
+        if whole is None:
+            whole = bits_per_char(trainer.evaluate(val, n_steps=ref)["loss"])
+        ngram = None
+        if e["ngram_order"]:
+            ng = NGram(e["ngram_order"], "kneser_ney").fit(held["train_text"], corpus.vocab.size)
+            ngram = {"held": ng.bits_per_char(held["text"]), "val": ng.bits_per_char(held["val_text"])}
     split_weighted = t["solvers_split"] and isinstance(t["solvers_split_weights"], list)
     out.heading("Training a character-level GPT")
     out.text(
@@ -448,7 +556,43 @@ def run(cfg, plan, out, progress=True):
     for n, text in samples:
         out.text(f"Sample at N_t = {n} (seed {g['seed']}, temperature {g['temperature']:g}):")
         out.code(text)
+    what = _held_out_section(out, cfg, held, cont, ngram, whole)
+    continuity_report.write(out, cont, what=what)
     return trainer, history, rows
+
+
+def _held_out_section(out, cfg, held, cont, ngram, whole) -> str:
+    """The report's part on the deduplicated validation text: what it is, and the model at
+    its training grid beside the n-gram baseline (a table); returns the metric's name for
+    the solver-swap table that follows."""
+    ref, order = cont.reference, cfg["eval"]["ngram_order"]
+    out.heading("The validation text without repeats")
+    if held["deduplicated"]:
+        info = held["info"]
+        what = "bits/char on the deduplicated validation text"
+        out.text(f"The validation paragraphs that share no {DEDUP_K}-character substring with the training text "
+                 f"(opsplit.data.dedup): {info['chars_after']} of {info['chars_before']} characters, "
+                 f"{info['units_kept']} of {info['units_before']} paragraphs, {len(held['windows'])} windows of "
+                 f"{cfg['model']['context']} characters. Documents that quote each other flatter every model on the "
+                 f"whole split, and a model that memorises the training text most.")
+        name, col = "deduplicated validation text", "deduplicated validation bits/char"
+    else:
+        what = "validation bits/char"
+        out.text(f"No deduplicated validation text: {held['why']}; the tables below use the whole validation split "
+                 f"({len(held['windows'])} windows).")
+        name, col = "validation split", "validation bits/char"
+    table = [{"model": f"this model, training grid (N_t = {ref['n_steps']}, {ref['solver']} substeps)",
+              col: ref[cont.metric], "whole validation split bits/char": whole}]
+    if ngram is not None:
+        table.append({"model": f"Kneser-Ney {order}-gram (opsplit.analysis.NGram) fitted on the training text",
+                      col: ngram["held"], "whole validation split bits/char": ngram["val"]})
+        gap = ref[cont.metric] - ngram["held"]
+        out.text(f"On the {name} the model scores {ref[cont.metric]:.4f} bits/char at its training grid, "
+                 f"{abs(gap):.4f} {'below' if gap < 0 else 'above'} the Kneser-Ney {order}-gram baseline fitted on "
+                 f"the same {len(held['train_text'])} training characters ({ngram['held']:.4f}).")
+    out.table("baseline", table, title=f"bits per character on the {name}, beside the n-gram baseline",
+              kind="text_baseline")
+    return what
 
 
 # -- `opsplit generate` reads a run folder -----------------------------------------------------
