@@ -78,14 +78,12 @@ from ..operators._guard import check_output
 from ..operators.spectral_gated_ffn import time_control
 from ..propagator import Propagator
 from ..schemes import Lie
-from ..solvers import RK4, ExplicitEuler, Heun, Substep
+from ..solvers import EXPLICIT_SOLVERS, Substep, solver_class
 
-__all__ = ["AttentionNeuralOperator", "ATTENTIONS", "SOLVERS", "band_limit"]
+__all__ = ["AttentionNeuralOperator", "ATTENTIONS", "band_limit"]
 
 #: the attention integrals the model offers (``"none"``: the flow of the feed-forward term alone)
 ATTENTIONS = ("galerkin", "fourier", "none")
-#: the substep solvers by name
-SOLVERS = {"euler": ExplicitEuler, "heun": Heun, "rk4": RK4}
 
 
 def band_limit(w: Tensor, n_out: int, modes: int) -> Tensor:
@@ -143,8 +141,8 @@ class AttentionNeuralOperator(nn.Module):
             raise ValueError(f"{who}.dims: expected 1 or 2, got {dims!r}")
         if attention not in ATTENTIONS:
             raise ValueError(f"{who}.attention: expected one of {ATTENTIONS}, got {attention!r}")
-        if solver not in SOLVERS:
-            raise ValueError(f"{who}.solver: expected one of {tuple(SOLVERS)}, got {solver!r}")
+        if solver not in EXPLICIT_SOLVERS:
+            raise ValueError(f"{who}.solver: expected one of {EXPLICIT_SOLVERS}, got {solver!r}")
         d = check_positive_int(d_model, f"{who}.d_model")
         H = check_positive_int(heads, f"{who}.heads")
         dh = check_positive_int(head_dim, f"{who}.head_dim")
@@ -200,7 +198,7 @@ class AttentionNeuralOperator(nn.Module):
         if attention != "none":
             terms.append(self._attention(attention, d, H, dh, T, time_modes, generator, fk))
         self.field = FieldSum(*terms)
-        scheme = Lie([Substep(self.field, SOLVERS[solver]())])
+        scheme = Lie([Substep(self.field, solver_class(solver, f"{who}.solver")())])
         grid = Grid(x=Interval(length=self.length, rule="left"), y=Interval.paper(d)) if dims == 1 else None
         self.propagator = Propagator(scheme, self.n_steps, t0=0.0, t1=T, grid=grid)
         self.projection = Projection(d, proj_hidden, out_channels, **fk)
