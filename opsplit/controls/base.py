@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import skip_value_checks
+from .._checks import check_finite_float, skip_value_checks
 
 __all__ = ["Control"]
 
@@ -75,6 +75,29 @@ class Control(nn.Module):
 
     def forward(self, t, grid=None) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    # -- shared by the controls stored as values over a time interval ----------------------
+
+    def _check_per_row(self, values: Tensor, name: str, per: str = "") -> None:
+        """Raise if the control has more axes than ``values`` ``(n_rows, *shape)`` has
+        trailing dimensions (``per`` ends the message: ``" per piece"``)."""
+        if len(self.axes) > values.dim() - 1:
+            raise ValueError(
+                f"{name}: {len(self.axes)} axes {self.axes} but values of shape "
+                f"{tuple(values.shape[1:])}{per}"
+            )
+
+    def _set_interval(self, t0, t1, name: str) -> None:
+        """Check and set the time interval ``[t0, t1]`` (finite, ``t0 < t1``)."""
+        self.t0 = check_finite_float(t0, f"{name}.t0")
+        self.t1 = check_finite_float(t1, f"{name}.t1")
+        if self.t1 <= self.t0:
+            raise ValueError(f"{name}: expected t0 < t1, got t0={t0}, t1={t1}")
+
+    def _repr_flags(self) -> str:
+        """The tail of ``extra_repr`` every control shares: its axes and ``positive``."""
+        s = f", axes={self.axes}" if self.axes else ""
+        return s + (", positive=True" if getattr(self, "positive", False) else "")
 
 
 def _time_of(t) -> float:

@@ -56,7 +56,4 @@ class Constant(Control):
         self.check_grid(self.shape, grid, name)
 
     def extra_repr(self) -> str:
-        s = f"shape={self.shape}"
-        if self.axes:
-            s += f", axes={self.axes}"
-        return s
+        return f"shape={self.shape}" + self._repr_flags()

@@ -37,16 +37,10 @@ class TimeTable(Control):
                 f"{name}.values: expected shape (n_{self._row}s, *shape) with at least one "
                 f"{self._row}, got {tuple(values.shape)}"
             )
-        if len(self.axes) > values.dim() - 1:
-            raise ValueError(
-                f"{name}: {len(self.axes)} axes {self.axes} but values of shape "
-                f"{tuple(values.shape[1:])} per {self._row}"
-            )
-        n = int(values.shape[0])
-        self.t0 = check_finite_float(t0, f"{name}.t0")
-        self.t1 = self.t0 + self._default_span(n) if t1 is None else check_finite_float(t1, f"{name}.t1")
-        if self.t1 <= self.t0:
-            raise ValueError(f"{name}: expected t0 < t1, got t0={t0}, t1={t1}")
+        self._check_per_row(values, name, f" per {self._row}")
+        if t1 is None:
+            t1 = check_finite_float(t0, f"{name}.t0") + self._default_span(int(values.shape[0]))
+        self._set_interval(t0, t1, name)
         self.positive = bool(positive)
         if self.positive:
             if not bool((values > 0).all()):
@@ -84,9 +78,5 @@ class TimeTable(Control):
         return self
 
     def extra_repr(self) -> str:
-        s = f"n_{self._row}s={self.raw.shape[0]}, shape={self.shape}, t=[{self.t0:g}, {self.t1:g}]"
-        if self.axes:
-            s += f", axes={self.axes}"
-        if self.positive:
-            s += ", positive=True"
-        return s
+        return (f"n_{self._row}s={self.raw.shape[0]}, shape={self.shape}, t=[{self.t0:g}, {self.t1:g}]"
+                + self._repr_flags())

@@ -21,7 +21,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_finite_float
 from .base import Control, _check_values, _time_of
 
 __all__ = ["TimeBasis", "basis_matrix", "BASES"]
@@ -92,17 +91,10 @@ class TimeBasis(Control):
                 "TimeBasis.coefficients: expected shape (n_modes, *shape) with n_modes >= 1, "
                 f"got {tuple(c.shape)}"
             )
-        if len(self.axes) > c.dim() - 1:
-            raise ValueError(
-                f"TimeBasis: {len(self.axes)} axes {self.axes} but values of shape "
-                f"{tuple(c.shape[1:])}"
-            )
+        self._check_per_row(c, "TimeBasis")
         if basis not in BASES:
             raise ValueError(f"TimeBasis.basis: expected one of {sorted(BASES)}, got {basis!r}")
-        self.t0 = check_finite_float(t0, "TimeBasis.t0")
-        self.t1 = check_finite_float(t1, "TimeBasis.t1")
-        if self.t1 <= self.t0:
-            raise ValueError(f"TimeBasis: expected t0 < t1, got t0={t0}, t1={t1}")
+        self._set_interval(t0, t1, "TimeBasis")
         self.basis = basis
         self.positive = bool(positive)
         self.n_modes = int(c.shape[0])
@@ -135,12 +127,5 @@ class TimeBasis(Control):
         self.check_grid(self.shape, grid, name)
 
     def extra_repr(self) -> str:
-        s = (
-            f"basis={self.basis!r}, n_modes={self.n_modes}, shape={self.shape}, "
-            f"t=[{self.t0:g}, {self.t1:g}]"
-        )
-        if self.axes:
-            s += f", axes={self.axes}"
-        if self.positive:
-            s += ", positive=True"
-        return s
+        return (f"basis={self.basis!r}, n_modes={self.n_modes}, shape={self.shape}, "
+                f"t=[{self.t0:g}, {self.t1:g}]" + self._repr_flags())
