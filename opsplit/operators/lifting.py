@@ -113,8 +113,22 @@ def _check_like(x: Tensor, p: Tensor, name: str) -> None:
                         f"{x.device}")
 
 
-class Lifting(nn.Module):
-    r"""The lifting (F) of the module docstring.
+class _CheckedMap(nn.Module):
+    """A map of a field whose ``forward`` checks the parameters finite (named), the input by
+    ``check_input``, both before any compute, then applies ``_map`` under
+    :func:`~opsplit.operators._guard.checked_call` (errors named by ``_what``)."""
+
+    _what = "map"
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_parameters_finite(self, self._what)
+        x = self.check_input(x)
+        return checked_call(self, self._what, lambda: self._map(x))
+
+
+class Lifting(_CheckedMap):
+    r"""The lifting (F) of the module docstring: ``u`` ``(B, N_x)`` or ``(B, N_x, C)`` ->
+    ``(B, N_x, N_y)``.
 
     Args:
         in_channels: :math:`C`, channels of the input field.
@@ -159,12 +173,7 @@ class Lifting(nn.Module):
             check_periodic(u, name, self.periodic_tol)
         return u
 
-    def forward(self, u: Tensor) -> Tensor:
-        """``u`` ``(B, N_x)`` or ``(B, N_x, C)`` -> ``(B, N_x, N_y)`` (the parameters checked
-        finite, named, and ``u`` by :meth:`check_input`, before any compute)."""
-        check_parameters_finite(self, "Lifting")
-        u = self.check_input(u)
-        return checked_call(self, "Lifting", lambda: self._lift(u))
+    _what = "Lifting"
 
     def _lift(self, u: Tensor) -> Tensor:
         """(F) on a checked field ``(B, N_x, C)``."""
@@ -174,12 +183,14 @@ class Lifting(nn.Module):
             u = torch.cat([u, p], dim=-1)
         return self.linear(u)
 
+    _map = _lift
+
     def extra_repr(self) -> str:
         return (f"in_channels={self.in_channels}, n_y={self.n_y}, n_freq={self.n_freq}, L={self.length:g}, "
                 f"rule={self.rule!r}, periodic_tol={self.periodic_tol}")
 
 
-class Projection(nn.Module):
+class Projection(_CheckedMap):
     r"""The projection (G) of the module docstring: ``(B, N_x, N_y)`` -> ``(B, N_x)`` (one
     output channel) or ``(B, N_x, C)``.
 
@@ -213,12 +224,7 @@ class Projection(nn.Module):
         check_finite(v, name)
         return v
 
-    def forward(self, v: Tensor) -> Tensor:
-        """``v`` ``(B, N_x, N_y)`` -> ``(B, N_x)`` or ``(B, N_x, C)`` (the parameters checked
-        finite, named, and ``v`` by :meth:`check_input`, before any compute)."""
-        check_parameters_finite(self, "Projection")
-        v = self.check_input(v)
-        return checked_call(self, "Projection", lambda: self._project(v))
+    _what = "Projection"
 
     def _project(self, v: Tensor) -> Tensor:
         """(G) on a checked state."""
@@ -226,3 +232,5 @@ class Projection(nn.Module):
         h = F.gelu(h) if self.activation == "gelu" else F.relu(h)
         w = self.fc2(h)
         return w.squeeze(-1) if self.out_channels == 1 else w
+
+    _map = _project
