@@ -40,18 +40,14 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opsplit.models import DecoderConfig, DecoderLM  # noqa: E402
 from opsplit.operators import KVCache  # noqa: E402
-from opsplit.operators.sliced_attention import _SortedRuns  # noqa: E402
 
 KINDS = ("new", "old", "softmax")
 
@@ -79,8 +75,8 @@ def fill(model: DecoderLM, n: int, kind: str, seed: int = 1):
     op, c = model.attention, model.config
     g = torch.Generator().manual_seed(seed)
     built = 0.0
+    cache.begin(n)  # one call of n tokens: every layer's entry holds them
     for t in model.decoder.times(None)[:-1]:
-        cache.begin()
         if kind == "softmax":
             k = torch.randn(1, c.n_kv_heads, n, c.head_dim, generator=g)
             cache.update(op, t, k, torch.randn(k.shape, generator=g), key_max=float(k.abs().amax()))
@@ -89,18 +85,11 @@ def fill(model: DecoderLM, n: int, kind: str, seed: int = 1):
             if kind == "old":
                 cache.update(op, t, zk, v)
             else:
-                st = cache.state(op, t, _SortedRuns)
+                runs = op.cache_state(cache, t).runs
                 t0 = time.process_time()
-                st.runs.append(zk, v)
+                runs.append(zk, v)
                 built += time.process_time() - t0
-    cache._fed = n
     return cache, built
-
-
-def nbytes(cache: KVCache, kind: str) -> int:
-    if kind == "new":
-        return sum(st[2].runs.nbytes() for st in cache._states.values())
-    return sum(x.element_size() * x.numel() for _, _, xs, _ in cache.entries() for x in xs)
 
 
 def main():
@@ -140,7 +129,7 @@ def main():
                 caches[kind], b = fill(model[kind], n, kind)
                 built += b
                 steps[kind] = model[kind].decode_steps(caches[kind])
-                mem[kind] = nbytes(caches[kind], kind) / (n * L)
+                mem[kind] = caches[kind].nbytes() / (n * L)
             tok = torch.tensor([[7]])
             times = {k: [] for k in KINDS}
             for r in range(args.warmup + args.runs):

@@ -303,3 +303,44 @@ def test_auto_k_stops_drafting_where_no_draft_pays_and_probes_again():
     assert 0 in ks and ks.count(0) > len(ks) // 2  # mostly the target alone
     first = ks.index(0)
     assert any(k > 0 for k in ks[first + spec.PROBE_EVERY - 1: first + spec.PROBE_EVERY + 1])  # a probing round
+
+
+# -- the caches' public reading (benchmarks/decode.py builds and measures caches through it) ------------
+def test_cache_states_nbytes_and_a_cache_filled_directly():
+    """``KVCache.states``/``nbytes`` and ``cache_state``: the softmax cache's bytes are its keys'
+    and values' (B H n d each, counted here by hand); a sliced model's prefill leaves one state
+    per step, reached by ``cache_state``; a cache filled directly with those states' keys (runs
+    appended after ``begin(n)``) decodes the next token as the prefilled one does."""
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
+    soft = _model("softmax", "lie", torch.float64, seed=2)
+    c = KVCache()
+    with torch.no_grad():
+        soft(ids, cache=c)
+    cfg = soft.config
+    per_entry = 2 * ids.shape[1] * cfg.n_kv_heads * cfg.head_dim * 8  # keys and values, float64
+    assert c.states() == [] and len(c.entries()) == soft.decoder.n_steps
+    assert c.nbytes() == soft.decoder.n_steps * per_entry
+    m = _model("sliced_relu", "lie", torch.float64, seed=2)
+    a = KVCache()
+    with torch.no_grad():
+        m(ids, cache=a)
+    times = m.decoder.times(None)[:-1]
+    assert [(op, t) for op, t, _ in a.states()] == [(m.attention, float(t)) for t in times]
+    assert a.nbytes() == sum(st.runs.nbytes() for _, _, st in a.states()) > 0
+    # the same random keys in a sorted-runs cache (filled directly) and in a cache of scores and
+    # values (their direct sums): the next decode step agrees
+    n, H, D = 40, m.config.n_heads, m.config.d_model
+    g = torch.Generator().manual_seed(0)
+    runs, sums = KVCache(), KVCache(sorted_runs=False)
+    runs.begin(n)
+    sums.begin(n)
+    with torch.no_grad():
+        for t in times:
+            zk = torch.randn(1, H, n, generator=g, dtype=torch.float64)
+            v = torch.randn(1, H, n, D, generator=g, dtype=torch.float64)
+            m.attention.cache_state(runs, t).runs.append(zk, v)
+            sums.update(m.attention, t, zk, v)
+        assert runs.length == sums.length == n and len(runs.states()) == len(times) and not sums.states()
+        tok, pos = torch.tensor([[7]]), torch.tensor([[n]])
+        torch.testing.assert_close(m.decode_steps(runs)(tok, pos, None), m.decode_steps(sums)(tok, pos, None),
+                                   rtol=1e-9, atol=1e-9)

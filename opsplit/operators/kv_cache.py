@@ -225,6 +225,23 @@ class KVCache:
         tokens; the objects kept through :meth:`state` are not listed)."""
         return [(op, t, tuple(b.narrow(dim, 0, n) for b in bufs), dim) for op, t, bufs, dim, n, _ in self._entries.values()]
 
+    def states(self) -> list:
+        """``(operator, t, state)`` of every object kept through :meth:`state` (the sorted runs
+        of causal sliced attention; tensor entries: :meth:`entries`)."""
+        return [(op, t, st) for op, t, st in self._states.values()]
+
+    def nbytes(self) -> int:
+        """Bytes held for the cached tokens: the used part of every tensor entry (not the
+        geometric capacity) and every kept object's ``nbytes()``."""
+        n = sum(x.element_size() * x.numel() for _, _, xs, _ in self.entries() for x in xs)
+        for _, _, st in self.states():
+            fn = getattr(st, "nbytes", None)
+            if fn is None:
+                raise TypeError(f"KVCache.nbytes: the state {type(st).__name__} does not report its bytes "
+                                "(it has no nbytes())")
+            n += int(fn())
+        return n
+
     def update(self, op, t, *tensors: Tensor, dim: int = 2, key_max: float | None = None) -> tuple[Tensor, ...]:
         """Append the new tokens' ``tensors`` for ``op`` at step ``t`` and return the whole
         prefix (cached, then new) of each.  ``key_max``: :math:`\\max|\\cdot|` of the new

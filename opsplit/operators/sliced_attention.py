@@ -215,6 +215,16 @@ class _SlicedBase(Operator):
             return None  # differentiable (or asked for): concatenated scores and values (KVCache.update)
         if cache.past(self, t) and not cache.has_state(self, t):
             return None  # tensors cached under autograd: continue with them
+        return self.cache_state(cache, t)
+
+    def cache_state(self, cache, t):
+        """The object this term keeps in ``cache`` (a :class:`~opsplit.operators.KVCache`) for
+        its next evaluation at step ``t`` of the call under way (made the first time, as
+        :meth:`KVCache.state`): ``.runs``, the keys as sorted runs
+        (:class:`~opsplit.functional.sliced_runs.SlicedDecodeCache`), and the padding of the
+        cached tokens.  A decode step reaches it through :meth:`sorted_runs`; a caller may fill
+        it directly (``cache_state(cache, t).runs.append(zk, v)`` after ``cache.begin(n)``: a
+        cache of ``n`` given keys, as benchmarks/decode.py builds one)."""
         return cache.state(self, t, _SortedRuns)
 
     def decode_key_weights(self, grid: Grid, zk: Tensor) -> Tensor | None:
@@ -300,6 +310,12 @@ class _SortedRuns:
     @property
     def batch_size(self) -> int | None:
         return self.runs.batch_size
+
+    def nbytes(self) -> int:
+        """Bytes held for the cached tokens: the runs' (:meth:`SlicedDecodeCache.nbytes`,
+        capacity not counted) and the padding's."""
+        pad = 0 if self.padding is None else self.padding.numel() * self.padding.element_size()
+        return self.runs.nbytes() + pad
 
     def select(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` (checked by :meth:`SlicedDecodeCache.select`, before
