@@ -57,20 +57,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from opsplit.control import Objective, TrainConfig, Trainer
+from opsplit.data import load_digits
+from opsplit.models import ImageClassifier, SplitEncoder
+from opsplit.solvers import Heun
 
-from opsplit.control import Objective, TrainConfig, Trainer  # noqa: E402
-from opsplit.data import load_digits  # noqa: E402
-from opsplit.models import ImageClassifier, SplitEncoder  # noqa: E402
-from opsplit.solvers import Heun  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXED = [1, 2, 4, 8, 16, 32]
 
@@ -105,8 +103,7 @@ def recipe_digits(path: str):
     """The classifier of the digits recipe (benchmarks/train_digits.py: hybrid scheme, explicit
     Euler, piecewise-constant controls, N_t = 4 on [0, 4]) with the weights saved at ``path`` by
     benchmarks/continuity.py (or train_digits.py's state dict)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import train_digits as td
+    import train_digits as td  # benchmarks/train_digits.py, beside this script
 
     model = td.build(td.settings())
     model.load_state_dict(torch.load(path))
@@ -247,8 +244,7 @@ def seq_bits(logits, y):
 
 
 def text(args):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import train_text as tt
+    import train_text as tt  # benchmarks/train_text.py, beside this script
 
     from opsplit.data import load_text, text_windows
     from opsplit.models import DecoderLM
