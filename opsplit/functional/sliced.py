@@ -336,6 +336,16 @@ def _backward_by_recompute(ctx, g: Tensor, fn, inputs) -> tuple:
     return tuple(res)
 
 
+def _gradient_rows(g: Tensor, zq: Tensor, v: Tensor):
+    """The incoming gradient of a sliced backward pass: ``g`` ``(R, N_q, D)`` normalised per
+    row where extreme, its exponents, ``g`` as rows ``(R N_q, D)``, and the sizes
+    ``(R, N_q, N_k, D)`` of the saved ``zq`` ``(R, N_q)`` and ``v`` ``(R, N_k, D)``."""
+    R, Nq = zq.shape
+    Nk, D = v.shape[1], v.shape[2]
+    g, eg = gradient_in(g.contiguous(), R)
+    return g, eg, g.view(R * Nq, D), (R, Nq, Nk, D)
+
+
 def _safe_inv(x64: Tensor) -> Tensor:
     nz = x64 != 0
     return torch.where(nz, 1.0 / torch.where(nz, x64, torch.ones_like(x64)), torch.zeros_like(x64))
@@ -415,11 +425,8 @@ class _SlicedReLU(torch.autograd.Function):
             return _backward_by_recompute(
                 ctx, g, lambda a, b, c_, d, e, f: relu_attention_composed(a, b, c_, d, centered),
                 (zq0, zk0, v0, w0, None, None))
-        R, Nq = zq.shape
-        Nk, D = v.shape[1], v.shape[2]
+        g, eg, gflat, (R, Nq, Nk, D) = _gradient_rows(g, zq, v)
         dt = v.dtype
-        g, eg = gradient_in(g.contiguous(), R)  # normalised per row where extreme
-        gflat = g.view(R * Nq, D)
         inv = _safe_inv(den)  # (R, Nq) float64
         go = _dot_rows(gflat, out.reshape(R * Nq, D)).view(R, Nq).double()
         s = -inv * go  # dL/d den_i
@@ -682,11 +689,8 @@ class _SlicedBump(torch.autograd.Function):
             return _backward_by_recompute(
                 ctx, g, lambda a, b_, c_, d, e, f: bump_attention_composed(a, b_, c_, d, e),
                 (zq0, zk0, v0, w0, b0, None))
-        R, Nq = zq.shape
-        Nk, D = v.shape[1], v.shape[2]
+        g, eg, gflat, (R, Nq, Nk, D) = _gradient_rows(g, zq, v)
         dt = v.dtype
-        g, eg = gradient_in(g.contiguous(), R)  # normalised per row where extreme
-        gflat = g.view(R * Nq, D)
         invW = _safe_inv(W)  # (R, 1) float64
         inv_b64 = 1.0 / b.double()
         dzq = dzk = dv = db = None
