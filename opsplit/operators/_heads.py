@@ -12,6 +12,21 @@ def control_shape(control) -> tuple | None:
     return tuple(control.shape) if hasattr(control, "shape") and not callable(control.shape) else None
 
 
+def control_dim(control, i: int) -> int | None:
+    """Size ``i`` of a control's static shape, or None where it has none."""
+    s = control_shape(control)
+    return None if s is None else s[i]
+
+
+def check_control_shapes(owner: str, expected) -> None:
+    """``ValueError`` for the first ``(attr, control, want)`` of ``expected`` whose control has
+    a static shape other than ``want`` (absent controls, ``None``, pass)."""
+    for attr, c, want in expected:
+        s = None if c is None else control_shape(c)
+        if s is not None and s != want:
+            raise ValueError(f"{owner}.{attr}: expected shape {want}, got {s}")
+
+
 def check_head_controls(op, grid: Grid, *, name: str, features: str, heads: str) -> None:
     """``ValueError`` unless ``op.WQ``'s (N_y, N_h) shape matches the grid, then every head
     control's own check against it.  ``name`` is the operator the messages name;

@@ -59,7 +59,7 @@ from torch import Tensor
 from .._checks import check_positive_float, check_probability
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid
-from ._heads import check_head_controls, control_shape
+from ._heads import check_control_shapes, check_head_controls, control_dim, control_shape
 from ._linear import linear_y, side_by_side
 from ._masks import attention_log_weights
 from ._sdpa import attention, bound_from, max_abs, values_unchecked
@@ -170,23 +170,18 @@ class GroupedQueryAttention(Operator):
             )
         if so != (H, d, ny):
             raise ValueError(f"{n}.WO: expected shape (H, d, N_y) = {(H, d, ny)}, got {so}")
-        for name, c, want in (("bQ", self.bQ, (H, d)), ("bK", self.bK, sk[1:]), ("bV", self.bV, sk[1:]),
-                              ("bO", self.bO, (ny,))):
-            s = None if c is None else control_shape(c)
-            if s is not None and s != want:
-                raise ValueError(f"{n}.{name}: expected shape {want}, got {s}")
+        check_control_shapes(n, (("bQ", self.bQ, (H, d)), ("bK", self.bK, sk[1:]), ("bV", self.bV, sk[1:]),
+                                 ("bO", self.bO, (ny,))))
         if self.rotary is not None and self.rotary.head_dim != d:
             raise ValueError(f"{n}.rotary: head_dim {self.rotary.head_dim} != the heads' d = {d}")
 
     @property
     def n_heads(self) -> int | None:
-        s = control_shape(self.WQ)
-        return None if s is None else s[1]
+        return control_dim(self.WQ, 1)
 
     @property
     def n_kv_heads(self) -> int | None:
-        s = control_shape(self.WK)
-        return None if s is None else s[1]
+        return control_dim(self.WK, 1)
 
     def check(self, grid: Grid) -> None:
         check_head_controls(self, grid, name="GroupedQueryAttention", features="features", heads="query heads")

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from .._checks import check_positive_float
 from ..controls import PiecewiseConstant, as_control
 from ..grid import Grid, Interval
-from ._heads import check_head_controls, control_shape
+from ._heads import check_control_shapes, check_head_controls, control_dim, control_shape
 from ._masks import attention_log_weights
 from ._sdpa import attention, check_scores
 from .base import Operator
@@ -257,17 +257,14 @@ class MultiHeadAttention(Operator):
             so = control_shape(self.WO)
             if so is not None and so != (H, dv, ny):
                 raise ValueError(f"MultiHeadAttention.WO: expected shape (H, d_v, N_y) = {(H, dv, ny)}, got {so}")
-        for name, c, want in (("bQ", self.bQ, (H, dk)), ("bK", self.bK, (H, dk)), ("bV", self.bV, (H, dv)), ("bO", self.bO, (ny,))):
-            s = None if c is None else control_shape(c)
-            if s is not None and s != want:
-                raise ValueError(f"MultiHeadAttention.{name}: expected shape {want}, got {s}")
+        check_control_shapes("MultiHeadAttention", (("bQ", self.bQ, (H, dk)), ("bK", self.bK, (H, dk)),
+                                                     ("bV", self.bV, (H, dv)), ("bO", self.bO, (ny,))))
         if self.qk_inner == "y" and dk != ny:
             raise ValueError(f"MultiHeadAttention: qk_inner='y' needs d_k = N_y, got d_k = {dk}, N_y = {ny}")
 
     @property
     def n_heads(self) -> int | None:
-        s = control_shape(self.WQ)
-        return None if s is None else s[1]
+        return control_dim(self.WQ, 1)
 
     def check(self, grid: Grid) -> None:
         check_head_controls(self, grid, name="MultiHeadAttention", features="features (d_model)", heads="heads")
