@@ -66,7 +66,6 @@ def _peak_bytes() -> int:
 def worker(method: str, N: int, device: str, reps: int, budget: float) -> dict:
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from opsplit.functional import sliced_relu_attention, sliced_relu_bump_attention
 
     dev = torch.device(device)
@@ -463,7 +462,6 @@ def paired(args):
     the median (and min..max) of the per-pair time ratios over --runs pairs."""
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from opsplit.functional import sliced_relu_attention
 
     torch.manual_seed(0)

@@ -26,21 +26,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+import train_digits as td
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import train_digits as td  # noqa: E402
-
-from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa: E402
-from opsplit.data import load_digits  # noqa: E402
-from opsplit.models import ImageClassifier, SplitEncoder  # noqa: E402
-from opsplit.solvers import RK4, ExplicitEuler, Heun  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer, continuity
+from opsplit.data import load_digits
+from opsplit.models import ImageClassifier, SplitEncoder
+from opsplit.solvers import RK4, ExplicitEuler, Heun
 
 #: the tools compared: overrides of the recipe (model / trainer / objective settings)
 VARIANTS = {

@@ -22,25 +22,20 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+import train_text as tt
+from continuity import paired_steps
+from ngram import best_baseline, dev_selected
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import train_text as tt  # noqa: E402
-from continuity import paired_steps  # noqa: E402
-from ngram import best_baseline, dev_selected  # noqa: E402
-
-from opsplit.control import Objective, TrainConfig, Trainer, continuity  # noqa: E402
-from opsplit.control.swap import as_solver, field_substeps  # noqa: E402
-from opsplit.data import bits_per_char, load_text, text_windows  # noqa: E402
-from opsplit.data.dedup import deduplicate, shared_substrings  # noqa: E402
-from opsplit.models import DecoderLM, convert_time_controls  # noqa: E402
-from opsplit.schemes import Scheme  # noqa: E402
+from opsplit.control import Objective, TrainConfig, Trainer, continuity
+from opsplit.control.swap import as_solver, field_substeps
+from opsplit.data import bits_per_char, load_text, text_windows
+from opsplit.data.dedup import deduplicate, shared_substrings
+from opsplit.models import DecoderLM, convert_time_controls
+from opsplit.schemes import Scheme
 
 VARIANTS = {
     "one": {},

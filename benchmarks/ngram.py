@@ -7,12 +7,9 @@ development part of the training text.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from opsplit.analysis.ngram import METHODS, NGram  # noqa: E402
+from opsplit.analysis.ngram import METHODS, NGram
+from opsplit.data.dedup import deduplicate
 
 __all__ = ["NGram", "METHODS", "best_baseline", "dev_selected"]
 
@@ -42,8 +39,6 @@ def dev_selected(train: str, vocab_size: int, orders=range(2, 9), dev_fraction: 
     the whole (``opsplit.data.dedup``), picks the method and order fitted on the rest;
     returns them (refit on the whole training text by the caller) with the development
     figures."""
-    from opsplit.data.dedup import deduplicate
-
     end = len(train) if within is None else within
     cut = int(end * (1 - dev_fraction))
     cut = train.rfind("\n\n", 0, cut) + 2 or cut  # at a paragraph boundary
