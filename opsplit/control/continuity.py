@@ -46,11 +46,13 @@ from ..analysis.convergence import OrderFit, fit_order
 from ..data.base import check_int
 from ..schemes import Strang
 from ..schemes.nested import SchemeFlow
+from ..solvers import name_of
 from ..solvers.base import Substep
 from .coarse import COARSE_MODES, check_coarse, coarse_controls
 from .objective import Objective, _select
 from .swap import (
     SOLVERS,
+    STAGES,
     as_solver,
     field_substeps,
     propagators,
@@ -65,8 +67,6 @@ __all__ = ["Continuity", "continuity", "solved_with", "SOLVERS", "strang_of", "s
 
 #: the schemes named by :func:`continuity`: the model's own and Strang
 SCHEMES = ("trained", "strang")
-#: field evaluations per substep call of the named solvers
-_STAGES = {"ExplicitEuler": 1, "Heun": 2, "RK4": 4}
 
 
 def _trained_solver(model) -> str:
@@ -526,7 +526,7 @@ def _scheme_evals(scheme) -> float:
         inner = [op for op in s.terms if isinstance(op, SchemeFlow)]
         if inner:
             return sum(_scheme_evals(op.scheme) for op in inner)
-        return float(_STAGES.get(type(s.solver).__name__, 1)) * len(s.terms)
+        return float(STAGES.get(name_of(s.solver), 1)) * len(s.terms)
 
     subs = [s for s in scheme.substeps if isinstance(s, Substep)]
     if isinstance(scheme, Strang):

@@ -417,7 +417,7 @@ def check_checkpoint(plan, folder: Path, allow, *, trainer: Trainer, total_steps
     try:
         with warnings.catch_warnings():  # the accepted changes: warned about once, by the run
             warnings.simplefilter("ignore")
-            trainer.load(ck_path, allow_changes=names, _total_steps=total_steps)
+            trainer.load(ck_path, allow_changes=names, total_steps=total_steps)
     except CheckpointError as e:
         raise ConfigError(f"--resume: {without_api_advice(e)}{earlier}") from None
     plan["allow_changes"] = names

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...analysis import relative_l2
 from ...control import Trainer
 from ...data import load_burgers
 from ...data.burgers import (
@@ -34,7 +35,7 @@ from . import base
 from .base import Interrupted, check_new_folder, train_key
 
 __all__ = ["SCHEMA", "RENAMED", "check", "estimate", "prepare", "run", "build_model", "forward_flops",
-           "relative_l2", "check_new_folder"]
+           "check_new_folder"]
 
 NAME = base.NAME
 EXAMPLE = """\
@@ -119,8 +120,9 @@ def train_config(cfg, progress: bool = True):
 
 
 def objective(cfg):
-    """The objective: the relative L2 error of the output (no running cost)."""
-    return base.objective(cfg, relative_l2)
+    """The objective: the relative L2 error of the output, averaged over the batch
+    (:func:`opsplit.analysis.relative_l2`; no running cost)."""
+    return base.objective(cfg, "relative_l2")
 
 
 def check(cfg) -> None:
@@ -246,11 +248,6 @@ def build_model(m: dict):
         raise ConfigError(f"model: {e}") from None
 
 
-def relative_l2(out, y):
-    """Per-pair relative L2 error ``(B,)``: the training loss and the test metric."""
-    return (out - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)
-
-
 def prepare(cfg) -> dict:
     """The library's own checks: the model is built, the untrained model is finite on two
     draws of the data's random initial conditions at the training grid, and the trainer's
@@ -294,7 +291,7 @@ def run(cfg, plan, out, progress=True):
     with torch.no_grad():
         for r in e["resolutions"]:
             _, test = load_data(cfg, r)
-            errs = torch.cat([relative_l2(model(test.inputs[i:i + 20]), test.targets[i:i + 20])
+            errs = torch.cat([relative_l2(model(test.inputs[i:i + 20]), test.targets[i:i + 20], reduction="none")
                               for i in range(0, len(test), 20)])
             rows.append({"resolution": r, "relative_l2": float(errs.mean()), "max_relative_l2": float(errs.max()),
                          "trained_at": "yes" if r == d["resolution"] else ""})
