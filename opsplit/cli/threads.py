@@ -3,11 +3,8 @@
 The command's jobs are many small tensor operations (grids of tens of nodes, a digits
 model of width 32); torch's default of one thread per core, with OpenMP's spinning wait
 between parallel regions, makes them several times slower as soon as anything else runs on
-the machine.  Measured on the 2-core development machine (``benchmarks/cli_threads.py``,
-docs/getting_started.md#threads): ``opsplit train --epochs 3`` at a load of 6.5-9.4, median
-of 5 interleaved runs, 42.9 s on one thread, 47.2 s on two passive threads, 213.5 s with
-torch's default; the default job at a load of 5-11, 67-194 s on one thread against
-1321-1583 s; idle (one run each), 6.4 s on one thread against 5.6 s with torch's default.
+the machine (the measurements and their command, ``benchmarks/cli_threads.py``:
+docs/getting_started.md#threads).
 So the command runs torch on **one thread** with ``OMP_WAIT_POLICY=PASSIVE`` by default;
 ``--threads N`` or ``OPSPLIT_THREADS=N`` choose another count, and an ``OMP_NUM_THREADS``
 of the caller's environment is kept when neither is given.

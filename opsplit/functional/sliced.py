@@ -41,7 +41,7 @@ kernel (no data-dependent Python control flow; value checks skipped there, see
 
 **Workspace.**  On the CPU the prefix table of a call and its work buffers are kept for
 the next call of the same shape (at most two tables; :func:`clear_workspace` frees them):
-first-touch page faults of fresh memory were more than half of a call at ``N = 4096``.
+fresh memory would cost a call its first-touch page faults.
 
 **Ties.**  :math:`\mathrm{ReLU}(0) = 0`: a key equal to a query contributes nothing, and
 :math:`|0| = 0` in the denominator.  Ranks count keys *strictly* below a query, decided on

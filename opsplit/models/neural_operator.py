@@ -28,7 +28,7 @@ the others twice), :math:`N_t` steps on :math:`[0, T]`, controls piecewise const
 ``attention="none"`` leaves :math:`A_{\text{att}}` out: the attention-free flow of the
 convolution integral and the pointwise terms (with ``nonlinearity="map"``, a splitting flow
 in the place of FNO's layers :math:`v \leftarrow \sigma(Kv + Wv)`) — the ablation that
-measures what the attention integral adds (``docs/burgers.md``).
+isolates the attention integral (its measurements: ``docs/burgers.md``).
 
 **Why it is resolution-invariant by construction.**  Every integral over :math:`\Omega_x`
 carries the quadrature weight :math:`h = L/N_x` (the attention integrals, the convolution);
@@ -37,7 +37,7 @@ index; the positions are functions of :math:`x`; everything else is pointwise in
 :math:`x`.  The discrete model on :math:`N_x` nodes is therefore a quadrature of one
 continuous operator, and for a smooth periodic integrand the equal-weight rule converges
 spectrally: trained on one grid, it is solved on another without retraining
-(``docs/burgers.md`` measures 256 to 8192 nodes).  Its input must have more than
+(measured in ``docs/burgers.md``).  Its input must have more than
 :math:`2(\text{modes} - 1)` nodes (fewer would alias the kernel's modes: refused).
 """
 
@@ -122,9 +122,8 @@ class NeuralOperatorTransformer(nn.Module):
         length: :math:`L`.
         in_channels, out_channels: channels of the input and output fields.
         output_scale: the initial size of the projection's output layer (relative to
-            ``nn.Linear``'s): a target much smaller than the input (Burgers at t = 1: 1.6 %
-            of its L2 norm) can be learned faster from a small initial output
-            (``docs/burgers.md`` measures 0.1 on the attention-free flow and on the FNO peer).
+            ``nn.Linear``'s), for a target much smaller than the input (the values measured:
+            ``docs/burgers.md``).
         output_modes: when given, the output is band-limited to the Fourier modes
             :math:`0..M` (``output_modes`` = :math:`M + 1`) by a trainable multiplier
             (:class:`~opsplit.operators.FourierMultiplier`, initialised to the orthogonal

@@ -35,9 +35,9 @@ kernels sort their scores and chunk their work by sizes read at run time).
 ``batch=False`` forces the loop, ``batch=True`` the vmapped calls; both give the same
 result (under ``torch.jit.trace`` the loop is used).  The default ``batch="auto"`` batches on CUDA and, on the CPU,
 only small states (at most ``ParallelGroup.auto_numel = 8192`` entries): on the CPU the
-vmapped call saves dispatch overhead (measured 1.3–1.5x forward, 2–3x forward+backward
-for 16 small substeps) but is slower once the stacked tensors leave the cache (0.75x at
-B = 32, N_x = N_y = 64); see ``benchmarks/parallel_batching.py`` and ``docs/schemes.md``.
+vmapped call saves dispatch overhead on small substeps but is slower once the stacked
+tensors leave the cache (the figures and their command: ``docs/schemes.md``,
+``benchmarks/parallel_batching.py``).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ SCHEMA = {
         "d_ff": Field("int", 128, "hidden width of the feed-forward term", at_least(1)),
         "n_freq": Field("int", 4, "frequencies of the periodic positions", at_least(0)),
         "output_scale": Field("float", 1.0, "initial size of the projection's output layer relative to nn.Linear's "
-                              "(docs/burgers.md: 0.1 for a target much smaller than the input)", positive),
+                              "(for a target much smaller than the input; the values measured: docs/burgers.md)", positive),
         "output_modes": Field("int", 0, "band-limit the output to the Fourier modes 0..M, this many of them, by a "
                               "trainable multiplier (opsplit.operators.FourierMultiplier; 0: no band limit)",
                               at_least(0)),
