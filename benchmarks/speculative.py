@@ -4,13 +4,15 @@ each draft solve; beside it, Hugging Face's prompt-lookup decoding on the same w
 
     # the parallel-scheme model of docs/continuity.md (trained by benchmarks/continuity_text.py)
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py \\
-        --weights benchmarks/out/ctext_doc_b64_l8_lr6e-3/par_splitw0.3_k0.01_2000.pt --scheme parallel
+        --weights benchmarks/out/ctext_doc_b64_l8_lr6e-3/par_splitw0.3_k0.01_2000_pydoc_docstrings.pt \\
+        --scheme parallel
     # a Lie-scheme model trained the same way (to_hf takes only Lie models): trained once ...
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py --train-lie \\
-        --out benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie
+        --out benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie [--train-steps 2000]
     # ... then measured, with Hugging Face's prompt lookup on the same weights
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py \\
-        --weights benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie/lie_splitw0.3_k0.01_2000.pt --scheme lie --hf
+        --weights benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie/lie_splitw0.3_k0.01_2000_pydoc_docstrings.pt \\
+        --scheme lie --hf
 
 The model: the character-level GPT of docs/continuity.md (8 control pieces x d_model 88, 4
 heads, 128 learned positions, ``DecoderConfig`` of benchmarks/train_text.py, controls
@@ -216,7 +218,7 @@ def train_lie(args):
     spec.pop("scheme")
     ct.VARIANTS["lie_splitw0.3_k0.01"] = spec
     sys.argv = ["continuity_text.py", "--corpus", "pydoc_docstrings", "--variants", "lie_splitw0.3_k0.01", "--steps",
-                "2000", "--batch", "64", "--layers", "8", "--d-model", "88", "--eval-n", "4", "8", "16", "32", "64",
+                str(args.train_steps), "--batch", "64", "--layers", "8", "--d-model", "88", "--eval-n", "4", "8", "16", "32", "64",
                 "--levels", "8", "16", "32", "64", "128", "--lr", "6e-3", "--out", args.out]
     ct.main()
 
@@ -246,6 +248,8 @@ def main():
     ap.add_argument("--json", default="benchmarks/out/speculative.json")
     ap.add_argument("--train-lie", action="store_true", help="train the Lie-scheme twin (once) into --out")
     ap.add_argument("--out", default="benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie")
+    ap.add_argument("--train-steps", type=int, default=2000,
+                    help="--train-lie: optimizer steps (2000: the parallel model's; fewer: a capped twin)")
     args = ap.parse_args()
     if args.train_lie:
         return train_lie(args)
