@@ -64,6 +64,7 @@ from ..propagator import Propagator
 from ..schemes import Lie
 from ..solvers import ExplicitEuler, Substep
 from .decoder_lm import _EMPTY_WITH_CACHE
+from .generate import generate as generate_tokens
 
 __all__ = ["ATTENTIONS", "AttentionDecoder", "TokenClassifier"]
 
@@ -336,9 +337,7 @@ class TokenClassifier(nn.Module):
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """:func:`opsplit.models.generate.generate` with this model."""
-        from .generate import generate
-
-        return generate(self, input_ids, max_new_tokens, **kwargs)
+        return generate_tokens(self, input_ids, max_new_tokens, **kwargs)
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, n_classes={self.n_classes}"
