@@ -25,6 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
+import _common
 import torch
 import train_text as tt
 from continuity import paired_steps
@@ -374,23 +375,11 @@ def main_args(argv=None):
 def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=["one"], choices=sorted(VARIANTS))
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    _common.options(p, context=128, d_model=128, heads=4, layers=4, steps=2000, batch=32, lr=3e-3,
+                    weight_decay=0.0, warmup=100, min_lr_ratio=0.1)
     p.add_argument("--dropout", type=float, default=0.0, help="residual and embedding dropout")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split-seed", type=int, default=0)
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--eval-batch", type=int, default=64)
-    p.add_argument("--eval-n", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    p.add_argument("--levels", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    _common.options(p, seed=0, split_seed=0, val_fraction=0.1, eval_batch=64, eval_n=[2, 4, 8, 16, 32],
+                    levels=[4, 8, 16, 32, 64])
     p.add_argument("--init", default=None, help="start from these trained weights (a .pt the benchmark wrote for "
                    "the same shape) instead of nanoGPT's initialisation")
     p.add_argument("--out", default="benchmarks/out/continuity_text")
