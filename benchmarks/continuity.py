@@ -29,6 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
+import _common
 import torch
 import train_digits as td
 
@@ -208,19 +209,17 @@ def paired_steps(runs: dict, data, batches: list, rounds: int) -> dict:
     with every trainer of ``runs`` in turn (A B A B ...); per trainer the median round time
     and the median, min and max over ``rounds`` of its per-round time ratio to the first
     trainer (one warm-up round not counted)."""
-    times = {k: [] for k in runs}
-    for _ in range(rounds + 1):
-        for k, tr in runs.items():
-            t = time.perf_counter()
-            for idx in batches:
-                tr.train_step(data, idx)
-            times[k].append(time.perf_counter() - t)
+    def steps(tr):
+        for idx in batches:
+            tr.train_step(data, idx)
+
+    times = _common.interleaved({k: lambda tr=tr: steps(tr) for k, tr in runs.items()}, rounds, warmup=1)
     base = next(iter(runs))
     out = {}
     for k in runs:
-        r = [a_ / b_ for a_, b_ in zip(times[k][1:], times[base][1:])]
-        out[k] = {"median_s": statistics.median(times[k][1:]), "ratio_median": statistics.median(r),
-                  "ratio_min": min(r), "ratio_max": max(r)}
+        p = _common.paired(times[k], times[base])
+        out[k] = {"median_s": p["a_median_s"], "ratio_median": p["ratio"], "ratio_min": p["ratio_min"],
+                  "ratio_max": p["ratio_max"]}
     return out
 
 
