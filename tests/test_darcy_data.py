@@ -457,3 +457,47 @@ def test_close_contrasts_get_their_own_files(tmp_path):
         warnings.simplefilter("error")
         load_darcy(9, a_pos=12.0, on_corrupt="error", **kw)
         load_darcy(9, a_pos=12.000000001, on_corrupt="error", **kw)
+
+
+def test_concurrent_loads_generate_once_and_agree(tmp_path, monkeypatch):
+    """Two threads ask for the same uncached set while the first is generating it: the
+    second waits on the data family's lock and reads what the first wrote, so the set is
+    generated once per split (without the lock the second generates its own copy beside
+    the first's writes), and both get the same data."""
+    import threading
+
+    real = darcy_mod._generate
+    calls, inside, release = [], threading.Event(), threading.Event()
+
+    def generate(st, folder, start=0):
+        calls.append((threading.current_thread().name, st["split"]))
+        if threading.current_thread().name == "first":
+            inside.set()
+            release.wait(30)
+        return real(st, folder, start)
+
+    monkeypatch.setattr(darcy_mod, "_generate", generate)
+    out, errors = {}, []
+
+    def load(name):
+        try:
+            out[name] = load_darcy(9, n_train=2, n_test=1, s=9, cache_dir=tmp_path)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    first = threading.Thread(target=load, args=("first",), name="first")
+    first.start()
+    assert inside.wait(30)
+    second = threading.Thread(target=load, args=("second",), name="second")
+    second.start()
+    second.join(0.5)  # with the lock the second thread waits here for the first's files
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert errors == [] and set(out) == {"first", "second"}
+    # each split generated once (the test split by whichever thread takes its lock first)
+    assert calls[0] == ("first", "train") and sorted(split for _, split in calls) == ["test", "train"], calls
+    for k in (0, 1):
+        torch.testing.assert_close(out["second"][k].inputs, out["first"][k].inputs, rtol=0, atol=0)
+        torch.testing.assert_close(out["second"][k].targets, out["first"][k].targets, rtol=0, atol=0)
+    assert len(list(tmp_path.glob("darcy-*.npz"))) == 2  # one file per split

@@ -47,11 +47,15 @@ as float32 (``4 s^2`` bytes: 709 kB at ``s = 421``), and a ``.json`` beside it w
 generation settings, the shapes and the SHA-256 of the ``.npz``.  Every load recomputes the
 checksum and checks the settings, shapes and dtypes: a truncated, edited or foreign file is
 never used.  By default it is regenerated (with a warning); ``on_corrupt="error"`` raises
-:class:`DarcyCacheError` instead.  The scheme is ``opsplit/data/_cache.py``'s.
+:class:`DarcyCacheError` instead.  The scheme is ``opsplit/data/_cache.py``'s.  A load holds
+an exclusive ``flock`` of a ``.lock`` file per data family (split, seed, grid, contrast, face
+rule) in the cache folder while it reads or generates, so concurrent processes asking for
+the same data generate it once and never see each other's half-replaced files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -184,6 +188,39 @@ def _stem(st: dict) -> str:
             f"-a{_number(st['a_pos'])}_{_number(st['a_neg'])}-{st['face']}")
 
 
+@contextlib.contextmanager
+def _family_lock(folder: Path, st: dict):
+    """An exclusive advisory lock (``flock``) of one data family — a split, seed, grid,
+    contrast and face rule, every ``n`` — held while its files are looked up, read, generated
+    and written, so two processes asking for the same data never generate it twice and
+    never replace one's files while the other reads or extends them (the second waits and
+    reads what the first wrote).  The lock file is ``.<stem without n>.lock`` in the cache
+    folder.  Without one (a folder that cannot be written or does not exist yet and cannot
+    be made, no ``fcntl``) the files are used unlocked."""
+    try:
+        import fcntl  # POSIX only
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    name = "." + _stem(st).replace(f"-n{st['n']}-", "-") + ".lock"
+    fh = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = open(folder / name, "ab")
+    except OSError:
+        fh = None
+    try:
+        if fh is not None:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            except OSError:  # a file system without locks
+                pass
+        yield
+    finally:
+        if fh is not None:
+            fh.close()
+
+
 def _spec(st: dict) -> dict:
     n, s = st["n"], st["s"]
     return {"mask": ((n, (s * s + 7) // 8), np.uint8), "u": ((n, s, s), np.float32)}
@@ -303,10 +340,11 @@ def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, 
 
     def part(split, n):
         st = _settings(split, seed, n, s, float(a_pos), float(a_neg), face)
-        arrays, stem = cached_arrays(folder, "darcy-", _stem, st, _spec,
-                                     lambda st_, start: _generate(st_, folder, start), on_corrupt=on_corrupt,
-                                     regenerate=regenerate, extend=True, error=DarcyCacheError,
-                                     what="Darcy cache", owner="load_darcy", stacklevel=4)
+        with _family_lock(folder, st):
+            arrays, stem = cached_arrays(folder, "darcy-", _stem, st, _spec,
+                                         lambda st_, start: _generate(st_, folder, start), on_corrupt=on_corrupt,
+                                         regenerate=regenerate, extend=True, error=DarcyCacheError,
+                                         what="Darcy cache", owner="load_darcy", stacklevel=4)
         mask = np.unpackbits(arrays["mask"], axis=-1, count=s * s).reshape(n, s, s)[:, ::r, ::r]
         a = torch.where(torch.from_numpy(np.ascontiguousarray(mask)).bool(), torch.tensor(a_pos, dtype=dtype),
                         torch.tensor(a_neg, dtype=dtype))
