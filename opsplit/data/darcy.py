@@ -66,6 +66,7 @@ from .._checks import check_dtype_arg, check_positive_float
 from .._memory import available_memory, human_bytes
 from ._cache import CacheError, cached_arrays, data_cache_dir, free_disk
 from .base import TensorData, check_int
+from .burgers import _cache_dir_and_source, _check_folder
 from .darcy_solver import FACES, MIN_NODES, factor_entries, solve_darcy
 
 __all__ = ["load_darcy", "darcy_pairs", "grf_neumann", "grf_scales", "darcy_cache_dir", "DarcyCacheError",
@@ -314,6 +315,7 @@ def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, 
             f"s = {s} grid, r = (s - 1)/(resolution - 1)), e.g. {ok}; got {resolution} (r = "
             f"{(s - 1) / (resolution - 1):.4g})")
     folder = darcy_cache_dir(cache_dir)
+    _check_folder(folder, _cache_dir_and_source(cache_dir)[1], "load_darcy")  # a file there: refused now
     # size guards, before any compute or write
     free = available_memory()
     solve = _factor_bytes(s)

@@ -1,7 +1,8 @@
 """Bad input to the Darcy data and its solver: grids that are not square or too small, a
 resolution the data cannot be subsampled to, contrast values <= 0 or not finite, counts that
 are not positive integers, requests too large for the memory or the disk (refused before any
-compute or write), and a damaged cache file with on_corrupt="error"."""
+compute or write), a cache folder that is a file or lies below one (refused before any
+compute), and a damaged cache file with on_corrupt="error"."""
 
 import tempfile
 from pathlib import Path
@@ -53,6 +54,18 @@ def _full_disk(**kw):
     with mock.patch("opsplit.data.darcy.free_disk", return_value=1000.0), \
             mock.patch("opsplit.data.darcy._sample", side_effect=AssertionError("computed")):
         return _load(**kw)
+
+
+def _file(below: bool = False):
+    """A path that is a file (or a folder path below one): load_darcy with it as cache_dir."""
+    f = Path(tempfile.mkdtemp(prefix="opsplit-darcy-")) / "f"
+    f.write_text("x")
+    return f / "darcy" if below else f
+
+
+def _env_file(**kw):
+    with mock.patch.dict("os.environ", {"OPSPLIT_DATA_DIR": str(_file())}):
+        return _never_computed(cache_dir=None, **kw)
 
 
 def _damaged():
@@ -136,6 +149,12 @@ CASES = cases(
     ("load-coordinates-int", lambda: _never_computed(coordinates=1), TypeError, r"^load_darcy\.coordinates: expected true or false"),
     ("load-dtype-int", lambda: _never_computed(dtype=torch.int64), TypeError, r"^load_darcy\.dtype: expected a floating-point torch\.dtype"),
     ("load-cache-dir-int", lambda: _never_computed(cache_dir=3), TypeError, r"^load_darcy\.cache_dir: expected a path or None"),
+    ("load-cache-dir-is-a-file", lambda: _never_computed(cache_dir=_file()), ValueError,
+     r"^load_darcy\.cache_dir: expected a folder, but the cache folder .* is a file"),
+    ("load-cache-dir-below-a-file", lambda: _never_computed(cache_dir=_file(below=True)), ValueError,
+     r"^load_darcy\.cache_dir: expected a folder, but a folder above the cache folder .* is a file"),
+    ("load-data-dir-env-is-a-file", _env_file, ValueError,
+     r"^load_darcy\.cache_dir: expected a folder \(from \$OPSPLIT_DATA_DIR\), but a folder above"),
     ("load-regenerate-string", lambda: _never_computed(regenerate="yes"), TypeError, r"^load_darcy\.regenerate: expected true or false"),
     ("load-on-corrupt", lambda: _never_computed(on_corrupt="ignore"), ValueError, r"^load_darcy\.on_corrupt: expected 'regenerate' or 'error'"),
     # absurd sizes, refused before compute or write
