@@ -31,6 +31,7 @@ from opsplit import Grid, Interval
 from opsplit.models import (
     ATTENTIONS,
     AttentionDecoder,
+    AttentionNeuralOperator,
     ClassTokenReadout,
     ContinuousTransformer,
     CvT,
@@ -188,6 +189,15 @@ for _a in ("galerkin", "fourier", "softmax", "none"):
                    hidden=5, nonlinearity=nl, output_modes=3 if nl == "ffn" else None, out_channels=1 if nl == "ffn"
                    else 2, generator=_g(), dtype=F64),
                lambda B: periodic(B))
+for _a in ("galerkin", "fourier", "none"):
+    _model(f"AttentionNeuralOperator-1d-{_a}",
+           lambda a=_a: AttentionNeuralOperator(1, a, d_model=4, head_dim=2, modes=3, hidden=3, n_freq=1, proj_hidden=5,
+                                                latent=6, output_modes=3, generator=_g(), dtype=F64),
+           lambda B: periodic(B))
+_model("AttentionNeuralOperator-2d", lambda: AttentionNeuralOperator(2, d_model=4, head_dim=2, modes=3, hidden=2,
+                                                                      proj_hidden=4, dirichlet=True, generator=_g(),
+                                                                      dtype=F64),
+       lambda B: _randn(B, 15, 15))
 _model("Lifting", lambda: Lifting(1, 4, n_freq=2, dtype=F64), lambda B: periodic(B))
 _model("Projection", lambda: Projection(4, 5, 2, dtype=F64), lambda B: _randn(B, 8, 4))
 _model("FourierMultiplier", lambda: FourierMultiplier(3, 2, dtype=F64), lambda B: _randn(B, 8, 2))
