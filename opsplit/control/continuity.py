@@ -320,14 +320,7 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
     Returns:
         a :class:`Continuity`.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"continuity.model: expected an nn.Module, got {type(model).__name__}")
-    props = propagators(model)
-    if not props:
-        raise ValueError("continuity.model: the model holds no opsplit Propagator (nothing to solve at other N_t)")
-    data = as_dataset(data, "continuity.data")
-    if len(data) == 0:
-        raise ValueError("continuity.data: expected at least one sample, got none")
+    props, data = _model_and_data(model, data, "continuity")
     objective = loss if isinstance(loss, Objective) else Objective(loss, output=output)
     if metric is None:
         metric = "accuracy" if objective.is_classification else "loss"
@@ -511,6 +504,22 @@ def _check_outputs(model, data, objective, mname: str, mfn, data_term, ref: int,
             except (RuntimeError, ValueError, TypeError) as e:
                 raise ValueError(f"continuity.loss: expected a scalar loss on {shown} of shape "
                                  f"{_shape(tuple(out.shape))}, got {e}") from e
+
+
+def _model_and_data(model, data, where: str):
+    """``model``'s propagators and ``data`` as a dataset, for a measurement that solves the
+    model at other grids (``where``: ``"continuity"``, ``"frontier"``, the name the errors
+    carry): a ``TypeError`` unless ``model`` is an ``nn.Module``, a ``ValueError`` when it
+    holds no :class:`~opsplit.propagator.Propagator` or ``data`` has no sample."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{where}.model: expected an nn.Module, got {type(model).__name__}")
+    props = propagators(model)
+    if not props:
+        raise ValueError(f"{where}.model: the model holds no opsplit Propagator (nothing to solve at other N_t)")
+    data = as_dataset(data, f"{where}.data")
+    if len(data) == 0:
+        raise ValueError(f"{where}.data: expected at least one sample, got none")
+    return props, data
 
 
 def _cost(model, n: int) -> float:
