@@ -14,6 +14,7 @@ same settings with more samples (its prefix) when no exact one exists.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import numpy as np
 from .._files import sha256_of
 
 __all__ = ["CacheError", "cache_root", "data_cache_dir", "read_arrays", "write_arrays", "cached_arrays",
-           "free_disk"]
+           "free_disk", "file_lock"]
 
 
 class CacheError(RuntimeError):
@@ -63,6 +64,46 @@ def free_disk(folder: Path) -> float:
         return float(shutil.disk_usage(p).free)
     except OSError:
         return float("inf")
+
+
+def _open_lock_file(path: Path, modes: tuple[str, ...], make_folder: bool):
+    try:
+        if make_folder:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    for mode in modes:
+        try:
+            return open(path, mode)
+        except OSError:
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, *, exclusive: bool = True, modes: tuple[str, ...] = ("ab",), make_folder: bool = False):
+    """An advisory lock (``flock``) of the file ``path``, exclusive or shared, held for the
+    ``with`` block.  The file is opened with the first of ``modes`` that succeeds (``"ab"``
+    creates it; ``"rb"`` after it still locks an existing file in a folder that cannot be
+    written), after making its folder with ``make_folder``.  Without a lock file (none of the
+    modes opens it, the folder cannot be made, no ``fcntl``) or on a file system without
+    locks, the block runs unlocked."""
+    try:
+        import fcntl  # POSIX only
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fh = _open_lock_file(path, modes, make_folder)
+    try:
+        if fh is not None:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            except OSError:  # a file system without locks
+                pass
+        yield
+    finally:
+        if fh is not None:
+            fh.close()
 
 
 def _path(stem: Path, suffix: str) -> Path:

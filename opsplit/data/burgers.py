@@ -68,6 +68,7 @@ import torch
 from .._checks import check_dtype_arg
 from .._files import sha256_of
 from .._memory import available_memory
+from ._cache import file_lock
 from .base import TensorData
 from .burgers_solver import (
     ViscosityRange,
@@ -293,35 +294,12 @@ def _file(stem: Path, suffix: str) -> Path:
 _KEYS = ("train_a", "train_u", "test_a", "test_u")
 
 
-@contextlib.contextmanager
 def _lock(stem: Path, exclusive: bool):
     """An advisory lock (``flock``) of one cached data set: shared while it is read, exclusive
     while it is generated and written, so a reader never sees the ``.npz`` of one writer
     with the ``.json`` of another.  Without a lock file (a folder that cannot be written or
     does not exist, no ``fcntl``) the files are used unlocked."""
-    try:
-        import fcntl  # POSIX only
-    except ImportError:  # not POSIX
-        yield
-        return
-    path = stem.parent / f".{stem.name}.lock"
-    fh = None
-    for mode in ("ab", "rb"):
-        try:
-            fh = open(path, mode)
-            break
-        except OSError:
-            continue
-    try:
-        if fh is not None:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            except OSError:  # a file system without locks
-                pass
-        yield
-    finally:
-        if fh is not None:
-            fh.close()
+    return file_lock(stem.parent / f".{stem.name}.lock", exclusive=exclusive, modes=("ab", "rb"))
 
 
 def _short(x) -> str:
