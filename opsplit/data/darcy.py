@@ -55,7 +55,6 @@ the same data generate it once and never see each other's half-replaced files.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
@@ -64,7 +63,7 @@ import torch
 
 from .._checks import check_dtype_arg, check_positive_float
 from .._memory import available_memory, human_bytes
-from ._cache import CacheError, cached_arrays, data_cache_dir, free_disk
+from ._cache import CacheError, cached_arrays, data_cache_dir, file_lock, free_disk
 from .base import TensorData, check_int
 from .burgers import _cache_dir_and_source, _check_folder
 from .darcy_solver import FACES, MIN_NODES, factor_entries, solve_darcy
@@ -189,7 +188,6 @@ def _stem(st: dict) -> str:
             f"-a{_number(st['a_pos'])}_{_number(st['a_neg'])}-{st['face']}")
 
 
-@contextlib.contextmanager
 def _family_lock(folder: Path, st: dict):
     """An exclusive advisory lock (``flock``) of one data family — a split, seed, grid,
     contrast and face rule, every ``n`` — held while its files are looked up, read, generated
@@ -198,28 +196,8 @@ def _family_lock(folder: Path, st: dict):
     reads what the first wrote).  The lock file is ``.<stem without n>.lock`` in the cache
     folder.  Without one (a folder that cannot be written or does not exist yet and cannot
     be made, no ``fcntl``) the files are used unlocked."""
-    try:
-        import fcntl  # POSIX only
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
     name = "." + _stem(st).replace(f"-n{st['n']}-", "-") + ".lock"
-    fh = None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / name, "ab")
-    except OSError:
-        fh = None
-    try:
-        if fh is not None:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            except OSError:  # a file system without locks
-                pass
-        yield
-    finally:
-        if fh is not None:
-            fh.close()
+    return file_lock(folder / name, make_folder=True)
 
 
 def _spec(st: dict) -> dict:
