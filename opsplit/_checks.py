@@ -41,6 +41,7 @@ __all__ = [
     "check_dtype_arg",
     "check_probability",
     "check_generator",
+    "check_bool",
 ]
 
 
@@ -207,6 +208,13 @@ def check_generator(generator, name: str):
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"{name}: expected a torch.Generator or None, got {type(generator).__name__}")
     return generator
+
+
+def check_bool(v, name: str) -> bool:
+    """A flag: ``True`` or ``False`` (not 0 or 1, not a string)."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{name}: expected true or false, got {v!r}")
+    return v
 
 
 def check_shape(x: Tensor, expected: Sequence[int], name: str, what: str = "") -> None:

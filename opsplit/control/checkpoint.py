@@ -79,6 +79,7 @@ import safetensors.torch as st
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_bool
 from .._files import sha256_of
 from .checkpoint_diff import (
     SettingChange,
@@ -268,8 +269,7 @@ def load_checkpoint(path, model: nn.Module, *, optimizer=None, scheduler=None, g
     if not isinstance(model, nn.Module):
         raise TypeError(f"load_checkpoint.model: expected an nn.Module, got {type(model).__name__}")
     allow = check_allow_changes(allow_changes, "load_checkpoint.allow_changes")
-    if not isinstance(allow_nonfinite, bool):
-        raise TypeError(f"load_checkpoint.allow_nonfinite: expected true or false, got {allow_nonfinite!r}")
+    check_bool(allow_nonfinite, "load_checkpoint.allow_nonfinite")
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     state, resampled = plan_model_state(ckpt, model, resample, allow_nonfinite)
     accepted = refuse_changes(checkpoint_differences(ckpt, model, resample=resample), allow, ckpt.path)

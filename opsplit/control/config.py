@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .._checks import check_bool
 from ..data.base import check_int
 from .checkpoint_diff import SettingChange
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
@@ -91,12 +92,6 @@ def _choice(options):
         return v
 
     return check
-
-
-def _bool(v, name):
-    if not isinstance(v, bool):
-        raise TypeError(f"{name}: expected true or false, got {v!r}")
-    return v
 
 
 def _betas(b, name):
@@ -252,7 +247,7 @@ class TrainConfig:
                                "own)", "sampling", "refused", default=None, choices=SOLVERS)
     solvers_weights: str | tuple | None = _f(_weights, _WEIGHTS, "how the solvers are drawn", "sampling", "refused",
                                              default=None)
-    solvers_split: bool = _f(_bool, "true or false",
+    solvers_split: bool = _f(check_bool, "true or false",
                              "no draw: every step solves a share of its batch with each of solvers", "sampling",
                              "refused", default=False)
     solvers_split_weights: tuple | None = _f(_split_weights, "None or 'shares', or one weight > 0 per solver",
@@ -276,9 +271,9 @@ class TrainConfig:
                               default="run", choices=LEVEL_SCHEDULES)
     seed: int = _f(_seed, "an integer in [0, 2**32)", "seeds the training RNG, the data order and the augmentation",
                    "data", "refused", default=0)
-    shuffle: bool = _f(_bool, "true or false", "reshuffle the training data every epoch (seeded)", "data", "refused",
+    shuffle: bool = _f(check_bool, "true or false", "reshuffle the training data every epoch (seeded)", "data", "refused",
                        default=True)
-    drop_last: bool = _f(_bool, "true or false", "drop the last incomplete batch of an epoch", "data", "refused",
+    drop_last: bool = _f(check_bool, "true or false", "drop the last incomplete batch of an epoch", "data", "refused",
                          default=False)
     eval_every: int = _f(_i(1), "an integer >= 1", "evaluate every this many epochs (and after the last)", "output",
                          default=1)
@@ -287,7 +282,7 @@ class TrainConfig:
                                 "output", default=None)
     keep_checkpoints: int = _f(_i(1), "an integer >= 1", "how many step checkpoints to keep (the newest)", "output",
                                default=2)
-    progress: bool = _f(_bool, "true or false", "show a tqdm progress bar", "output", default=True)
+    progress: bool = _f(check_bool, "true or false", "show a tqdm progress bar", "output", default=True)
     extra: dict = _f(_extra, "a dict of JSON values",
                      "settings outside this config that fix what the run trains on (data.split_seed, ...), "
                      "recorded and compared on resume", "data", "keys", factory=dict)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import check_bool
 from ..analysis.metrics import relative_l2
 from ..propagator import Propagator
 from .costs import check_controls, energy_cost, smoothness_cost
@@ -172,9 +173,7 @@ class Objective(nn.Module):
             raise ValueError(f"Objective.defect_fraction: expected a number in (0, 1] (the part of the batch the "
                              f"defect is estimated on), got {defect_fraction!r}")
         self.defect_fraction = float(defect_fraction)
-        if not isinstance(flow_relative, bool):
-            raise TypeError(f"Objective.flow_relative: expected true or false, got {flow_relative!r}")
-        self.flow_relative = flow_relative
+        self.flow_relative = check_bool(flow_relative, "Objective.flow_relative")
         if output is not None and not (isinstance(output, str) or callable(output)):
             raise TypeError(f"Objective.output: expected None, an attribute name or a callable, got {output!r}")
         self.output = output

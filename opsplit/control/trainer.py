@@ -62,6 +62,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .._checks import check_bool
 from .._memory import available_memory, check_fits, human_bytes
 from ..data.base import TensorData
 from ..propagator import Propagator, _calls_per_step
@@ -750,8 +751,7 @@ class Trainer:
         c = self.config
         train = as_dataset(train_data, "train_data")
         evald = as_dataset(eval_data, "eval_data") if eval_data is not None else None
-        if not isinstance(plot, bool):
-            raise TypeError(f"Trainer.fit.plot: expected true or false, got {plot!r}")
+        check_bool(plot, "Trainer.fit.plot")
         allow = check_allow_changes(allow_changes, "Trainer.fit.allow_changes")
         n = len(train)
         if self.world_size > 1 and not c.drop_last:

@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._checks import check_dtype_arg, check_positive_float
+from .._checks import check_bool, check_dtype_arg, check_positive_float
 from .._memory import available_memory, human_bytes
 from ._cache import CacheError, cached_arrays, data_cache_dir, file_lock, free_disk
 from .base import TensorData, check_int
@@ -279,11 +279,9 @@ def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, 
     a_neg = check_positive_float(a_neg, "load_darcy.a_neg")
     if face not in FACES:
         raise ValueError(f"load_darcy.face: expected one of {FACES}, got {face!r}")
-    if not isinstance(coordinates, bool):
-        raise TypeError(f"load_darcy.coordinates: expected true or false, got {coordinates!r}")
+    check_bool(coordinates, "load_darcy.coordinates")
     dtype = check_dtype_arg(dtype, "load_darcy.dtype") or torch.float32
-    if not isinstance(regenerate, bool):
-        raise TypeError(f"load_darcy.regenerate: expected true or false, got {regenerate!r}")
+    check_bool(regenerate, "load_darcy.regenerate")
     if on_corrupt not in ("regenerate", "error"):
         raise ValueError(f"load_darcy.on_corrupt: expected 'regenerate' or 'error', got {on_corrupt!r}")
     if resolution > s or (s - 1) % (resolution - 1):

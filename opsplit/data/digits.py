@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._checks import check_dtype_arg, check_finite_float, check_generator
+from .._checks import check_bool, check_dtype_arg, check_finite_float, check_generator
 from .base import TensorData, check_int
 
 __all__ = ["load_digits", "random_shift"]
@@ -52,8 +52,7 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, dtype=torch.float3
         raise ValueError(f"load_digits.test_fraction: expected a number in (0, 1), got {test_fraction!r}")
     seed = check_int(seed, "load_digits.seed", 0)
     dtype = check_dtype_arg(dtype, "load_digits.dtype") or torch.float32
-    if not isinstance(normalize, bool):
-        raise TypeError(f"load_digits.normalize: expected true or false, got {normalize!r}")
+    check_bool(normalize, "load_digits.normalize")
     images, target = _bundled_digits()
     x = torch.as_tensor(images, dtype=torch.float64).unsqueeze(1) / 16.0
     y = torch.as_tensor(target, dtype=torch.int64)
