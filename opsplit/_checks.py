@@ -42,6 +42,7 @@ __all__ = [
     "check_probability",
     "check_generator",
     "check_bool",
+    "check_choice",
 ]
 
 
@@ -215,6 +216,15 @@ def check_bool(v, name: str) -> bool:
     if not isinstance(v, bool):
         raise TypeError(f"{name}: expected true or false, got {v!r}")
     return v
+
+
+def check_choice(value, choices, name: str):
+    """One of ``choices`` (a tuple, or a dict or set, shown sorted), else a ``ValueError``
+    naming ``name``."""
+    if value not in choices:
+        shown = sorted(choices) if isinstance(choices, (dict, set, frozenset)) else choices
+        raise ValueError(f"{name}: expected one of {shown}, got {value!r}")
+    return value
 
 
 def check_shape(x: Tensor, expected: Sequence[int], name: str, what: str = "") -> None:

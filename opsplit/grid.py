@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ._checks import check_positive_float, check_positive_int
+from ._checks import check_choice, check_positive_float, check_positive_int
 
 __all__ = ["Interval", "Grid", "ImageGrid", "RULES", "check_grid"]
 
@@ -68,8 +68,7 @@ class Interval:
     rule: str = "midpoint"
 
     def __post_init__(self):
-        if self.rule not in RULES:
-            raise ValueError(f"Interval.rule: expected one of {sorted(RULES)}, got {self.rule!r}")
+        check_choice(self.rule, RULES, "Interval.rule")
         n, length, spacing = self.n, self.length, self.spacing
         if n is not None:
             n = check_positive_int(n, "Interval.n")

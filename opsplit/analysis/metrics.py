@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._checks import check_choice
+
 __all__ = ["relative_l2", "REDUCTIONS"]
 
 #: what :func:`relative_l2` returns: the batch mean, or the per-sample errors
@@ -38,8 +40,7 @@ def relative_l2(outputs: Tensor, targets: Tensor, *, reduction: str = "mean") ->
     if not outputs.is_floating_point() or not targets.is_floating_point():
         raise TypeError(f"relative_l2: expected floating-point outputs and targets, got {outputs.dtype} and "
                         f"{targets.dtype}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"relative_l2.reduction: expected one of {REDUCTIONS}, got {reduction!r}")
+    check_choice(reduction, REDUCTIONS, "relative_l2.reduction")
     b = outputs.shape[0]
     denom = targets.reshape(b, -1).norm(dim=1)
     if not torch.compiler.is_compiling() and bool((denom == 0).any()):

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
+from .._checks import check_choice
+
 __all__ = ["NGram", "METHODS"]
 
 #: the smoothing methods
@@ -52,8 +54,7 @@ class NGram:
             raise TypeError(f"NGram.order: expected an integer >= 1, got {order!r}")
         if order < 1:
             raise ValueError(f"NGram.order: expected an integer >= 1, got {order}")
-        if method not in METHODS:
-            raise ValueError(f"NGram.method: expected one of {METHODS}, got {method!r}")
+        check_choice(method, METHODS, "NGram.method")
         if isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 < discount <= 1:
             raise ValueError(f"NGram.discount: expected a number in (0, 1], got {discount!r}")
         self.order, self.method, self.D = order, method, float(discount)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._checks import check_choice
 from ..controls import PiecewiseLinear, PolynomialSeries, TimeBasis
 from ..grid import Grid
 from ..operators import FFNIntegral, ProjectionS1, ProjectionS2, SoftmaxAttention
@@ -50,8 +51,7 @@ SOLVERS = (*EXPLICIT_SOLVERS, "odeint")
 def _solver(name: str):
     if name == "odeint":
         return ODESolve("dopri5", rtol=1e-10, atol=1e-12)
-    if name not in SOLVERS:
-        raise ValueError(f"solver: expected one of {SOLVERS}, got {name!r}")
+    check_choice(name, SOLVERS, "solver")
     return solver_for(name)
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_choice
 from ..analysis.convergence import OrderFit, fit_order
 from ..data.base import check_int
 from ..schemes import Strang
@@ -335,8 +336,7 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
     if lv and (len(lv) < 2 or any(b <= a for a, b in zip(lv, lv[1:]))):
         raise ValueError(f"continuity.levels: expected at least two increasing N_t, got {list(levels)}")
     bs = check_int(batch_size, "continuity.batch_size", 1)
-    if coarse not in COARSE_MODES:
-        raise ValueError(f"continuity.coarse: expected one of {COARSE_MODES}, got {coarse!r}")
+    check_choice(coarse, COARSE_MODES, "continuity.coarse")
     if coarse == "average":
         for n in ns:
             check_coarse(model, n, "continuity.n_steps")

@@ -45,6 +45,7 @@ import contextlib
 
 from torch import Tensor, nn
 
+from .._checks import check_choice
 from ..propagator import Propagator
 from ..reference import solve_reference, unsplit_terms
 from ..solvers.base import Solver, Substep
@@ -95,8 +96,7 @@ def _check_snapshots(snapshots):
 
 
 def _check_mode(mode, checkpoint_every) -> int:
-    if mode not in GRADIENT_MODES:
-        raise ValueError(f"gradient: expected one of {GRADIENT_MODES}, got {mode!r}")
+    check_choice(mode, GRADIENT_MODES, "gradient")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every: expected an integer >= 1 (steps per block), got {checkpoint_every!r}")
     return checkpoint_every

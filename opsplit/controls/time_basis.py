@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_choice
 from .base import Control, _check_values, _time_of
 
 __all__ = ["TimeBasis", "basis_matrix", "BASES"]
@@ -39,8 +40,7 @@ def basis_matrix(kind: str, s: Tensor, n: int) -> Tensor:
     :math:`(p+1) P_{p+1} = (2p+1) s P_p - p P_{p-1}`), ``"chebyshev"`` (:math:`T_p`,
     :math:`T_{p+1} = 2 s T_p - T_{p-1}`) or ``"cosine"`` (:math:`\cos(p\pi s)`).
     """
-    if kind not in BASES:
-        raise ValueError(f"basis: expected one of {sorted(BASES)}, got {kind!r}")
+    check_choice(kind, BASES, "basis")
     if n < 1:
         raise ValueError(f"basis: expected at least one basis function, got {n}")
     if kind == "cosine":
@@ -92,8 +92,7 @@ class TimeBasis(Control):
                 f"got {tuple(c.shape)}"
             )
         self._check_per_row(c, "TimeBasis")
-        if basis not in BASES:
-            raise ValueError(f"TimeBasis.basis: expected one of {sorted(BASES)}, got {basis!r}")
+        check_choice(basis, BASES, "TimeBasis.basis")
         self._set_interval(t0, t1, "TimeBasis")
         self.basis = basis
         self.positive = bool(positive)

@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._checks import check_bool, check_dtype_arg, check_positive_float
+from .._checks import check_bool, check_choice, check_dtype_arg, check_positive_float
 from .._memory import available_memory, human_bytes
 from ._cache import CacheError, cached_arrays, data_cache_dir, file_lock, free_disk
 from .base import TensorData, check_int
@@ -153,8 +153,7 @@ def darcy_pairs(n: int, *, split: str = "train", seed: int = 0, s: int = S, a_po
     start = check_int(start, "darcy_pairs.start", 0)
     a_pos = check_positive_float(a_pos, "darcy_pairs.a_pos")
     a_neg = check_positive_float(a_neg, "darcy_pairs.a_neg")
-    if face not in FACES:
-        raise ValueError(f"darcy_pairs.face: expected one of {FACES}, got {face!r}")
+    check_choice(face, FACES, "darcy_pairs.face")
     mask = np.empty((n, s, s), dtype=bool)
     u = np.empty((n, s, s))
     for i in range(n):
@@ -277,8 +276,7 @@ def load_darcy(resolution: int = 85, *, n_train: int = 1000, n_test: int = 100, 
     resolution = check_int(resolution, "load_darcy.resolution", MIN_NODES)
     a_pos = check_positive_float(a_pos, "load_darcy.a_pos")
     a_neg = check_positive_float(a_neg, "load_darcy.a_neg")
-    if face not in FACES:
-        raise ValueError(f"load_darcy.face: expected one of {FACES}, got {face!r}")
+    check_choice(face, FACES, "load_darcy.face")
     check_bool(coordinates, "load_darcy.coordinates")
     dtype = check_dtype_arg(dtype, "load_darcy.dtype") or torch.float32
     check_bool(regenerate, "load_darcy.regenerate")

@@ -39,6 +39,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .._checks import check_choice
+
 __all__ = ["solve_darcy", "darcy_matrix", "nested_dissection", "factor_entries", "FACES", "MIN_NODES"]
 
 #: the rules for the coefficient at a face between two nodes
@@ -132,9 +134,7 @@ def _entries(a: np.ndarray, face: str) -> np.ndarray:
 
 
 def _check_face(face, name):
-    if face not in FACES:
-        raise ValueError(f"{name}: expected one of {FACES}, got {face!r}")
-    return face
+    return check_choice(face, FACES, name)
 
 
 def _check_coefficient(a, name: str) -> np.ndarray:

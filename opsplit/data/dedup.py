@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 
+from .._checks import check_choice
+
 __all__ = ["deduplicate", "shared_substrings", "UNITS"]
 
 UNITS = ("paragraph", "char")
@@ -64,8 +66,7 @@ def deduplicate(text: str, reference: str, k: int = 40, *, unit: str = "paragrap
 
     Raises ``ValueError`` when nothing is left."""
     _check(text, reference, k, "deduplicate")
-    if unit not in UNITS:
-        raise ValueError(f"deduplicate.unit: expected one of {UNITS}, got {unit!r}")
+    check_choice(unit, UNITS, "deduplicate.unit")
     sep = ("\n\n" if unit == "paragraph" else "\n") if sep is None else sep
     if not isinstance(sep, str) or len(sep) > k - 1:
         raise ValueError(f"deduplicate.sep: expected a string shorter than k = {k}, got {sep!r}")

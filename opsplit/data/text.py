@@ -66,6 +66,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .._checks import check_choice
 from .base import TensorData
 from .dedup import _grams
 
@@ -255,8 +256,7 @@ def corpus_chars(corpus: str = "pydoc_topics", max_chars: int | None = None) -> 
     sizes in bytes (an upper bound: UTF-8 takes at least a byte per character).  0 when the
     corpus is missing (``load_text`` says why).  For the size guards of a job that will
     load the corpus."""
-    if corpus not in CORPORA:
-        raise ValueError(f"corpus_chars.corpus: expected one of {CORPORA}, got {corpus!r}")
+    check_choice(corpus, CORPORA, "corpus_chars.corpus")
     if corpus in ("pydoc_topics", "pydoc_docstrings"):
         try:
             sizes = [len(d) for d in _pydoc_topics().values()]
@@ -440,8 +440,7 @@ def load_text(corpus: str = "pydoc_topics", *, val_fraction: float = 0.1, seed: 
     characters before the split (``None``: all); for ``"pydoc_docstrings"`` it caps the
     docstrings added to the training split.
     """
-    if corpus not in CORPORA:
-        raise ValueError(f"load_text.corpus: expected one of {CORPORA}, got {corpus!r}")
+    check_choice(corpus, CORPORA, "load_text.corpus")
     if max_chars is not None:
         max_chars = _int(max_chars, "load_text.max_chars", 2)
     if corpus == "pydoc_docstrings":

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_dtype_arg, check_generator, check_positive_float, check_positive_int
+from .._checks import (
+    check_choice,
+    check_dtype_arg,
+    check_generator,
+    check_positive_float,
+    check_positive_int,
+)
 from ..controls import Constant, CosineSeries, PiecewiseConstant
 from ..grid import RULES, Grid, Interval
 from ..operators import FFNIntegral, ProjectionS1, SoftmaxAttention
@@ -59,8 +65,7 @@ class ContinuousTransformer(PaperSchemePropagator):
         T = check_positive_float(T, "ContinuousTransformer.T")
         lx = check_positive_float(lx, "ContinuousTransformer.lx")
         ly = check_positive_float(ly, "ContinuousTransformer.ly")
-        if rule not in RULES:
-            raise ValueError(f"ContinuousTransformer.rule: expected one of {sorted(RULES)}, got {rule!r}")
+        check_choice(rule, RULES, "ContinuousTransformer.rule")
         eps = check_positive_float(eps, "ContinuousTransformer.eps", allow_zero=True)
         kernel_scale = check_positive_float(kernel_scale, "ContinuousTransformer.kernel_scale", allow_zero=True)
         check_generator(generator, "ContinuousTransformer.generator")

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import (
+    check_choice,
     check_dtype_arg,
     check_generator,
     check_parameters_finite,
@@ -144,13 +145,9 @@ class NeuralOperatorTransformer(nn.Module):
                  out_channels: int = 1, output_scale: float = 1.0, nonlinearity: str = "ffn",
                  head_dim: int | None = None, output_modes: int | None = None, generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__()
-        if attention not in ATTENTIONS:
-            raise ValueError(f"NeuralOperatorTransformer.attention: expected one of {ATTENTIONS}, got {attention!r}")
-        if scheme not in SCHEMES:
-            raise ValueError(f"NeuralOperatorTransformer.scheme: expected one of {SCHEMES}, got {scheme!r}")
-        if nonlinearity not in NONLINEARITIES:
-            raise ValueError(f"NeuralOperatorTransformer.nonlinearity: expected one of {NONLINEARITIES}, got "
-                             f"{nonlinearity!r}")
+        check_choice(attention, ATTENTIONS, "NeuralOperatorTransformer.attention")
+        check_choice(scheme, SCHEMES, "NeuralOperatorTransformer.scheme")
+        check_choice(nonlinearity, NONLINEARITIES, "NeuralOperatorTransformer.nonlinearity")
         d = check_positive_int(d_model, "NeuralOperatorTransformer.d_model")
         H = check_positive_int(heads, "NeuralOperatorTransformer.heads")
         if head_dim is None:

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import (
+    check_choice,
     check_finite,
     check_float_dtype,
     check_like_module,
@@ -97,8 +98,7 @@ def convert_time_controls(module: nn.Module, kind: str, *, n_steps: int, n_modes
     :class:`~opsplit.models.DecoderLM`'s layer weights are the latter) by a control of
     ``kind`` (:data:`CONTROL_KINDS`), the :math:`L^2` projection of the old one in time.
     Shared controls stay shared.  Returns ``module``."""
-    if kind not in CONTROL_KINDS:
-        raise ValueError(f"control: expected one of {CONTROL_KINDS}, got {kind!r}")
+    check_choice(kind, CONTROL_KINDS, "control")
     if kind == "piecewise_constant":
         return module
     n_modes = check_positive_int(n_modes, "n_modes")
@@ -144,10 +144,8 @@ class SplitEncoder(Propagator):
         n_steps = check_positive_int(n_steps, "SplitEncoder.n_steps (N_t)")
         if d_model % n_heads:
             raise ValueError(f"SplitEncoder: d_model = {d_model} is not divisible by n_heads = {n_heads}")
-        if scheme not in SCHEMES:
-            raise ValueError(f"SplitEncoder.scheme: expected one of {SCHEMES}, got {scheme!r}")
-        if control not in CONTROL_KINDS:
-            raise ValueError(f"SplitEncoder.control: expected one of {CONTROL_KINDS}, got {control!r}")
+        check_choice(scheme, SCHEMES, "SplitEncoder.scheme")
+        check_choice(control, CONTROL_KINDS, "SplitEncoder.control")
         T = float(n_steps) if T is None else check_positive_float(T, "SplitEncoder.T")
         fk = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         hd = d_model // n_heads

@@ -45,7 +45,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_parameters_finite, check_positive_float, check_positive_int
+from .._checks import (
+    check_choice,
+    check_parameters_finite,
+    check_positive_float,
+    check_positive_int,
+)
 from ..controls import PiecewiseConstant
 from ..grid import Grid
 from ..operators import (
@@ -101,8 +106,7 @@ class AttentionDecoder(Propagator):
         n_heads = check_positive_int(n_heads, "AttentionDecoder.n_heads")
         d_ff = check_positive_int(d_ff, "AttentionDecoder.d_ff")
         n_steps = check_positive_int(n_steps, "AttentionDecoder.n_steps (N_t)")
-        if attention not in ATTENTIONS:
-            raise ValueError(f"AttentionDecoder.attention: expected one of {ATTENTIONS}, got {attention!r}")
+        check_choice(attention, ATTENTIONS, "AttentionDecoder.attention")
         if not isinstance(causal, bool):
             raise TypeError(f"AttentionDecoder.causal: expected a bool, got {type(causal).__name__}")
         if attention == "softmax" and d_model % n_heads:

@@ -31,6 +31,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._checks import check_choice
 from ..controls import Constant, as_control
 from ..functional.kernel import KERNELS, evaluate
 from ..grid import Grid
@@ -61,8 +62,7 @@ class KernelAttention(Operator):
     def __init__(self, WQ, WK, WV, *, kernel: str = "gaussian", bandwidth=1.0,
                  qk_norm: bool = False):
         super().__init__()
-        if kernel not in KERNELS:
-            raise ValueError(f"KernelAttention.kernel: expected one of {KERNELS}, got {kernel!r}")
+        check_choice(kernel, KERNELS, "KernelAttention.kernel")
         self.kernel = kernel
         self.WQ = as_control(WQ, "KernelAttention.WQ", axes=("y", "y"))
         self.WK = as_control(WK, "KernelAttention.WK", axes=("y", "y"))

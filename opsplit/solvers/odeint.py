@@ -47,6 +47,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_choice
 from ._fields import field_sum, stage_time
 from .solver import Solver
 
@@ -127,8 +128,7 @@ class ODESolve(Solver):
         # torchdiffeq is slow to import (~0.4 s, it loads scipy): on use, so `import opsplit.solvers` stays fast
         from torchdiffeq._impl.odeint import SOLVERS
 
-        if method not in SOLVERS:
-            raise ValueError(f"ODESolve.method: expected one of {sorted(SOLVERS)}, got {method!r}")
+        check_choice(method, SOLVERS, "ODESolve.method")
         for name, v in (("rtol", rtol), ("atol", atol)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"ODESolve.{name}: expected a finite number > 0, got {v!r}")
