@@ -43,6 +43,7 @@ __all__ = [
     "check_generator",
     "check_bool",
     "check_choice",
+    "check_int",
 ]
 
 
@@ -209,6 +210,19 @@ def check_generator(generator, name: str):
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"{name}: expected a torch.Generator or None, got {type(generator).__name__}")
     return generator
+
+
+def check_int(v, name: str, lo=None, allow_none: bool = False):
+    """An integer (``bool`` and ``float`` refused: ``TypeError``) ``>= lo`` (``ValueError``);
+    ``name`` is the full argument name used in the message (``"load_digits.seed"``)."""
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an integer{'' if lo is None else f' >= {lo}'}"
+                        f"{' or None' if allow_none else ''}, got {v!r}")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
+    return v
 
 
 def check_bool(v, name: str) -> bool:

@@ -24,6 +24,7 @@ from ._checks import (
     check_finite,
     check_finite_float,
     check_float_dtype,
+    check_int,
     check_like_module,
     check_parameters_finite,
     check_positive_int,
@@ -58,14 +59,6 @@ def _calls_per_step(scheme) -> int:
     """Substep calls per step (a lower bound for schemes that do not count them)."""
     n = getattr(scheme, "n_calls", None)
     return int(n) if isinstance(n, int) and n > 0 else max(1, len(scheme.substeps))
-
-
-def _nonneg_int(v, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name}: expected an integer >= 0, got {v!r}")
-    if v < 0:
-        raise ValueError(f"{name}: expected an integer >= 0, got {v}")
-    return v
 
 
 def _check_t0(prop, v):
@@ -109,7 +102,7 @@ _SETTABLE = {
     "t1": _check_t1,
     "grid": lambda p, v: check_grid(v, "Propagator.grid") or Grid.paper(None, None),
     "scheme": _check_scheme,
-    "checkpoint_every": lambda p, v: _nonneg_int(v, "Propagator.checkpoint_every"),
+    "checkpoint_every": lambda p, v: check_int(v, "Propagator.checkpoint_every", 0),
     "checkpoint_snapshots": _check_snapshots,
 }
 

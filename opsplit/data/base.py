@@ -5,20 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._checks import check_int
+
 __all__ = ["TensorData", "check_int"]
-
-
-def check_int(v, name: str, lo=None, allow_none: bool = False):
-    """An integer (``bool`` and ``float`` refused: ``TypeError``) ``>= lo`` (``ValueError``);
-    ``name`` is the full argument name used in the message (``"load_digits.seed"``)."""
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name}: expected an integer{'' if lo is None else f' >= {lo}'}"
-                        f"{' or None' if allow_none else ''}, got {v!r}")
-    if lo is not None and v < lo:
-        raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
-    return v
 
 
 class TensorData(torch.utils.data.Dataset):
