@@ -9,7 +9,8 @@ benchmarks/continuity_text.py.
     # digits: the frontier model and models trained at N_t = 4, 2, 1 alone (one@4 and frontier_w paired)
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/multilevel.py digits --variants one@4 frontier_w one@2 one@1 --splits 0-4 --measure frontier_w --out benchmarks/out/multilevel/frontier
     # digits: the paired cost of one optimizer step at each level (40 steps a round, 5 rounds)
-    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/multilevel.py digits-timing --variants single multilevel_r --chunk 40
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/multilevel.py digits-timing --variants single multilevel_24r70 --chunk 40 --out benchmarks/out/multilevel/headline
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/multilevel.py digits-timing --variants one@4 frontier_w --chunk 40 --out benchmarks/out/multilevel/frontier
     # text (not measured: 40-90 min of one core a run): the first five times (five pairs), then the frontier
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/multilevel.py text --variants single multilevel_48r70
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/multilevel.py text --variants one@8 frontier_w one@4 one@2
@@ -243,7 +244,8 @@ def digits_timing(names, rounds: int, steps: int) -> dict:
     """Paired training cost per level on digits: each round runs ``steps`` optimizer steps of
     every (variant, level) in turn (the same batches), CPU time; the median over ``rounds``
     of the ratio to the first variant.  A multilevel variant's predicted cost is the sum over
-    its levels of fraction x ratio (the run's evaluations not included)."""
+    its levels of fraction x ratio, times its share of the recipe's epochs (the run's
+    evaluations not included)."""
     train, _ = load_digits(seed=0)
     runs = {}
     for name in names:
@@ -269,8 +271,8 @@ def digits_timing(names, rounds: int, steps: int) -> dict:
     base = next(iter(runs))
     ratios = {k: statistics.median(a / b for a, b in zip(times[k][1:], times[base][1:])) for k in runs}
     per_variant = {}
-    for (name, p, f), r in ratios.items():
-        per_variant[name] = per_variant.get(name, 0.0) + f * r
+    for (name, p, f), r in ratios.items():  # a variant on a share of the epochs: that share of the cost
+        per_variant[name] = per_variant.get(name, 0.0) + f * r * digits_variant(name, 100)[0].epochs / 100
     return {"rounds": rounds, "steps": steps, "per_level": {f"{n}@{p}x{f}": r for (n, p, f), r in ratios.items()},
             "cost_ratio": per_variant, "step_s": {f"{n}@{p}": statistics.median(times[(n, p, f)][1:]) / steps
                                                   for (n, p, f) in runs}, "load": _common.loadavg()}
