@@ -30,7 +30,7 @@ the per-pair time ratios (plain / speculative), both medians in tokens per secon
 acceptance rate (accepted over judged draft tokens over all pairs) and the mean new tokens
 per round; greedy outputs are checked equal to plain ``generate`` (a mismatch is printed).
 
-``--hf``: the model rebuilt as Hugging Face's ``GPT2LMHeadModel`` (``from_hf`` of a GPT-2 of
+``--hf`` (``--hf-only``: without the rows above): the model rebuilt as Hugging Face's ``GPT2LMHeadModel`` (``from_hf`` of a GPT-2 of
 the same shape, the weights loaded, ``to_hf``; refused for a parallel-scheme model), then
 HF's ``generate`` with ``prompt_lookup_num_tokens`` (``--lookup``) against HF's plain
 ``generate``, paired the same way; HF's greedy output is checked equal to opsplit's.
@@ -125,7 +125,7 @@ def measure(args):
           "acceptance | tokens per round | equal |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     with torch.no_grad():
-        for target, d, k in settings(model, args):
+        for target, d, k in ([] if args.hf_only else settings(model, args)):
             tkw = {"n_steps": target[0], "solver": target[1]}
             seeds = iter(range(10 ** 6))  # sampling: the pair's two calls draw with different seeds
             stats = []
@@ -180,8 +180,11 @@ def settings(model, args):
 
 def measure_hf(model, items, new, args):
     hf, twin = hf_twin(model, args)
+    # the verification pass feeds up to --lookup candidates past the last token: they need positions too
+    new = min(new, args.context - args.prompt_len - args.lookup)
     print(f"\n# Hugging Face {type(hf).__name__} with the same weights: prompt-lookup decoding "
-          f"(prompt_lookup_num_tokens = {args.lookup}) against plain generate, greedy, {args.runs} pairs")
+          f"(prompt_lookup_num_tokens = {args.lookup}) against plain generate, greedy, {new} new tokens, "
+          f"{args.runs} pairs")
     with torch.no_grad():
         ours = model.generate(items[0], new, eos_token_id=None)
         theirs = hf.generate(items[0], attention_mask=torch.ones_like(items[0]), max_new_tokens=new,
@@ -198,7 +201,7 @@ def measure_hf(model, items, new, args):
 
         ta, tb, oa, ob = pairs(plain, lookup, items, args.runs)
     ratios = [a / b for a, b in zip(ta, tb)]
-    row = {"hf": "prompt_lookup", "lookup": args.lookup, "ratio": statistics.median(ratios), "min": min(ratios),
+    row = {"hf": "prompt_lookup", "lookup": args.lookup, "new": new, "ratio": statistics.median(ratios), "min": min(ratios),
            "max": max(ratios), "plain_tok_s": new / statistics.median(ta), "lookup_tok_s": new / statistics.median(tb),
            "equal": all(torch.equal(a, b) for a, b in zip(oa, ob)), "hf_equals_opsplit": same}
     print(f"HF prompt lookup: {row['ratio']:.2f}× (min..max {row['min']:.2f}..{row['max']:.2f}×), plain "
@@ -244,6 +247,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sample", action="store_true", help="sample (temperature 0.8) instead of greedy")
     ap.add_argument("--hf", action="store_true", help="also Hugging Face's prompt lookup on the same weights")
+    ap.add_argument("--hf-only", action="store_true", help="only Hugging Face's prompt lookup (implies --hf)")
     ap.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens of --hf")
     ap.add_argument("--json", default="benchmarks/out/speculative.json")
     ap.add_argument("--train-lie", action="store_true", help="train the Lie-scheme twin (once) into --out")
@@ -255,6 +259,7 @@ def main():
         return train_lie(args)
     if not args.weights:
         ap.error("--weights: the .pt to measure (or --train-lie)")
+    args.hf = args.hf or args.hf_only
     measure(args)
 
 
