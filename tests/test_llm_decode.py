@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from _decode_helpers import assert_decode_steps_equal_checked_call
 from torch.autograd import gradcheck
 
 from opsplit import Grid
@@ -204,19 +205,7 @@ def test_sliced_decoder_lm_decode_steps_equal_the_checked_call():
     term called as it is) give next_token_logits' logits bit for bit on a left-padded batch."""
     m = _sliced_lm()
     ids, mask = _padded()
-    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    a, b = KVCache(), KVCache()
-    with torch.no_grad():
-        la = m.next_token_logits(ids, mask, position_ids=pos, cache=a)
-        lb = m.next_token_logits(ids, mask, position_ids=pos, cache=b)
-        step = m.decode_steps(a)
-        for _ in range(5):
-            tok = la.argmax(-1, keepdim=True)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            pos = pos[:, -1:] + 1
-            la = step(tok, pos, mask == 0)
-            lb = m.next_token_logits(tok, mask, position_ids=pos, cache=b)
-            assert torch.equal(la, lb)
+    assert_decode_steps_equal_checked_call(m, ids, mask, 5)
 
 
 def test_decode_steps_need_no_grad():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _decode_helpers import assert_decode_steps_equal_checked_call
 from _llm_configs import build, left_padded
 
 from opsplit.models import from_hf
@@ -27,19 +28,7 @@ def test_decode_steps_equal_the_checked_call_bit_for_bit(family, seed, dtype):
     hf = build(family, seed, dtype=dtype, scale=0.5)
     m = from_hf(hf)
     ids, mask = left_padded(hf.config.vocab_size, 3, 5, seed)
-    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    a, b = KVCache(), KVCache()
-    with torch.no_grad():
-        la = m.next_token_logits(ids, mask, position_ids=pos, cache=a)
-        lb = m.next_token_logits(ids, mask, position_ids=pos, cache=b)
-        step = m.decode_steps(a)
-        for k in range(6):
-            tok = la.argmax(-1, keepdim=True)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            pos = pos[:, -1:] + 1
-            la = step(tok, pos, mask == 0)
-            lb = m.next_token_logits(tok, mask, position_ids=pos, cache=b)
-            assert torch.equal(la, lb), (family, seed, k)
+    a, b = assert_decode_steps_equal_checked_call(m, ids, mask, 6, label=(family, seed))
     assert a.length == b.length == 5 + 6
 
 
