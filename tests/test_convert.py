@@ -8,10 +8,18 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import RandomDraws
 from torch import nn
 
 from opsplit import Grid
-from opsplit.models import TorchDecoder, TorchEncoder, from_torch, load_torch_state_dict, to_torch, torch_state_dict
+from opsplit.models import (
+    TorchDecoder,
+    TorchEncoder,
+    from_torch,
+    load_torch_state_dict,
+    to_torch,
+    torch_state_dict,
+)
 from opsplit.operators import MultiHeadAttention
 
 F64 = torch.float64
@@ -276,20 +284,6 @@ def test_to_torch_refuses_split_requires_grad():
 
 
 # -- training mode: dropout exactly where torch has it ---------------------------------------------------
-class _RandomDraws(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the random draws (op, number of elements) of a forward pass."""
-
-    def __init__(self):
-        super().__init__()
-        self.draws = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if any(k in name for k in ("bernoulli", "dropout", "rand", "uniform", "normal")):
-            self.draws.append((name, args[0].numel() if isinstance(args[0], torch.Tensor) else args[0]))
-        return func(*args, **(kwargs or {}))
-
-
 def _dropouts(layer, residual, activation, attention):
     for k in (1, 2, 3):
         if hasattr(layer, f"dropout{k}"):
@@ -323,9 +317,9 @@ def test_train_mode_dropout_is_torchs(decoder, norm_first, ps):
         assert (mod.dropout1.p, mod.dropout.p, mod.self_attn.dropout) == ps
     mem = (torch.randn(3, 4, 12, dtype=F64),) if decoder else ()
     x = torch.randn(3, 5, 12, dtype=F64)
-    with _RandomDraws() as r_ref:
+    with RandomDraws() as r_ref:
         ref(x, *mem)
-    with _RandomDraws() as r_ops:
+    with RandomDraws() as r_ops:
         model(x, *mem)
     assert r_ops.draws == r_ref.draws and len(r_ref.draws) == 2 * (6 if decoder else 4)
     x1, x2 = x[:1].clone().requires_grad_(), x[:1].clone().requires_grad_()

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from _helpers import RandomDraws
 
 transformers = pytest.importorskip("transformers")
 
@@ -195,22 +196,8 @@ def test_non_square_image():
 
 
 # -- training mode ----------------------------------------------------------------------------------------
-class _RandomDraws(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the random draws (op, number of elements) of a forward pass (the embedding's
-    dropout draws on HF's (B, C, H, W) view of the same channels-last memory as opsplit's
-    (B, N_x, N_y) state)."""
-
-    def __init__(self):
-        super().__init__()
-        self.draws = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if any(k in name for k in ("bernoulli", "dropout", "rand", "uniform", "normal")):
-            self.draws.append((name, args[0].numel() if isinstance(args[0], torch.Tensor) else args[0]))
-        return func(*args, **(kwargs or {}))
-
-
+# (the embedding's dropout draws on HF's (B, C, H, W) view of the same channels-last memory as
+# opsplit's (B, N_x, N_y) state)
 def test_train_mode_matches_hf():
     """Dropout after the embedding, on the attention weights, after the attention and after
     the MLP; drop path on the attention branch and on the state after the MLP's residual sum
@@ -225,9 +212,9 @@ def test_train_mode_matches_hf():
     model = from_hf(hf)
     assert model.training
     x = torch.randn(4, 3, 16, 16, dtype=torch.float64)
-    with _RandomDraws() as r_hf:
+    with RandomDraws() as r_hf:
         hf(x)
-    with _RandomDraws() as r_ops:
+    with RandomDraws() as r_ops:
         model(x)
     assert r_ops.draws == r_hf.draws
     # stage 1: embedding dropout + per layer (attn weights, attn output, MLP output); stage 2: the same

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import RandomDraws
 
 transformers = pytest.importorskip("transformers")
 
@@ -228,20 +229,6 @@ def test_other_activations_are_refused(hidden_act):
 
 
 # -- training mode: dropout exactly where HF has it ----------------------------------------------
-class _RandomDraws(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the random draws (op, number of elements) of a forward pass."""
-
-    def __init__(self):
-        super().__init__()
-        self.draws = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if any(k in name for k in ("bernoulli", "dropout", "rand", "uniform", "normal")):
-            self.draws.append((name, args[0].numel() if isinstance(args[0], torch.Tensor) else args[0]))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_train_mode_dropout_is_hfs(attn):
     """HF ViT draws dropout on the embeddings, then per layer on the attention weights, after
@@ -254,9 +241,9 @@ def test_train_mode_dropout_is_hfs(attn):
     model = from_hf(hf)
     assert model.training
     x = torch.randn(3, 3, 12, 8, dtype=torch.float64)
-    with _RandomDraws() as r_hf:
+    with RandomDraws() as r_hf:
         hf(x)
-    with _RandomDraws() as r_ops:
+    with RandomDraws() as r_ops:
         model(x)
     assert r_ops.draws == r_hf.draws
     assert len(r_hf.draws) == 1 + 3 * cfg.num_hidden_layers
