@@ -57,7 +57,8 @@ DIGITS = {
     # the schedule of the headline figures: 1, 2, 4 pieces for 40 / 30 / 30 % of 80 epochs, the decay restarted
     "multilevel_main": ({"epochs_factor": 0.8}, {"levels": ((1, 0.4), (2, 0.3), (4, 0.3)), "levels_schedule": "level"}),
     "multilevel_rb": ({}, {"levels": ((1, 0.5), (2, 0.25), (4, 0.25)), "levels_schedule": "level"}),
-    # no 1-piece level: 2 then 4 pieces for half of 70 epochs each, the decay restarted
+    # no 1-piece level: 2 then 4 pieces for half of the 100 (70) epochs each, the decay restarted
+    "multilevel_24r": ({}, {"levels": ((2, 0.5), (4, 0.5)), "levels_schedule": "level"}),
     "multilevel_24r70": ({"epochs_factor": 0.7}, {"levels": ((2, 0.5), (4, 0.5)), "levels_schedule": "level"}),
     # more of the run at the finest level: 1, 2, 4 pieces for 30 / 30 / 40 % of 70 epochs, the decay restarted
     "multilevel_f70": ({"epochs_factor": 0.7}, {"levels": ((1, 0.3), (2, 0.3), (4, 0.4)), "levels_schedule": "level"}),
