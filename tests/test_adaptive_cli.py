@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import csv
-
 import pytest
+from _helpers import csv_rows
 
 from opsplit.cli import main
 
@@ -21,11 +20,6 @@ margin = 0.2
 """
 
 
-def _rows(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def _toml(tmp_path, text):
     p = tmp_path / "c.toml"
     p.write_text(text)
@@ -38,13 +32,13 @@ def test_solve_with_the_compositions_and_an_adaptive_solve(tmp_path):
             "--solver", "rk4", "--n-t", "2", "4", "--n-x", "4", "--n-y", "4", "--rtol", "1e-5",
             "--no-progress", "--out", str(out)]
     assert main(argv) == 0
-    runs = _rows(out / "runs.csv")
+    runs = csv_rows(out / "runs.csv")
     # substep solves from the solve statistics: 12K - 11 = 25 (Blanes-Moan), 6K - 5 = 13
     # (triple jump) per step for K = 3 terms
     calls = {(r["scheme"], int(r["n_t"])): int(r["substeps"]) for r in runs}
     assert calls == {("blanes_moan", 2): 50, ("blanes_moan", 4): 100, ("triple_jump", 2): 26,
                      ("triple_jump", 4): 52}
-    ad = {r["scheme"]: r for r in _rows(out / "adaptive.csv")}
+    ad = {r["scheme"]: r for r in csv_rows(out / "adaptive.csv")}
     assert set(ad) == {"blanes_moan", "triple_jump"}
     for r in ad.values():
         assert int(r["accepted"]) >= 1 and float(r["rel_error"]) <= 1e-4
@@ -53,7 +47,7 @@ def test_solve_with_the_compositions_and_an_adaptive_solve(tmp_path):
         per_step = 25 if r["scheme"] == "blanes_moan" else 13
         assert int(r["substeps"]) == 3 * per_step * (int(r["accepted"]) + int(r["rejected"]))
     assert "adaptive.csv" in (out / "report.md").read_text()
-    orders = {r["scheme / solver"]: r for r in _rows(out / "orders.csv")}
+    orders = {r["scheme / solver"]: r for r in csv_rows(out / "orders.csv")}
     assert orders["blanes_moan / rk4"]["theory"] == "4"
     _check_statistics(out, ad)
 
@@ -67,8 +61,8 @@ def _check_statistics(out, ad):
 
     p = smooth_transformer(n_x=4, n_y=4, batch=1, J=2, T=1.0, seed=0, time="legendre", n_time=3,
                            space="polynomial", n_modes=4, constraint=False, relu=False, scale=1.0, margin=0.2)
-    stats_rows = _rows(out / "substep_calls.csv")
-    times_rows = _rows(out / "adaptive_times.csv")
+    stats_rows = csv_rows(out / "substep_calls.csv")
+    times_rows = csv_rows(out / "adaptive_times.csv")
     for scheme in ("blanes_moan", "triple_jump"):
         fixed = {n: p.propagator(n, scheme, "rk4").solve(p.f).stats for n in (2, 4)}
         sol = p.propagator(1, scheme, "rk4").solve(p.f, controller=PIController(rtol=1e-5, atol=1e-8, max_step=0.5))
@@ -101,10 +95,10 @@ def test_compare_takes_the_compositions_and_tolerances(tmp_path):
             "--n-y", "4", "--repeats", "1", "--rtol", "1e-3", "--atol", "1e-5", "--no-progress",
             "--out", str(out)]
     assert main(argv) == 0
-    table = {r["scheme"]: r for r in _rows(out / "comparison.csv")}
+    table = {r["scheme"]: r for r in csv_rows(out / "comparison.csv")}
     # with S1 the composition sits in an outer Strang step: theory 2
     assert table["blanes_moan"]["theory"] == "2"
-    ad = _rows(out / "adaptive.csv")
+    ad = csv_rows(out / "adaptive.csv")
     assert {r["scheme"] for r in ad} == {"strang", "blanes_moan"}
     assert all(float(r["atol"]) == pytest.approx(1e-5) for r in ad)
 

@@ -4,11 +4,11 @@ torch's flop counter, and refusals before any work."""
 
 from __future__ import annotations
 
-import csv
 import math
 
 import pytest
 import torch
+from _helpers import csv_rows
 
 from opsplit.cli import main
 
@@ -40,11 +40,6 @@ solver_steps = 100
 """
 
 
-def _rows(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 @pytest.fixture
 def data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("OPSPLIT_DATA_DIR", str(tmp_path / "cache"))
@@ -61,11 +56,11 @@ def test_burgers_run_folder(data_dir):
     assert read_top(run / "config.toml", "task") == "burgers"
     for f in ("report.md", "eval_resolution.csv", "burgers_training.png", "train/steps.csv"):
         assert (run / f).is_file(), f
-    rows = _rows(run / "eval_resolution.csv")
+    rows = csv_rows(run / "eval_resolution.csv")
     assert [int(r["resolution"]) for r in rows] == [8, 16, 64]
     assert [r["trained_at"] for r in rows] == ["", "yes", ""]
     assert all(math.isfinite(float(r["relative_l2"])) for r in rows)
-    assert len(_rows(run / "train" / "steps.csv")) == 4  # 2 epochs of 8 pairs in batches of 4
+    assert len(csv_rows(run / "train" / "steps.csv")) == 4  # 2 epochs of 8 pairs in batches of 4
     assert (data_dir / "cache" / "burgers").is_dir()  # generated and cached there
     assert "neural operator on Burgers" in (run / "report.md").read_text()
 
@@ -89,7 +84,7 @@ def test_burgers_band_limited_output_keys(data_dir):
         out = model(torch.sin(2 * math.pi * x)[None] + 0.2 * torch.cos(2 * math.pi * 5 * x)[None])
     spec = torch.fft.rfft(out, dim=-1).abs()
     assert spec[:, 3:].max() < 1e-5 * spec[:, :3].max()
-    assert [int(r["resolution"]) for r in _rows(run / "eval_resolution.csv")] == [16, 64]
+    assert [int(r["resolution"]) for r in csv_rows(run / "eval_resolution.csv")] == [16, 64]
 
 
 def test_burgers_refusals_before_work(data_dir, capsys):

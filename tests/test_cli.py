@@ -3,7 +3,6 @@ stopped before any work (the default job's report: tests/test_report.py)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import subprocess
@@ -12,17 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import csv_rows
 
 from opsplit.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _rows(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def _toml(tmp_path, text, name="c.toml"):
@@ -71,7 +66,7 @@ def test_solve_tiny_config(tmp_path, capsys):
     for f in ("config.toml", "runs.csv", "runs.md", "orders.csv", "convergence_time.png",
               "report.md", "report.html"):
         assert (out / f).is_file(), f
-    rows = _rows(out / "runs.csv")
+    rows = csv_rows(out / "runs.csv")
     assert len(rows) == 2 * 2 * 2
     # the error of one run, recomputed independently: uniform midpoint grids, so the
     # relative discrete L2 error is the relative Frobenius norm
@@ -98,7 +93,7 @@ def test_compare_tiny_config_measures_the_orders(tmp_path):
             "4", "8", "--n-x", "4", "--n-y", "4", "--repeats", "1", "--out", str(out),
             "--no-progress"]
     assert main(argv) == 0
-    table = {(r["scheme"], r["solver"]): r for r in _rows(out / "comparison.csv")}
+    table = {(r["scheme"], r["solver"]): r for r in csv_rows(out / "comparison.csv")}
     assert set(table) == {("lie", "euler"), ("lie", "heun"), ("strang", "euler"), ("strang", "heun")}
     assert 1.7 < float(table["strang", "heun"]["order"]) < 2.4
     for key in [("lie", "euler"), ("strang", "euler")]:
@@ -136,7 +131,7 @@ def test_convert_tiny_config(tmp_path):
     out = tmp_path / "conv"
     assert main(["convert", "--config", _toml(tmp_path, CONVERT), "--out", str(out),
                  "--no-progress"]) == 0
-    rows = _rows(out / "conversion_errors.csv")
+    rows = csv_rows(out / "conversion_errors.csv")
     assert len(rows) == 2 and {r["dtype"] for r in rows} == {"float64"}
     for r in rows:
         assert float(r["max abs diff (output)"]) < 1e-12
@@ -152,7 +147,7 @@ def test_convert_cvt_tiny_config(tmp_path):
             "patch_sizes = [3, 3]\npatch_stride = [2, 1]\nimage_size = 8\n")
     out = tmp_path / "cvt"
     assert main(["convert", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
-    (row,) = _rows(out / "conversion_errors.csv")
+    (row,) = csv_rows(out / "conversion_errors.csv")
     assert row["opsplit class"] == "CvT"
     assert float(row["max abs diff (output)"]) < 1e-12 and float(row["max abs diff (input grad)"]) < 1e-12
 
@@ -204,7 +199,7 @@ def test_convert_decoder_llms(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "llm"
     assert main(["convert", "--config", _toml(tmp_path, LLM_CONVERT), "--out", str(out), "--no-progress"]) == 0
-    rows = _rows(out / "conversion_errors.csv")
+    rows = csv_rows(out / "conversion_errors.csv")
     assert [(r["model"].split()[1], r["dtype"]) for r in rows] == [
         (m, d) for m in ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
         for d in ("float32", "float64")]
@@ -339,9 +334,9 @@ shift = 1
 def test_train_tiny_config(tmp_path):
     out = tmp_path / "train"
     assert main(["train", "--config", _toml(tmp_path, TRAIN), "--out", str(out), "--no-progress"]) == 0
-    steps = _rows(out / "train" / "steps.csv")
+    steps = csv_rows(out / "train" / "steps.csv")
     assert len(steps) == 2 * 4  # 64 images / 16 per step, 2 epochs
-    evals = _rows(out / "continuity.csv")  # the solver-swap table (opsplit.control.continuity)
+    evals = csv_rows(out / "continuity.csv")  # the solver-swap table (opsplit.control.continuity)
     own = [r for r in evals if r["solver"] == "euler"]
     assert [int(r["n_t"]) for r in own] == [1, 2, 4]
     assert [r["training grid"] for r in own] == ["", "yes", ""]
@@ -361,7 +356,7 @@ def test_train_solvers_split_key(tmp_path, capsys):
     toml = TRAIN.replace("[train]", '[train]\nn_steps = [2]\nsolvers = ["euler", "heun"]\n'
                          "solvers_split = true")
     assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
-    steps = _rows(out / "train" / "steps.csv")
+    steps = csv_rows(out / "train" / "steps.csv")
     assert len(steps) == 8 and all(not r.get("solver") for r in steps)
     assert "every batch shared between the substep solvers ['euler', 'heun'] (cost weights)" in \
         (out / "report.md").read_text()
@@ -390,7 +385,7 @@ def test_train_is_seeded_whatever_the_global_rng(tmp_path):
     for k, seed in enumerate((1, 2)):
         torch.manual_seed(seed)
         assert main(["train", "--config", cfg, "--out", str(tmp_path / f"r{k}"), "--no-progress"]) == 0
-        losses.append([r["loss"] for r in _rows(tmp_path / f"r{k}" / "train" / "steps.csv")])
+        losses.append([r["loss"] for r in csv_rows(tmp_path / f"r{k}" / "train" / "steps.csv")])
     assert len(losses[0]) == 8 and losses[0] == losses[1]
     from opsplit.cli.config import load
     from opsplit.cli.tasks.digits import SCHEMA, build_model
@@ -432,8 +427,8 @@ def test_interrupted_train_resumes_from_its_folder(tmp_path, monkeypatch, capsys
     assert not (cut / "train" / "steps.csv").exists()
     monkeypatch.setattr(train_cmd, "augment", real)
     assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
-    a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
-    b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
+    a = [r["loss"] for r in csv_rows(full / "train" / "steps.csv")]
+    b = [r["loss"] for r in csv_rows(cut / "train" / "steps.csv")]
     assert len(a) == 8 and a == b
     assert "resumed from a checkpoint" in (cut / "report.md").read_text()
 
@@ -568,8 +563,8 @@ def test_interrupt_saves_a_checkpoint_and_prints_how_to_resume(tmp_path, monkeyp
     assert signal.getsignal(signal.SIGINT) is before  # handler restored
     monkeypatch.setattr(train_cmd, "augment", real)
     assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
-    a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
-    b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
+    a = [r["loss"] for r in csv_rows(full / "train" / "steps.csv")]
+    b = [r["loss"] for r in csv_rows(cut / "train" / "steps.csv")]
     assert len(a) == 8 and a == b
 
 
@@ -583,7 +578,7 @@ def test_train_adjoint_with_rk4_substeps(tmp_path):
         "shift = 1", "shift = 0")
     out = tmp_path / "adj"
     assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
-    steps = _rows(out / "train" / "steps.csv")
+    steps = csv_rows(out / "train" / "steps.csv")
     assert len(steps) == 4 and all(float(r["grad_norm"]) > 0 for r in steps)
 
 
@@ -765,8 +760,8 @@ def test_compare_report_explains_parallel_with_the_constraint(tmp_path):
     argv = ["compare", "--schemes", "parallel", "hybrid", "--solvers", "heun", "--n-t", "2", "4", "8",
             "--n-x", "4", "--n-y", "4", "--repeats", "1", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
-    runs = _rows(out / "compare_runs.csv")
-    for r in _rows(out / "comparison.csv"):
+    runs = csv_rows(out / "compare_runs.csv")
+    for r in csv_rows(out / "comparison.csv"):
         e = [float(x["rel_error"]) for x in runs if x["scheme"] == r["scheme"]]
         want = [math.log2(e[i] / e[i + 1]) for i in range(len(e) - 1)]
         got = [float(x) for x in r["local orders"].split(", ")]

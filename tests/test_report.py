@@ -7,7 +7,6 @@ One ``opsplit --quick`` run serves every test here."""
 
 from __future__ import annotations
 
-import csv
 import html
 import math
 import os
@@ -18,6 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from _helpers import csv_rows
 
 from opsplit.cli import main
 
@@ -34,11 +34,6 @@ def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "default"
     assert main(["--quick", "--out", str(out), "--no-progress"]) == 0
     return out
-
-
-def _rows(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 class _Page(HTMLParser):
@@ -140,7 +135,7 @@ def test_default_job_quick_writes_its_report(quick, capsys):
     md = (out / "report.md").read_text()
     assert "![" in md and "solve_convergence_time.png" in md  # a convergence plot
     assert "comparison.csv" in md  # the scheme comparison table
-    schemes = {r["scheme"] for r in _rows(out / "comparison.csv")}
+    schemes = {r["scheme"] for r in csv_rows(out / "comparison.csv")}
     assert schemes == {"lie", "strang", "parallel", "hybrid"}
     for f in ("solve_convergence_time.png", "solve_convergence_space.png", "error_vs_cost.png"):
         assert (out / f).stat().st_size > 1000
@@ -148,7 +143,7 @@ def test_default_job_quick_writes_its_report(quick, capsys):
     assert "training_curve.png" in md and (out / "training_curve.png").stat().st_size > 1000
     assert "![" not in "".join(line for line in md.splitlines() if "curves.png" in line)
     assert "[train/curves.png](train/curves.png)" in md
-    assert len(_rows(out / "train" / "steps.csv")) > 0
+    assert len(csv_rows(out / "train" / "steps.csv")) > 0
     assert "Other files in this folder" not in md  # every file is placed by the manifest
 
 

@@ -4,12 +4,12 @@ cost estimate against torch's flop counter.  Bad input: tests/bad_input/test_tex
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 
 import pytest
 import torch
+from _helpers import csv_rows
 
 from opsplit.cli import main
 
@@ -36,11 +36,6 @@ max_chars = 20000
 [generate]
 max_new_tokens = 12
 """
-
-
-def _rows(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +70,12 @@ def test_text_run_folder(run):
     assert read_top(run / "config.toml", "task") == "text"
     for f in ("vocab.json", "report.md", "report.html", "eval_n_t.csv", "text_training.png", "train/steps.csv"):
         assert (run / f).is_file(), f
-    rows = _rows(run / "eval_n_t.csv")
+    rows = csv_rows(run / "eval_n_t.csv")
     assert [int(r["n_t"]) for r in rows] == [1, 2, 4]
     assert [r["trained_at"] for r in rows] == ["yes", "yes", ""]
     assert all(math.isfinite(float(r["val_bits_per_char"])) for r in rows)
-    losses = [float(r["loss"]) for r in _rows(run / "train" / "steps.csv")]
-    assert len(losses) == 6 and {int(r["n_steps"]) for r in _rows(run / "train" / "steps.csv")} <= {1, 2}
+    losses = [float(r["loss"]) for r in csv_rows(run / "train" / "steps.csv")]
+    assert len(losses) == 6 and {int(r["n_steps"]) for r in csv_rows(run / "train" / "steps.csv")} <= {1, 2}
     report = (run / "report.md").read_text()
     assert "Sample at N_t = 4" in report and "character-level GPT" in report
 
@@ -129,8 +124,8 @@ def test_resume_a_text_run(tmp_path, monkeypatch, capsys):
     assert "opsplit train --resume" in capsys.readouterr().err
     monkeypatch.setattr(train_text, "lm_loss", real)
     assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
-    a = [r["loss"] for r in _rows(full / "train" / "steps.csv")]
-    b = [r["loss"] for r in _rows(cut / "train" / "steps.csv")]
+    a = [r["loss"] for r in csv_rows(full / "train" / "steps.csv")]
+    b = [r["loss"] for r in csv_rows(cut / "train" / "steps.csv")]
     assert a == b and len(a) == 6
 
 
@@ -291,7 +286,7 @@ def test_resume_with_an_edited_key_is_refused_before_anything_is_written(run, tm
     assert _snapshot(folder) == before
     with pytest.warns(UserWarning, match="accepted changed settings"):
         assert main(["train", "--resume", str(folder), "--no-progress", "--allow-changes", "data.max_chars"]) == 0
-    assert len(_rows(folder / "train" / "steps.csv")) == 6
+    assert len(csv_rows(folder / "train" / "steps.csv")) == 6
 
 
 def test_interrupt_during_the_final_evaluation_prints_the_resume_command(run, tmp_path, monkeypatch, capsys):
@@ -356,7 +351,7 @@ def test_the_continuous_recipe_keys(tmp_path):
     cfg = tmp_path / "text.toml"
     cfg.write_text(text)
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
-    rows = _rows(tmp_path / "r" / "train" / "steps.csv")
+    rows = csv_rows(tmp_path / "r" / "train" / "steps.csv")
     # (the model's own solver, explicit Euler, is recorded as an empty cell)
     assert len(rows) == 8 and {r["solver"] or "euler" for r in rows} == {"euler", "heun"}
     for r in rows:
@@ -376,7 +371,7 @@ def test_solvers_split_key_shares_every_batch(tmp_path, capsys):
     cfg = tmp_path / "text.toml"
     cfg.write_text(text)
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
-    rows = _rows(tmp_path / "r" / "train" / "steps.csv")
+    rows = csv_rows(tmp_path / "r" / "train" / "steps.csv")
     assert len(rows) == 6 and all(not r.get("solver") for r in rows)
     assert all(math.isclose(float(r["loss"]), float(r["data"]) + 0.1 * float(r["kinetic"]), rel_tol=1e-5)
                for r in rows)
@@ -387,7 +382,7 @@ def test_solvers_split_key_shares_every_batch(tmp_path, capsys):
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "w"), "--no-progress"]) == 0
     report = (tmp_path / "w" / "report.md").read_text()
     assert "(weights: [3.0, 1.0]; the parts weighted [7.0, 3.0] in the objective)" in report
-    w_rows = _rows(tmp_path / "w" / "train" / "steps.csv")
+    w_rows = csv_rows(tmp_path / "w" / "train" / "steps.csv")
     assert float(w_rows[0]["loss"]) != pytest.approx(float(rows[0]["loss"]), rel=1e-6)
     for bad, match in ((TEXT.replace("n_steps = [1, 2]\n", "solvers_split = true\n"),
                         r"train\.solvers_split: a split of every batch between solvers needs solvers .*\(train\.solvers = \['euler'\] "

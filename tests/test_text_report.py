@@ -7,7 +7,6 @@ benchmark's settings (benchmarks/continuity_text.py)."""
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import shlex
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import csv_rows
 
 from opsplit.analysis import NGram
 from opsplit.cli import main
@@ -51,11 +51,6 @@ windows = 100
 [generate]
 max_new_tokens = 4
 """
-
-
-def _rows(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +106,7 @@ def test_report_scores_the_deduplicated_text_and_the_baseline(run):
     dedup = _paragraphs_without_shared(val, train)
     assert 0 < len(dedup) < len(val) / 2  # most of the split repeats the training text
     ids = vocab.encode(dedup, errors="replace")
-    table = _rows(run / "continuity.csv")
+    table = csv_rows(run / "continuity.csv")
     want = {("euler", n): _bits(model, ids, 24, n) for n in (1, 2, 4)}
     want.update({(s, n): _bits(model, ids, 24, n, s) for s in ("heun", "rk4") for n in (2, 4)})
     got = {(r["solver"], int(r["n_t"])): float(r["bits_per_char"]) for r in table}
@@ -120,7 +115,7 @@ def test_report_scores_the_deduplicated_text_and_the_baseline(run):
         assert got[key] == pytest.approx(v, rel=2e-6), key
     grid = next(r for r in table if r["training grid"] == "yes")
     assert (grid["solver"], grid["n_t"]) == ("euler", "2")
-    base = _rows(run / "baseline.csv")
+    base = csv_rows(run / "baseline.csv")
     assert len(base) == 2
     col = "deduplicated validation bits/char"
     assert float(base[0][col]) == pytest.approx(want["euler", 2], rel=2e-6)
