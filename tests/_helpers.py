@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from opsplit.functional.sliced_runs import SlicedDecodeCache
 
 
 class RandomDraws(TorchDispatchMode):
@@ -19,3 +23,35 @@ class RandomDraws(TorchDispatchMode):
         if any(k in name for k in ("bernoulli", "dropout", "rand", "uniform", "normal")):
             self.draws.append((name, args[0].numel() if isinstance(args[0], torch.Tensor) else args[0]))
         return func(*args, **(kwargs or {}))
+
+
+def csv_rows(path):
+    """The rows of a CSV file written by the CLI, as dicts keyed by its header."""
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def sigma_state(model, s1, s2):
+    """``model``'s state dict with every S1 projection's sigma1 set to ``s1`` and sigma2 to
+    ``s2`` (for loading back through load_state_dict)."""
+    state = model.state_dict()
+    for k in state:
+        if k.endswith("sigma1.value"):
+            state[k] = torch.tensor(s1, dtype=state[k].dtype)
+        elif k.endswith("sigma2.value"):
+            state[k] = torch.tensor(s2, dtype=state[k].dtype)
+    return state
+
+
+def sliced_runs_steps(zq, zk, v, w, centered, first):
+    """The causal sliced ReLU attention (eqs. 2/3) through a SlicedDecodeCache (sorted runs):
+    the first ``first`` tokens as one step (the prefill), then one token per step (the sorted
+    runs, their merges and the tail); rows (R, N) as the kernels take them."""
+    c, outs, a = SlicedDecodeCache(), [], 0
+    with torch.no_grad():
+        for m in [first] + [1] * (zk.shape[1] - first):
+            s = slice(a, a + m)
+            outs.append(c.step_relu(zq[None, :, s], zk[None, :, s], v[None, :, s], key_weights=w[None, :, s],
+                                    centered=centered))
+            a += m
+    return torch.cat(outs, 2)[0]

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import RandomDraws
+from _helpers import RandomDraws, sigma_state
 from torch import nn
 
 from opsplit import Grid
@@ -340,13 +340,7 @@ def _sigma_eps(model, s1=0.3, s2=1.7, eps=1e-2):
     projection's eps set to ``eps``."""
     from opsplit.operators import ProjectionS1
 
-    state = model.state_dict()
-    for k in state:
-        if k.endswith("sigma1.value"):
-            state[k] = torch.tensor(s1, dtype=state[k].dtype)
-        elif k.endswith("sigma2.value"):
-            state[k] = torch.tensor(s2, dtype=state[k].dtype)
-    model.load_state_dict(state)
+    model.load_state_dict(sigma_state(model, s1, s2))
     for m in model.modules():
         if isinstance(m, ProjectionS1):
             m.eps = eps

@@ -739,8 +739,9 @@ def test_issue24_kernel_attention_two_clusters_1000_apart(kernel):
 
 
 # -- issue 42, finding 13a: key weights spread wide, the query on (or next to) the heavy key ---------
+from _helpers import sliced_runs_steps  # noqa: E402
+
 from opsplit.functional._sums import relu_attention_composed  # noqa: E402
-from opsplit.functional.sliced_runs import SlicedDecodeCache  # noqa: E402
 
 
 def _sliced_exact(zq, zk, v, w, centered, causal_):
@@ -768,26 +769,13 @@ def _sliced_exact(zq, zk, v, w, centered, causal_):
     return out
 
 
-def _runs(zq, zk, v, w, centered, first):
-    """The causal eqs. through a sorted-run decode cache: the first ``first`` tokens as one step
-    (the prefill), then one token per step."""
-    c, outs, a = SlicedDecodeCache(), [], 0
-    with torch.no_grad():
-        for m in [first] + [1] * (zk.shape[1] - first):
-            s = slice(a, a + m)
-            outs.append(c.step_relu(zq[None, :, s], zk[None, :, s], v[None, :, s], key_weights=w[None, :, s],
-                                    centered=centered))
-            a += m
-    return torch.cat(outs, 2)[0]
-
-
 ISSUE42 = {  # kind: (fn(zq, zk, v, w, centered) on rows, causal?)
     "causal": (lambda q, k, v, w, c: causal_sliced_relu_attention(q, k, v, centered=c, key_weights=w), True),
     "full": (lambda q, k, v, w, c: sliced_relu_attention(q, k, v, centered=c, key_weights=w), False),
     "composed": (lambda q, k, v, w, c: relu_attention_composed(q, k, v, w, c), False),  # compile / vmap / 2nd order
     "decode": (lambda q, k, v, w, c: decode_sliced_relu_attention(q, k, v, centered=c, key_weights=w), True),
-    "runs-steps": (lambda q, k, v, w, c: _runs(q, k, v, w, c, 1), True),
-    "runs-prefill": (lambda q, k, v, w, c: _runs(q, k, v, w, c, k.shape[1]), True),
+    "runs-steps": (lambda q, k, v, w, c: sliced_runs_steps(q, k, v, w, c, 1), True),
+    "runs-prefill": (lambda q, k, v, w, c: sliced_runs_steps(q, k, v, w, c, k.shape[1]), True),
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import sigma_state
 from _llm_configs import as_4x, build, left_padded, transformers  # noqa: E402
 
 from opsplit.models import DecoderLM, from_hf, hf_state_dict, to_hf  # noqa: E402
@@ -341,16 +342,6 @@ def test_half_precision_llama_family_converts(family, dtype):
 
 
 # -- to_hf exports what the converted model computes ---------------------------------------------
-def _sigma_state(model, s1=0.3, s2=1.7):
-    state = model.state_dict()
-    for k in state:
-        if k.endswith("sigma1.value"):
-            state[k] = torch.tensor(s1, dtype=state[k].dtype)
-        elif k.endswith("sigma2.value"):
-            state[k] = torch.tensor(s2, dtype=state[k].dtype)
-    return state
-
-
 @pytest.mark.parametrize("lm", [True, False], ids=["lm", "base"])
 def test_to_hf_folds_layer_norm_sigmas_into_weight_and_bias(lm):
     """A converted GPT-2 whose LayerNorms' S1 sigmas (sigma1 = 0.3, sigma2 = 1.7, every norm)
@@ -360,7 +351,7 @@ def test_to_hf_folds_layer_norm_sigmas_into_weight_and_bias(lm):
     HF's parameters of that model."""
     hf = build("gpt2", 1, lm=lm)
     ours = from_hf(hf)
-    ours.load_state_dict(_sigma_state(ours))
+    ours.load_state_dict(sigma_state(ours, 0.3, 1.7))
     ids, mask = left_padded(hf.config.vocab_size, 3, 9, 1)
     key = "logits" if lm else "last_hidden_state"
     out = getattr(ours(ids, mask), key)
@@ -383,7 +374,7 @@ def test_to_hf_exports_rms_norm_sigma_eps_and_rotary_base(family):
     changed model computes (the eps and the base were taken from the recorded config)."""
     hf = build(family, 0)
     ours = from_hf(hf)
-    ours.load_state_dict(_sigma_state(ours, s2=1.3))
+    ours.load_state_dict(sigma_state(ours, 0.3, 1.3))
     for m in (ours.norms[0][0], ours.norms[1][0], ours.final_norm[0]):
         m.eps = 1e-2
     ours.attention.rotary.theta = 55.0

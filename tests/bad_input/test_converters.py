@@ -5,6 +5,7 @@ ClassTokenReadout) and CvT (its pixels, CvtStageSpec)."""
 import pytest
 import torch
 import transformers
+from _helpers import sigma_state
 from torch import nn
 
 from opsplit.controls import PiecewiseConstant
@@ -223,13 +224,7 @@ def test_cvt(case):
 
 # -- to_torch: what torch's layers cannot hold is refused ------------------------------------------
 def with_sigmas(model, s1=0.0, s2=1.0):
-    state = model.state_dict()
-    for k in state:
-        if k.endswith("sigma1.value"):
-            state[k] = torch.tensor(s1, dtype=state[k].dtype)
-        elif k.endswith("sigma2.value"):
-            state[k] = torch.tensor(s2, dtype=state[k].dtype)
-    model.load_state_dict(state)
+    model.load_state_dict(sigma_state(model, s1, s2))
     return model
 
 

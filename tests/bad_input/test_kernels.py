@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from _helpers import sliced_runs_steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -521,26 +522,13 @@ def _relu_reference(zq, zk, v, w, centered, causal_):
     return torch.from_numpy(out.astype(np.float64))
 
 
-def _runs_steps(zq, zk, v, w, centered, first):
-    """Causal eqs. 2/3 through a SlicedDecodeCache: ``first`` tokens as the prefill, then one per
-    step (the sorted runs, their merges and the tail)."""
-    c, outs, a = SlicedDecodeCache(), [], 0
-    with torch.no_grad():
-        for m in [first] + [1] * (zk.shape[1] - first):
-            s = slice(a, a + m)
-            outs.append(c.step_relu(zq[None, :, s], zk[None, :, s], v[None, :, s], key_weights=w[None, :, s],
-                                    centered=centered))
-            a += m
-    return torch.cat(outs, 2)[0]
-
-
 RELU_W_KINDS = {  # kind: (fn(zq, zk, v, w, centered) on rows (R, N), causal?)
     "full": (lambda q, k, v, w, c: SR(q, k, v, centered=c, key_weights=w), False),
     "composed": (lambda q, k, v, w, c: relu_attention_composed(q, k, v, w, c), False),
     "causal": (lambda q, k, v, w, c: SC(q, k, v, centered=c, key_weights=w), True),
     "decode": (lambda q, k, v, w, c: DEC(q, k, v, centered=c, key_weights=w), True),
-    "runs-steps": (lambda q, k, v, w, c: _runs_steps(q, k, v, w, c, 1), True),
-    "runs-prefill": (lambda q, k, v, w, c: _runs_steps(q, k, v, w, c, (k.shape[1] + 1) // 2), True),
+    "runs-steps": (lambda q, k, v, w, c: sliced_runs_steps(q, k, v, w, c, 1), True),
+    "runs-prefill": (lambda q, k, v, w, c: sliced_runs_steps(q, k, v, w, c, (k.shape[1] + 1) // 2), True),
 }
 
 
