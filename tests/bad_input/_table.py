@@ -1,4 +1,4 @@
-"""The row type of the bad-input sweep and the assertion every row runs."""
+"""The row type of the bad-input sweep, the assertion every row runs, and the inputs the rows share."""
 
 from __future__ import annotations
 
@@ -7,10 +7,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 import opsplit
 
 _PKG = os.path.dirname(os.path.abspath(opsplit.__file__))
+
+# what the rows build their inputs from
+F64 = torch.float64
+NAN, INF = float("nan"), float("inf")
+
+
+def u(*shape, fill=None, at=None, dtype=F64, device=None):
+    """A random tensor of ``shape`` (on ``device``: an uninitialised one), with ``fill`` written
+    at the index ``at`` when given."""
+    t = torch.randn(*shape, dtype=dtype) if device is None else torch.empty(*shape, dtype=dtype, device=device)
+    if fill is not None:
+        t[at] = fill
+    return t
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,7 @@ from opsplit.operators import Activation, FFNIntegral, PointwiseAffine, Projecti
 from opsplit.schemes import BlanesMoan, Lie, Parallel, Strang, TripleJump
 from opsplit.solvers import RK4, CatchUp, Exact, Implicit, ProjectedS1, Substep
 
-from ._table import cases, run_case
-
-F64 = torch.float64
-NAN, INF = float("nan"), float("inf")
+from ._table import F64, INF, NAN, cases, run_case
 
 
 def ffn(n=4, t1=None):

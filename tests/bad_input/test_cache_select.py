@@ -19,9 +19,8 @@ from opsplit.functional.sliced_runs import SlicedDecodeCache
 from opsplit.models import DecoderConfig, DecoderLM
 from opsplit.operators import KVCache
 
-from ._table import cases, run_case
+from ._table import F64, cases, run_case
 
-F64 = torch.float64
 VOCAB = 19
 IDS = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14]])
 

@@ -23,12 +23,10 @@ from opsplit.operators import FFNIntegral, ProjectionS1
 from opsplit.schemes import Lie
 from opsplit.solvers import ExplicitEuler, Implicit, SemiImplicit, Substep
 
-from ._table import cases, run_case
+from ._table import INF, NAN, cases, run_case
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _train_helpers import TinyClassifier, tiny_data  # noqa: E402
-
-NAN, INF = float("nan"), float("inf")
 
 
 def _prop():

@@ -42,12 +42,10 @@ from opsplit.controls import Constant
 from opsplit.data import TensorData
 from opsplit.models import SplitEncoder
 
-from ._table import cases, run_case
+from ._table import INF, NAN, cases, run_case
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _train_helpers import TinyClassifier, rewrite_checkpoint, tiny_config, tiny_data  # noqa: E402
-
-NAN, INF = float("nan"), float("inf")
 
 
 def tr(**kw):

@@ -25,9 +25,8 @@ from opsplit.models import (
 )
 from opsplit.models.cvt_hf import cvt_to_hf
 
-from ._table import cases, run_case
+from ._table import NAN, cases, run_case
 
-NAN = float("nan")
 VCFG = dict(hidden_size=12, num_hidden_layers=1, num_attention_heads=3, intermediate_size=16, image_size=8,
             patch_size=4, num_channels=1)
 

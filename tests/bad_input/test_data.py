@@ -19,9 +19,8 @@ from opsplit.data import (
     rollout,
 )
 
-from ._table import cases, run_case
+from ._table import INF, NAN, cases, run_case
 
-NAN, INF = float("nan"), float("inf")
 X = torch.randn(4, 3)
 IMG = torch.randn(2, 1, 8, 8)
 LOGITS = torch.randn(2, 5, 4)

@@ -23,10 +23,8 @@ from opsplit.controls import (
     TimeBasis,
 )
 
-from ._table import cases, run_case
+from ._table import F64, INF, NAN, cases, run_case
 
-F64 = torch.float64
-NAN, INF = float("nan"), float("inf")
 G = Grid.paper(3, 4)
 
 GRID = cases(

@@ -7,10 +7,7 @@ import torch
 from opsplit import Grid
 from opsplit.models import ContinuousTransformer, PaperTransformer, TorchDecoder, TorchEncoder
 
-from ._table import cases, run_case
-
-F64 = torch.float64
-NAN, INF = float("nan"), float("inf")
+from ._table import F64, INF, NAN, cases, run_case
 
 
 def paper(**kw):

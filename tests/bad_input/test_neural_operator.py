@@ -22,10 +22,7 @@ from opsplit.models import (
 )
 from opsplit.operators import FourierMultiplier, Lifting, Projection
 
-from ._table import cases, run_case
-
-F64 = torch.float64
-NAN, INF = float("nan"), float("inf")
+from ._table import F64, INF, NAN, cases, run_case
 
 
 def field(n=8, B=2):

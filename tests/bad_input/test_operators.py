@@ -22,17 +22,7 @@ from opsplit.operators import (
 )
 from opsplit.schemes import Relaxation
 
-from ._table import cases, run_case
-
-F64 = torch.float64
-NAN, INF = float("nan"), float("inf")
-
-
-def u(*shape, fill=None, at=None, dtype=F64, device=None):
-    t = torch.randn(*shape, dtype=dtype) if device is None else torch.empty(*shape, dtype=dtype, device=device)
-    if fill is not None:
-        t[at] = fill
-    return t
+from ._table import F64, INF, NAN, cases, run_case, u
 
 
 def ffn(n=5, **kw):
