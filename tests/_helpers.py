@@ -55,3 +55,29 @@ def sliced_runs_steps(zq, zk, v, w, centered, first):
                                     centered=centered))
             a += m
     return torch.cat(outs, 2)[0]
+
+
+def same_draws(ref, model, *args):
+    """The random draws of one forward pass of ``ref`` and one of ``model`` on ``args``,
+    asserted equal (same ops, same sizes, same order); returns ``ref``'s."""
+    with RandomDraws() as r_ref:
+        ref(*args)
+    with RandomDraws() as r_ops:
+        model(*args)
+    assert r_ops.draws == r_ref.draws
+    return r_ref.draws
+
+
+def assert_seeded_pass_close(ref, model, x, *args, seed, atol, out=lambda y: y):
+    """From the same seed, ``out(model(x, *args))`` equals ``out(ref(x, *args))`` and the input
+    gradients of their sums of squares agree, within ``atol`` (rtol 0); both backward passes
+    leave their parameters' gradients in place."""
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(seed)
+    y_ref = out(ref(x1, *args))
+    torch.manual_seed(seed)
+    y = out(model(x2, *args))
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=atol)
+    y_ref.square().sum().backward()
+    y.square().sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=atol)

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import RandomDraws, sigma_state
+from _helpers import assert_seeded_pass_close, same_draws, sigma_state
 from torch import nn
 
 from opsplit import Grid
@@ -317,21 +317,8 @@ def test_train_mode_dropout_is_torchs(decoder, norm_first, ps):
         assert (mod.dropout1.p, mod.dropout.p, mod.self_attn.dropout) == ps
     mem = (torch.randn(3, 4, 12, dtype=F64),) if decoder else ()
     x = torch.randn(3, 5, 12, dtype=F64)
-    with RandomDraws() as r_ref:
-        ref(x, *mem)
-    with RandomDraws() as r_ops:
-        model(x, *mem)
-    assert r_ops.draws == r_ref.draws and len(r_ref.draws) == 2 * (6 if decoder else 4)
-    x1, x2 = x[:1].clone().requires_grad_(), x[:1].clone().requires_grad_()
-    mem1 = tuple(m[:1] for m in mem)
-    torch.manual_seed(5)
-    y_ref = ref(x1, *mem1)
-    torch.manual_seed(5)
-    y = model(x2, *mem1)
-    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
-    y_ref.square().sum().backward()
-    y.square().sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=1e-12)
+    assert len(same_draws(ref, model, x, *mem)) == 2 * (6 if decoder else 4)
+    assert_seeded_pass_close(ref, model, x[:1], *(m[:1] for m in mem), seed=5, atol=1e-12)
 
 
 # -- to_torch exports what the model computes -----------------------------------------------------

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from _helpers import RandomDraws
+from _helpers import assert_seeded_pass_close, same_draws
 
 transformers = pytest.importorskip("transformers")
 
@@ -212,25 +212,13 @@ def test_train_mode_matches_hf():
     model = from_hf(hf)
     assert model.training
     x = torch.randn(4, 3, 16, 16, dtype=torch.float64)
-    with RandomDraws() as r_hf:
-        hf(x)
-    with RandomDraws() as r_ops:
-        model(x)
-    assert r_ops.draws == r_hf.draws
+    draws = same_draws(hf, model, x)
     # stage 1: embedding dropout + per layer (attn weights, attn output, MLP output); stage 2: the same
     # plus two drop-path draws per layer
-    assert len(r_hf.draws) == (1 + 3) + (1 + 2 * 5)
+    assert len(draws) == (1 + 3) + (1 + 2 * 5)
     hf = hf_model(cfg, "CvtForImageClassification", torch.float64, 7).train()
     model = from_hf(hf)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    torch.manual_seed(11)
-    ref = hf(x1).logits
-    torch.manual_seed(11)
-    out = model(x2).logits
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
-    ref.square().sum().backward()
-    out.square().sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=1e-10)
+    assert_seeded_pass_close(hf, model, x, seed=11, atol=1e-10, out=lambda y: y.logits)
     P = _hf_parts(hf)
     params = {id(p) for p in hf.parameters()}
     for ours, theirs, view in _pairs(model, P["parts"], P["head"], P["ln"]):

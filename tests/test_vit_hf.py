@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import RandomDraws
+from _helpers import assert_seeded_pass_close, same_draws
 
 transformers = pytest.importorskip("transformers")
 
@@ -241,22 +241,9 @@ def test_train_mode_dropout_is_hfs(attn):
     model = from_hf(hf)
     assert model.training
     x = torch.randn(3, 3, 12, 8, dtype=torch.float64)
-    with RandomDraws() as r_hf:
-        hf(x)
-    with RandomDraws() as r_ops:
-        model(x)
-    assert r_ops.draws == r_hf.draws
-    assert len(r_hf.draws) == 1 + 3 * cfg.num_hidden_layers
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    torch.manual_seed(5)
-    ref = hf(x1).logits
-    torch.manual_seed(5)
-    out = model(x2).logits
+    assert len(same_draws(hf, model, x)) == 1 + 3 * cfg.num_hidden_layers
     tol = 1e-10 if attn == "sdpa" else 1e-6  # HF's eager attention takes the softmax in float32
-    torch.testing.assert_close(out, ref, rtol=0, atol=tol)
-    ref.square().sum().backward()
-    out.square().sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=tol)
+    assert_seeded_pass_close(hf, model, x, seed=5, atol=tol, out=lambda y: y.logits)
 
 
 # -- requires_grad ------------------------------------------------------------------------------------
