@@ -71,6 +71,22 @@ def _compare_grads(ref_module, model, tol, kind=None):
     assert checked == len(g_ops)
 
 
+def _assert_same_pass(ref_module, model, ref_call, call, x, g):
+    """``call(x)`` (opsplit's model) equals ``ref_call(x)`` (torch's ``ref_module``) and so do the
+    gradients of a random weighted sum (weights drawn from ``g``) for the input and for every
+    parameter, within ``TOL`` of the dtype (rtol 0)."""
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    w = 0.1 * torch.randn(x.shape, generator=g).to(x.dtype)
+    ref = ref_call(x1)
+    out = call(x2)
+    tol = TOL[x.dtype]
+    torch.testing.assert_close(out, ref, rtol=0, atol=tol)
+    (ref * w).sum().backward()
+    (out * w).sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=tol)
+    _compare_grads(ref_module, model, tol)
+
+
 ENCODER_CONFIGS = list(
     itertools.product([1, 3, 4], ["relu", "gelu"], [False, True], [True, False], [False, True],
                       [torch.float32, torch.float64])
@@ -91,16 +107,8 @@ def test_encoder_layer(nhead, act, norm_first, bias, batch_first, dtype):
     B, N = 3, 6
     mask, kpm = _masks(MASK_KINDS[k % len(MASK_KINDS)], B, N, N, dtype, g)
     x = _layout(torch.randn(B, N, E, generator=g).to(dtype), batch_first)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    w = 0.1 * torch.randn(x.shape, generator=g).to(dtype)
-    ref = layer(x1, src_mask=mask, src_key_padding_mask=kpm)
-    out = model(x2, mask, kpm)
-    tol = TOL[dtype]
-    torch.testing.assert_close(out, ref, rtol=0, atol=tol)
-    (ref * w).sum().backward()
-    (out * w).sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=tol)
-    _compare_grads(layer, model, tol)
+    _assert_same_pass(layer, model, lambda x: layer(x, src_mask=mask, src_key_padding_mask=kpm),
+                      lambda x: model(x, mask, kpm), x, g)
 
 
 STACK_CONFIGS = [
@@ -127,16 +135,8 @@ def test_encoder_stack(num_layers, nhead, norm_first, final, dtype):
     B, N = 2, 7
     mask, kpm = _masks(["causal+padding", "padding", "float", "causal"][k % 4], B, N, N, dtype, g)
     x = torch.randn(B, N, E, generator=g).to(dtype)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    w = 0.1 * torch.randn(x.shape, generator=g).to(dtype)
-    ref = enc(x1, mask=mask, src_key_padding_mask=kpm)
-    out = model(x2, mask=mask, src_key_padding_mask=kpm)
-    tol = TOL[dtype]
-    torch.testing.assert_close(out, ref, rtol=0, atol=tol)
-    (ref * w).sum().backward()
-    (out * w).sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=tol)
-    _compare_grads(enc, model, tol)
+    _assert_same_pass(enc, model, lambda x: enc(x, mask=mask, src_key_padding_mask=kpm),
+                      lambda x: model(x, mask=mask, src_key_padding_mask=kpm), x, g)
 
 
 DECODER_CONFIGS = list(itertools.product([3, 4], [False, True], [False, True], ["relu", "gelu"],
