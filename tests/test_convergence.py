@@ -163,19 +163,11 @@ def test_model_trained_at_6_steps_converges_at_finer_steps(tmp_path):
     with torch.no_grad():
         ref = p.reference()
         ns = [6, 12, 24, 48]
-        lie = temporal_convergence(
-            lambda n: p.propagator(6, "lie", "euler")(p.f, n_steps=n),
-            ns,
-            ref,
-            label="Lie, projected Euler",
-            expected=1,
-        )
-        strang = temporal_convergence(
-            lambda n: p.propagator(6, "strang", "heun")(p.f, n_steps=n),
-            ns,
-            ref,
-            label="Strang, projected Heun",
-            expected=2,
+        lie, strang = (
+            temporal_convergence(lambda n, s=scheme, v=solver: p.propagator(6, s, v)(p.f, n_steps=n), ns, ref,
+                                 label=label, expected=order)
+            for scheme, solver, label, order in [("lie", "euler", "Lie, projected Euler", 1),
+                                                 ("strang", "heun", "Strang, projected Heun", 2)]
         )
     assert lie.fit.within(1, 0.15), str(lie)
     assert (strang.errors[1:] < strang.errors[:-1]).all()
