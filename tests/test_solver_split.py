@@ -47,6 +47,21 @@ class Linear(nn.Module):
         return self.prop(u)
 
 
+def _problem(seed, dtype=D, n=8):
+    """W0 (4, 4) and n windows x, y (n, 2, 4), drawn in that order from one seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+    W0 = torch.randn(4, 4, dtype=dtype, generator=g) / 2
+    x = torch.randn(n, 2, 4, dtype=dtype, generator=g)
+    y = torch.randn(n, 2, 4, dtype=dtype, generator=g)
+    return W0, x, y
+
+
+def _split_config(lr, **kw):
+    """One epoch of plain SGD on batches of 8 in order, Euler and Heun drawn 3 : 1 and split."""
+    return TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=lr, shuffle=False, progress=False,
+                       solvers=["euler", "heun"], solvers_weights=[3, 1], solvers_split=True, **kw)
+
+
 def _rel(v, u):
     c = u - u.mean(-1, keepdim=True)
     return (v.square().sum(-1) / (c.square().sum(-1) + 1e-5 * u.shape[-1])).mean()
@@ -75,13 +90,9 @@ def _by_hand(W, x, y, m_euler, n=3, T=1.5, kinetic=0.0, weights=None):
 
 @pytest.mark.parametrize("kinetic", [0.0, 0.3])
 def test_a_split_step_is_the_gradient_step_of_the_mean_over_windows_solved_by_their_parts_solvers(kinetic):
-    g = torch.Generator().manual_seed(0)
-    W0 = torch.randn(4, 4, dtype=D, generator=g) / 2
-    x = torch.randn(8, 2, 4, dtype=D, generator=g)
-    y = torch.randn(8, 2, 4, dtype=D, generator=g)
+    W0, x, y = _problem(0)
     model = Linear(W0)
-    cfg = TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=0.1, shuffle=False, progress=False,
-                      solvers=["euler", "heun"], solvers_weights=[3, 1], solvers_split=True)
+    cfg = _split_config(lr=0.1)
     tr = Trainer(model, Objective("mse", kinetic=kinetic), cfg)
     tr.fit((x, y))
     # by hand: 6 windows by Euler, 2 by Heun; one SGD step on W
@@ -100,14 +111,9 @@ def test_a_split_step_is_the_gradient_step_of_the_mean_over_windows_solved_by_th
 
 
 def test_split_weights_set_each_parts_share_of_the_objective_not_its_windows():
-    g = torch.Generator().manual_seed(2)
-    W0 = torch.randn(4, 4, dtype=D, generator=g) / 2
-    x = torch.randn(8, 2, 4, dtype=D, generator=g)
-    y = torch.randn(8, 2, 4, dtype=D, generator=g)
+    W0, x, y = _problem(2)
     model = Linear(W0)
-    cfg = TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=0.1, shuffle=False, progress=False,
-                      solvers=["euler", "heun"], solvers_weights=[3, 1], solvers_split=True,
-                      solvers_split_weights=[1.4, 0.6])  # 0.7 and 0.3 of the objective, 6 and 2 windows
+    cfg = _split_config(lr=0.1, solvers_split_weights=[1.4, 0.6])  # 0.7 and 0.3 of the objective, 6 and 2 windows
     assert cfg.to_dict()["solvers_split_weights"] == [1.4, 0.6]
     tr = Trainer(model, Objective("mse", kinetic=0.2), cfg)
     tr.fit((x, y))
@@ -121,13 +127,9 @@ def test_split_weights_set_each_parts_share_of_the_objective_not_its_windows():
 
 
 def test_a_short_last_batch_is_split_too_and_float32_trains():
-    g = torch.Generator().manual_seed(1)
-    W0 = torch.randn(4, 4, generator=g) / 2
-    x, y = torch.randn(10, 2, 4, generator=g), torch.randn(10, 2, 4, generator=g)
+    W0, x, y = _problem(1, dtype=torch.float32, n=10)
     model = Linear(W0)
-    cfg = TrainConfig(epochs=1, batch_size=8, optimizer="sgd", momentum=0.0, lr=1e-30, shuffle=False,
-                      progress=False, solvers=["euler", "heun"], solvers_weights=[3, 1],
-                      solvers_split=True)
+    cfg = _split_config(lr=1e-30)
     tr = Trainer(model, Objective("mse", kinetic=0.1), cfg)
     tr.fit((x, y))  # batches of 8 (6 by Euler + 2 by Heun) and 2 (2 + 0: Euler only); W does not move
     assert [r["loss"] for r in tr.history.steps] == pytest.approx(
