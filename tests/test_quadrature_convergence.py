@@ -84,39 +84,37 @@ def _slope(ns, errs):
 RULE_ORDERS = [("midpoint", 2), ("trapezoid", 2), ("right", 1)]
 
 
+def _assert_order(rule, order, grid, op, reference):
+    """On ``grid(n)`` for n in NS, the max error of ``op(X, Y)`` applied to u against
+    ``reference(X, Y, g)`` falls at the quadrature ``order`` (slope within 0.2)."""
+    errs = []
+    for n in NS:
+        g = grid(n)
+        X, Y, u = _sample(g)
+        errs.append(float(np.abs(op(X, Y)(u, grid=g)[0].numpy() - reference(X, Y, g)).max()))
+    p = _slope(NS, errs)
+    assert abs(p - order) < 0.2, f"{rule}: measured order {p:.3f} (expected {order}); errors {errs}"
+
+
+def _attention(X, Y):
+    return SoftmaxAttention(_kernel(wq, Y), _kernel(wk, Y), _kernel(wv, Y))
+
+
 @pytest.mark.parametrize("rule,order", RULE_ORDERS)
 def test_attention_converges_in_Ny_at_quadrature_order(rule, order):
     nx = 7
-    errs = []
-    for n in NS:
-        g = Grid(x=Interval(n=nx, length=LX), y=Interval(n=n, length=LY, rule=rule))
-        X, Y, u = _sample(g)
-        op = SoftmaxAttention(_kernel(wq, Y), _kernel(wk, Y), _kernel(wv, Y))
-        ref = attention_reference(X, Y, x_quad=(X, g.x.weights(torch.float64).numpy()))
-        errs.append(float(np.abs(op(u, grid=g)[0].numpy() - ref).max()))
-    p = _slope(NS, errs)
-    assert abs(p - order) < 0.2, f"{rule}: measured order {p:.3f} (expected {order}); errors {errs}"
+    _assert_order(rule, order, lambda n: Grid(x=Interval(n=nx, length=LX), y=Interval(n=n, length=LY, rule=rule)),
+                  _attention, lambda X, Y, g: attention_reference(X, Y, x_quad=(X, g.x.weights(torch.float64).numpy())))
 
 
 @pytest.mark.parametrize("rule,order", RULE_ORDERS)
 def test_attention_converges_in_Nx_and_Ny_at_quadrature_order(rule, order):
-    errs = []
-    for n in NS:
-        g = Grid.uniform(n, n, lx=LX, ly=LY, rule=rule)
-        X, Y, u = _sample(g)
-        op = SoftmaxAttention(_kernel(wq, Y), _kernel(wk, Y), _kernel(wv, Y))
-        errs.append(float(np.abs(op(u, grid=g)[0].numpy() - attention_reference(X, Y)).max()))
-    p = _slope(NS, errs)
-    assert abs(p - order) < 0.2, f"{rule}: measured order {p:.3f} (expected {order}); errors {errs}"
+    _assert_order(rule, order, lambda n: Grid.uniform(n, n, lx=LX, ly=LY, rule=rule),
+                  _attention, lambda X, Y, g: attention_reference(X, Y))
 
 
 @pytest.mark.parametrize("rule,order", RULE_ORDERS)
 def test_ffn_integral_converges_in_Ny_at_quadrature_order(rule, order):
-    errs = []
-    for n in NS:
-        g = Grid(x=Interval(n=5, length=LX), y=Interval(n=n, length=LY, rule=rule))
-        X, Y, u = _sample(g)
-        op = FFNIntegral(_kernel(wv, Y), torch.from_numpy(b_fn(X)), bias_axis="x")
-        errs.append(float(np.abs(op(u, grid=g)[0].numpy() - ffn_reference(X, Y)).max()))
-    p = _slope(NS, errs)
-    assert abs(p - order) < 0.2, f"{rule}: measured order {p:.3f} (expected {order}); errors {errs}"
+    _assert_order(rule, order, lambda n: Grid(x=Interval(n=5, length=LX), y=Interval(n=n, length=LY, rule=rule)),
+                  lambda X, Y: FFNIntegral(_kernel(wv, Y), torch.from_numpy(b_fn(X)), bias_axis="x"),
+                  lambda X, Y, g: ffn_reference(X, Y))
