@@ -81,3 +81,12 @@ def assert_seeded_pass_close(ref, model, x, *args, seed, atol, out=lambda y: y):
     y_ref.square().sum().backward()
     y.square().sum().backward()
     torch.testing.assert_close(x2.grad, x1.grad, rtol=0, atol=atol)
+
+
+def output_and_grads(attention, inputs, g):
+    """``attention`` applied to fresh leaf copies of ``inputs``: its output and the gradient of
+    ``(out * g).sum()`` for each input (to compare two code paths of one kernel)."""
+    ins = [t.detach().clone().requires_grad_() for t in inputs]
+    out = attention(*ins)
+    (out * g).sum().backward()
+    return [out.detach()] + [t.grad for t in ins]

@@ -6,6 +6,7 @@ causal structure of a decoder-only continuous transformer."""
 
 import pytest
 import torch
+from _helpers import output_and_grads
 
 import opsplit.functional.sliced_causal as sc
 from opsplit.functional import (
@@ -184,11 +185,9 @@ def test_chunked_tables_agree(fn, monkeypatch):
     g = torch.randn(2, 2, 600, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
     def run():
-        ins = [t.detach().clone().requires_grad_() for t in (zq, zk, v)]
-        out = (causal_sliced_relu_attention(*ins) if fn == "relu"
-               else causal_sliced_relu_bump_attention(*ins, 0.5))
-        (out * g).sum().backward()
-        return [out.detach()] + [t.grad for t in ins]
+        attention = (causal_sliced_relu_attention if fn == "relu"
+                     else lambda *ins: causal_sliced_relu_bump_attention(*ins, 0.5))
+        return output_and_grads(attention, (zq, zk, v), g)
 
     ref = run()
     monkeypatch.setattr(sc, "_TABLE_BYTES", 64 * 5 * 8 * 3)

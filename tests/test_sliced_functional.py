@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from _helpers import output_and_grads
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -268,11 +269,8 @@ def test_chunked_tables_and_blocked_scans_agree(fn, monkeypatch):
     g = torch.randn(B, H, N, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
     def run():
-        ins = [t.detach().clone().requires_grad_() for t in (zq, zk, v)]
-        out = (sliced_relu_attention(*ins) if fn == "relu"
-               else sliced_relu_bump_attention(*ins, 0.2))
-        (out * g).sum().backward()
-        return [out.detach()] + [t.grad for t in ins]
+        attention = sliced_relu_attention if fn == "relu" else lambda *ins: sliced_relu_bump_attention(*ins, 0.2)
+        return output_and_grads(attention, (zq, zk, v), g)
 
     ref = run()
     with monkeypatch.context() as mp:  # one chunk of rows, blocked scans of the block totals
