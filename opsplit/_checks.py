@@ -17,6 +17,7 @@ checks: validate inputs eagerly first if they can hold NaN/inf.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -213,13 +214,15 @@ def check_generator(generator, name: str):
 
 
 def check_int(v, name: str, lo=None, allow_none: bool = False):
-    """An integer (``bool`` and ``float`` refused: ``TypeError``) ``>= lo`` (``ValueError``);
-    ``name`` is the full argument name used in the message (``"load_digits.seed"``)."""
+    """An integer (``bool`` and ``float`` refused: ``TypeError``) ``>= lo`` (``ValueError``),
+    returned as a Python ``int`` (NumPy's integers are taken, as ``range`` takes them); ``name``
+    is the full argument name used in the message (``"load_digits.seed"``)."""
     if v is None and allow_none:
         return None
-    if isinstance(v, bool) or not isinstance(v, int):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name}: expected an integer{'' if lo is None else f' >= {lo}'}"
                         f"{' or None' if allow_none else ''}, got {v!r}")
+    v = int(v)
     if lo is not None and v < lo:
         raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
     return v

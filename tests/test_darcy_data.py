@@ -222,6 +222,14 @@ def test_subsampling_commutes_with_storage(tmp_path):
     assert tr.inputs[0, 3, 7, 1].item() == pytest.approx(0.3) and tr.inputs[0, 3, 7, 2].item() == pytest.approx(0.7)
 
 
+def test_numpy_integers_are_integers(tmp_path):
+    """The sizes may be NumPy integers (as from np.arange): the same data as Python ints."""
+    tr, te = load_darcy(np.int64(11), n_train=np.int64(4), n_test=np.int32(3), s=np.int64(21), seed=np.int64(0),
+                        cache_dir=tmp_path)
+    tr2, te2 = load_darcy(11, cache_dir=tmp_path, **SMALL)
+    assert torch.equal(tr.inputs, tr2.inputs) and torch.equal(te.targets, te2.targets)
+
+
 def test_stored_pairs_are_the_documented_draws_and_solutions(tmp_path):
     """Sample i of the train split: a = 12 where the field from default_rng([seed, 0, i]) is
     >= 0 (the field transcribed here from the cosine series, not through grf_neumann), and u
