@@ -54,7 +54,14 @@ import torch
 from torch import Tensor, nn
 
 from ..controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear
-from ..controls.refine import PROLONGATIONS, n_pieces_of, prolong, prolongation_matrix, restrict
+from ..controls.refine import (
+    PROLONGATIONS,
+    n_pieces_of,
+    node_prolongation_matrix,
+    prolong,
+    prolongation_matrix,
+    restrict,
+)
 from ..data.base import check_int
 from .coarse import piecewise_controls
 from .swap import propagators
@@ -216,14 +223,7 @@ def change_level(model: nn.Module, pieces: int, *, kind: str = "constant", optim
             continue
         if isinstance(old_c, PiecewiseLinear):
             # nodes refined on their lines: the node interpolation of prolong
-            r = Q // P
-            M = torch.zeros(Q + 1, P + 1, dtype=torch.float64)
-            for j in range(Q + 1):
-                i, rem = divmod(j, r)
-                if rem == 0:
-                    M[j, i] = 1.0
-                else:
-                    M[j, i], M[j, i + 1] = 1.0 - rem / r, rem / r
+            M, r = node_prolongation_matrix(P, Q), Q // P
         else:
             M, r = prolongation_matrix(P, Q, kind), Q // P
         if isinstance(old_c, LayerwiseConstant):

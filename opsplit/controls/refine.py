@@ -55,7 +55,8 @@ from .layerwise import LayerwiseConstant
 from .piecewise import PiecewiseConstant
 from .piecewise_linear import PiecewiseLinear
 
-__all__ = ["PROLONGATIONS", "RESTRICTIONS", "PIECEWISE_CONTROLS", "prolongation_matrix", "restriction_matrix",
+__all__ = ["PROLONGATIONS", "RESTRICTIONS", "PIECEWISE_CONTROLS", "prolongation_matrix", "node_prolongation_matrix",
+           "restriction_matrix",
            "prolong", "restrict", "PieceAverage", "n_pieces_of", "check_pieces"]
 
 #: the prolongations of :func:`prolong` (module docstring)
@@ -82,6 +83,22 @@ def check_pieces(n_from: int, n_to: int, name: str = "n_pieces") -> int:
         raise ValueError(f"{name}: expected a piece count of {n_to} that is a multiple of {n_from} (each coarse piece "
                          f"split into equal fine pieces), got {n_from} and {n_to} pieces")
     return n_to // n_from
+
+
+def node_prolongation_matrix(n_from: int, n_to: int) -> Tensor:
+    """``(n_to + 1, n_from + 1)`` float64: the nodes of a piecewise-linear control of
+    ``n_from`` pieces evaluated at the nodes of ``n_to`` pieces (``n_to`` a multiple of
+    ``n_from``): new node ``j`` lies ``j / r`` old intervals in, ``r = n_to / n_from``, and
+    takes the linear interpolation of the two old nodes around it (exact on the lines)."""
+    r = n_to // n_from
+    M = torch.zeros(n_to + 1, n_from + 1, dtype=torch.float64)
+    for j in range(n_to + 1):
+        i, rem = divmod(j, r)
+        if rem == 0:
+            M[j, i] = 1.0
+        else:
+            M[j, i], M[j, i + 1] = 1.0 - rem / r, rem / r
+    return M
 
 
 def prolongation_matrix(n_from: int, n_to: int, kind: str = "constant", *, dtype=torch.float64) -> Tensor:
@@ -164,15 +181,7 @@ def prolong(control: Control, n_pieces: int, kind: str = "constant") -> Control:
             if nodes == 1:
                 rows = control.raw.detach().expand(n_pieces + 1, *control.raw.shape[1:]).clone()
             else:  # new node j at s = j / r old intervals: linear interpolation (exact)
-                r = n_pieces // P
-                M = torch.zeros(n_pieces + 1, nodes, dtype=torch.float64)
-                for j in range(n_pieces + 1):
-                    i, rem = divmod(j, r)
-                    if rem == 0:
-                        M[j, i] = 1.0
-                    else:
-                        M[j, i], M[j, i + 1] = 1.0 - rem / r, rem / r
-                rows = _apply(M, control.raw.detach())
+                rows = _apply(node_prolongation_matrix(P, n_pieces), control.raw.detach())
             new = PiecewiseLinear(rows.exp() if control.positive else rows, t0=control.t0, t1=control.t1,
                                   axes=control.axes, positive=control.positive,
                                   requires_grad=control.raw.requires_grad)
