@@ -314,7 +314,8 @@ def report(out: Path) -> None:
             cpu = statistics.fmean(r["cpu_s"] for r in rs)
             line = f"{task} {v:>16} e{rs[0]['epochs']} splits {[r['split'] for r in rs]}: {acc:.2f} %  cpu {cpu:.0f} s"
             if rs[0].get("continuity"):
-                keys = [k for k in rs[0]["continuity"] if int(k.split("@")[1]) >= rs[0]["n_steps"]]
+                grid = f"euler@{rs[0]['n_steps']}"  # the refined settings: N_t >= the grid, or another solver
+                keys = [k for k in rs[0]["continuity"] if int(k.split("@")[1]) >= rs[0]["n_steps"] and k != grid]
                 mean = {k: statistics.fmean(r["continuity"][k] for r in rs) for k in rs[0]["continuity"]}
                 worst = min(keys, key=lambda k: mean[k])
                 line += (f"  continuity (mean): N_t=2 {mean.get('euler@2', float('nan')) - acc:+.2f}, worst refined "
