@@ -219,7 +219,7 @@ def text_timing(names, rounds: int, chunk: int) -> dict:
         for i, (p, f) in enumerate(levels):
             model, obj = ct.variant(args, corpus.vocab.size, v)
             tr = Trainer(model, obj, ct.config(args, v).replace(**over))
-            tr._total_steps = args.steps
+            tr.total_steps = args.steps
             if over.get("levels"):
                 tr.set_level(i)
             tr.model.train()
@@ -255,7 +255,7 @@ def digits_timing(names, rounds: int, steps: int) -> dict:
         for i, (p, f) in enumerate(levels):
             model = td.build(args)
             tr = Trainer(model, td.objective(args), td.config(args).replace(**over), augment=td.augment(args))
-            tr._total_steps = 10**6
+            tr.total_steps = 10**6
             if over.get("levels"):
                 tr.set_level(i)
             tr.model.train()

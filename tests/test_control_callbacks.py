@@ -183,6 +183,21 @@ def test_train_step_is_fits_step():
         assert torch.equal(p, q)
 
 
+def test_total_steps_set_outside_fit_drives_the_schedule():
+    """train_step outside fit reads the schedule at total_steps (set through the public
+    property): with a cosine decay over 4 steps the 4 learning rates are lr * (1 + cos(pi k/4))/2."""
+    data = tiny_data()
+    cfg = tiny_config(epochs=1, batch_size=16, shuffle=False, lr=0.1, schedule="cosine", warmup_steps=0)
+    tr = Trainer(TinyClassifier(), Objective("cross_entropy"), cfg)
+    tr.total_steps = 4
+    lrs = [tr.train_step(data, torch.arange(16))["lr"] for _ in range(4)]
+    assert lrs == pytest.approx([0.1 * (1 + math.cos(math.pi * k / 4)) / 2 for k in range(4)])
+    for bad, err in ((0, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(err, match=r"^Trainer.total_steps: expected an integer >= 1"):
+            tr.total_steps = bad
+    assert tr.total_steps == 4
+
+
 class Toy(nn.Module):
     """A piecewise-constant control with ``w.shape[0]`` pieces on [0, 1], read at fixed times."""
 

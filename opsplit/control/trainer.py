@@ -367,8 +367,14 @@ class Trainer:
     @property
     def total_steps(self) -> int:
         """The optimizer steps of the run (``max_steps``, or ``epochs`` times the steps per
-        epoch; set by :meth:`fit`); a callback may stop the run before."""
+        epoch; set by :meth:`fit`); a callback may stop the run before.  Set it to drive
+        :meth:`train_step` outside :meth:`fit` (the learning-rate schedule and the levels
+        read it)."""
         return self._total_steps
+
+    @total_steps.setter
+    def total_steps(self, n: int) -> None:
+        self._total_steps = check_int(n, "Trainer.total_steps", 1)
 
     def progress(self, step: int | None = None) -> float:
         """The run's progress in [0, 1] after ``step`` optimizer steps (default
