@@ -809,6 +809,10 @@ SET = {
     "solvers_split": ({"solvers": ["euler", "heun"], "solvers_split": True}, True),
     "solvers_split_weights": ({"solvers": ["euler", "heun"], "solvers_split": True, "solvers_split_weights": [3, 1]},
                               (3.0, 1.0)),
+    "levels": ({"levels": [[1, 0.25], [2, 0.75]]}, ((1, 0.25), (2, 0.75))),
+    "levels_prolongation": ({"levels": [[1, 0.5], [2, 0.5]], "levels_prolongation": "linear"}, "linear"),
+    "levels_schedule": ({"levels": [[1, 0.5], [2, 0.5]], "levels_schedule": "level"}, "level"),
+    "coarse_controls": ({"coarse_controls": "average"}, "average"),
 }
 
 

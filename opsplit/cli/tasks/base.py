@@ -72,6 +72,17 @@ def train_key(name: str, default=None, help: str | None = None, *, choices: tupl
     return library_field(TRAIN_FIELDS[name], default, help, choices=choices)
 
 
+#: the [train] keys of multilevel training in time and of coarse solves (TrainConfig's fields)
+LEVEL_KEYS = ("levels", "levels_prolongation", "levels_schedule", "coarse_controls")
+
+
+def level_keys() -> dict:
+    """The ``[train]`` keys of :data:`LEVEL_KEYS`, TrainConfig's defaults (no levels):
+    ``levels = [[1, 0.4], [2, 0.3], [4, 0.3]]`` trains the model's piecewise controls at 1,
+    2 then 4 pieces (docs/multilevel.md)."""
+    return {k: train_key(k) for k in LEVEL_KEYS}
+
+
 def objective_key(name: str, default: float, help: str) -> Field:
     """The ``[objective]`` key of the Objective weight ``name`` (checked by Objective)."""
     return Field("library", default, help, accepts="a finite weight >= 0")
@@ -231,7 +242,12 @@ def fit(trainer_of, folder: Path, train, evald=None, *, allow=False, callbacks=(
     the end of the current step and saves a checkpoint there (:class:`Interrupted`).
     Returns ``(trainer, history, resumed)``."""
     stop = InterruptAtStepEnd()
-    trainer = trainer_of([*callbacks, stop])
+    try:
+        trainer = trainer_of([*callbacks, stop])
+    except ValueError as e:  # a level schedule the model's controls cannot take: the key's error
+        if not str(e).startswith("TrainConfig."):
+            raise
+        raise library_error(e, "TrainConfig", "train") from None
     folder.mkdir(parents=True, exist_ok=True)
     resume = folder if latest_checkpoint(folder) is not None else None
     try:

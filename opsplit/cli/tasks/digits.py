@@ -37,7 +37,7 @@ from ..config import (
 )
 from ..train_report import report_training
 from . import base
-from .base import Interrupted, check_new_folder, objective_key, train_key
+from .base import Interrupted, check_new_folder, level_keys, objective_key, train_key
 
 __all__ = ["SCHEMA", "RENAMED", "check", "estimate", "prepare", "run", "build_model", "forward_flops",
            "Interrupted", "check_new_folder"]
@@ -109,6 +109,7 @@ SCHEMA = {
                                      "proportional to 1/stages), uniform or one weight per solver"),
         "solvers_split": train_key("solvers_split", False),
         "solvers_split_weights": train_key("solvers_split_weights", "shares"),
+        **level_keys(),
     },
     "objective": {
         "kinetic": objective_key("kinetic", 0.3, "weight of the flow's relative kinetic energy (a running cost "

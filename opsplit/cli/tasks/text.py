@@ -34,7 +34,7 @@ from .. import continuity_report
 from ..budget import CALL_SECONDS, Estimate
 from ..config import TOP, ConfigError, Field, at_least, both, distinct, load, read_top, seed_field
 from . import base
-from .base import Interrupted, check_new_folder, objective_key, train_key
+from .base import Interrupted, check_new_folder, level_keys, objective_key, train_key
 
 __all__ = ["SCHEMA", "RENAMED", "check", "estimate", "prepare", "run", "build_model", "forward_flops",
            "decode_flops", "cache_bytes", "lm_loss", "objective", "run_config", "load_model", "load_run",
@@ -122,6 +122,7 @@ SCHEMA = {
                                      "positive weight per solver"),
         "solvers_split": train_key("solvers_split", False),
         "solvers_split_weights": train_key("solvers_split_weights", "shares"),
+        **level_keys(),
         "gradient": train_key("gradient", "backprop", choices=GRADIENTS),
         "save_every": train_key("save_every", 50, "checkpoint every this many steps (for --resume)"),
         "seed": train_key("seed", 0, "seed of the training windows and the trainer"),
