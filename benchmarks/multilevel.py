@@ -40,7 +40,7 @@ import _common
 import torch
 import train_digits as td
 
-from opsplit.control import Objective, Trainer, continuity, frontier
+from opsplit.control import Trainer, continuity, frontier
 from opsplit.data import TensorData, load_digits
 
 #: the digits variants: overrides of the train_digits recipe, and of its TrainConfig
@@ -176,8 +176,8 @@ def run_text(name: str, steps: int | None = None) -> dict:
     over = {} if name.startswith("one@") else {k: x for k, x in TEXT[name].items() if k != "steps_factor"}
     if name.startswith("one@"):
         n = int(name[4:])
-        from opsplit.controls import restrict  # noqa: PLC0415
         from opsplit.control.multilevel import change_level  # noqa: PLC0415
+        from opsplit.controls import restrict  # noqa: PLC0415
         change_level(model, n, final_n_steps={model.decoder: args.layers}, final_pieces=args.layers)
         assert restrict  # (a model of n pieces on [0, layers], sampled from the initial layers)
     cfg = ct.config(args, v).replace(**over)
@@ -235,7 +235,7 @@ def text_timing(names, rounds: int, chunk: int) -> dict:
     base = next(iter(runs))
     ratios = {k: statistics.median(a / b for a, b in zip(times[k][1:], times[base][1:])) for k in runs}
     per_variant = {}
-    for (name, p, f), r in ratios.items():  # a variant on a share of the steps: that share of the cost
+    for (name, _p, f), r in ratios.items():  # a variant on a share of the steps: that share of the cost
         per_variant[name] = per_variant.get(name, 0.0) + f * r * TEXT[name].get("steps_factor", 1.0)
     return {"rounds": rounds, "chunk": chunk, "per_level": {f"{n}@{p}x{f}": r for (n, p, f), r in ratios.items()},
             "cost_ratio": per_variant, "load": _common.loadavg()}
@@ -272,7 +272,7 @@ def digits_timing(names, rounds: int, steps: int) -> dict:
     base = next(iter(runs))
     ratios = {k: statistics.median(a / b for a, b in zip(times[k][1:], times[base][1:])) for k in runs}
     per_variant = {}
-    for (name, p, f), r in ratios.items():  # a variant on a share of the epochs: that share of the cost
+    for (name, _p, f), r in ratios.items():  # a variant on a share of the epochs: that share of the cost
         per_variant[name] = per_variant.get(name, 0.0) + f * r * digits_variant(name, 100)[0].epochs / 100
     return {"rounds": rounds, "steps": steps, "per_level": {f"{n}@{p}x{f}": r for (n, p, f), r in ratios.items()},
             "cost_ratio": per_variant, "step_s": {f"{n}@{p}": statistics.median(times[(n, p, f)][1:]) / steps
