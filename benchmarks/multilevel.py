@@ -202,6 +202,21 @@ def run_text(name: str, steps: int | None = None) -> dict:
     return res
 
 
+def paired_steps(runs: dict, train, batches, rounds: int):
+    """Each round runs the optimizer steps of ``batches`` on every trainer of ``runs`` in turn
+    (CPU time); a warm-up round first.  Returns the times per round and, per run, the median
+    over rounds of its time over the first run's."""
+    times = {k: [] for k in runs}
+    for _ in range(rounds + 1):
+        for k, tr in runs.items():
+            t = time.process_time()
+            for idx in batches:
+                tr.train_step(train, idx)
+            times[k].append(time.process_time() - t)
+    base = next(iter(runs))
+    return times, {k: statistics.median(a / b for a, b in zip(times[k][1:], times[base][1:])) for k in runs}
+
+
 def text_timing(names, rounds: int, chunk: int) -> dict:
     """Paired training cost per level: each round runs ``chunk`` optimizer steps of every
     (variant, level) in turn (the same windows), CPU time; the median over ``rounds`` of the
@@ -225,15 +240,7 @@ def text_timing(names, rounds: int, chunk: int) -> dict:
             tr.model.train()
             runs[(name, p, f)] = tr
     batches = [torch.arange(i * args.batch, (i + 1) * args.batch) for i in range(chunk)]
-    times = {k: [] for k in runs}
-    for _ in range(rounds + 1):
-        for k, tr in runs.items():
-            t = time.process_time()
-            for idx in batches:
-                tr.train_step(train, idx)
-            times[k].append(time.process_time() - t)
-    base = next(iter(runs))
-    ratios = {k: statistics.median(a / b for a, b in zip(times[k][1:], times[base][1:])) for k in runs}
+    times, ratios = paired_steps(runs, train, batches, rounds)
     per_variant = {}
     for (name, _p, f), r in ratios.items():  # a variant on a share of the steps: that share of the cost
         per_variant[name] = per_variant.get(name, 0.0) + f * r * TEXT[name].get("steps_factor", 1.0)
@@ -262,15 +269,7 @@ def digits_timing(names, rounds: int, steps: int) -> dict:
             runs[(name, p, f)] = tr
     g = torch.Generator().manual_seed(0)
     batches = [torch.randperm(len(train), generator=g)[:64] for _ in range(steps)]
-    times = {k: [] for k in runs}
-    for _ in range(rounds + 1):
-        for k, tr in runs.items():
-            t = time.process_time()
-            for idx in batches:
-                tr.train_step(train, idx)
-            times[k].append(time.process_time() - t)
-    base = next(iter(runs))
-    ratios = {k: statistics.median(a / b for a, b in zip(times[k][1:], times[base][1:])) for k in runs}
+    times, ratios = paired_steps(runs, train, batches, rounds)
     per_variant = {}
     for (name, _p, f), r in ratios.items():  # a variant on a share of the epochs: that share of the cost
         per_variant[name] = per_variant.get(name, 0.0) + f * r * digits_variant(name, 100)[0].epochs / 100
