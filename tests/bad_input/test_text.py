@@ -306,7 +306,8 @@ RUN_ROWS = run_rows(
     ("resume-meta-not-json", RESUME, "meta.json is not valid JSON", lambda f: (
         f / "train" / "checkpoints" / "step-00000002" / "meta.json").write_text("{")),
     ("resume-allow-unknown", (*RESUME, "--allow-changes", "train.lrx"), "--allow-changes: expected keys that a resume "
-     "compares (data.corpus, data.max_chars, data.split_seed, data.val_fraction, train.batch_size, train.lr, "
+     "compares (data.corpus, data.max_chars, data.split_seed, data.val_fraction, train.batch_size, "
+     "train.coarse_controls, train.levels, train.levels_prolongation, train.levels_schedule, train.lr, "
      "train.max_steps, train.n_steps, train.seed, train.solvers, train.solvers_split, train.solvers_split_weights, "
      "train.solvers_weights, train.warmup_steps, train.weight_decay), got 'train.lrx'"),
     ("resume-allow-model-key", (*RESUME, "--allow-changes", "model.scheme"), "--allow-changes: expected keys that a "
