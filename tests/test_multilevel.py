@@ -15,7 +15,7 @@ import scipy.linalg
 import torch
 
 from opsplit import Propagator
-from opsplit.control import Objective, TrainConfig, Trainer, coarse_controls, frontier
+from opsplit.control import Objective, Trainer, coarse_controls, frontier
 from opsplit.control.multilevel import level_at, level_n_steps, level_starts
 from opsplit.controls import (
     LayerwiseConstant,
@@ -130,8 +130,9 @@ def test_piece_average_gradcheck():
 
     W = _pieces(4, n=2).requires_grad_(True)
     for k in (1, 2, 4):
-        assert torch.autograd.gradcheck(lambda W: torch.stack([PieceAverage(Rows(W), k)(0.4),
-                                                               PieceAverage(Rows(W), k)(LeftLimit(2.0))]), (W,))
+        assert torch.autograd.gradcheck(lambda W, k=k: torch.stack([PieceAverage(Rows(W), k)(0.4),
+                                                                    PieceAverage(Rows(W), k)(LeftLimit(2.0))]),
+                                        (W,))
 
 
 # -- the closed form: a prolongation keeps the flow, a wrong one does not ------------------------
