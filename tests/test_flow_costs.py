@@ -118,6 +118,11 @@ def test_cost_weighted_draws():
     assert expected_n_steps((2, 4, 8, 16), "cost") == pytest.approx(64 / 15)  # 4.27: about one N_t = 4 step
     assert expected_n_steps((2, 4, 8, 16)) == pytest.approx(7.5)
     assert n_steps_probabilities((2, 4), [1, 3]) == pytest.approx([0.25, 0.75])
+    # "uniform" is the config's spelling of None (the cost estimate of opsplit train passes it as written)
+    assert n_steps_probabilities((1, 2, 4), "uniform") == pytest.approx([1 / 3] * 3)
+    assert expected_n_steps((2, 4, 8, 16), "uniform") == pytest.approx(7.5)
+    from opsplit.control.resolution import expected_stages
+    assert expected_stages(("euler", "heun"), "uniform") == pytest.approx(1.5)
     g = torch.Generator().manual_seed(0)
     draws = [draw_n_steps((2, 4, 8, 16), "cost", g) for _ in range(3000)]
     freq = [draws.count(n) / len(draws) for n in (2, 4, 8, 16)]

@@ -85,8 +85,8 @@ def check_weights(w, n: int | None, name: str, of: str = "n_steps"):
 
 
 def n_steps_probabilities(n_steps, weights=None) -> list[float]:
-    """The draw's probabilities for ``n_steps`` (module docstring)."""
-    if weights is None:
+    """The draw's probabilities for ``n_steps`` (module docstring; ``"uniform"`` is ``None``)."""
+    if weights is None or weights == "uniform":
         return [1.0 / len(n_steps)] * len(n_steps)
     w = [1.0 / n for n in n_steps] if weights == "cost" else list(weights)
     s = sum(w)
@@ -109,8 +109,8 @@ def draw_n_steps(n_steps, weights, generator: torch.Generator) -> int:
 
 def solver_probabilities(solvers, weights=None) -> list[float]:
     """The probability of each of ``solvers`` (``weights``: ``None`` uniform, ``"cost"``
-    proportional to 1 / stages, or one weight > 0 per solver)."""
-    if weights is None:
+    proportional to 1 / stages, or one weight > 0 per solver; ``"uniform"`` is ``None``)."""
+    if weights is None or weights == "uniform":
         return [1.0 / len(solvers)] * len(solvers)
     w = [1.0 / STAGES[s] for s in solvers] if weights == "cost" else list(weights)
     return [x / sum(w) for x in w]
