@@ -265,7 +265,8 @@ def test_report_in_a_browser(quick, tmp_path):
     shots = {tmp_path / "top.png": None, tmp_path / "training.png": "s-training"}
     r = report_browser.check_page(moved, shots, browser=browser)
     assert report_browser.problems(r) == [], r
-    assert r["images"] == 6 and r["findings"] >= 5 and r["viewport"] == [1280, 800]
+    # the frontier plot and its finding beside the job's others
+    assert r["images"] == 7 and r["findings"] >= 6 and r["viewport"] == [1280, 800]
     assert r["findingsTop"] < 800  # on the first screen
     for p in shots:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

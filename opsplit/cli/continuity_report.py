@@ -13,15 +13,16 @@ __all__ = ["measure", "write", "refined_worst", "console_lines"]
 
 
 def measure(model, data, *, n_steps, reference: int, solvers=("trained", "heun", "rk4"), schemes=("trained",),
-            levels=None, batch_size: int = 512, loss="cross_entropy", output=None, metric=None):
+            levels=None, batch_size: int = 512, loss="cross_entropy", output=None, metric=None, coarse="point"):
     """The :class:`~opsplit.analysis.Continuity` of a trained model on ``data`` (a
-    classifier by default; ``loss``, ``output``, ``metric`` as in
-    :func:`~opsplit.control.continuity`: a language model's bits per character)."""
+    classifier by default; ``loss``, ``output``, ``metric``, ``coarse`` as in
+    :func:`~opsplit.control.continuity`: a language model's bits per character; the
+    coarse N_t read the controls as the model was trained to, ``TrainConfig.coarse_controls``)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="There is a performance drop")  # torch's vmap note
         return continuity(model, data, n_steps=list(n_steps), reference=reference, solvers=list(solvers),
                           schemes=list(schemes), levels=levels, batch_size=batch_size, loss=loss, output=output,
-                          metric=metric)
+                          metric=metric, coarse=coarse)
 
 
 def refined_worst(c) -> dict | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import budget, compare, solve, threads
+from . import budget, compare, frontier_report, solve, threads
 from .config import dump_toml, load
 from .continuity_report import console_lines
 from .output import Output, check_out, new_folder, relpath
@@ -27,7 +27,11 @@ FULL = {
                             "n_y": 12, "repeats": 3}},
     "solve": {"solve": {"solver": "heun", "n_t": [8, 32], "n_x": [6, 12, 24, 48],
                         "n_y": [6, 12, 24, 48]}},
-    "train": {"train": {"epochs": 10}},
+    # one model for every depth: N_t = 1, 2, 4 drawn (weights 1, 1, 2), a step longer than a
+    # control piece reading the pieces' average; the frontier beside models trained at 1, 2, 4 alone
+    "train": {"train": {"epochs": 10, "n_steps": [1, 2, 4], "n_steps_weights": [1, 1, 2],
+                        "coarse_controls": "average"},
+              "frontier": {"enabled": True}},
 }
 QUICK = {
     "compare": {"model": {"batch": 1}, "compare": {"solvers": ["heun"], "n_t": [2, 4], "n_x": 4,
@@ -35,8 +39,9 @@ QUICK = {
     "solve": {"model": {"batch": 1}, "solve": {"solver": "euler", "n_t": [2, 4, 8], "n_x": [4, 6, 8],
                                                "n_y": [4, 6, 8], "reference": "finest"}},
     "train": {"model": {"d_model": 16, "heads": 2, "d_ff": 32},
-              "train": {"epochs": 2, "batch_size": 32}, "eval": {"n_steps": [2, 4, 8]},
-              "data": {"limit": 256}},
+              "train": {"epochs": 2, "batch_size": 32, "n_steps": [1, 2, 4], "n_steps_weights": [1, 1, 2],
+                        "coarse_controls": "average"}, "eval": {"n_steps": [2, 4, 8]},
+              "data": {"limit": 256}, "frontier": {"enabled": True, "n_steps": [2, 4, 8]}},
 }
 
 
@@ -85,11 +90,11 @@ def run_default(*, quick: bool = False, out=None, progress: bool = True) -> int:
               prefix="solve_")
     print("  3/3 training on the digits ...", flush=True)
     try:
-        _, _, cont = train.run(cfgs["train"], plans["train"], o, progress)
+        _, _, cont, front = train.run(cfgs["train"], plans["train"], o, progress)
     except Interrupted as e:
         e.command = f"opsplit{' --quick' if quick else ''} --out {relpath(folder)}"
         raise
-    for line in console_lines(cont):
+    for line in console_lines(cont) + frontier_report.console_lines(front):
         print(f"      {line}")
     html = o.finish()
     print(f"opsplit: done in {time.perf_counter() - t0:.0f} s; report: {relpath(html)} "

@@ -299,3 +299,33 @@ def _continuity(t, page):
     if coarser:
         text += "; at the coarser " + ", ".join(f"N_t = {r['n_t']} it scores {fmt(r['accuracy'])}" for r in coarser)
     return [Finding(text + ".", t.file, numbers, also)]
+
+
+@finder("frontier")
+def _frontier(t, page):
+    """The frontier table (:mod:`opsplit.cli.frontier_report`): the one model at every N_t
+    against the models trained at one N_t alone."""
+    one = next((c for c in t.columns if c.endswith("(one model)")), None)
+    alone = next((c for c in t.columns if c.endswith("(trained at this N_t alone)")), None)
+    if one is None:
+        return []
+    rows = [r for r in t.rows if _finite(t.number(r, one))]
+    if not rows:
+        return []
+    fig = page.figure("frontier")
+    also = (fig,) if fig else ()
+    what = one[: -len(" (one model)")]
+    text = ("One trained model solved at N_t = " + ", ".join(str(r["n_t"]) for r in rows) + " (substep calls "
+            + ", ".join(str(r["calls"]) for r in rows) + f" per input) scores {what} "
+            + ", ".join(fmt(r[one]) for r in rows))
+    numbers = {"one model": {int(r["n_t"]): t.number(r, one) for r in rows}, "alone": {}}
+    paired = [r for r in rows if alone is not None and _finite(t.number(r, alone))]
+    if paired:
+        numbers["alone"] = {int(r["n_t"]): t.number(r, alone) for r in paired}
+        gaps = {r["n_t"]: t.number(r, one) - t.number(r, alone) for r in paired}
+        worst = min(gaps, key=gaps.get)
+        text += ("; models trained at one N_t alone score " + ", ".join(
+            f"{fmt(r[alone])} (N_t = {r['n_t']})" for r in paired)
+            + f": the largest shortfall of the one model is {abs(100 * gaps[worst]):.2f} pt at N_t = {worst}"
+            if gaps[worst] < 0 else "; the one model is at or above every model trained at one N_t alone")
+    return [Finding(text + ".", t.file, numbers, also)]

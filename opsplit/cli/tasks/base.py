@@ -38,6 +38,7 @@ from ...control import (
     config_changes,
 )
 from ...control.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
+from ...control.coarse import check_coarse
 from ...control.flow_costs import check_flow_costs
 from ...control.gradients import restore_gradient_mode, set_gradient_mode
 from ...control.objective import check_objective
@@ -168,6 +169,24 @@ def preflight(model, obj: Objective, config: TrainConfig, inputs, targets, what:
                 pass
         except ValueError as e:
             raise ConfigError(f"train.solvers: {e}") from None
+
+
+def check_coarse_keys(model, cfg: dict) -> None:
+    """The N_t below the model's control pieces that a run solves with the pieces' average
+    (``eval.n_steps`` with ``train.coarse_controls = "average"``; ``frontier.n_steps``
+    always) divide the pieces: refused naming the key, before training
+    (:func:`~opsplit.control.coarse.check_coarse`)."""
+    keys = []
+    if cfg["train"].get("coarse_controls") == "average" and "eval" in cfg:
+        keys.append(("eval.n_steps", cfg["eval"]["n_steps"]))
+    if cfg.get("frontier", {}).get("enabled"):
+        keys.append(("frontier.n_steps", cfg["frontier"]["n_steps"]))
+    for key, ns in keys:
+        for n in ns:
+            try:
+                check_coarse(model, n, key)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 # -- interrupts -------------------------------------------------------------------------------------

@@ -17,12 +17,13 @@ import torch
 
 from ...control import Trainer
 from ...control.continuity import SCHEMES as EVAL_SCHEMES
+from ...control.frontier import default_frontier_n_steps
 from ...control.resolution import expected_n_steps, expected_stages
 from ...data import TensorData, load_digits, random_shift
 from ...models import ImageClassifier, SplitEncoder
 from ...models.split_encoder import CONTROL_KINDS, SCHEMES
 from ...solvers import EXPLICIT_SOLVERS, ODESolve, solver_class, solver_for
-from .. import continuity_report
+from .. import continuity_report, frontier_report
 from ..budget import Estimate
 from ..config import (
     TOP,
@@ -125,6 +126,17 @@ SCHEMA = {
                          "N_t >= model.n_steps (besides its own)", distinct, choices=EXPLICIT_SOLVERS),
         "schemes": Field("str_list", ["trained"], "schemes of the solver-swap table: trained (the model's) "
                          "and/or strang", choices=EVAL_SCHEMES),
+    },
+    "frontier": {
+        "enabled": Field("bool", False, "after training, also measure one model at every depth: the trained model "
+                         "solved at frontier.n_steps (a step longer than a control piece reads the pieces' average) "
+                         "beside models trained at one N_t alone (the frontier table and plot, docs/multilevel.md)"),
+        "n_steps": Field("int_list", [1, 2, 4, 8], "N_t of the frontier (default: a quarter, half, one and two times "
+                         "model.n_steps); those below model.n_steps divide it", both(at_least(1), distinct),
+                         derive=lambda cfg: default_frontier_n_steps(cfg["model"]["n_steps"])),
+        "references": Field("bool", True, "train a model at each N_t of frontier.n_steps up to model.n_steps alone "
+                            "(its controls in N_t pieces, its own N_t and solver only, the same epochs, batch, "
+                            "learning rate, seeds and objective) for the frontier's points"),
     },
     "data": {
         "test_fraction": Field("float", 0.2, "held-out fraction (stratified)",
@@ -281,6 +293,13 @@ def estimate(cfg) -> Estimate:
     eval_n = max([m["n_steps"], *e["n_steps"]])
     eval_image = own_stages * (3.0 * h * L * L + 4.0 * L * dm + 2.0 * L * f)
     act = max(batch * per_image, min(512, n_test) * eval_image * min(eval_n, 2))
+    if cfg["frontier"]["enabled"]:  # the one model at every N_t of the frontier, and the references' training
+        for n in cfg["frontier"]["n_steps"]:
+            f_n, c_n = forward_flops(m, n)
+            work += Estimate(n_test * f_n, math.ceil(n_test / 512) * c_n)
+        for n in reference_n_steps(cfg):
+            r = estimate(reference_config(cfg, n))
+            work += Estimate(r.flops, r.calls)
     return Estimate(work.flops, work.calls, 4.0 * (5.0 * params + act))
 
 
@@ -322,6 +341,9 @@ def prepare(cfg) -> dict:
         )
     base.preflight(model, objective(cfg), train_config(cfg, progress=False), train.inputs[:2], train.targets[:2],
                    "digits", gradient_hint=" (here: model.solver = 'rk4' makes the substeps ODE solves)")
+    base.check_coarse_keys(model, cfg)
+    for n in reference_n_steps(cfg):  # the frontier's references: their settings pass the same checks
+        train_config(reference_config(cfg, n), progress=False)
     return {"model": model}
 
 
@@ -366,7 +388,8 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
         raise
     with base.resumable_after_training(trainer, out.folder, f"{prefix}train"):
         cont = continuity_report.measure(model, test, n_steps=e["n_steps"], reference=m["n_steps"],
-                                         solvers=["trained", *e["solvers"]], schemes=e["schemes"])
+                                         solvers=["trained", *e["solvers"]], schemes=e["schemes"],
+                                         coarse=t["coarse_controls"] or "point")
     split_weighted = t["solvers_split"] and isinstance(t["solvers_split_weights"], list)
     out.heading(heading)
     out.text(
@@ -390,4 +413,57 @@ def run(cfg, plan, out, progress=True, heading="Training", prefix=""):
     epochs = [{k: r.get(k) for k in ("epoch", "step", "train_loss", "eval_loss", "eval_accuracy",
                                      "time")} for r in history.epochs]
     report_training(out, prefix, sub.name, history.steps, epochs, None, m["n_steps"], continuity=cont)
-    return trainer, history, cont
+    front = None
+    if cfg["frontier"]["enabled"]:
+        front = run_frontier(cfg, model, test, out, progress, prefix, plan.get("allow_changes", False))
+    return trainer, history, cont, front
+
+
+def reference_config(cfg: dict, n: int) -> dict:
+    """The config of the frontier's reference at N_t = ``n``: the run's, with the model's
+    controls in ``n`` pieces trained at N_t = ``n`` and the model's solver alone (no draws,
+    no levels, no coarse reading), the same epochs, batch, learning rate, seeds, data and
+    objective."""
+    ref = {k: dict(v) for k, v in cfg.items()}
+    ref["model"]["n_steps"] = n
+    tr = SCHEMA["train"]
+    ref["train"].update({"n_steps": [n], "solvers": [cfg["model"]["solver"]], "solvers_split": False,
+                         **{k: tr[k].default for k in ("n_steps_weights", "solvers_weights", "solvers_split_weights",
+                                                       *base.LEVEL_KEYS)}})
+    ref["eval"] = {"n_steps": [n], "solvers": [], "schemes": ["trained"]}
+    ref["frontier"] = {**cfg["frontier"], "enabled": False}
+    return ref
+
+
+def reference_n_steps(cfg: dict) -> list[int]:
+    """The N_t at which the frontier trains a model alone: those of frontier.n_steps up to
+    model.n_steps (none without frontier.references)."""
+    f = cfg["frontier"]
+    if not (f["enabled"] and f["references"]):
+        return []
+    return [n for n in sorted(f["n_steps"]) if n <= cfg["model"]["n_steps"]]
+
+
+def run_frontier(cfg, model, test, out, progress, prefix, allow):
+    """The frontier section: a model trained at every N_t of :func:`reference_n_steps` alone
+    (resumable, each in its own folder ``train_nt<N>``), then the trained ``model`` solved at
+    every N_t of frontier.n_steps beside them (:mod:`opsplit.cli.frontier_report`)."""
+    refs = {}
+    for n in reference_n_steps(cfg):
+        rcfg = reference_config(cfg, n)
+        ref = build_model(rcfg["model"])
+        try:
+            fit(rcfg, ref, out.folder / f"{prefix}train_nt{n}", progress, allow)
+        except Interrupted as err:
+            err.folder = out.folder
+            raise
+        refs[n] = ref
+    front = frontier_report.measure(model, test, n_steps=cfg["frontier"]["n_steps"], references=refs)
+    t = cfg["train"]
+    out.heading("One model, every depth")
+    frontier_report.write(out, front, grid=cfg["model"]["n_steps"], prefix=prefix,
+                          budget=f"each {t['epochs']} epochs at its own N_t, controls in N_t pieces")
+    if refs:
+        out.files([f"{prefix}train_nt{n}/{f}" for n in refs for f in ("steps.csv", "epochs.csv", "curves.png")],
+                  "The trainer's files of the models trained at one N_t alone: every step, every epoch, their plots")
+    return front
