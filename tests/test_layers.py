@@ -32,6 +32,7 @@ LAYERS = {
     "propagator": 7,  # the composed map
     "solution": 7,  # what a solve returns: states, statistics (Propagator.solve)
     "adaptive": 7,  # adaptive time steps beside the propagator (error estimate, controller)
+    "coarse": 7,  # coarse solves that read piecewise controls averaged over each step
     "reference": 8,  # the unsplit model solved by torchdiffeq (terms, solvers, schemes)
     "models": 9,  # named discretisations and converters
     "analysis": 10,  # measuring: convergence studies, spline degree

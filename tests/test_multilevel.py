@@ -1,5 +1,5 @@
 """Multilevel training in time and coarse solves (``opsplit.controls.refine``,
-``opsplit.control.coarse``, ``opsplit.control.multilevel``, ``opsplit.control.frontier``).
+``opsplit.coarse``, ``opsplit.control.multilevel``, ``opsplit.control.frontier``).
 
 The closed-form checks use linear terms u_t = u W(t) (``FFNIntegral``) with W piecewise
 constant in t, whose flow is the product of matrix exponentials, computed here by

@@ -17,6 +17,7 @@ r"""Training as an optimal-control problem (paper 002, eqs. 10–12 and 36).
   multilevel training in time: ``TrainConfig.levels`` (:mod:`opsplit.control.multilevel`).
 """
 
+from ..coarse import COARSE_MODES, coarse_controls
 from .callbacks import Callback, CPUTimeBudget
 from .checkpoint import (
     CheckpointError,
@@ -28,11 +29,10 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import OPTIMIZERS, SCHEDULES, ConfigField, TrainConfig, config_changes
-from .coarse import COARSE_MODES, coarse_controls
 from .continuity import Continuity, continuity
 from .costs import energy_cost, leaf_controls, smoothness_cost
-from .gradients import GRADIENT_MODES, Unsplit, gradient_mode, set_gradient_mode
 from .frontier import Frontier, frontier
+from .gradients import GRADIENT_MODES, Unsplit, gradient_mode, set_gradient_mode
 from .history import History
 from .objective import LOSSES, Objective, ObjectiveValue
 from .swap import solved_with, strang_of

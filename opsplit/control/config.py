@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._checks import check_bool
+from ..coarse import COARSE_MODES
 from ..data.base import check_int
 from .checkpoint_diff import SettingChange
 from .gradients import DEFAULT_SNAPSHOTS, GRADIENT_MODES
-from .resolution import check_n_steps_list, check_weights, solvers_left_out
-from .coarse import COARSE_MODES
 from .multilevel import LEVEL_SCHEDULES, PROLONGATIONS, check_levels
+from .resolution import check_n_steps_list, check_weights, solvers_left_out
 from .swap import SOLVERS, check_solver_names
 
 __all__ = ["TrainConfig", "ConfigField", "OPTIMIZERS", "SCHEDULES", "RENAMED", "check_int", "check_float",
@@ -255,7 +255,7 @@ class TrainConfig:
                                              "(None: its share of the batch)", "sampling", "refused", default=None)
     coarse_controls: str = _f(_choice(COARSE_MODES), f"one of {COARSE_MODES}",
                               "how a step longer than a control piece reads the controls: at the solver's times "
-                              "('point') or averaged over the step ('average', opsplit.control.coarse)", "levels",
+                              "('point') or averaged over the step ('average', opsplit.coarse)", "levels",
                               "refused", default="point", choices=COARSE_MODES)
     levels: tuple | None = _f(check_levels, "None or a list of [pieces, fraction] levels, pieces increasing",
                               "multilevel training in time: the controls' pieces in t and the fraction of the run's "

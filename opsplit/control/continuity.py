@@ -44,12 +44,12 @@ from torch import Tensor, nn
 
 from .._checks import check_choice
 from ..analysis.convergence import OrderFit, fit_order
+from ..coarse import COARSE_MODES, check_coarse, coarse_controls
 from ..data.base import check_int
 from ..schemes import Strang
 from ..schemes.nested import SchemeFlow
 from ..solvers import name_of
 from ..solvers.base import Substep
-from .coarse import COARSE_MODES, check_coarse, coarse_controls
 from .objective import Objective, _select
 from .swap import (
     SOLVERS,
@@ -315,7 +315,7 @@ def continuity(model: nn.Module, data, *, loss="cross_entropy", metric: str | Ca
             training scheme and solver at every :math:`N_t`, and the other schemes and
             solvers at the :math:`N_t` from ``reference`` up.
         coarse: ``"point"`` (default) or ``"average"``: how a solve with fewer steps than the
-            controls' pieces reads them (:func:`~opsplit.control.coarse.coarse_controls`:
+            controls' pieces reads them (:func:`~opsplit.coarse.coarse_controls`:
             averaged over each step).
 
     Returns:

@@ -5,7 +5,7 @@ A continuous model serves every compute budget from one set of controls: solved 
 :math:`N_t = N/4, N/2, N, \dots` steps it costs :math:`N_t` times the substep calls of one
 step.  :func:`frontier` measures that curve — the metric at every :math:`N_t` of
 ``n_steps``, a coarse :math:`N_t` (below the controls' pieces) solved with the controls
-averaged over each step (``coarse="average"``, :func:`~opsplit.control.coarse.coarse_controls`)
+averaged over each step (``coarse="average"``, :func:`~opsplit.coarse.coarse_controls`)
 or read at the solver's times (``"point"``) — and places beside it ``references``: models
 trained at one :math:`N_t` each, solved at their own grid.  :meth:`Frontier.plot` draws the
 metric against the substep calls (field evaluations) per input: one curve for the model,
@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from ..coarse import COARSE_MODES, check_coarse, coarse_controls
 from ..data.base import check_int
-from .coarse import COARSE_MODES, check_coarse, coarse_controls
 from .continuity import _cost, _metric_fn, _n_list
 from .objective import Objective
 from .swap import propagators
@@ -148,7 +148,7 @@ def frontier(model: nn.Module, data, *, n_steps: Sequence[int] | None = None,
         loss, metric, output: as in :func:`~opsplit.control.continuity` (``"accuracy"`` for
             classifiers by default, ``"bits"`` for a language model).
         coarse: ``"average"`` (default) or ``"point"``: how a solve with fewer steps than the
-            controls' pieces reads them (:data:`~opsplit.control.coarse.COARSE_MODES`).
+            controls' pieces reads them (:data:`~opsplit.coarse.COARSE_MODES`).
         batch_size: samples per forward call.
     """
     if not isinstance(model, nn.Module):

@@ -53,6 +53,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..coarse import piecewise_controls
 from ..controls import LayerwiseConstant, PiecewiseConstant, PiecewiseLinear
 from ..controls.refine import (
     PROLONGATIONS,
@@ -63,7 +64,6 @@ from ..controls.refine import (
     restrict,
 )
 from ..data.base import check_int
-from .coarse import piecewise_controls
 from .swap import propagators
 
 __all__ = ["LEVEL_SCHEDULES", "check_levels", "level_starts", "level_at", "level_n_steps", "model_pieces", "check_level_schedule",

@@ -10,7 +10,7 @@ import contextlib
 
 from torch import nn
 
-from ..propagator import Propagator
+from ..coarse import propagators
 from ..schemes import Hybrid, Lie, Parallel, SchemeFlow, Strang
 from ..solvers import EXPLICIT_SOLVERS, Exact, ODESolve, Solver, Substep, name_of, solver_class
 
@@ -23,10 +23,6 @@ __all__ = ["solved_with", "strang_of", "solver_name", "SOLVERS", "STAGES", "prop
 SOLVERS = EXPLICIT_SOLVERS
 #: field evaluations per substep call of the named solvers (their ``stages``)
 STAGES = {name: solver_class(name).stages for name in SOLVERS}
-
-
-def propagators(model: nn.Module) -> list:
-    return [m for m in model.modules() if isinstance(m, Propagator)]
 
 
 def field_substeps(scheme: nn.Module) -> list:

@@ -64,6 +64,7 @@ from tqdm.auto import tqdm
 
 from .._checks import check_bool
 from .._memory import available_memory, check_fits, human_bytes
+from ..coarse import check_coarse, coarse_controls
 from ..data.base import TensorData
 from ..propagator import Propagator, _calls_per_step
 from .callbacks import Callback
@@ -72,7 +73,6 @@ from .checkpoint_diff import check_allow_changes, checkpoint_differences, refuse
 from .checkpoint_meta import CheckpointError
 from .checkpoint_read import latest_checkpoint, read_checkpoint
 from .checkpoint_resample import plan_model_state
-from .coarse import check_coarse, coarse_controls
 from .config import TrainConfig, check_int, config_changes
 from .distributed import any_rank, check_data_parallel
 from .flow_costs import check_flow_costs

@@ -29,6 +29,7 @@ import threading
 import warnings
 from pathlib import Path
 
+from ...coarse import check_coarse
 from ...control import (
     Callback,
     Objective,
@@ -38,7 +39,6 @@ from ...control import (
     config_changes,
 )
 from ...control.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
-from ...control.coarse import check_coarse
 from ...control.flow_costs import check_flow_costs
 from ...control.gradients import restore_gradient_mode, set_gradient_mode
 from ...control.objective import check_objective
@@ -175,7 +175,7 @@ def check_coarse_keys(model, cfg: dict) -> None:
     """The N_t below the model's control pieces that a run solves with the pieces' average
     (``eval.n_steps`` with ``train.coarse_controls = "average"``; ``frontier.n_steps``
     always) divide the pieces: refused naming the key, before training
-    (:func:`~opsplit.control.coarse.check_coarse`)."""
+    (:func:`~opsplit.coarse.check_coarse`)."""
     keys = []
     if cfg["train"].get("coarse_controls") == "average" and "eval" in cfg:
         keys.append(("eval.n_steps", cfg["eval"]["n_steps"]))

@@ -18,6 +18,10 @@ is then :math:`\exp(\Delta t\,\bar W)`, the first term of the Magnus expansion o
 :math:`\Delta t(\bar W - W_{kr})`, an :math:`O(1)` error per step when the pieces differ
 (``tests/test_multilevel.py`` compares both with the matrix exponentials).
 
+Used by training (``TrainConfig.coarse_controls``), the continuity and frontier measurements
+(:mod:`opsplit.control`) and speculative decoding's drafts
+(:class:`~opsplit.models.speculative.DraftSolve`), hence beside the propagator, below both.
+
 Only piecewise-constant controls (:class:`~opsplit.controls.PiecewiseConstant`,
 :class:`~opsplit.controls.LayerwiseConstant`) on the propagator's time interval are
 averaged; controls continuous in :math:`t` and solves at :math:`N_t \ge P` are left as they
@@ -32,12 +36,17 @@ import math
 
 from torch import nn
 
-from ..controls import LayerwiseConstant, PiecewiseConstant
-from ..controls.refine import PieceAverage
-from ..data.base import check_int
-from .swap import propagators
+from ._checks import check_int
+from .controls import LayerwiseConstant, PiecewiseConstant
+from .controls.refine import PieceAverage
+from .propagator import Propagator
 
 __all__ = ["COARSE_MODES", "coarse_controls", "piecewise_controls", "check_coarse"]
+
+
+def propagators(model: nn.Module) -> list:
+    """The opsplit propagators inside ``model``, in the order of ``model.modules()``."""
+    return [m for m in model.modules() if isinstance(m, Propagator)]
 
 #: how a step longer than a control piece reads the controls: at the solver's times
 #: (``"point"``), or averaged over the step (``"average"``, :func:`coarse_controls`)
