@@ -171,8 +171,9 @@ def test_generate_refuses_before_any_work(run, capsys):
 
 
 def test_generate_speculatively(run, capsys):
-    """--draft-n-t: the same greedy text as the plain command, the acceptance on stderr; a
-    draft that is not cheaper, a bad --num-draft-tokens, drafts without a draft: exit 2."""
+    """--draft-n-t: the same greedy text as the plain command (drafts reading the controls at
+    their times or averaged over each step), the acceptance on stderr; a draft that is not
+    cheaper, a bad --num-draft-tokens, drafts without a draft: exit 2."""
     base = ["generate", str(run), "--prompt", "The ", "--n-t", "4", "--greedy", "--max-new-tokens", "12"]
     assert main(base) == 0
     plain = capsys.readouterr().out
@@ -180,7 +181,12 @@ def test_generate_speculatively(run, capsys):
         assert main([*base, "--draft-n-t", "2", "--num-draft-tokens", k]) == 0
         out, err = capsys.readouterr()
         assert out == plain and "speculative: drafts at N_t = 2" in err and "accepted" in err, err
-    for argv, match in ((["--draft-n-t", "4"], "--draft-n-t: the draft (N_t = 4) costs 8 term evaluations per "
+    # one step reading the mean of the run's 2 pieces (a straddling draft is refused by the library's check)
+    assert main([*base, "--draft-n-t", "1", "--draft-controls", "average"]) == 0
+    out, err = capsys.readouterr()
+    assert out == plain and "drafts at N_t = 1, controls average over each step" in err, err
+    for argv, match in ((["--draft-controls", "average"], "--draft-controls: drafts are made only with --draft-n-t"),
+                        (["--draft-n-t", "4"], "--draft-n-t: the draft (N_t = 4) costs 8 term evaluations per "
                          "character, the solve at --n-t 4 8: a draft must be cheaper"),
                         (["--draft-n-t", "2", "--draft-solver", "rk4"], "--draft-n-t: the draft (N_t = 2, solver rk4)"),
                         (["--draft-n-t", "0"], "--draft-n-t: expected an integer >= 1"),

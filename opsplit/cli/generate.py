@@ -17,7 +17,9 @@ goes to stdout, one line about the run to stderr.
 a cheaper solve of the same model drafts ``--num-draft-tokens`` characters (an integer >= 1 or
 ``auto``) that the solve at ``--n-t`` verifies — the same text greedily, the same distribution
 when sampling; a draft that is not cheaper than ``--n-t`` is refused before the model loads,
-and the line on stderr gives the acceptance rate."""
+and the line on stderr gives the acceptance rate.  A draft of fewer steps than the control
+pieces reads them as the run was trained (``train.coarse_controls``: averaged over each step
+or at its times; ``--draft-controls`` chooses)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from ..coarse import COARSE_MODES, check_coarse
 from ..data import CharVocab
 from ..models.speculative import DraftSolve, speculative_generate
 from ..solvers import EXPLICIT_SOLVERS
@@ -69,6 +72,9 @@ def add_arguments(p):
                    help="decode speculatively: draft with the model solved at N_t = N (fewer steps than --n-t)")
     p.add_argument("--draft-solver", choices=EXPLICIT_SOLVERS, dest="draft_solver",
                    help="the draft's substep solver (default: the model's own)")
+    p.add_argument("--draft-controls", choices=COARSE_MODES, dest="draft_controls",
+                   help="how a draft of fewer steps than the model's control pieces reads them: average (over each "
+                        "step) or point (at its times); default: as the run was trained (train.coarse_controls)")
     p.add_argument("--num-draft-tokens", dest="num_draft_tokens", metavar="K",
                    help="draft characters per round: an integer >= 1, or auto (default) to follow the acceptance rate")
     p.add_argument("--force", action="store_true", help="run even when the estimated memory or time exceeds the "
@@ -89,6 +95,8 @@ def _check_flags(a) -> None:
     if a.prompt is not None and a.prompt == "":
         raise ConfigError("--prompt: expected at least one character, got an empty prompt")
     draft = getattr(a, "draft_n_t", None) is not None or getattr(a, "draft_solver", None) is not None
+    if getattr(a, "draft_controls", None) is not None and not draft:
+        raise ConfigError("--draft-controls: drafts are made only with --draft-n-t or --draft-solver")
     if getattr(a, "draft_n_t", None) is not None and a.draft_n_t < 1:
         raise ConfigError(f"--draft-n-t: expected an integer >= 1 (the draft's N_t), got {a.draft_n_t}")
     k = getattr(a, "num_draft_tokens", None)
@@ -123,8 +131,14 @@ def run_generate(a) -> str:
     temperature = a.temperature if a.temperature is not None else g["temperature"]
     draft = None
     if a.draft_n_t is not None or a.draft_solver is not None:
-        draft = DraftSolve(n_steps=a.draft_n_t, solver=a.draft_solver)
+        controls = a.draft_controls or cfg["train"].get("coarse_controls") or "point"
+        draft = DraftSolve(n_steps=a.draft_n_t, solver=a.draft_solver, controls=controls)
         shell = build_model(m, vocab.size)  # the solve's cost, before the weights are read
+        if controls == "average" and draft.n_steps is not None:
+            try:
+                check_coarse(shell, draft.n_steps, "--draft-n-t")
+            except ValueError as e:
+                raise ConfigError(f"{e} (--draft-controls average)") from None
         cost, dcost = shell.solve_cost(n_t), shell.solve_cost(draft.n_steps, draft.solver)
         if dcost >= cost:
             raise ConfigError(f"--draft-n-t: the draft ({draft.describe()}) costs {dcost} term evaluations per "

@@ -27,7 +27,10 @@ speed: every round,
    again, exactly).
 
 The better the model is continuous — the closer its coarse solves are to its own — the more
-drafts are accepted.  **Cost** per round: :math:`k` draft steps and one target step over
+drafts are accepted.  A model trained to be right at coarse :math:`N_t` with the controls
+averaged over each step (``TrainConfig(coarse_controls="average")``, docs/multilevel.md)
+drafts with ``DraftSolve(n_steps, controls="average")``: its draft calls read the pieces'
+averages (:func:`opsplit.coarse.coarse_controls`), the target's calls the model's own.  **Cost** per round: :math:`k` draft steps and one target step over
 :math:`k+1` tokens (at batch 1, about one target step), for :math:`(1 - \alpha^{k+1})/(1 -
 \alpha)` tokens on average at acceptance rate :math:`\alpha`.  ``num_draft_tokens="auto"``
 picks :math:`k \le 16` each round maximising that ratio, with :math:`\alpha` a running mean of
@@ -54,12 +57,14 @@ naming ``draft``), the caches (``cache``/``draft_cache``: empty
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from ..coarse import COARSE_MODES, check_coarse, coarse_controls
 from ..operators import KVCache
 from ._decoding import MODEL_DEFAULT, _grow, _prepare, token_probs
 
@@ -81,6 +86,10 @@ class DraftSolve:
     n_steps: int | None = None
     solver: str | None = None
     scheme: str | None = None
+    #: how a draft of fewer steps than the controls' pieces reads them: at each step's times
+    #: (``"point"``) or averaged over each step (``"average"``, :func:`opsplit.coarse.coarse_controls`:
+    #: for a model trained to be right there, ``TrainConfig(coarse_controls="average")``)
+    controls: str = "point"
 
     def describe(self) -> str:
         parts = [f"N_t = {self.n_steps}" if self.n_steps is not None else "the model's N_t"]
@@ -88,6 +97,8 @@ class DraftSolve:
             parts.append(f"solver {self.solver}")
         if self.scheme is not None:
             parts.append(f"scheme {self.scheme}")
+        if self.controls != "point":
+            parts.append(f"controls {self.controls} over each step")
         return ", ".join(parts)
 
 
@@ -126,17 +137,19 @@ def _draft_solve(draft) -> DraftSolve:
     if isinstance(draft, DraftSolve):
         d = draft
     elif isinstance(draft, dict):
-        extra = set(draft) - {"n_steps", "solver", "scheme"}
+        extra = set(draft) - {"n_steps", "solver", "scheme", "controls"}
         if extra:
-            raise ValueError(f"draft: unknown keys {sorted(extra)}; expected n_steps, solver, scheme")
+            raise ValueError(f"draft: unknown keys {sorted(extra)}; expected n_steps, solver, scheme, controls")
         d = DraftSolve(**draft)
     elif isinstance(draft, int) and not isinstance(draft, bool):
         d = DraftSolve(n_steps=draft)
     else:
-        raise TypeError(f"draft: expected a DraftSolve, a dict of n_steps/solver/scheme or an int N_t, got "
+        raise TypeError(f"draft: expected a DraftSolve, a dict of n_steps/solver/scheme/controls or an int N_t, got "
                         f"{type(draft).__name__}")
     if d.n_steps is not None and (isinstance(d.n_steps, bool) or not isinstance(d.n_steps, int) or d.n_steps < 1):
         raise ValueError(f"draft.n_steps: expected an integer >= 1 (the draft's N_t) or None, got {d.n_steps!r}")
+    if not isinstance(d.controls, str) or d.controls not in COARSE_MODES:
+        raise ValueError(f"draft.controls: expected one of {COARSE_MODES}, got {d.controls!r}")
     return d
 
 
@@ -266,6 +279,10 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
         draft_cost = model.solve_cost(d.n_steps, d.solver, d.scheme)
     except ValueError as e:
         raise ValueError(f"draft: the model cannot take the draft solve ({d.describe()}): {e}") from None
+    if d.controls == "average" and d.n_steps is not None:  # a step must cover whole pieces: refused before decoding
+        check_coarse(model, d.n_steps, "draft.n_steps")
+    # the draft's calls read the averaged controls; the target's, in between, the model's own
+    swap = (lambda: coarse_controls(model, d.n_steps)) if d.controls == "average" else contextlib.nullcontext
     cache = _check_cache(cache, "cache", model)
     draft_cache = _check_cache(draft_cache, "draft_cache", model)
     if cache is draft_cache:
@@ -293,9 +310,12 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
     # the prompt: the target's first token, both caches filled (the checked calls)
     logits = model.next_token_logits(input_ids, mask, position_ids=position_ids, cache=cache, check_values=True,
                                      **tkw)
-    model.next_token_logits(input_ids, mask, position_ids=position_ids, cache=draft_cache, check_values=False, **dkw)
+    with swap():
+        model.next_token_logits(input_ids, mask, position_ids=position_ids, cache=draft_cache, check_values=False,
+                                **dkw)
+        dstep = model.decode_steps(draft_cache, **dkw)
     out.target_steps, out.draft_steps = 1, 1
-    tstep, dstep = model.decode_steps(cache, **tkw), model.decode_steps(draft_cache, **dkw)
+    tstep = model.decode_steps(cache, **tkw)
     p0 = logits.unsqueeze(1) if not do_sample else token_probs(logits.unsqueeze(1), **warp)
     _, first = speculative_accept(p0, None, input_ids.new_zeros(B, 0), input_ids.new_zeros(B), do_sample=do_sample,
                                   generator=generator)
@@ -346,24 +366,25 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
         q_list, d_list = [], []
         if k_eff:
             draft_cache.mark()
-        for i in range(k_eff):
-            kpm = (mask_all[:, :n + i] == 0) if padded else None
-            dl = dstep(seq[:, cd:n + i], pos_all[:, cd:n + i], kpm)
-            out.draft_steps += 1
-            cd = n + i
-            if do_sample:
-                q = token_probs(dl, **warp)
-                tok = torch.multinomial(q, 1, generator=generator).squeeze(1)
-                q_list.append(q)
-            else:
-                tok = dl.to(torch.float32).argmax(-1)
-            d_list.append(tok)
-            real = (i < limit)
-            seq[:, n + i] = tok
-            mask_all[:, n + i] = real.long()
-            pos_all[:, n + i] = torch.where(real, last_pos + i + 1, 0)
-            if not bool(real.all()):
-                padded = True
+        with swap() if k_eff else contextlib.nullcontext():
+            for i in range(k_eff):
+                kpm = (mask_all[:, :n + i] == 0) if padded else None
+                dl = dstep(seq[:, cd:n + i], pos_all[:, cd:n + i], kpm)
+                out.draft_steps += 1
+                cd = n + i
+                if do_sample:
+                    q = token_probs(dl, **warp)
+                    tok = torch.multinomial(q, 1, generator=generator).squeeze(1)
+                    q_list.append(q)
+                else:
+                    tok = dl.to(torch.float32).argmax(-1)
+                d_list.append(tok)
+                real = (i < limit)
+                seq[:, n + i] = tok
+                mask_all[:, n + i] = real.long()
+                pos_all[:, n + i] = torch.where(real, last_pos + i + 1, 0)
+                if not bool(real.all()):
+                    padded = True
         # 2. one target step over the pending token and the drafts
         if k_eff:
             cache.mark()
