@@ -6,6 +6,11 @@ each draft solve; beside it, Hugging Face's prompt-lookup decoding on the same w
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py \\
         --weights benchmarks/out/ctext_doc_b64_l8_lr6e-3/par_splitw0.3_k0.01_2000_pydoc_docstrings.pt \\
         --scheme parallel
+    # the same model trained with coarse N_t drawn and the pieces averaged over each coarse step
+    # (benchmarks/multilevel.py text --variants frontier_w): its drafts read the averages
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py \\
+        --weights benchmarks/out/multilevel/text_frontier_w_2000.pt --scheme parallel \\
+        --draft-controls average --targets 8 --drafts 2 4
     # a Lie-scheme model trained the same way (to_hf takes only Lie models): trained once ...
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py --train-lie \\
         --out benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie [--train-steps 2000]
@@ -136,7 +141,8 @@ def measure(args):
 
             def spec(x, d=d, k=k, tkw=tkw, seeds=seeds, stats=stats):
                 g = torch.Generator().manual_seed(next(seeds)) if args.sample else None
-                res = speculative_generate(model, x, new, draft=DraftSolve(n_steps=d), num_draft_tokens=k,
+                res = speculative_generate(model, x, new, draft=DraftSolve(n_steps=d, controls=args.draft_controls),
+                                           num_draft_tokens=k,
                                            generator=g, **tkw, **kw)
                 stats.append(res)
                 return res.sequences
@@ -148,6 +154,7 @@ def measure(args):
             acc = sum(sum(s.accepted) for s in stats) / max(1, sum(sum(s.drafted) for s in stats))
             per_round = sum(new for _ in stats) / max(1, sum(s.rounds + 1 for s in stats))
             row = {"target_n_t": target[0], "target_solver": target[1] or "euler", "draft_n_t": d, "k": k,
+                   "draft_controls": args.draft_controls,
                    "ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
                    "plain_tok_s": new / statistics.median(ta), "spec_tok_s": new / statistics.median(tb),
                    "acceptance": acc, "tokens_per_round": per_round, "equal": equal}
@@ -242,6 +249,10 @@ def main():
                     help="the target solves: N_t[:solver] (8: the model's own)")
     ap.add_argument("--drafts", type=int, nargs="+", default=[1, 2, 4, 8], help="the drafts' N_t (Euler; those "
                     "cheaper than the target)")
+    ap.add_argument("--draft-controls", default="point", choices=("point", "average"),
+                    help="how a draft of fewer steps than the 8 pieces reads them: at its times, or averaged over "
+                         "each step (a model trained with coarse_controls = 'average': benchmarks/multilevel.py's "
+                         "frontier_w)")
     ap.add_argument("--ks", nargs="+", default=["4", "auto"], help="draft tokens per round")
     ap.add_argument("--runs", type=int, default=7, help="pairs per row (>= 7)")
     ap.add_argument("--seed", type=int, default=0)
