@@ -69,6 +69,10 @@ DIGITS = {
     "frontier_point": ({"train_n_steps": (1, 2, 4, 8)}, {}),
     # every depth, the draws weighted towards the training grid: N_t = 1, 2, 4 with weights 1, 1, 2
     "frontier_w": ({"train_n_steps": (1, 2, 4)}, {"coarse_controls": "average", "n_steps_weights": (1.0, 1.0, 2.0)}),
+    # more of the draws at the coarsest N_t: weights 2, 1, 2 and 1, 1, 1 on N_t = 1, 2, 4
+    "frontier_w212": ({"train_n_steps": (1, 2, 4)}, {"coarse_controls": "average",
+                                                     "n_steps_weights": (2.0, 1.0, 2.0)}),
+    "frontier_w111": ({"train_n_steps": (1, 2, 4)}, {"coarse_controls": "average", "n_steps_weights": None}),
 }
 ONE = {"train_n_steps": None, "train_solvers": None, "kinetic": 0.0}
 
