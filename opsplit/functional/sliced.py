@@ -94,6 +94,7 @@ import math
 import threading
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import skip_value_checks
@@ -101,7 +102,8 @@ from . import _windows
 from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
 from ._inputs import key_weights as combine_key_weights
 from ._scale import RELU_SPAN_F32, gradient_in, heaviest, weights_span
-from ._sorted import BLOCK, PrefixTable, padded_length, sort_and_rank, table_index_into
+from ._sorted import (BLOCK, PrefixTable, _tril, embedding_bag_into, padded_length, sort_and_rank,
+                      table_index_into)
 from ._sums import bump_attention_composed, relu_attention_composed
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
@@ -352,6 +354,222 @@ def _safe_inv(x64: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------
+# sliced ReLU attention without gradients: in-block tables and block offsets in one bag
+# --------------------------------------------------------------------------------------
+_EXCL_CACHE: dict = {}
+#: sorted keys per block of the tables of :func:`_relu_forward_fast` (a power of two)
+_FAST_BLOCK = 8
+_FAST_SHIFT = _FAST_BLOCK.bit_length() - 1
+
+
+def _strict_tril(S: int, dtype, device) -> Tensor:
+    key = (S, dtype, str(device))
+    t = _EXCL_CACHE.get(key)
+    if t is None:
+        t = torch.tril(torch.ones(S, S, dtype=dtype, device=device), -1)
+        _EXCL_CACHE[key] = t
+    return t
+
+
+#: blocks per superblock of :func:`_exclusive_scan`
+_SCAN_S = 16
+
+
+def _exclusive_scan(x: Tensor, out: Tensor) -> Tensor:
+    """``out[:, b] = sum_{b' < b} x[:, b']`` for contiguous ``(n, nb, C)`` tensors with ``nb``
+    a multiple of :data:`_SCAN_S`: a strictly lower-triangular matmul per superblock of
+    :data:`_SCAN_S` rows, then ``torch.cumsum`` of the superblock totals (``n * nb / 16``
+    rows), added back (``torch.cumsum`` along a strided axis is several times slower)."""
+    n, nb, C = x.shape
+    S = _SCAN_S
+    ns = nb // S
+    xb, ob = x.view(n * ns, S, C), out.view(n * ns, S, C)
+    torch.matmul(_strict_tril(S, x.dtype, x.device), xb, out=ob)
+    if ns > 1:
+        tot = (ob[:, S - 1] + xb[:, S - 1]).view(n, ns, C)
+        pre = torch.cumsum(tot[:, :-1], 1)
+        out.view(n, ns, S, C)[:, 1:].add_(pre.unsqueeze(2))
+    return out
+
+
+#: bytes of the reused work matrices of :func:`_relu_forward_fast` per chunk of rows
+_FAST_BYTES = 64 << 20
+
+
+class _FastWork:
+    """Reused buffers of :func:`_relu_forward_fast` for one shape (CPU workspace)."""
+
+    def __init__(self, n, Np, nb, nbs, Nq, D, E, dtype, device):
+        S = _FAST_BLOCK
+        e = dict(dtype=dtype, device=device)
+        # the bag matrix: in-block tables (n * nb blocks of 2S rows: A then B), block offsets
+        # (n * nbs blocks of 2 rows, the exclusive prefix over blocks), the remainders of the
+        # mean (n rows), a zero row
+        self.base_off = n * nb * 2 * S
+        self.base_rem = self.base_off + n * nbs * 2
+        self.flat = torch.empty(self.base_rem + n + 1, D, **e)
+        self.X = torch.empty(n * Np, D, **e)
+        self.Lc = torch.empty(n * nb, 2 * S, S, **e)
+        self.tot = torch.zeros(n, nbs, 2 * D, **e)  # block totals, zero past the last block
+        self.gi = torch.empty(n, Np, dtype=torch.int64, device=device)
+        self.cw = torch.zeros(n, Np, 2, **e)  # the weights c^A, c^B per sorted position
+        self.idx = torch.empty(n, Nq, E, dtype=torch.int64, device=device)
+        self.cf = torch.empty(n, Nq, E, **e)
+        lr = torch.arange(n, device=device).unsqueeze(1)  # local rows
+        self.rowA = lr * (nb * 2 * S)  # first table row of each local row
+        self.rowB = self.base_off + lr * (nbs * 2)  # its first offset row
+        if E == 5:
+            self.idx[..., 4] = self.base_rem + lr  # the remainder of the mean, per row
+        self.unit_A = False  # whether Lc[:, :S] holds the weights 1 (0 at position 0, padding)
+
+
+def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
+                       centered: bool) -> Tensor:
+    r"""Eqs. 2-3 on rows when no gradient is recorded: the same sort, shift, centring and
+    float64 denominators as :class:`_SlicedReLU`, with eq. 6's tables kept in two parts.
+    Blocks of :data:`_FAST_BLOCK` sorted keys, preceded by a key of weight 0 (so that the
+    exclusive prefix :math:`\sum_{j<p}` is the inclusive one at position :math:`p`), give
+    in-block prefix sums (one ``bmm``) and block totals; their exclusive prefix over the
+    blocks (:func:`_exclusive_scan`) is a table :data:`_FAST_BLOCK` times smaller, read as two
+    more rows of the same ``embedding_bag``:
+
+    .. math::  q A_p - B_p = q\,(a_p + \alpha_{b}) - (\beta_p + \beta'_{b}),\qquad
+               b = \lfloor p / S \rfloor
+
+    (:math:`a, \beta`: in-block sums; :math:`\alpha, \beta'`: block offsets), so no pass
+    adds the offsets into the tables.  The values are centred (by the mean rounded to their
+    dtype) before any sum, the remainder of the mean enters as a rank-one row, as in
+    :class:`_SlicedReLU`.  ``zq (R, N_q)``, ``zk (R, N_k)``, ``v (R, N_k, D)``, ``w (R, N_k)``
+    or ``None``, already rescaled (:mod:`._scale`); returns ``(R, N_q, D)``."""
+    R, Nq = zq.shape
+    Nk, D = v.shape[1], v.shape[2]
+    dt, dev = v.dtype, v.device
+    S = _FAST_BLOCK
+    zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
+    order, ks, (p,) = sort_and_rank(zs, [(zq, "left")])
+    if w is None:
+        c = ks[:, (Nk - 1) // 2 :][:, :1]
+        ksh = ks - c
+        ws = None
+        W = torch.full((R, 1), float(Nk), dtype=torch.float64, device=dev)
+        Wlt = p.double()
+        kw64 = ksh.double()
+    else:  # as _Keys(heavy=True): the median of the heaviest keys, 0 at masked keys
+        ws = w.gather(1, order)
+        valid = ws > 0
+        n_valid = valid.sum(1, keepdim=True)
+        c = torch.where(n_valid > 0, ks.gather(1, heaviest(ws)), torch.zeros_like(ks[:, :1]))
+        ksh = torch.where(valid, ks - c, torch.zeros_like(ks))
+        ws64 = ws.double()
+        Wc0 = torch.zeros(R, Nk + 1, dtype=torch.float64, device=dev)
+        torch.cumsum(ws64, 1, out=Wc0[:, 1:])
+        W = Wc0[:, -1:]
+        Wlt = Wc0.gather(1, p)
+        kw64 = ws64 * ksh.double()
+    Kc0 = torch.zeros(R, Nk + 1, dtype=torch.float64, device=dev)
+    torch.cumsum(kw64, 1, out=Kc0[:, 1:])
+    K = Kc0[:, -1:]
+    Klt = Kc0.gather(1, p)
+    q64 = (zq - c).double()
+    den = q64 * (2 * Wlt - W) - (2 * Klt - K)  # eq. 6 for sum_l w_l |q - z_l|
+    inv = den.reciprocal().masked_fill_(den == 0, 0.0)  # 0 where the denominator vanishes
+    Wsafe = torch.where(W > 0, W, torch.ones_like(W))
+    if centered:  # the mean, rounded to the dtype: subtracted from the values before any sum
+        vs = v.sum(1) if w is None else torch.bmm(w.unsqueeze(1), v).squeeze(1)
+        m32 = torch.where(W > 0, vs.double() / Wsafe, 0.0).to(dt)  # (R, D)
+    # positions 0 .. Nk of a row: a key of weight 0, then the sorted keys; padded to blocks
+    Np = -(-(Nk + 1) // S) * S
+    nb = Np // S
+    nbs = -(-(nb + 1) // _SCAN_S) * _SCAN_S  # offsets of blocks 0 .. nb (and padding)
+    E = 5 if centered else 4
+    per_row = (nb * 2 * S + nbs * 2 + 1 + Np) * D * v.element_size()
+    c_rows = max(1, min(R, _FAST_BYTES // max(1, per_row)))
+    key = ("fast", c_rows, Nk, Nq, D, E, dt, str(dev))
+    with _WORKSPACE_LOCK:
+        wk = _WORKSPACE.pop(key, None) if dev.type == "cpu" else None
+    if wk is None:
+        wk = _FastWork(c_rows, Np, nb, nbs, Nq, D, E, dt, dev)
+    flat = wk.flat
+    zero_row = flat.shape[0] - 1
+    flat[zero_row].zero_()
+    L = _tril(S, dt, dev)
+    vflat = v.reshape(R * Nk, D)
+    qi = q64 * inv  # coefficients of A_p and B_p (and of their block offsets): q / den, -1 / den
+    rem_c = (Klt - q64 * Wlt).mul_(inv) if centered else None  # of the mean's remainder
+    out = None if c_rows == R else torch.empty(R * Nq, D, dtype=dt, device=dev)
+    for r0 in range(0, R, c_rows):
+        r1 = min(R, r0 + c_rows)
+        n = r1 - r0
+        nblk = n * nb
+        # gather the values in sorted order (position 0 and the padding: any row, weight 0)
+        gi = wk.gi[:n]
+        torch.add(order[r0:r1], (torch.arange(r0, r1, device=dev) * Nk).unsqueeze(1),
+                  out=gi[:, 1 : Nk + 1])
+        gi[:, :1] = gi[:, 1:2]
+        gi[:, Nk + 1 :] = gi[:, 1:2]
+        X = wk.X[: n * Np]
+        torch.index_select(vflat, 0, gi.view(-1), out=X)
+        if centered:
+            X.view(n, Np, D).sub_(m32[r0:r1].unsqueeze(1))
+        # Lc: per block, S rows L * c^A then S rows L * c^B (L lower triangular)
+        cw = wk.cw[:n]  # (n, Np, 2): zero at position 0 and the padding
+        Lc = wk.Lc[:nblk]
+        cwb = cw.view(nblk, S, 2)
+        if ws is None:
+            cw[:, 1 : Nk + 1, 1] = ksh[r0:r1]
+            if not wk.unit_A:  # kept from the last call with this workspace
+                wk.cw[:, 1 : Nk + 1, 0] = 1
+                torch.mul(L, wk.cw.view(-1, S, 2)[:, :, 0].unsqueeze(1), out=wk.Lc[:, :S])
+                wk.unit_A = True
+        else:
+            cw[:, 1 : Nk + 1, 0] = ws[r0:r1]
+            torch.mul(ws[r0:r1], ksh[r0:r1], out=cw[:, 1 : Nk + 1, 1])
+            torch.mul(L, cwb[:, :, 0].unsqueeze(1), out=Lc[:, :S])
+            wk.unit_A = False
+        torch.mul(L, cwb[:, :, 1].unsqueeze(1), out=Lc[:, S:])
+        Y = flat[: nblk * 2 * S].view(nblk, 2 * S, D)
+        torch.bmm(Lc, X.view(nblk, S, D), out=Y)
+        # block totals (A, B) -> exclusive prefix over the blocks
+        tot = wk.tot[:n]
+        tot[:, :nb].view(n, nb, 2, D).copy_(Y.view(n, nb, 2, S, D)[:, :, :, S - 1])
+        offs = flat[wk.base_off : wk.base_off + n * nbs * 2].view(n, nbs, 2 * D)
+        _exclusive_scan(tot, offs)
+        if centered:
+            # the exact mean is m32 + (sum of the centred values) / W: the remainder enters
+            # with weight sum_j w_j relu(q_i - z_j)
+            rem = flat[wk.base_rem : wk.base_rem + n]
+            rem.copy_(torch.where(W[r0:r1] > 0, offs[:, nb, :D].double() / Wsafe[r0:r1], 0.0))
+        # per query: in-block rows a_p, beta_p, offsets of block p // S, the remainder
+        pp = p[r0:r1]
+        t = pp >> _FAST_SHIFT  # block of position p; row t 2S + (p - t S) = p + t S
+        idx, cf = wk.idx[:n], wk.cf[:n]
+        ia = idx[..., 0]
+        torch.add(pp, t, alpha=S, out=ia)
+        ia.add_(wk.rowA[:n])
+        torch.add(ia, S, out=idx[..., 1])
+        torch.add(wk.rowB[:n], t, alpha=2, out=idx[..., 2])
+        torch.add(idx[..., 2], 1, out=idx[..., 3])
+        cf[..., 0] = qi[r0:r1]
+        cf[..., 1] = inv[r0:r1]
+        cf[..., 1].neg_()
+        cf[..., 2:4] = cf[..., 0:2]
+        if centered:
+            cf[..., 4] = rem_c[r0:r1]
+        if out is None:
+            out = F.embedding_bag(idx.view(-1, E), flat, per_sample_weights=cf.view(-1, E),
+                                  mode="sum")
+        else:  # slices of _STEP queries: a small temporary, reused
+            embedding_bag_into(out[r0 * Nq : r1 * Nq], flat, idx.view(-1, E), cf.view(-1, E))
+    if dev.type == "cpu":
+        with _WORKSPACE_LOCK:
+            _WORKSPACE.pop(key, None)
+            while len(_WORKSPACE) >= _WORKSPACE_MAX:
+                _WORKSPACE.pop(next(iter(_WORKSPACE)))
+            _WORKSPACE[key] = wk
+    return out.view(R, Nq, D)
+
+
+# --------------------------------------------------------------------------------------
 # sliced ReLU attention (eqs. 2-3)
 # --------------------------------------------------------------------------------------
 class _SlicedReLU(torch.autograd.Function):
@@ -364,6 +582,8 @@ class _SlicedReLU(torch.autograd.Function):
         R, Nq = zq.shape
         Nk, D = v.shape[1], v.shape[2]
         need_grad = any(ctx.needs_input_grad[:3])
+        if not need_grad:
+            return sc.output(_relu_forward_fast(zq, zk, v, w, centered))
         probes = [(zq, "left")] + ([(zq, "right")] if need_grad else [])
         # with gradients, the same sort also ranks the keys among the queries (transpose)
         keys = _Keys(zk, w, probes, transpose=need_grad, heavy=True)
@@ -575,7 +795,11 @@ def sliced_relu_attention(
         # weights beyond float32's range of products (issue 42): the sums in float64
         zq, zk, v, wr = zq.double(), zk.double(), v.double(), wr.double()
         sc = scales(fn, zq, zk, v, wr)
-    out = _SlicedReLU.apply(zq, zk, v, wr, centered, sc)
+    if torch.is_grad_enabled() and (zq.requires_grad or zk.requires_grad or v.requires_grad):
+        out = _SlicedReLU.apply(zq, zk, v, wr, centered, sc)
+    else:  # nothing to record: the forward pass without the tables kept for the backward
+        out = sc.output(_relu_forward_fast(sc.scores(zq), sc.scores(zk), sc.values(v),
+                                           sc.weights(wr), centered))
     return out.to(dtype).view(*lead, Nq, D)
 
 
