@@ -31,7 +31,6 @@ are.  The swap is undone on exit whatever happens, and the parameters stay the m
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 from torch import nn
@@ -41,7 +40,7 @@ from .controls import LayerwiseConstant, PiecewiseConstant
 from .controls.refine import PieceAverage
 from .propagator import Propagator
 
-__all__ = ["COARSE_MODES", "coarse_controls", "piecewise_controls", "check_coarse"]
+__all__ = ["COARSE_MODES", "CoarseControls", "coarse_controls", "piecewise_controls", "check_coarse", "propagators"]
 
 
 def propagators(model: nn.Module) -> list:
@@ -82,32 +81,62 @@ def check_coarse(model: nn.Module, n_steps: int, name: str = "n_steps") -> None:
                                  f"straddle a piece); expected a divisor of {P} or N_t >= {P}")
 
 
-@contextlib.contextmanager
-def coarse_controls(model: nn.Module, n_steps: int | None):
+class CoarseControls:
+    """The swap of :func:`coarse_controls`, made once and entered as often as wanted: ``with
+    swap: ...`` puts the averaging views in place, leaving restores the model's controls
+    (a speculative draft enters it for each round of drafts, between the target's calls).
+    Built by :func:`coarse_controls`; the checks run when it is built."""
+
+    def __init__(self, model: nn.Module, n_steps: int | None):
+        self.model, self._swaps, self._inside = model, [], False
+        # schemes that cache where their parameters sit (ParallelGroup's batching plan) make
+        # it again on each side of the swap: a plan made on one tree names modules the other lacks
+        self._plans = [m for prop in propagators(model) for m in prop.modules()
+                       if callable(getattr(m, "reset_plan", None))]
+        if n_steps is None:
+            return
+        check_coarse(model, n_steps, "coarse_controls.n_steps")
+        views = {}
+        for prop in propagators(model):
+            for parent, name, c in piecewise_controls(prop.scheme):
+                if c.n_pieces <= n_steps:
+                    continue
+                if not (_same(c.t0, prop.t0) and _same(c.t1, prop.t1)):
+                    raise ValueError(f"coarse_controls: a control on [{c.t0:g}, {c.t1:g}] inside a propagator on "
+                                     f"[{prop.t0:g}, {prop.t1:g}]; its pieces are not the propagator's steps")
+                if id(c) not in views:
+                    views[id(c)] = PieceAverage(c, n_steps)
+                self._swaps.append((parent, name, c, views[id(c)]))
+
+    def __enter__(self) -> nn.Module:
+        if self._inside:
+            raise RuntimeError("coarse_controls: already in place (a swap is entered once at a time)")
+        self._inside = True
+        # each name is already a child module of its parent: Module.__setattr__ would put it
+        # in the same place, parent._modules[name] (set directly: entered once per draft round)
+        for parent, name, _, view in self._swaps:
+            parent._modules[name] = view
+        self._reset_plans()
+        return self.model
+
+    def _reset_plans(self) -> None:
+        if self._swaps:
+            for m in self._plans:
+                m.reset_plan()
+
+    def __exit__(self, *exc) -> bool:
+        for parent, name, c, _ in reversed(self._swaps):
+            parent._modules[name] = c
+        self._reset_plans()
+        self._inside = False
+        return False
+
+
+def coarse_controls(model: nn.Module, n_steps: int | None) -> CoarseControls:
     """``with coarse_controls(model, N): model(x, n_steps=N)`` — every piecewise-constant
     control of :math:`P > N` pieces inside the model's propagators read as its averages over
     the :math:`N` steps (module docstring).  ``n_steps=None`` (the model's own grid) changes
     nothing.  Refused before anything is swapped: :math:`N` not dividing :math:`P`, a
-    control on another time interval than its propagator's."""
-    if n_steps is None:
-        yield model
-        return
-    check_coarse(model, n_steps, "coarse_controls.n_steps")
-    swaps, views = [], {}
-    for prop in propagators(model):
-        for parent, name, c in piecewise_controls(prop.scheme):
-            if c.n_pieces <= n_steps:
-                continue
-            if not (_same(c.t0, prop.t0) and _same(c.t1, prop.t1)):
-                raise ValueError(f"coarse_controls: a control on [{c.t0:g}, {c.t1:g}] inside a propagator on "
-                                 f"[{prop.t0:g}, {prop.t1:g}]; its pieces are not the propagator's steps")
-            if id(c) not in views:
-                views[id(c)] = PieceAverage(c, n_steps)
-            swaps.append((parent, name, c))
-    try:
-        for parent, name, c in swaps:
-            setattr(parent, name, views[id(c)])
-        yield model
-    finally:
-        for parent, name, c in reversed(swaps):
-            setattr(parent, name, c)
+    control on another time interval than its propagator's.  The returned
+    :class:`CoarseControls` may be entered again (one swap built, used many times)."""
+    return CoarseControls(model, n_steps)

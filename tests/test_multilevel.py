@@ -203,6 +203,29 @@ def test_coarse_solve_equals_a_model_built_with_the_averages():
     assert torch.allclose(a, b, atol=1e-6)
 
 
+def test_one_swap_entered_many_times_reads_the_averages_and_restores():
+    """coarse_controls(...) built once and entered again (a speculative draft's rounds): every
+    entry equals a fresh swap, every exit leaves the model's own controls; entering it while
+    it is in place is refused."""
+    from opsplit.models import SplitEncoder
+
+    enc = SplitEncoder(8, 2, 16, n_steps=4, T=4.0, scheme="hybrid", generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(2))
+    own = list(enc.modules())
+    with torch.no_grad():
+        with coarse_controls(enc, 2):
+            want = enc(x, n_steps=2)
+        plain = enc(x, n_steps=2)
+        swap = coarse_controls(enc, 2)
+        for _ in range(3):
+            with swap:
+                assert torch.equal(enc(x, n_steps=2), want)
+                with pytest.raises(RuntimeError, match="coarse_controls: already in place"):
+                    swap.__enter__()
+            assert torch.equal(enc(x, n_steps=2), plain) and list(enc.modules()) == own
+    assert not torch.equal(want, plain)
+
+
 def test_coarse_solve_differentiates_every_piece():
     W = _pieces(4, n=2)
     m = _model(W, 1.0, ExplicitEuler(), 4)

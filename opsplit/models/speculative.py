@@ -282,7 +282,7 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
     if d.controls == "average" and d.n_steps is not None:  # a step must cover whole pieces: refused before decoding
         check_coarse(model, d.n_steps, "draft.n_steps")
     # the draft's calls read the averaged controls; the target's, in between, the model's own
-    swap = (lambda: coarse_controls(model, d.n_steps)) if d.controls == "average" else contextlib.nullcontext
+    swap = coarse_controls(model, d.n_steps) if d.controls == "average" else contextlib.nullcontext()
     cache = _check_cache(cache, "cache", model)
     draft_cache = _check_cache(draft_cache, "draft_cache", model)
     if cache is draft_cache:
@@ -310,7 +310,7 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
     # the prompt: the target's first token, both caches filled (the checked calls)
     logits = model.next_token_logits(input_ids, mask, position_ids=position_ids, cache=cache, check_values=True,
                                      **tkw)
-    with swap():
+    with swap:
         model.next_token_logits(input_ids, mask, position_ids=position_ids, cache=draft_cache, check_values=False,
                                 **dkw)
         dstep = model.decode_steps(draft_cache, **dkw)
@@ -366,7 +366,7 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
         q_list, d_list = [], []
         if k_eff:
             draft_cache.mark()
-        with swap() if k_eff else contextlib.nullcontext():
+        with swap if k_eff else contextlib.nullcontext():
             for i in range(k_eff):
                 kpm = (mask_all[:, :n + i] == 0) if padded else None
                 dl = dstep(seq[:, cd:n + i], pos_all[:, cd:n + i], kpm)
