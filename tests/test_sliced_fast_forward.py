@@ -116,8 +116,10 @@ def test_weights_masks_and_workspace_reuse(dtype, count_fast):
 
 def test_rows_in_chunks(monkeypatch, count_fast):
     # a work-buffer budget below one row: every row is its own chunk, the output is written
-    # slice by slice (and in slices of fewer queries than a row)
+    # slice by slice (and in slices of fewer queries than a row); the values are gathered
+    # two blocks at a time
     monkeypatch.setattr(sliced_mod, "_FAST_BYTES", 1)
+    monkeypatch.setattr(sliced_mod, "_FAST_STEP_ROWS", 2 * sliced_mod._FAST_BLOCK)
     from opsplit.functional import _sorted
     monkeypatch.setattr(_sorted.embedding_bag_into, "__defaults__", (7,))
     g = torch.Generator().manual_seed(3)

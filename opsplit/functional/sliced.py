@@ -394,6 +394,8 @@ def _exclusive_scan(x: Tensor, out: Tensor) -> Tensor:
 
 #: bytes of the reused work matrices of :func:`_relu_forward_fast` per chunk of rows
 _FAST_BYTES = 64 << 20
+#: values gathered at a time by :func:`_relu_forward_fast` (they stay in cache until summed)
+_FAST_STEP_ROWS = 1 << 12
 
 
 class _FastWork:
@@ -408,7 +410,7 @@ class _FastWork:
         self.base_off = n * nb * 2 * S
         self.base_rem = self.base_off + n * nbs * 2
         self.flat = torch.empty(self.base_rem + n + 1, D, **e)
-        self.X = torch.empty(n * Np, D, **e)
+        self.X = torch.empty(min(n * Np, _FAST_STEP_ROWS), D, **e)
         self.Lc = torch.empty(n * nb, 2 * S, S, **e)
         self.tot = torch.zeros(n, nbs, 2 * D, **e)  # block totals, zero past the last block
         self.gi = torch.empty(n, Np, dtype=torch.int64, device=device)
@@ -445,6 +447,8 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
     Nk, D = v.shape[1], v.shape[2]
     dt, dev = v.dtype, v.device
     S = _FAST_BLOCK
+    if centered:  # first, while v may still be in cache from the finiteness check
+        vs = v.sum(1) if w is None else torch.bmm(w.unsqueeze(1), v).squeeze(1)
     zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
     order, ks, (p,) = sort_and_rank(zs, [(zq, "left")])
     if w is None:
@@ -475,16 +479,15 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
     inv = den.reciprocal().masked_fill_(den == 0, 0.0)  # 0 where the denominator vanishes
     Wsafe = torch.where(W > 0, W, torch.ones_like(W))
     if centered:  # the mean, rounded to the dtype: subtracted from the values before any sum
-        vs = v.sum(1) if w is None else torch.bmm(w.unsqueeze(1), v).squeeze(1)
         m32 = torch.where(W > 0, vs.double() / Wsafe, 0.0).to(dt)  # (R, D)
     # positions 0 .. Nk of a row: a key of weight 0, then the sorted keys; padded to blocks
     Np = -(-(Nk + 1) // S) * S
     nb = Np // S
     nbs = -(-(nb + 1) // _SCAN_S) * _SCAN_S  # offsets of blocks 0 .. nb (and padding)
     E = 5 if centered else 4
-    per_row = (nb * 2 * S + nbs * 2 + 1 + Np) * D * v.element_size()
+    per_row = (nb * 2 * S + nbs * 2 + 1) * D * v.element_size()
     c_rows = max(1, min(R, _FAST_BYTES // max(1, per_row)))
-    key = ("fast", c_rows, Nk, Nq, D, E, dt, str(dev))
+    key = ("fast", c_rows, Nk, Nq, D, E, _FAST_STEP_ROWS, dt, str(dev))
     with _WORKSPACE_LOCK:
         wk = _WORKSPACE.pop(key, None) if dev.type == "cpu" else None
     if wk is None:
@@ -507,10 +510,6 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
                   out=gi[:, 1 : Nk + 1])
         gi[:, :1] = gi[:, 1:2]
         gi[:, Nk + 1 :] = gi[:, 1:2]
-        X = wk.X[: n * Np]
-        torch.index_select(vflat, 0, gi.view(-1), out=X)
-        if centered:
-            X.view(n, Np, D).sub_(m32[r0:r1].unsqueeze(1))
         # Lc: per block, S rows L * c^A then S rows L * c^B (L lower triangular)
         cw = wk.cw[:n]  # (n, Np, 2): zero at position 0 and the padding
         Lc = wk.Lc[:nblk]
@@ -528,7 +527,18 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
             wk.unit_A = False
         torch.mul(L, cwb[:, :, 1].unsqueeze(1), out=Lc[:, S:])
         Y = flat[: nblk * 2 * S].view(nblk, 2 * S, D)
-        torch.bmm(Lc, X.view(nblk, S, D), out=Y)
+        # gather (and centre) the values of a few blocks at a time, then their in-block sums:
+        # the gathered values stay in cache between the three passes
+        X = wk.X
+        step = max(1, min(nb, _FAST_STEP_ROWS // S))
+        for lr in range(n):
+            for b0 in range(lr * nb, (lr + 1) * nb, step):
+                b1 = min((lr + 1) * nb, b0 + step)
+                Xs = X[: (b1 - b0) * S]
+                torch.index_select(vflat, 0, gi.view(-1)[b0 * S : b1 * S], out=Xs)
+                if centered:
+                    Xs.sub_(m32[r0 + lr])
+                torch.bmm(Lc[b0:b1], Xs.view(b1 - b0, S, D), out=Y[b0:b1])
         # block totals (A, B) -> exclusive prefix over the blocks
         tot = wk.tot[:n]
         tot[:, :nb].view(n, nb, 2, D).copy_(Y.view(n, nb, 2, S, D)[:, :, :, S - 1])
