@@ -44,6 +44,7 @@ HF's ``generate`` with ``prompt_lookup_num_tokens`` (``--lookup``) against HF's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from opsplit.coarse import coarse_controls
 from opsplit.data import load_text
 from opsplit.models import DecoderConfig, DecoderLM, convert_time_controls, from_hf, to_hf
 from opsplit.models.speculative import DraftSolve, speculative_generate
@@ -233,6 +235,48 @@ def train_lie(args):
     ct.main()
 
 
+def step_times(args):
+    """``--step-times``: one decode call of the model's cached decode steps (``decode_steps``)
+    after the first prompt, per N_t of ``--drafts`` (one token; at the largest, also k + 1 =
+    5 and 9 tokens: a verification), the median of 200 calls in ms; the cache rolled back
+    after each call (not timed).  The cost model of a round: k draft calls and one
+    verification for (1 - a^(k+1)) / (1 - a) tokens at acceptance a."""
+    from opsplit.operators import KVCache  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    vocab, items = prompts(args)
+    model = text_model(vocab.size, args)
+    model.load_state_dict(torch.load(args.weights, weights_only=True))
+    model.eval()
+    x = items[0]
+    N = x.shape[1]
+    mask, pos = torch.ones_like(x), torch.arange(N)[None]
+    g = torch.Generator().manual_seed(args.seed)
+    rows = []
+    for n in sorted(set(args.drafts)):
+        for m in ((1, 5, 9) if n == max(args.drafts) else (1,)):
+            c = KVCache()
+            swap = coarse_controls(model, n) if args.draft_controls == "average" and n < args.layers else \
+                contextlib.nullcontext()
+            with torch.no_grad(), swap:
+                model.next_token_logits(x, mask, position_ids=pos, cache=c, n_steps=n)
+                step = model.decode_steps(c, n_steps=n)
+                ids = torch.randint(0, vocab.size, (1, m), generator=g)
+                p = torch.arange(N, N + m)[None]
+                ts = []
+                for _ in range(200):
+                    c.mark()
+                    t0 = time.perf_counter()
+                    step(ids, p, None, last=m == 1)
+                    ts.append(time.perf_counter() - t0)
+                    c.rollback(N)
+            rows.append({"n_t": n, "tokens": m, "ms": 1e3 * statistics.median(ts)})
+            print(f"N_t = {n}, {m} token(s): {rows[-1]['ms']:.3f} ms (median of 200; load {os.getloadavg()[0]:.1f})",
+                  flush=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"step_times": rows, "weights": args.weights}, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", help="the .pt of benchmarks/continuity_text.py")
@@ -261,6 +305,8 @@ def main():
     ap.add_argument("--hf-only", action="store_true", help="only Hugging Face's prompt lookup (implies --hf)")
     ap.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens of --hf")
     ap.add_argument("--json", default="benchmarks/out/speculative.json")
+    ap.add_argument("--step-times", action="store_true", help="time one decode call per N_t of --drafts (and a "
+                    "verification of 5 and 9 tokens at the largest) instead of the pairs")
     ap.add_argument("--train-lie", action="store_true", help="train the Lie-scheme twin (once) into --out")
     ap.add_argument("--out", default="benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie")
     ap.add_argument("--train-steps", type=int, default=2000,
@@ -271,6 +317,8 @@ def main():
     if not args.weights:
         ap.error("--weights: the .pt to measure (or --train-lie)")
     args.hf = args.hf or args.hf_only
+    if args.step_times:
+        return step_times(args)
     measure(args)
 
 
