@@ -173,3 +173,25 @@ def test_float32_weights_spanning_more_than_2_64():
         out = sliced_relu_attention(zq, zk, v, key_weights=w)
     ref = naive(zq, zk, v, w)
     assert float((out.double() - ref).abs().max()) < 1e-6 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sort_and_rank_one(dtype):
+    # the merged radix sort of keys and queries (float32) and the torch.sort / searchsorted
+    # path (float64) against a direct count: ties, -0.0 and +0.0, +inf keys (masked)
+    from opsplit.functional._sorted import sort_and_rank_one
+
+    g = torch.Generator().manual_seed(6)
+    keys = torch.randint(-4, 5, (3, 37), generator=g).to(dtype)
+    keys[0, :5] = -0.0
+    keys[1, -3:] = float("inf")
+    probe = torch.randint(-5, 6, (3, 23), generator=g).to(dtype)
+    probe[0, :4] = 0.0
+    perm, ks, counts = sort_and_rank_one(keys, probe)
+    assert torch.equal(ks, torch.sort(keys, 1)[0])
+    assert torch.equal(keys.reshape(-1)[perm].view(3, 37), ks)
+    assert sorted(perm.tolist()) == list(range(3 * 37))
+    rows = perm.view(3, 37) // 37
+    assert torch.equal(rows, torch.arange(3).unsqueeze(1).expand(3, 37))
+    direct = (keys.unsqueeze(1) < probe.unsqueeze(2)).sum(2)
+    assert torch.equal(counts, direct)

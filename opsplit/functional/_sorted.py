@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BLOCK", "sort_and_rank", "inclusive_scan", "PrefixTable", "table_index"]
+__all__ = ["BLOCK", "sort_and_rank", "sort_and_rank_one", "inclusive_scan", "PrefixTable",
+           "table_index"]
 
 #: rows per block of the blocked prefix sums
 BLOCK = 8
@@ -95,6 +96,38 @@ def sort_and_rank(items: Tensor, probes=(), *, need_order: bool = True, transpos
         other = "right" if side == "left" else "left"
         tcounts.append(torch.searchsorted(sv, items.contiguous(), side=other))
     return order, sorted_items, counts, tcounts, porder
+
+
+def sort_and_rank_one(items: Tensor, probe: Tensor):
+    """:func:`sort_and_rank` with one ``"left"`` probe, for the forward pass of the full
+    kernels: ``(perm, sorted_items, counts)`` with ``perm`` the ``(R * N,)`` *flat* indices of
+    ``items`` in row-major sorted order (``items.view(-1)[perm]`` is sorted row by row),
+    ``counts`` ``(R, M)`` the number of items ``<`` each probe value in its row."""
+    R, N = items.shape
+    if not (items.dtype == torch.float32 and R * N > 0 and R < (1 << 29)):
+        order, sorted_items, (counts,) = sort_and_rank(items, [(probe, "left")])
+        rows = torch.arange(R, device=items.device, dtype=torch.int64).unsqueeze(1) * N
+        return (order + rows).view(-1), sorted_items, counts
+    M = probe.shape[1]
+    dev = items.device
+    RN = R * N
+    rows_n = torch.arange(R, device=dev, dtype=torch.int64).unsqueeze(1)
+    rows_shifted = rows_n << 34
+    codes = torch.empty(RN + R * M, dtype=torch.int64, device=dev)
+    _f32_codes_into(codes[:RN].view(R, N), items, rows_shifted, 1)
+    _f32_codes_into(codes[RN:].view(R, M), probe, rows_shifted, 0)
+    # stable=True selects the radix sort for integer keys on the CPU
+    idx = torch.sort(codes, stable=True)[1]
+    del codes
+    cum = torch.cumsum(idx < RN, 0)  # items up to and including each position
+    rank = torch.empty_like(cum)
+    rank.index_copy_(0, idx, cum)  # back to the concatenation order
+    del cum
+    counts = rank[RN:].view(R, M) - rows_n * N
+    pos = rank[:RN].sub_(1)  # row-major sorted position of each item
+    perm = torch.empty_like(pos)
+    perm.index_copy_(0, pos, torch.arange(RN, device=dev, dtype=torch.int64))
+    return perm, torch.index_select(items.reshape(-1), 0, perm).view(R, N), counts
 
 
 def _rank_merged(items, probes, need_order, transpose=False):

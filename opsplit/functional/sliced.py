@@ -103,7 +103,7 @@ from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales
 from ._inputs import key_weights as combine_key_weights
 from ._scale import RELU_SPAN_F32, gradient_in, heaviest, weights_span
 from ._sorted import (BLOCK, PrefixTable, _tril, embedding_bag_into, padded_length, sort_and_rank,
-                      table_index_into)
+                      sort_and_rank_one, table_index_into)
 from ._sums import bump_attention_composed, relu_attention_composed
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
@@ -450,7 +450,7 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
     if centered:  # first, while v may still be in cache from the finiteness check
         vs = v.sum(1) if w is None else torch.bmm(w.unsqueeze(1), v).squeeze(1)
     zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
-    order, ks, (p,) = sort_and_rank(zs, [(zq, "left")])
+    perm, ks, p = sort_and_rank_one(zs, zq)  # perm: flat key index in sorted order
     if w is None:
         c = ks[:, (Nk - 1) // 2 :][:, :1]
         ksh = ks - c
@@ -459,7 +459,7 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
         Wlt = p.double()
         kw64 = ksh.double()
     else:  # as _Keys(heavy=True): the median of the heaviest keys, 0 at masked keys
-        ws = w.gather(1, order)
+        ws = w.reshape(-1)[perm].view(R, Nk)
         valid = ws > 0
         n_valid = valid.sum(1, keepdim=True)
         c = torch.where(n_valid > 0, ks.gather(1, heaviest(ws)), torch.zeros_like(ks[:, :1]))
@@ -506,8 +506,7 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
         nblk = n * nb
         # gather the values in sorted order (position 0 and the padding: any row, weight 0)
         gi = wk.gi[:n]
-        torch.add(order[r0:r1], (torch.arange(r0, r1, device=dev) * Nk).unsqueeze(1),
-                  out=gi[:, 1 : Nk + 1])
+        gi[:, 1 : Nk + 1] = perm.view(R, Nk)[r0:r1]
         gi[:, :1] = gi[:, 1:2]
         gi[:, Nk + 1 :] = gi[:, 1:2]
         # Lc: per block, S rows L * c^A then S rows L * c^B (L lower triangular)
