@@ -459,7 +459,10 @@ def seed_reference_relu(zq, zk, v):
 def paired(args):
     """Full (non-causal) sliced ReLU forward (eq. 3) against the seed's reference algorithm
     at each T, and against torch SDPA at --sdpa-T: in one process, calls interleaved A B A B,
-    the median (and min..max) of the per-pair time ratios over --runs pairs."""
+    the median (and min..max) of the per-pair time ratios over --runs pairs.
+    Beside the wall-time ratios, the ratios of the calls' CPU time (``time.thread_time``: the
+    time the thread ran, page faults included, waits for a busy core excluded; with
+    ``--threads 1`` that is all of a call's work)."""
     import torch
 
     from opsplit.functional import sliced_relu_attention
@@ -471,25 +474,37 @@ def paired(args):
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; "
           f"load average {os.getloadavg()[0]:.1f}")
 
+    cpu = {}  # per-call CPU time of this thread (time.thread_time) beside the wall time
+
     def timed(f):
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         f()
-        return time.perf_counter() - t0
+        t1, c1 = time.perf_counter(), time.thread_time()
+        cpu[f] = c1 - c0
+        return t1 - t0
 
     def pair(fa, fb, runs, warm=2):
+        """Wall-time medians and ratios; the CPU-time ratios (not counting the time the
+        thread waits for a core on a shared machine) go to ``cpu_ratio``."""
         for _ in range(warm):
             fa()
             fb()
-        ta, tb = [], []
+        ta, tb, ca, cb = [], [], [], []
         for _ in range(runs):
             ta.append(timed(fa))
+            ca.append(cpu[fa])
             tb.append(timed(fb))
+            cb.append(cpu[fb])
         r = [a / b for a, b in zip(ta, tb)]
+        rc = [a / b for a, b in zip(ca, cb)]
+        cpu_ratio[0] = (statistics.median(rc), min(rc), max(rc))
         return statistics.median(ta), statistics.median(tb), statistics.median(r), min(r), max(r)
 
+    cpu_ratio = [None]
     rows = []
-    print("\n| T | seed reference | opsplit sliced | speed-up (median of pairs) | min..max |")
-    print("|---|---|---|---|---|")
+    print("\n| T | seed reference | opsplit sliced | speed-up (median of pairs) | min..max "
+          "| CPU-time speed-up (min..max) |")
+    print("|---|---|---|---|---|---|")
     for T in args.paired_sizes:
         zq, zk = torch.randn(1, H, T), torch.randn(1, H, T)
         v = torch.randn(1, H, T, D)
@@ -502,10 +517,11 @@ def paired(args):
         with torch.no_grad():
             err = float((ours().view(H, T, D) - ref()).abs().max() / ref().abs().max())
             ta, tb, rm, rlo, rhi = pair(ref, ours, args.runs)
+        cm, clo, chi = cpu_ratio[0]
         rows.append({"T": T, "seed_s": ta, "ours_s": tb, "ratio": rm, "min": rlo, "max": rhi,
-                     "rel_diff": err})
+                     "cpu_ratio": cm, "cpu_min": clo, "cpu_max": chi, "rel_diff": err})
         print(f"| {T} | {fmt_t(ta)} | {fmt_t(tb)} | {rm:.1f}× | {rlo:.1f}..{rhi:.1f}× |"
-              f"  (max rel. difference {err:.1e})", flush=True)
+              f" {cm:.1f}× ({clo:.1f}..{chi:.1f}×) |  (max rel. difference {err:.1e})", flush=True)
     T = args.sdpa_T
     if T:
         q, k, v = (torch.randn(1, H, T, D) for _ in range(3))
@@ -514,9 +530,12 @@ def paired(args):
         ours = lambda: sliced_relu_attention(zq, zk, v)  # noqa: E731
         with torch.no_grad():
             ta, tb, rm, rlo, rhi = pair(sd, ours, args.runs, warm=1)
-        rows.append({"T": T, "sdpa_s": ta, "ours_s": tb, "ratio": rm, "min": rlo, "max": rhi})
+        cm, clo, chi = cpu_ratio[0]
+        rows.append({"T": T, "sdpa_s": ta, "ours_s": tb, "ratio": rm, "min": rlo, "max": rhi,
+                     "cpu_ratio": cm, "cpu_min": clo, "cpu_max": chi})
         print(f"\nSDPA vs sliced at T = {T}: SDPA {fmt_t(ta)}, sliced {fmt_t(tb)}, "
-              f"speed-up {rm:.0f}× (median of pairs; min..max {rlo:.0f}..{rhi:.0f}×)")
+              f"speed-up {rm:.0f}× (median of pairs; min..max {rlo:.0f}..{rhi:.0f}×); "
+              f"CPU time {cm:.0f}× ({clo:.0f}..{chi:.0f}×)")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.tag}_paired.json").write_text(json.dumps(rows, indent=1))
 
