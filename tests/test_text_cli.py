@@ -429,3 +429,51 @@ def test_max_new_tokens_defaults_to_what_the_context_leaves(tmp_path, capsys):
     assert main(["train", "--config", str(cfg), "--print-config"]) == 2
     assert "generate.max_new_tokens: the prompt (4 characters) and 200 new characters exceed model.context = 128" \
         in capsys.readouterr().err
+
+
+def test_text_frontier_section_reads_the_averages_as_trained(tmp_path):
+    """[frontier] on a run trained with coarse steps reading the pieces' average: the trained
+    model at N_t = 1, 2, 4 (the default: half, one and two times the grid) on the
+    deduplicated validation text; at the grid the number is the solver-swap table's, at
+    N_t = 1 it is the model solved by hand with every piece replaced by the mean of both
+    (the averaged reading), and the solver-swap table's N_t = 1 row reads the same way."""
+    from opsplit.cli.config import load
+    from opsplit.cli.tasks import text as train_text
+    from opsplit.control import read_checkpoint
+    from opsplit.control.checkpoint import latest_checkpoint
+    from opsplit.data import bits_per_char
+
+    cfg_path = tmp_path / "text.toml"
+    cfg_path.write_text(TEXT.replace("n_steps = [1, 2]\n", 'n_steps = [1, 2]\ncoarse_controls = "average"\n')
+                        + "[frontier]\nenabled = true\n")
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(cfg_path), "--out", str(out), "--no-progress"]) == 0
+    rows = {int(r["n_t"]): r for r in csv_rows(out / "frontier.csv")}
+    assert sorted(rows) == [1, 2, 4]
+    one = {n: float(r["bits_per_char (one model)"]) for n, r in rows.items()}
+    cont = {int(r["n_t"]): float(r["bits_per_char"]) for r in csv_rows(out / "continuity.csv")
+            if r["solver"] == "euler"}
+    assert one[2] == pytest.approx(cont[2], rel=1e-12) and one[1] == pytest.approx(cont[1], rel=1e-12)
+    # by hand: both pieces replaced by their mean, solved with one step
+    cfg = load(train_text.SCHEMA, path=out / "config.toml")
+    state = read_checkpoint(latest_checkpoint(out / "train")).model_state()
+    vocab_size = state["head"].shape[0] if "head" in state else state["embedding.weight"].shape[0]
+    model = train_text.build_model(cfg["model"], vocab_size)
+    model.load_state_dict(state)
+    with torch.no_grad():
+        for mod in model.modules():
+            raw = getattr(mod, "raw", None)
+            if isinstance(raw, torch.Tensor) and raw.shape[0] == 2:  # a stacked piecewise control
+                raw.copy_(raw.mean(0, keepdim=True).expand_as(raw) if not getattr(mod, "positive", False)
+                          else raw.exp().mean(0, keepdim=True).log().expand_as(raw))
+            pieces = getattr(mod, "pieces", None)
+            if isinstance(pieces, torch.nn.ParameterList) and len(pieces) == 2:  # one weight per layer
+                mean = (pieces[0] + pieces[1]) / 2
+                pieces[0].copy_(mean)
+                pieces[1].copy_(mean)
+        corpus = train_text.corpus_of(cfg["data"])
+        held = train_text.held_out(cfg, corpus)["windows"]
+        logits = model.eval()(held.inputs, n_steps=1).logits
+        nats = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), held.targets.reshape(-1))
+    assert one[1] == pytest.approx(bits_per_char(float(nats)), rel=1e-5)
+    assert "One model, every depth" in (out / "report.md").read_text()

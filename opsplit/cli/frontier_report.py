@@ -34,7 +34,8 @@ def _rows(f) -> list[dict]:
 def write(out, f, *, grid: int, prefix: str = "", what: str = "test accuracy", budget: str = "") -> list[dict]:
     """Add the frontier table and its figure to the report ``out`` (an
     :class:`~opsplit.cli.output.Output`); ``grid`` is the model's training grid,
-    ``budget`` says what each reference was trained with."""
+    ``budget`` says what each reference was trained with (without references: a sentence
+    saying where they are)."""
     # slow to import (about 1 s): loaded when a report draws
     import matplotlib.pyplot as plt
 
@@ -47,7 +48,7 @@ def write(out, f, *, grid: int, prefix: str = "", what: str = "test accuracy", b
         text += (", beside models trained at one N_t each alone" + (f" ({budget})" if budget else "") + ". "
                  "Difference: the one model's " + what + " minus the model trained at that N_t.")
     else:
-        text += "."
+        text += "." + (f" {budget}" if budget else "")
     out.text(text)
     alone = f"{f.metric} (trained at this N_t alone)"
     notes = ({alone: "no model was trained at this N_t alone", "difference": "no model was trained at this N_t alone"}

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from ...analysis.ngram import NGram
 from ...control import Callback, Trainer
 from ...control.checkpoint import latest_checkpoint, load_checkpoint
+from ...control.frontier import default_frontier_n_steps
 from ...control.resolution import expected_stages
 from ...data import CharVocab, TensorData, bits_per_char, corpus_chars, load_text, text_windows
 from ...data.dedup import deduplicate
@@ -30,7 +31,7 @@ from ...models import DecoderConfig, DecoderLM
 from ...models.decoder_lm import ATTENTION_KINDS, DECODER_SCHEMES
 from ...models.nanogpt_init import INITS
 from ...solvers import EXPLICIT_SOLVERS, solver_class
-from .. import continuity_report
+from .. import continuity_report, frontier_report
 from ..budget import CALL_SECONDS, Estimate
 from ..config import TOP, ConfigError, Field, at_least, both, distinct, load, read_top, seed_field
 from . import base
@@ -143,6 +144,16 @@ SCHEMA = {
                              "scored on the same validation texts (0: none)", at_least(0)),
         "windows": Field("int", 0, "validation windows evaluated, of the split and of its deduplicated text "
                          "(0: all)", at_least(0)),
+    },
+    "frontier": {
+        "enabled": Field("bool", False, "after training, also solve the trained model at frontier.n_steps on the "
+                         "deduplicated validation text (a step longer than a control piece reads the pieces' "
+                         "average): bits per character against substep calls, the frontier table and plot "
+                         "(docs/multilevel.md; models trained at one N_t alone: benchmarks/multilevel.py)"),
+        "n_steps": Field("int_list", [2, 4, 8, 16], "N_t of the frontier (default: a quarter, half, one and two "
+                         "times the training grid); those below model.layers divide it",
+                         both(at_least(1), distinct),
+                         derive=lambda cfg: default_frontier_n_steps(training_grid(cfg))),
     },
     "data": {
         "corpus": Field("str", "pydoc_topics", "text that ships with Python", choices=CORPORA),
@@ -299,6 +310,8 @@ def estimate(cfg) -> Estimate:
     own = set(e["n_steps"]) | {ref * k for k in (1, 2, 4, 8, 16)}
     runs = [(n, 1) for n in own] + [(n, solver_class(s).stages) for s in e["solvers"] for n in e["n_steps"]
                                     if n >= ref]
+    if cfg["frontier"]["enabled"]:  # the trained model at every N_t of the frontier
+        runs += [(n, 1) for n in cfg["frontier"]["n_steps"]]
     for n, k in runs:
         f_n, c_n = forward_flops(m, n)
         work += Estimate(k * windows * f_n, k * math.ceil(windows / EVAL_BATCH) * c_n)
@@ -433,6 +446,7 @@ def prepare(cfg) -> dict:
         raise ConfigError("model: the untrained model's logits on two windows are not finite")
     base.preflight(model, objective(cfg), train_config(cfg, progress=False), train.inputs[:2], train.targets[:2],
                    "windows")
+    base.check_coarse_keys(model, cfg)
     return {"model": model, "corpus": corpus, "train": train, "val": val}
 
 
@@ -513,7 +527,13 @@ def run(cfg, plan, out, progress=True):
         ref = training_grid(cfg)
         cont = continuity_report.measure(model, held["windows"], n_steps=e["n_steps"], reference=ref,
                                          solvers=["trained", *e["solvers"]], batch_size=EVAL_BATCH, loss=lm_loss,
-                                         output="logits", metric="bits_per_char")
+                                         output="logits", metric="bits_per_char",
+                                         coarse=t["coarse_controls"] or "point")
+        front = None
+        if cfg["frontier"]["enabled"]:
+            front = frontier_report.measure(model, held["windows"], n_steps=cfg["frontier"]["n_steps"],
+                                            batch_size=EVAL_BATCH, loss=lm_loss, output="logits",
+                                            metric="bits_per_char")
         whole = next((r["val_bits_per_char"] for r in rows if r["n_t"] == ref), None)
         if whole is None:
             whole = bits_per_char(trainer.evaluate(val, n_steps=ref)["loss"])
@@ -559,6 +579,11 @@ def run(cfg, plan, out, progress=True):
         out.code(text)
     what = _held_out_section(out, cfg, held, cont, ngram, whole)
     continuity_report.write(out, cont, what=what)
+    if front is not None:
+        out.heading("One model, every depth")
+        frontier_report.write(out, front, grid=training_grid(cfg), what=what,
+                              budget="Models trained at one N_t alone on the same budget are compared by "
+                                     "benchmarks/multilevel.py (docs/multilevel.md).")
     return trainer, history, rows
 
 
