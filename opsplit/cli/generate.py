@@ -138,7 +138,10 @@ def run_generate(a) -> str:
             try:
                 check_coarse(shell, draft.n_steps, "--draft-n-t")
             except ValueError as e:
-                raise ConfigError(f"{e} (--draft-controls average)") from None
+                why = ("--draft-controls average" if a.draft_controls else "the drafts read the controls averaged "
+                       "over each step, as the run was trained (train.coarse_controls = 'average'); "
+                       "--draft-controls point reads them at their times")
+                raise ConfigError(f"{e} ({why})") from None
         cost, dcost = shell.solve_cost(n_t), shell.solve_cost(draft.n_steps, draft.solver)
         if dcost >= cost:
             raise ConfigError(f"--draft-n-t: the draft ({draft.describe()}) costs {dcost} term evaluations per "
