@@ -39,8 +39,16 @@ differentiates that (derivatives of every order, same conventions at ties).  Und
 kernel (no data-dependent Python control flow; value checks skipped there, see
 :func:`opsplit._checks.skip_value_checks`).
 
+**Without autograd** (``torch.no_grad()``, or no input requiring a gradient) eqs. 2-3 need
+no table kept for a backward pass: :func:`_relu_forward_fast` keeps eq. 6's tables in two
+parts, in-block prefix sums over blocks of 8 sorted keys and their block offsets (a table 8
+times smaller), and reads both with the same ``embedding_bag`` (five rows per query), so no
+pass adds the offsets into the tables; the values are centred before any sum.  Same
+results up to rounding, same conventions (ties, zero denominators, weights, masks,
+magnitudes).
+
 **Workspace.**  On the CPU the prefix table of a call and its work buffers are kept for
-the next call of the same shape (at most two tables; :func:`clear_workspace` frees them):
+the next call of the same shape (at most two; :func:`clear_workspace` frees them):
 fresh memory would cost a call its first-touch page faults.
 
 **Ties.**  :math:`\mathrm{ReLU}(0) = 0`: a key equal to a query contributes nothing, and
