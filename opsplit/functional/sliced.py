@@ -414,10 +414,10 @@ class _FastWork:
         e = dict(dtype=dtype, device=device)
         # the bag matrix: in-block tables (n * nb blocks of 2S rows: A then B), block offsets
         # (n * nbs blocks of 2 rows, the exclusive prefix over blocks), the remainders of the
-        # mean (n rows), a zero row
+        # mean (n rows)
         self.base_off = n * nb * 2 * S
         self.base_rem = self.base_off + n * nbs * 2
-        self.flat = torch.empty(self.base_rem + n + 1, D, **e)
+        self.flat = torch.empty(self.base_rem + n, D, **e)
         self.X = torch.empty(min(n * Np, _FAST_STEP_ROWS), D, **e)
         self.Lc = torch.empty(n * nb, 2 * S, S, **e)
         self.tot = torch.zeros(n, nbs, 2 * D, **e)  # block totals, zero past the last block
@@ -485,9 +485,14 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
     q64 = (zq - c).double()
     den = q64 * (2 * Wlt - W) - (2 * Klt - K)  # eq. 6 for sum_l w_l |q - z_l|
     inv = den.reciprocal().masked_fill_(den == 0, 0.0)  # 0 where the denominator vanishes
-    Wsafe = torch.where(W > 0, W, torch.ones_like(W))
-    if centered:  # the mean, rounded to the dtype: subtracted from the values before any sum
-        m32 = torch.where(W > 0, vs.double() / Wsafe, 0.0).to(dt)  # (R, D)
+    if w is None:
+        Wsafe = W
+        if centered:  # the mean, rounded to the dtype: subtracted from the values before any sum
+            m32 = (vs.double() / Nk).to(dt)  # (R, D)
+    else:
+        Wsafe = torch.where(W > 0, W, torch.ones_like(W))
+        if centered:
+            m32 = torch.where(W > 0, vs.double() / Wsafe, 0.0).to(dt)
     # positions 0 .. Nk of a row: a key of weight 0, then the sorted keys; padded to blocks
     Np = -(-(Nk + 1) // S) * S
     nb = Np // S
@@ -501,8 +506,6 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
     if wk is None:
         wk = _FastWork(c_rows, Np, nb, nbs, Nq, D, E, dt, dev)
     flat = wk.flat
-    zero_row = flat.shape[0] - 1
-    flat[zero_row].zero_()
     L = _tril(S, dt, dev)
     vflat = v.reshape(R * Nk, D)
     qi = q64 * inv  # coefficients of A_p and B_p (and of their block offsets): q / den, -1 / den
@@ -555,7 +558,11 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
             # the exact mean is m32 + (sum of the centred values) / W: the remainder enters
             # with weight sum_j w_j relu(q_i - z_j)
             rem = flat[wk.base_rem : wk.base_rem + n]
-            rem.copy_(torch.where(W[r0:r1] > 0, offs[:, nb, :D].double() / Wsafe[r0:r1], 0.0))
+            tot_c = offs[:, nb, :D].double()
+            if w is None:
+                rem.copy_(tot_c.div_(Nk))
+            else:
+                rem.copy_(torch.where(W[r0:r1] > 0, tot_c / Wsafe[r0:r1], 0.0))
         # per query: in-block rows a_p, beta_p, offsets of block p // S, the remainder
         pp = p[r0:r1]
         t = pp >> _FAST_SHIFT  # block of position p; row t 2S + (p - t S) = p + t S
