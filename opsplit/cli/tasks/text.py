@@ -153,7 +153,7 @@ SCHEMA = {
         "n_steps": Field("int_list", [2, 4, 8, 16], "N_t of the frontier (default: a quarter, half, one and two "
                          "times the training grid); those below model.layers divide it",
                          both(at_least(1), distinct),
-                         derive=lambda cfg: default_frontier_n_steps(training_grid(cfg))),
+                         derive=lambda cfg: _frontier_default(cfg)),
     },
     "data": {
         "corpus": Field("str", "pydoc_topics", "text that ships with Python", choices=CORPORA),
@@ -175,6 +175,18 @@ SCHEMA = {
         "seed": seed_field("seed of the sampling"),
     },
 }
+
+
+def _frontier_default(cfg) -> list[int]:
+    """frontier.n_steps when not given: a quarter, half, one and two times the training grid;
+    ``[1]`` while train.n_steps is not yet a valid list (TrainConfig refuses it, naming the key)."""
+    try:
+        grid = training_grid(cfg)
+    except (TypeError, IndexError, KeyError):
+        grid = None
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        return [1]
+    return default_frontier_n_steps(grid)
 
 
 def overrides(a) -> dict:
