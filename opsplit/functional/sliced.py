@@ -110,8 +110,16 @@ from . import _windows
 from ._inputs import bandwidth_rows, check_centered, check_scores_values, scales, transform
 from ._inputs import key_weights as combine_key_weights
 from ._scale import RELU_SPAN_F32, gradient_in, heaviest, weights_span
-from ._sorted import (BLOCK, PrefixTable, _tril, embedding_bag_into, padded_length, sort_and_rank,
-                      sort_and_rank_one, table_index_into)
+from ._sorted import (
+    BLOCK,
+    PrefixTable,
+    _tril,
+    embedding_bag_into,
+    padded_length,
+    sort_and_rank,
+    sort_and_rank_one,
+    table_index_into,
+)
 from ._sums import bump_attention_composed, relu_attention_composed
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
