@@ -47,6 +47,7 @@ def propagators(model: nn.Module) -> list:
     """The opsplit propagators inside ``model``, in the order of ``model.modules()``."""
     return [m for m in model.modules() if isinstance(m, Propagator)]
 
+
 #: how a step longer than a control piece reads the controls: at the solver's times
 #: (``"point"``), or averaged over the step (``"average"``, :func:`coarse_controls`)
 COARSE_MODES = ("point", "average")
@@ -89,10 +90,6 @@ class CoarseControls:
 
     def __init__(self, model: nn.Module, n_steps: int | None):
         self.model, self._swaps, self._inside = model, [], False
-        # schemes that cache where their parameters sit (ParallelGroup's batching plan) make
-        # it again on each side of the swap: a plan made on one tree names modules the other lacks
-        self._plans = [m for prop in propagators(model) for m in prop.modules()
-                       if callable(getattr(m, "reset_plan", None))]
         if n_steps is None:
             return
         check_coarse(model, n_steps, "coarse_controls.n_steps")
@@ -116,18 +113,11 @@ class CoarseControls:
         # in the same place, parent._modules[name] (set directly: entered once per draft round)
         for parent, name, _, view in self._swaps:
             parent._modules[name] = view
-        self._reset_plans()
         return self.model
-
-    def _reset_plans(self) -> None:
-        if self._swaps:
-            for m in self._plans:
-                m.reset_plan()
 
     def __exit__(self, *exc) -> bool:
         for parent, name, c, _ in reversed(self._swaps):
             parent._modules[name] = c
-        self._reset_plans()
         self._inside = False
         return False
 

@@ -226,6 +226,34 @@ def test_one_swap_entered_many_times_reads_the_averages_and_restores():
     assert not torch.equal(want, plain)
 
 
+def test_a_level_change_reaches_the_parallel_schemes_batched_path():
+    """change_level replaces the controls of a hybrid model whose parallel group had batched
+    (and planned) its terms: the next forward uses the new controls — equal to a fresh copy
+    of the model that never planned — and every new piece gets a gradient."""
+    import copy
+
+    from opsplit.control.multilevel import change_level
+    from opsplit.models import SplitEncoder
+
+    enc = SplitEncoder(8, 2, 16, n_steps=2, T=4.0, scheme="hybrid", generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(2))
+    enc(x).sum().backward()  # a small state: the parallel group plans its batched terms
+    props = [m for m in enc.modules() if type(m).__name__ == "Propagator"]
+    change_level(enc, 4, final_n_steps={p: 2 for p in props}, final_pieces=2)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    fresh = copy.deepcopy(enc)
+    for m in fresh.modules():
+        if hasattr(m, "reset_plan"):
+            m.reset_plan()
+    enc.zero_grad(set_to_none=True)
+    out = enc(x)
+    out.sum().backward()
+    assert torch.equal(out, fresh(x))
+    assert all(p.grad is not None for p in enc.parameters())
+
+
 def test_coarse_solve_differentiates_every_piece():
     W = _pieces(4, n=2)
     m = _model(W, 1.0, ExplicitEuler(), 4)

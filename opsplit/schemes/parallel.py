@@ -189,6 +189,7 @@ class ParallelGroup(nn.Module):
         # when it is replaced (``substep.solver = Heun()``), never the stale one
         self._sources = substeps
         self._plan = None
+        self._edges = []
 
     def __setattr__(self, name, value):
         # ``batch`` may change after construction (the plan is made again); ``auto_numel``
@@ -215,8 +216,17 @@ class ParallelGroup(nn.Module):
         """Forget the batching plan (recomputed at the next call)."""
         self._plan = None
 
+    def _tree_changed(self) -> bool:
+        """Whether a module below the batched members was replaced since the plan was made
+        (a control prolonged to more pieces, a coarse solve's averaging view put in place):
+        the plan's slots would then read the old module's parameters."""
+        return any(parent._modules.get(name) is not child for parent, name, child in self._edges)
+
     def plan(self):
-        """The batching plan: a list of index groups (singletons run unbatched)."""
+        """The batching plan: a list of index groups (singletons run unbatched), made again
+        when a module below a batched member was replaced (:meth:`_tree_changed`)."""
+        if self._plan is not None and self._tree_changed():
+            self._plan = None
         if self._plan is None:
             groups: dict = {}
             order = []
@@ -241,6 +251,10 @@ class ParallelGroup(nn.Module):
                     slots_p = [[_slot(m, n) for n in names_p] for m in members]
                     slots_b = [[_slot(m, n) for n in names_b] for m in members]
                     plan.append((idx, (names_p, names_b, slots_p, slots_b)))
+            # every (parent, name, child) edge below the batched members, to see a replacement
+            self._edges = [(parent, name, child) for idx, names in plan if names is not None
+                           for i in idx for parent in self._scaled[i].modules()
+                           for name, child in parent._modules.items()]
             self._plan = plan
         return self._plan
 
