@@ -73,6 +73,12 @@ DIGITS = {
     "frontier_w212": ({"train_n_steps": (1, 2, 4)}, {"coarse_controls": "average",
                                                      "n_steps_weights": (2.0, 1.0, 2.0)}),
     "frontier_w111": ({"train_n_steps": (1, 2, 4)}, {"coarse_controls": "average", "n_steps_weights": None}),
+    # frontier_w with self-distillation: a coarse draw fits the grid's outputs with weight 0.5 (1.0), the labels
+    # with the rest (TrainConfig.n_steps_distill)
+    "frontier_wd": ({"train_n_steps": (1, 2, 4)}, {"coarse_controls": "average", "n_steps_weights": (1.0, 1.0, 2.0),
+                                                   "n_steps_distill": 0.5}),
+    "frontier_wd1": ({"train_n_steps": (1, 2, 4)}, {"coarse_controls": "average", "n_steps_weights": (1.0, 1.0, 2.0),
+                                                    "n_steps_distill": 1.0}),
 }
 ONE = {"train_n_steps": None, "train_solvers": None, "kinetic": 0.0}
 
@@ -149,6 +155,11 @@ TEXT = {
     "multilevel_48r70": {"levels": ((4, 0.5), (8, 0.5)), "levels_schedule": "level", "steps_factor": 0.7},
     # the digits frontier_w carried over: N_t = 2, 4, 8 drawn with weights 1, 1, 2, coarse steps averaging
     "frontier_w": {"n_steps": (2, 4, 8), "n_steps_weights": (1.0, 1.0, 2.0), "coarse_controls": "average"},
+    # frontier_w with self-distillation (the weight chosen on digits' validation fifth)
+    "frontier_wd": {"n_steps": (2, 4, 8), "n_steps_weights": (1.0, 1.0, 2.0), "coarse_controls": "average",
+                    "n_steps_distill": 0.5},
+    "frontier_wd1": {"n_steps": (2, 4, 8), "n_steps_weights": (1.0, 1.0, 2.0), "coarse_controls": "average",
+                     "n_steps_distill": 1.0},
 }
 #: the documented text recipe (docs/continuity.md): benchmarks/continuity_text.py's settings
 TEXT_ARGS = ["--corpus", "pydoc_docstrings", "--variants", "par_splitw0.3_k0.01", "--steps", "2000", "--batch", "64",
@@ -185,6 +196,8 @@ def run_text(name: str, steps: int | None = None) -> dict:
         change_level(model, n, final_n_steps={model.decoder: args.layers}, final_pieces=args.layers)
         assert restrict  # (a model of n pieces on [0, layers], sampled from the initial layers)
     cfg = ct.config(args, v).replace(**over)
+    if cfg.n_steps_distill:
+        obj.distill = "kl"  # (the recipe's loss is a callable on logits)
     trainer = Trainer(model, obj, cfg)
     trainer.fit(train, None)
     cpu = time.process_time() - c0

@@ -107,6 +107,13 @@ def _min_lr_ratio(v, name):
     return v
 
 
+def _unit(v, name):
+    v = check_float(v, name, nonneg=True)
+    if v > 1:
+        raise ValueError(f"{name}: expected a number in [0, 1], got {v}")
+    return v
+
+
 def _n_steps(v, name):
     return None if v is None else check_n_steps_list(v, name)
 
@@ -175,7 +182,9 @@ class TrainConfig:
       model at an :math:`N_t` drawn from this list (the model is called with ``n_steps=``;
       the draw uses the trainer's seeded generator, so resumed runs repeat it), uniformly
       (``None`` or ``"uniform"``), with probabilities :math:`\\propto 1/N_t` (``"cost"``:
-      each resolution the same compute) or by one weight > 0 per entry;
+      each resolution the same compute) or by one weight > 0 per entry; ``n_steps_distill``
+      :math:`\lambda`: a step drawn below the finest :math:`N_t` of the list also fits the
+      model's own outputs at the finest (self-distillation, :mod:`opsplit.control.objective`);
     * ``solvers`` / ``solvers_weights`` — every step also draws the substep solver
       (``"euler"``, ``"heun"``, ``"rk4"``; :func:`opsplit.control.swap.solved_with`), the
       same way (``"cost"``: probability :math:`\\propto` 1 / field evaluations per substep),
@@ -242,6 +251,10 @@ class TrainConfig:
                                "model's own N_t)", "sampling", "refused", default=None)
     n_steps_weights: str | tuple | None = _f(_weights, _WEIGHTS, "how the N_t of n_steps are drawn",
                                              "sampling", "refused", default=None)
+    n_steps_distill: float = _f(_unit, "a number in [0, 1]",
+                                "the weight of self-distillation: a step drawn at an N_t below the finest of n_steps "
+                                "fits the model's own outputs at the finest with this weight, the targets with the "
+                                "rest (opsplit.control.objective)", "sampling", "refused", default=0.0)
     solvers: tuple | None = _f(_solvers, f"None or a list of distinct names from {SOLVERS}",
                                "every optimizer step also draws the substep solver from these (None: the model's "
                                "own)", "sampling", "refused", default=None, choices=SOLVERS)
@@ -297,6 +310,9 @@ class TrainConfig:
             raise ValueError("TrainConfig.n_steps_weights: weights without n_steps (the list of N_t they weigh)")
         if isinstance(w, tuple):
             check_weights(w, len(self.n_steps), "TrainConfig.n_steps_weights", "n_steps")
+        if self.n_steps_distill and (self.n_steps is None or len(self.n_steps) < 2):
+            raise ValueError(f"TrainConfig.n_steps_distill: self-distillation fits the coarse draws of n_steps to the "
+                             f"finest; expected n_steps with two N_t or more, got n_steps = {self.n_steps}")
         w = self.solvers_weights
         if w is not None and self.solvers is None:
             raise ValueError("TrainConfig.solvers_weights: weights without solvers (the solvers they weigh)")

@@ -21,6 +21,22 @@ objective).  :math:`\kappa` = ``kinetic`` and :math:`\gamma` = ``acceleration`` 
 costs on the *state*, read off the forward solve's steps
 (:mod:`opsplit.control.flow_costs`: the relative speed and acceleration of the flow, what
 makes it easy to solve at other :math:`N_t`).
+
+**Self-distillation at coarse** :math:`N_t` (``TrainConfig.n_steps_distill`` = :math:`\lambda`).
+A step of multi-resolution training drawn at an :math:`N_t` below the finest of the draws
+fits, besides the targets, the model's own solution at the finest :math:`N_t`
+(:math:`w^{\mathrm{fine}}_i`, computed without gradient):
+
+.. math::
+
+    J_{\mathrm{coarse}} = (1-\lambda)\,\frac1B \sum_i \ell(w_i, v_i)
+        + \lambda\,\frac1B \sum_i D\big(w^{\mathrm{fine}}_i \,\|\, w_i\big) + \text{running costs},
+
+:math:`D` the Kullback-Leibler divergence of the softmax distributions over the last
+dimension for logits (``distill="kl"``, the mean over positions), the mean of squares
+otherwise (``"mse"``): in-place distillation (Yu and Huang, "Universally Slimmable
+Networks", ICCV 2019), the coarse solve learning what the fine one predicts rather than
+only the labels.
 """
 
 from __future__ import annotations
@@ -38,10 +54,12 @@ from ..propagator import Propagator
 from .costs import check_controls, energy_cost, smoothness_cost
 from .flow_costs import record_flow
 
-__all__ = ["Objective", "ObjectiveValue", "LOSSES", "model_interval", "WEIGHTS", "check_objective"]
+__all__ = ["Objective", "ObjectiveValue", "LOSSES", "DISTILL", "model_interval", "WEIGHTS", "check_objective"]
 
 #: the named losses ell
 LOSSES = ("mse", "cross_entropy", "relative_l2")
+#: the divergences of self-distillation (TrainConfig.n_steps_distill)
+DISTILL = ("kl", "mse")
 #: the weights of the running costs, with the cost each weighs (in words)
 WEIGHTS = {"smoothness": "the controls' smoothness cost", "energy": "the controls' energy cost",
            "kinetic": "the flow's kinetic energy", "acceleration": "the flow's acceleration",
@@ -61,6 +79,7 @@ class ObjectiveValue:
     kinetic: Tensor | None = None
     acceleration: Tensor | None = None
     defect: Tensor | None = None
+    distill: Tensor | None = None
 
     @classmethod
     def mixture(cls, values, weights) -> ObjectiveValue:
@@ -81,7 +100,7 @@ class ObjectiveValue:
         outs = [v.outputs for v in values]
         outputs = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         return cls(mix("total"), mix("data"), mix("smoothness"), mix("energy"), outputs, mix("kinetic"),
-                   mix("acceleration"), mix("defect"))
+                   mix("acceleration"), mix("defect"), mix("distill"))
 
     def as_floats(self) -> dict:
         out = {"loss": float(self.total.detach()), "data": float(self.data.detach())}
@@ -89,7 +108,7 @@ class ObjectiveValue:
             out["smoothness"] = float(self.smoothness.detach())
         if self.energy is not None:
             out["energy"] = float(self.energy.detach())
-        for k in ("kinetic", "acceleration", "defect"):
+        for k in ("kinetic", "acceleration", "defect", "distill"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = float(v.detach())
@@ -145,11 +164,15 @@ class Objective(nn.Module):
             tensor), an attribute name (``"logits"`` of a ViT output) or a callable.
         controls: the controls the running costs act on (default: every leaf control of
             the model, :func:`~opsplit.control.costs.leaf_controls`).
+        distill: the divergence :math:`D` of self-distillation (module docstring):
+            ``"kl"`` (outputs are logits over the last dimension), ``"mse"``, or ``None``
+            (the default: ``"kl"`` for ``"cross_entropy"``, ``"mse"`` for ``"mse"`` and
+            ``"relative_l2"``, none for a callable loss, which must name it to be distilled).
     """
 
     def __init__(self, loss="mse", *, smoothness: float = 0.0, energy: float = 0.0, output=None,
                  controls=None, kinetic: float = 0.0, acceleration: float = 0.0, defect: float = 0.0,
-                 defect_fraction: float = 0.25, flow_relative: bool = True):
+                 defect_fraction: float = 0.25, flow_relative: bool = True, distill: str | None = None):
         super().__init__()
         if isinstance(loss, str):
             if loss not in LOSSES:
@@ -178,6 +201,19 @@ class Objective(nn.Module):
             raise TypeError(f"Objective.output: expected None, an attribute name or a callable, got {output!r}")
         self.output = output
         self.controls = None if controls is None else check_controls(controls, "Objective.controls")
+        if distill is not None and distill not in DISTILL:
+            raise ValueError(f"Objective.distill: expected None or one of {DISTILL}, got {distill!r}")
+        self.distill = distill
+
+    @property
+    def distill_kind(self) -> str | None:
+        """The divergence of self-distillation: ``distill``, or the loss's own (``None``
+        for a callable loss without ``distill``)."""
+        if self.distill is not None:
+            return self.distill
+        if self.loss == "cross_entropy":
+            return "kl"
+        return "mse" if self.loss in ("mse", "relative_l2") else None
 
     @property
     def is_classification(self) -> bool:
@@ -242,6 +278,24 @@ class Objective(nn.Module):
             )
         return val
 
+    def distill_term(self, outputs: Tensor, teacher: Tensor) -> Tensor:
+        r""":math:`\frac1B \sum_i D(w^{\mathrm{fine}}_i \| w_i)` of the module docstring
+        (``teacher`` = :math:`w^{\mathrm{fine}}`, no gradient flows into it)."""
+        kind = self.distill_kind
+        if kind is None:
+            raise ValueError("Objective.distill: a callable loss has no divergence of its own for self-distillation; "
+                             f"expected Objective(distill=...) with one of {DISTILL}")
+        if not isinstance(teacher, Tensor) or teacher.shape != outputs.shape:
+            got = tuple(teacher.shape) if isinstance(teacher, Tensor) else type(teacher).__name__
+            raise ValueError(f"Objective.distill_term: expected the fine solution's outputs of the outputs' shape "
+                             f"{tuple(outputs.shape)}, got {got}")
+        teacher = teacher.detach()
+        if kind == "mse":
+            return F.mse_loss(outputs, teacher)
+        C = outputs.shape[-1]
+        return F.kl_div(F.log_softmax(outputs.reshape(-1, C), -1), F.log_softmax(teacher.reshape(-1, C), -1),
+                        reduction="batchmean", log_target=True)
+
     def running_costs(self, model: nn.Module) -> tuple[Tensor | None, Tensor | None]:
         smooth = smoothness_cost(model, controls=self.controls) if self.smoothness else None
         energy = (
@@ -255,12 +309,15 @@ class Objective(nn.Module):
         return _select(out, self.output)
 
     def forward(self, model: nn.Module, inputs, targets: Tensor, *, costs_model: nn.Module | None = None,
-                **forward_kwargs) -> ObjectiveValue:
+                teacher: Tensor | None = None, distill_weight: float = 0.0, **forward_kwargs) -> ObjectiveValue:
         """Evaluate :math:`J` on one batch.
 
         ``model`` is called as ``model(inputs, **forward_kwargs)``; ``costs_model`` is the
         module whose controls the running costs read (default ``model``; pass the bare
-        model when ``model`` is a wrapper such as DistributedDataParallel).
+        model when ``model`` is a wrapper such as DistributedDataParallel).  ``teacher``
+        (the outputs of the fine solve) and ``distill_weight`` :math:`\lambda \in [0, 1]`:
+        the self-distillation of the module docstring (``ObjectiveValue.data`` stays the
+        targets' term, ``distill`` the divergence).
         """
         kin = acc = dfc = None
         if self.kinetic or self.acceleration or self.defect:
@@ -274,7 +331,13 @@ class Objective(nn.Module):
             outputs = self.select(model(inputs, **forward_kwargs))
         data = self.data_term(outputs, targets)
         smooth, energy = self.running_costs(costs_model if costs_model is not None else model)
-        total = data
+        total, dist = data, None
+        if teacher is not None:
+            w = float(distill_weight)
+            if not 0.0 <= w <= 1.0:
+                raise ValueError(f"Objective.forward.distill_weight: expected a number in [0, 1], got {distill_weight!r}")
+            dist = self.distill_term(outputs, teacher)
+            total = (1.0 - w) * data + w * dist
         if smooth is not None:
             total = total + self.smoothness * smooth
         if energy is not None:
@@ -285,7 +348,7 @@ class Objective(nn.Module):
             total = total + self.acceleration * acc
         if dfc is not None:
             total = total + self.defect * dfc
-        return ObjectiveValue(total, data, smooth, energy, outputs, kin, acc, dfc)
+        return ObjectiveValue(total, data, smooth, energy, outputs, kin, acc, dfc, dist)
 
     def check_weights(self, dtype: torch.dtype) -> None:
         """Refuse a weight beyond the largest number of ``dtype`` (the parameters' type, in

@@ -354,6 +354,10 @@ class Trainer:
         if c.coarse_controls == "average":
             for n in c.n_steps or ():
                 check_coarse(model, n, "TrainConfig.n_steps")
+        if c.n_steps_distill and getattr(objective, "distill_kind", None) is None:
+            raise ValueError(f"TrainConfig.n_steps_distill = {c.n_steps_distill:g}: the objective "
+                             f"({type(objective).__name__}) has no divergence for self-distillation (a callable loss "
+                             "names one: Objective(..., distill='kl') for logits, 'mse' otherwise)")
 
     # -- optimizer / schedule -------------------------------------------------------------
     def _make_optimizer(self, params):
@@ -922,6 +926,8 @@ class Trainer:
             if solver == _own_solver(self.model):
                 solver = None  # the model's own solver: nothing to swap
         self.optimizer.zero_grad(set_to_none=True)
+        if c.n_steps_distill and draws is not None and kw["n_steps"] < max(draws):
+            kw.update(teacher=self._teacher(x, max(draws)), distill_weight=c.n_steps_distill)
         with self._coarse(kw.get("n_steps")):
             if c.solvers_split:  # (a consistent config holds solvers with it)
                 val = self._split_objective(x, y, kw)
@@ -955,13 +961,20 @@ class Trainer:
         self.scheduler.step()
         row = val.as_floats()
         row.update(lr=lr, grad_norm=gn)
-        if kw:
+        if "n_steps" in kw:
             row["n_steps"] = kw["n_steps"]
         if self.level is not None:
             row["level"] = self.level
         if solver is not None:
             row["solver"] = solver
         return row
+
+    @torch.no_grad()
+    def _teacher(self, x, n: int) -> Tensor:
+        """The model's outputs at the finest :math:`N_t` of the draws, with its own solver and
+        no gradient: the targets of self-distillation (``TrainConfig.n_steps_distill``)."""
+        with self._coarse(n):
+            return self.objective.select(self.forward_model(x, n_steps=n)).detach()
 
     def _split_objective(self, x, y, kw) -> ObjectiveValue:
         """``TrainConfig.solvers_split``: the batch in consecutive parts, part i solved
@@ -978,8 +991,9 @@ class Trainer:
                 continue
             part = slice(start, start + m)
             start += m
+            kp = dict(kw, teacher=kw["teacher"][part]) if kw.get("teacher") is not None else kw
             with solved_with(self.model, solver=name) if name != own else contextlib.nullcontext():
-                values.append(self.objective(self.forward_model, x[part], y[part], costs_model=self.model, **kw))
+                values.append(self.objective(self.forward_model, x[part], y[part], costs_model=self.model, **kp))
             shares.append(m / n if fixed is None else fixed[i])
         if fixed is not None:
             total = sum(shares)
