@@ -813,6 +813,7 @@ SET = {
     "levels_prolongation": ({"levels": [[1, 0.5], [2, 0.5]], "levels_prolongation": "linear"}, "linear"),
     "levels_schedule": ({"levels": [[1, 0.5], [2, 0.5]], "levels_schedule": "level"}, "level"),
     "coarse_controls": ({"coarse_controls": "average"}, "average"),
+    "n_steps_distill": ({"n_steps": [3, 5], "n_steps_distill": 0.5}, 0.5),
 }
 
 

@@ -325,7 +325,7 @@ def test_schema_lists_every_field_with_its_default_and_check():
     schema = TrainConfig.schema()
     fields = [f.name for f in dataclasses.fields(TrainConfig)]
     assert list(schema) == fields == list(TrainConfig().to_dict())
-    assert len(fields) == 34
+    assert len(fields) == 35
     default = TrainConfig()
     for name, f in schema.items():
         assert f.name == name and f.doc and f.accepts and f.group

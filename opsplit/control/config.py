@@ -183,7 +183,7 @@ class TrainConfig:
       the draw uses the trainer's seeded generator, so resumed runs repeat it), uniformly
       (``None`` or ``"uniform"``), with probabilities :math:`\\propto 1/N_t` (``"cost"``:
       each resolution the same compute) or by one weight > 0 per entry; ``n_steps_distill``
-      :math:`\lambda`: a step drawn below the finest :math:`N_t` of the list also fits the
+      :math:`\\lambda`: a step drawn below the finest :math:`N_t` of the list also fits the
       model's own outputs at the finest (self-distillation, :mod:`opsplit.control.objective`);
     * ``solvers`` / ``solvers_weights`` — every step also draws the substep solver
       (``"euler"``, ``"heun"``, ``"rk4"``; :func:`opsplit.control.swap.solved_with`), the
@@ -254,7 +254,7 @@ class TrainConfig:
     n_steps_distill: float = _f(_unit, "a number in [0, 1]",
                                 "the weight of self-distillation: a step drawn at an N_t below the finest of n_steps "
                                 "fits the model's own outputs at the finest with this weight, the targets with the "
-                                "rest (opsplit.control.objective)", "sampling", "refused", default=0.0)
+                                "rest (opsplit.control.objective)", "levels", "refused", default=0.0)
     solvers: tuple | None = _f(_solvers, f"None or a list of distinct names from {SOLVERS}",
                                "every optimizer step also draws the substep solver from these (None: the model's "
                                "own)", "sampling", "refused", default=None, choices=SOLVERS)

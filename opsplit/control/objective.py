@@ -315,7 +315,7 @@ class Objective(nn.Module):
         ``model`` is called as ``model(inputs, **forward_kwargs)``; ``costs_model`` is the
         module whose controls the running costs read (default ``model``; pass the bare
         model when ``model`` is a wrapper such as DistributedDataParallel).  ``teacher``
-        (the outputs of the fine solve) and ``distill_weight`` :math:`\lambda \in [0, 1]`:
+        (the outputs of the fine solve) and ``distill_weight`` :math:`\\lambda \\in [0, 1]`:
         the self-distillation of the module docstring (``ObjectiveValue.data`` stays the
         targets' term, ``distill`` the divergence).
         """

@@ -516,7 +516,7 @@ DIGITS_ROWS = run_rows(
      "--allow-changes: expected keys that a resume compares (data.limit, data.shift, data.split_seed, "
      "data.test_fraction, train.batch_size, train.coarse_controls, train.epochs, train.levels, "
      "train.levels_prolongation, train.levels_schedule, train.lr, train.max_steps, train.n_steps, "
-     "train.n_steps_weights, train.seed, train.solvers, train.solvers_split, train.solvers_split_weights, "
+     "train.n_steps_distill, train.n_steps_weights, train.seed, train.solvers, train.solvers_split, train.solvers_split_weights, "
      "train.solvers_weights, train.warmup_steps, train.weight_decay), got 'model.T'", config_edit("T = 2.0", "T = 3.0")),
 )
 

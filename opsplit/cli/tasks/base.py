@@ -74,7 +74,7 @@ def train_key(name: str, default=None, help: str | None = None, *, choices: tupl
 
 
 #: the [train] keys of multilevel training in time and of coarse solves (TrainConfig's fields)
-LEVEL_KEYS = ("levels", "levels_prolongation", "levels_schedule", "coarse_controls")
+LEVEL_KEYS = ("levels", "levels_prolongation", "levels_schedule", "coarse_controls", "n_steps_distill")
 
 
 def level_keys() -> dict:

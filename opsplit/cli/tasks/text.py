@@ -214,8 +214,9 @@ def lm_loss(logits, targets):
 
 
 def objective(cfg):
-    """The objective: the next-character cross-entropy and the flow costs of ``[objective]``."""
-    return base.objective(cfg, lm_loss, output="logits")
+    """The objective: the next-character cross-entropy and the flow costs of ``[objective]``
+    (self-distillation, ``train.n_steps_distill``, by the KL divergence of the logits)."""
+    return base.objective(cfg, lm_loss, output="logits", distill="kl")
 
 
 def check(cfg) -> None:
