@@ -96,6 +96,34 @@ def test_greedy_equals_plain_generate(i):
         assert torch.equal(m.generate(ids, 16, attention_mask=am, draft=draft, num_draft_tokens=k), ref)
 
 
+@pytest.mark.parametrize("attention, sample, k", [("softmax", False, 3), ("sliced_relu", False, "auto"),
+                                                   ("softmax", True, 2), ("sliced_relu", True, 4)])
+def test_one_row_path_equals_the_batch_loop(attention, sample, k, monkeypatch):
+    """A batch of one row runs the Python-bookkept rounds (``_one_row``): the same tokens,
+    random draws and round statistics as the batch loop (``ONE_ROW_PATH = False``), eos
+    inside an accepted run of drafts included."""
+    m = _model(attention, "parallel", torch.float64, seed=11, scale=0.1)
+    ids, _ = _prompts(23, 1, 6, 3)
+    free = m.generate(ids, 24)
+    warp = dict(do_sample=True, temperature=0.9, top_k=5) if sample else {}
+    new = free[0, 6:].tolist()
+    stop = next(i for i in range(5, 24) if new[i] not in new[:i])  # a token first generated at step stop + 1
+    for eos in (None, [new[stop]]):
+        outs = []
+        for fast in (True, False):
+            monkeypatch.setattr(spec, "ONE_ROW_PATH", fast)
+            g = torch.Generator().manual_seed(5) if sample else None
+            outs.append(speculative_generate(m, ids, 24, draft=2, num_draft_tokens=k, eos_token_id=eos, generator=g,
+                                             **warp))
+        a, b = outs
+        assert torch.equal(a.sequences, b.sequences)
+        assert (a.draft_lengths, a.drafted, a.accepted, a.target_steps, a.draft_steps) == \
+            (b.draft_lengths, b.drafted, b.accepted, b.target_steps, b.draft_steps)
+        assert sum(a.accepted) > 0 and a.rounds > 1
+        if eos is not None and not sample:
+            assert a.sequences.shape[1] == 6 + stop + 1  # stopped at the eos
+
+
 def test_greedy_equals_plain_with_eos_and_uneven_acceptance():
     """eos in a left-padded batch: the rows stop apart, as plain generate's; rows accept
     different numbers of drafts (the others' positions become padding)."""

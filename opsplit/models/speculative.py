@@ -74,6 +74,8 @@ __all__ = ["DraftSolve", "SpeculativeOutput", "speculative_generate", "speculati
 MAX_DRAFT_TOKENS = 16
 #: ``num_draft_tokens="auto"`` with no draft paying: rounds of the target alone between two rounds of one draft
 PROBE_EVERY = 16
+#: a batch of one row without padding runs :func:`_one_row` (the batch loop's rounds with Python bookkeeping)
+ONE_ROW_PATH = True
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,78 @@ def speculative_accept(target: Tensor, draft_probs: Tensor | None, draft_tokens:
     return acc, torch.multinomial(res, 1, generator=generator).squeeze(1)
 
 
+def _one_row(out, input_ids, position_ids, new, count, max_new_tokens, eos_ids, dstep, tstep, cache, draft_cache,
+             swap, k_arg, cost, do_sample, warp, generator) -> SpeculativeOutput:
+    """The rounds of :func:`speculative_generate` for a batch of one row without padding,
+    its bookkeeping in Python numbers (every slot a token, positions consecutive): the same
+    calls, draws and tokens as the batch loop, a tenth of its small tensor operations."""
+    N = input_ids.shape[1]
+    cap = N + max_new_tokens + MAX_DRAFT_TOKENS + 2
+    seq = _grow(input_ids, cap)
+    seq[0, N] = new[0, 0]
+    steps = torch.arange(1, cap - N + 1, device=input_ids.device).unsqueeze(0)
+    pos = torch.cat([position_ids, position_ids[:, -1:] + steps], 1)
+    n, ct, cd = N + 1, N, N  # slots; tokens in the target's and the draft's cache
+    k = 4 if k_arg == "auto" else k_arg
+    alpha, probe, done = 0.8, PROBE_EVERY, False
+    while not done and count < max_new_tokens:
+        k_eff = min(k, max_new_tokens - count - 1)
+        q_list = []
+        if k_eff:
+            draft_cache.mark()
+        with swap if k_eff else contextlib.nullcontext():
+            for i in range(k_eff):
+                dl = dstep(seq[:, cd:n + i], pos[:, cd:n + i], None)
+                cd = n + i
+                if do_sample:
+                    q = token_probs(dl, **warp)
+                    q_list.append(q)
+                    seq[:, n + i] = torch.multinomial(q, 1, generator=generator).squeeze(1)
+                else:
+                    seq[:, n + i] = dl.to(torch.float32).argmax(-1)
+        out.draft_steps += k_eff
+        if k_eff:
+            cache.mark()
+        tl = tstep(seq[:, ct:n + k_eff], pos[:, ct:n + k_eff], None, last=False)[:, -(k_eff + 1):]
+        out.target_steps += 1
+        if do_sample:
+            acc, tok = speculative_accept(token_probs(tl, **warp), torch.stack(q_list, 1) if q_list else None,
+                                          seq[:, n:n + k_eff], torch.full((1,), k_eff, device=seq.device),
+                                          do_sample=True, generator=generator)
+            a, tok = int(acc[0]), tok[0]
+        else:
+            best = tl[0].to(torch.float32).argmax(-1)  # (k_eff + 1,)
+            a = int((seq[0, n:n + k_eff] == best[:k_eff]).cumprod(0).sum()) if k_eff else 0
+            tok = best[a]
+        seq[0, n + a] = tok
+        if k_eff:
+            cache.rollback(n + a)
+            cd = min(n + a, cd)
+            draft_cache.rollback(cd)
+        ct = n + a
+        m = min(a + 1, max_new_tokens - count)  # the accepted drafts and the target's token
+        if eos_ids is not None:
+            hit = torch.isin(seq[0, n:n + m], eos_ids).nonzero()
+            if hit.numel():
+                m, done = int(hit[0, 0]) + 1, True
+        new[0, count:count + m] = seq[0, n:n + m]
+        count += m
+        n += a + 1
+        out.draft_lengths.append(k_eff)
+        out.drafted.append(k_eff)
+        out.accepted.append(a)
+        if k_arg == "auto":
+            if k_eff:
+                alpha = 0.7 * alpha + 0.3 * (a / k_eff)
+                k = _best_k(alpha, cost)
+            if k == 0:
+                probe -= 1
+                if probe <= 0:
+                    k, probe = 1, PROBE_EVERY
+    out.sequences = torch.cat([input_ids, new[:, :count]], 1)
+    return out
+
+
 def _best_k(alpha: float, cost: float) -> int:
     """The number of drafts maximising tokens per round over its cost, :math:`(1 -
     \\alpha^{k+1}) / ((1 - \\alpha)(k c + 1))`, for acceptance rate ``alpha`` and draft cost
@@ -345,6 +419,9 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
         done = done | (count >= max_new_tokens)
 
     record(first.unsqueeze(1), torch.ones(B, dtype=torch.long, device=device))
+    if ONE_ROW_PATH and B == 1 and not bool(done.all()) and bool(mask.all()):
+        return _one_row(out, input_ids, position_ids, new, int(count), max_new_tokens, eos_ids, dstep, tstep, cache,
+                        draft_cache, swap, k_arg, draft_cost / target_cost, do_sample, warp, generator)
     # the slots of the sequence: prompt, then the rounds' positions (padding where rejected)
     cap = N + 2 * max(max_new_tokens, 8) + MAX_DRAFT_TOKENS + 2
     seq, mask_all, pos_all = _grow(input_ids, cap), _grow(mask, cap), _grow(position_ids, cap)
@@ -362,10 +439,18 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
         if n + k_eff + 1 > seq.shape[1]:
             cap = 2 * seq.shape[1]
             seq, mask_all, pos_all = _grow(seq, cap), _grow(mask_all, cap), _grow(pos_all, cap)
-        # 1. k_eff drafts, one decode step of the draft solve each
+        # 1. k_eff drafts, one decode step of the draft solve each; their slots' mask and
+        # positions do not depend on the tokens: set for the round at once (a row's drafts past
+        # its limit are padding)
         q_list, d_list = [], []
         if k_eff:
             draft_cache.mark()
+            real = torch.arange(k_eff, device=device) < limit.unsqueeze(1)  # (B, k_eff)
+            mask_all[:, n:n + k_eff] = real.long()
+            pos_all[:, n:n + k_eff] = torch.where(real, last_pos.unsqueeze(1) + torch.arange(1, k_eff + 1, device=device),
+                                                  0)
+            if not bool(real.all()):
+                padded = True
         with swap if k_eff else contextlib.nullcontext():
             for i in range(k_eff):
                 kpm = (mask_all[:, :n + i] == 0) if padded else None
@@ -379,12 +464,7 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
                 else:
                     tok = dl.to(torch.float32).argmax(-1)
                 d_list.append(tok)
-                real = (i < limit)
                 seq[:, n + i] = tok
-                mask_all[:, n + i] = real.long()
-                pos_all[:, n + i] = torch.where(real, last_pos + i + 1, 0)
-                if not bool(real.all()):
-                    padded = True
         # 2. one target step over the pending token and the drafts
         if k_eff:
             cache.mark()
