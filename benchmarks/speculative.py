@@ -11,6 +11,14 @@ each draft solve; beside it, Hugging Face's prompt-lookup decoding on the same w
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py \\
         --weights benchmarks/out/multilevel/text_frontier_w_2000.pt --scheme parallel \\
         --draft-controls average --targets 8 --drafts 2 4
+    # a batch of one row: its Python-bookkept rounds against the batch loop (paired, the same tokens)
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py \\
+        --weights benchmarks/out/multilevel/text_frontier_w_2000.pt --draft-controls average --drafts 2 --ks 4 \\
+        --one-row --runs 3 --new 112
+    # ... and where a generation's time goes (decode and prompt calls timed inside)
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py \\
+        --weights benchmarks/out/multilevel/text_frontier_w_2000.pt --draft-controls average --drafts 2 --ks 4 \\
+        --phases --runs 3 --new 112
     # a Lie-scheme model trained the same way (to_hf takes only Lie models): trained once ...
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/speculative.py --train-lie \\
         --out benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie [--train-steps 2000]
@@ -277,6 +285,92 @@ def step_times(args):
     Path(args.json).write_text(json.dumps({"step_times": rows, "weights": args.weights}, indent=1))
 
 
+def one_row(args):
+    """``--one-row``: speculative decoding of a batch of one row by its Python-bookkept rounds
+    (``opsplit.models.speculative.ONE_ROW_PATH``, the default) against the batch loop, paired
+    A B in one process over the prompts (``--runs`` rounds of all of them), greedy, the first
+    ``--drafts`` N_t and ``--ks`` k; both outputs checked equal."""
+    from opsplit.models import speculative as spec_mod  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    vocab, items = prompts(args)
+    model = text_model(vocab.size, args)
+    model.load_state_dict(torch.load(args.weights, weights_only=True))
+    model.eval()
+    new = min(args.new, args.context - args.prompt_len)
+    k = args.ks[0] if args.ks[0] == "auto" else int(args.ks[0])
+    draft = DraftSolve(n_steps=args.drafts[0], controls=args.draft_controls)
+
+    def run(x, fast):
+        spec_mod.ONE_ROW_PATH = fast
+        try:
+            return speculative_generate(model, x, new, draft=draft, num_draft_tokens=k, eos_token_id=None).sequences
+        finally:
+            spec_mod.ONE_ROW_PATH = True
+
+    with torch.no_grad():
+        ta, tb, oa, ob = pairs(lambda x: run(x, False), lambda x: run(x, True), items, args.runs * len(items))
+    assert all(torch.equal(a, b) for a, b in zip(oa, ob)), "the two paths gave different tokens"
+    ratio = statistics.median(a / b for a, b in zip(ta, tb))
+    print(f"draft N_t = {args.drafts[0]} ({args.draft_controls}), k = {k}, {new} new tokens, {len(ta)} pairs, load "
+          f"{os.getloadavg()[0]:.1f}: batch loop {1e3 * statistics.median(ta):.1f} ms, one-row rounds "
+          f"{1e3 * statistics.median(tb):.1f} ms a generation; median of the ratios {ratio:.3f}")
+
+
+def phases(args):
+    """``--phases``: where a generation's time goes — plain ``generate`` of the model's own
+    solve and speculative decoding (the first ``--drafts`` N_t and ``--ks`` k), A B over the
+    prompts ``--runs`` times, with every decode call (``decode_steps``) and prompt call
+    (``next_token_logits``) timed inside; medians per generation."""
+    torch.set_num_threads(1)
+    vocab, items = prompts(args)
+    model = text_model(vocab.size, args)
+    model.load_state_dict(torch.load(args.weights, weights_only=True))
+    model.eval()
+    new = min(args.new, args.context - args.prompt_len)
+    k = args.ks[0] if args.ks[0] == "auto" else int(args.ks[0])
+    draft = DraftSolve(n_steps=args.drafts[0], controls=args.draft_controls)
+    acc = {}
+    decode_steps, next_token_logits = model.decode_steps, model.next_token_logits
+
+    def timed(key, f):
+        def g(*a, **kw):
+            t = time.perf_counter()
+            r = f(*a, **kw)
+            acc[key] = acc.get(key, 0.0) + time.perf_counter() - t
+            acc["n_" + key] = acc.get("n_" + key, 0) + 1
+            return r
+        return g
+
+    model.decode_steps = lambda cache, **kw: timed("draft" if kw.get("n_steps") == draft.n_steps else "target",
+                                                   decode_steps(cache, **kw))
+    model.next_token_logits = timed("prompt", next_token_logits)
+    rows = {"plain": [], "speculative": []}
+    with torch.no_grad():
+        for r in range(args.runs + 1):
+            for x in items:
+                for name in rows:
+                    acc.clear()
+                    t = time.perf_counter()
+                    out = (model.generate(x, new, eos_token_id=None) if name == "plain" else
+                           speculative_generate(model, x, new, draft=draft, num_draft_tokens=k, eos_token_id=None))
+                    total = time.perf_counter() - t
+                    if r:  # the first pass over the prompts warms up
+                        rows[name].append(dict(acc, total=total, rounds=getattr(out, "rounds", 0)))
+    med = {name: {key: statistics.median(row.get(key, 0) for row in rs) for key in set().union(*rs)}
+           for name, rs in rows.items()}
+    p, s_ = med["plain"], med["speculative"]
+    print(f"# {args.weights}: {new} new tokens, draft N_t = {draft.n_steps} ({draft.controls}), k = {k}; "
+          f"{len(rows['plain'])} generations each, load {os.getloadavg()[0]:.1f}; medians per generation")
+    print(f"plain: {1e3 * p['total']:.1f} ms = {p['n_target']:.0f} decode calls x {1e3 * p['target'] / p['n_target']:.3f} ms "
+          f"+ {1e3 * (p['total'] - p['target']):.1f} ms (prompt {1e3 * p['prompt']:.1f})")
+    rest = s_["total"] - s_["target"] - s_["draft"]
+    print(f"speculative: {1e3 * s_['total']:.1f} ms = {s_['n_draft']:.0f} draft calls x "
+          f"{1e3 * s_['draft'] / s_['n_draft']:.3f} ms + {s_['n_target']:.0f} verifications x "
+          f"{1e3 * s_['target'] / s_['n_target']:.3f} ms + {1e3 * rest:.1f} ms (prompts {1e3 * s_['prompt']:.1f}, "
+          f"{1e3 * (rest - s_['prompt']) / max(1, s_['rounds']):.3f} ms a round over {s_['rounds']:.0f} rounds)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", help="the .pt of benchmarks/continuity_text.py")
@@ -307,6 +401,10 @@ def main():
     ap.add_argument("--json", default="benchmarks/out/speculative.json")
     ap.add_argument("--step-times", action="store_true", help="time one decode call per N_t of --drafts (and a "
                     "verification of 5 and 9 tokens at the largest) instead of the pairs")
+    ap.add_argument("--one-row", action="store_true", help="pair the one-row rounds of speculative decoding with "
+                    "the batch loop (the first --drafts and --ks)")
+    ap.add_argument("--phases", action="store_true", help="time the decode and prompt calls inside plain and "
+                    "speculative generations (the first --drafts and --ks)")
     ap.add_argument("--train-lie", action="store_true", help="train the Lie-scheme twin (once) into --out")
     ap.add_argument("--out", default="benchmarks/out/ctext_doc_b64_l8_lr6e-3_lie")
     ap.add_argument("--train-steps", type=int, default=2000,
@@ -319,6 +417,10 @@ def main():
     args.hf = args.hf or args.hf_only
     if args.step_times:
         return step_times(args)
+    if args.one_row:
+        return one_row(args)
+    if args.phases:
+        return phases(args)
     measure(args)
 
 
