@@ -604,6 +604,30 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
 # --------------------------------------------------------------------------------------
 # sliced ReLU attention (eqs. 2-3)
 # --------------------------------------------------------------------------------------
+def _rounded_mean(v: Tensor, w: Tensor | None, W: Tensor) -> Tensor:
+    """The (weighted) mean of the values of each row rounded to their dtype, ``(R, D)``, 0
+    where the weights sum to 0 (``W``: ``(R, 1)`` float64 weight totals).  Only a shift: the
+    kernels add its remainder, read off the centred tables; accumulated in float64, so that
+    it is within half a unit in the last place of the mean and the centred values keep no
+    offset of their own (a float32 sum of 4K values of 1e6 is off by about 1)."""
+    if w is None:
+        vs = v.sum(1, dtype=torch.float64)
+    else:
+        vs = torch.bmm(w.unsqueeze(1).double(), v.double()).squeeze(1)
+    return torch.where(W > 0, vs / torch.where(W > 0, W, torch.ones_like(W)), 0.0).to(v.dtype)
+
+
+def _centred_rows(v: Tensor, m: Tensor, r0: int, r1: int, buf: list) -> Tensor:
+    """``v[r0:r1] - m[r0:r1]`` as ``((r1 - r0) N_k, D)`` rows, in a buffer kept in ``buf``
+    for the next chunk of rows."""
+    n, Nk, D = r1 - r0, v.shape[1], v.shape[2]
+    if not buf or buf[0].shape[0] < n * Nk:
+        buf[:] = [v.new_empty(n * Nk, D)]
+    out = buf[0][: n * Nk]
+    torch.sub(v[r0:r1], m[r0:r1].unsqueeze(1), out=out.view(n, Nk, D))
+    return out
+
+
 class _SlicedReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, zq, zk, v, w, centered, sc):
@@ -627,15 +651,27 @@ class _SlicedReLU(torch.autograd.Function):
         cB = keys.ks if keys.ws is None else keys.ws * keys.ks
         E = 3 if centered else 2
         vflat = v.reshape(R * Nk, D)
+        if centered:
+            m32 = _rounded_mean(v, w, keys.W)  # (R, D), subtracted before any sum
+            vc_buf = []
 
         def build(tab, r0, r1):
             ws = None if keys.ws is None else keys.ws[r0:r1]
-            res = tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=centered)
             if not centered:
+                tab.build(vflat, keys.order_global[r0:r1], ws, cB[r0:r1], center=False)
                 return None
-            m32, m64 = res  # the table holds v - m32
-            tab.extra()[: r1 - r0].copy_(m64 - m32.double())
-            return torch.cat([m32.double(), m64], dim=1)
+            # the tables of v - m32, centred before the in-block sums (centring the sums
+            # afterwards leaves each entry the rounding of a raw sum, eps 8 |m|)
+            n = r1 - r0
+            vc = _centred_rows(v, m32, r0, r1, vc_buf)
+            tab.build(vc, keys.order_global[r0:r1] - r0 * Nk, ws, cB[r0:r1], center=False)
+            # the exact mean is m32 + (the centred table's total) / W: its remainder, small
+            tot = tab.flat.index_select(0, tab.index(0, torch.full(
+                (n, 1), Nk, dtype=torch.int64, device=v.device)).view(-1)).double()
+            W = keys.W[r0:r1]
+            m_lo = torch.where(W > 0, tot / torch.where(W > 0, W, torch.ones_like(W)), 0.0)
+            tab.extra()[:n].copy_(m_lo)
+            return m_lo
 
         def combine(tab, r0, r1):
             pp = p[r0:r1]
@@ -652,13 +688,12 @@ class _SlicedReLU(torch.autograd.Function):
                 coeff[..., 2] = (Klt[r0:r1] - q64[r0:r1] * Wlt[r0:r1]) * inv[r0:r1]
             return torch.stack(idx, -1).view(-1, E), coeff.view(-1, E)
 
-        out, keepA, m64 = _run_tables(R, Nk, Nq, D, v.dtype, v.device, n_extra=centered,
-                                      build=build, combine=combine, keep_A=need_grad)
+        out, keepA, m_lo = _run_tables(R, Nk, Nq, D, v.dtype, v.device, n_extra=centered,
+                                       build=build, combine=combine, keep_A=need_grad)
         if need_grad:
-            m = m_lo = None
+            m = None
             if centered:
-                m = m64[:, :D].to(v.dtype)
-                m_lo = (m64[:, D:] - m64[:, :D]).to(v.dtype)
+                m, m_lo = m32, m_lo.to(v.dtype)
             le_k, lt_k = keys.tcounts  # queries <= and < each key
             ctx.save_for_backward(*originals, zq, zk, v, w, out, den, m, m_lo, keepA.flat, p,
                                   keys.counts[1], keys.c, Wlt, Klt, keys.W, keys.suffix(),
@@ -685,8 +720,8 @@ class _SlicedReLU(torch.autograd.Function):
         dzq = dzk = dv = None
         q = zq - c
         q64 = q.double()
-        if ctx.centered:  # <g_i, m32> and <g_i, m - m32>, one pass over g
-            gm = torch.bmm(g, torch.stack([m, m_lo], -1)).double()  # (R, Nq, 2)
+        if ctx.centered:  # <g_i, m - m32>
+            gm_lo = torch.bmm(g, m_lo.unsqueeze(2)).squeeze(2).double()  # (R, Nq)
         if ctx.needs_input_grad[0]:
             # d num_i/dq_i = A_{p_i} (eq. 6's a_i), d den_i/dq_i = W_< - W_>
             A = _ATable.__new__(_ATable)
@@ -694,7 +729,7 @@ class _SlicedReLU(torch.autograd.Function):
             idxA = A.index(p).view(-1)
             gA = _rowdots(Aflat, idxA, gflat).view(R, Nq)
             if ctx.centered:  # the table holds v - m32; d num/dq uses v - m
-                gA = gA - Wlt * gm[..., 1]
+                gA = gA - Wlt * gm_lo
             # d den_i/dq_i = W_< - W_> (a key tied with q_i counts in neither); W_> from suffix
             # sums (W - W_<= cancels where a heavy key ties the query)
             Wgt = Wsuf.gather(1, p_le)
@@ -725,14 +760,18 @@ class _SlicedReLU(torch.autograd.Function):
                              torch.zeros_like(wk))
         vG = torch.empty(R, Nk, dtype=torch.float64, device=v.device) if need_k else None
         vflat = v.reshape(R * Nk, D)
+        vc_buf = []
 
         def build(tq, r0, r1):
             tq.build(gflat, desc_global[r0:r1], inv_desc[r0:r1], cBq[r0:r1], center=False)
             if need_v and ctx.centered:
                 tq.extra()[: r1 - r0].copy_(csum[r0:r1])
-            if need_k:  # <v_j, sum_{q_i > z_j} g_i / den_i>
+            if need_k:  # <v_j (- m32), sum_{q_i > z_j} g_i / den_i>
                 ig = tq.index(0, n_gt[r0:r1]).view(-1)
-                vG[r0:r1] = _rowdots(tq.flat, ig, vflat[r0 * Nk : r1 * Nk]).view(r1 - r0, Nk)
+                # centred: v_j - m32 before the dot product (<v_j, .> - <m32, .> would cancel)
+                vr = _centred_rows(v, m, r0, r1, vc_buf) if ctx.centered \
+                    else vflat[r0 * Nk : r1 * Nk]
+                vG[r0:r1] = _rowdots(tq.flat, ig, vr).view(r1 - r0, Nk)
             return None
 
         def combine(tq, r0, r1):
@@ -764,7 +803,7 @@ class _SlicedReLU(torch.autograd.Function):
             S_lt = _gather0(torch.cumsum(sa, 1), lt_k)
             S_gt = _suffix0(sa).gather(1, le_k)
             if ctx.centered:
-                mg = (gm[..., 0] + gm[..., 1]) * inv  # <m, g_i> / den_i
+                mg = gm_lo * inv  # <m - m32, g_i> / den_i
                 vG = vG - _suffix0(mg.gather(1, order_q)).gather(1, le_k)
             dzk = (-wk.double() * (vG + S_gt - S_lt)).to(dt)
         dzq, dzk, dv, _ = ctx.sc.grads(eg, dzq, dzk, dv)
