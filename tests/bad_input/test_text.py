@@ -308,7 +308,7 @@ RUN_ROWS = run_rows(
     ("resume-allow-unknown", (*RESUME, "--allow-changes", "train.lrx"), "--allow-changes: expected keys that a resume "
      "compares (data.corpus, data.max_chars, data.split_seed, data.val_fraction, train.batch_size, "
      "train.coarse_controls, train.levels, train.levels_prolongation, train.levels_schedule, train.lr, "
-     "train.max_steps, train.n_steps, train.seed, train.solvers, train.solvers_split, train.solvers_split_weights, "
+     "train.max_steps, train.n_steps, train.n_steps_distill, train.seed, train.solvers, train.solvers_split, train.solvers_split_weights, "
      "train.solvers_weights, train.warmup_steps, train.weight_decay), got 'train.lrx'"),
     ("resume-allow-model-key", (*RESUME, "--allow-changes", "model.scheme"), "--allow-changes: expected keys that a "
      "resume compares", config_edit('scheme = "lie"', 'scheme = "strang"')),
