@@ -100,6 +100,15 @@ def prompts(args):
     return corpus.vocab, [val[s: s + args.prompt_len].view(1, -1).long() for s in starts]
 
 
+def loaded(args):
+    """One thread; the vocabulary, the prompts and the model of ``--weights`` in eval mode."""
+    torch.set_num_threads(1)
+    vocab, items = prompts(args)
+    model = text_model(vocab.size, args)
+    model.load_state_dict(torch.load(args.weights, weights_only=True))
+    return vocab, items, model.eval()
+
+
 def timed(f):
     t0 = time.perf_counter()
     out = f()
@@ -124,11 +133,7 @@ def pairs(fa, fb, items, runs, warm=1):
 
 
 def measure(args):
-    torch.set_num_threads(1)
-    vocab, items = prompts(args)
-    model = text_model(vocab.size, args)
-    model.load_state_dict(torch.load(args.weights, weights_only=True))
-    model.eval()
+    vocab, items, model = loaded(args)
     new = min(args.new, args.context - args.prompt_len)
     kw = dict(do_sample=args.sample, temperature=0.8 if args.sample else 1.0, eos_token_id=None)
     print(f"# {args.weights}: scheme {args.scheme}, N_t = {args.layers}; {len(items)} prompts of {args.prompt_len} "
@@ -251,11 +256,7 @@ def step_times(args):
     verification for (1 - a^(k+1)) / (1 - a) tokens at acceptance a."""
     from opsplit.operators import KVCache  # noqa: PLC0415
 
-    torch.set_num_threads(1)
-    vocab, items = prompts(args)
-    model = text_model(vocab.size, args)
-    model.load_state_dict(torch.load(args.weights, weights_only=True))
-    model.eval()
+    vocab, items, model = loaded(args)
     x = items[0]
     N = x.shape[1]
     mask, pos = torch.ones_like(x), torch.arange(N)[None]
@@ -292,11 +293,7 @@ def one_row(args):
     ``--drafts`` N_t and ``--ks`` k; both outputs checked equal."""
     from opsplit.models import speculative as spec_mod  # noqa: PLC0415
 
-    torch.set_num_threads(1)
-    vocab, items = prompts(args)
-    model = text_model(vocab.size, args)
-    model.load_state_dict(torch.load(args.weights, weights_only=True))
-    model.eval()
+    vocab, items, model = loaded(args)
     new = min(args.new, args.context - args.prompt_len)
     k = args.ks[0] if args.ks[0] == "auto" else int(args.ks[0])
     draft = DraftSolve(n_steps=args.drafts[0], controls=args.draft_controls)
@@ -322,11 +319,7 @@ def phases(args):
     solve and speculative decoding (the first ``--drafts`` N_t and ``--ks`` k), A B over the
     prompts ``--runs`` times, with every decode call (``decode_steps``) and prompt call
     (``next_token_logits``) timed inside; medians per generation."""
-    torch.set_num_threads(1)
-    vocab, items = prompts(args)
-    model = text_model(vocab.size, args)
-    model.load_state_dict(torch.load(args.weights, weights_only=True))
-    model.eval()
+    vocab, items, model = loaded(args)
     new = min(args.new, args.context - args.prompt_len)
     k = args.ks[0] if args.ks[0] == "auto" else int(args.ks[0])
     draft = DraftSolve(n_steps=args.drafts[0], controls=args.draft_controls)
