@@ -265,17 +265,29 @@ def _run_tables(R, N, M, D, dtype, device, *, n_extra, build, combine, keep_A=Fa
     return out, keep, extra
 
 
-def _rowdots(flat: Tensor, index: Tensor, other: Tensor, step: int | None = None) -> Tensor:
+def _rowdots(flat: Tensor, index: Tensor, other: Tensor, step: int | None = None,
+             mean: Tensor | None = None) -> Tensor:
     """``out[m] = <flat[index[m]], other[m]>`` (float64), gathering ``step`` rows at a time
-    into one reused buffer, so that the gathered rows never exist all at once."""
+    into one reused buffer, so that the gathered rows never exist all at once.  With
+    ``mean`` (``(n, D)``, ``other`` holding ``n`` equal runs of rows):
+    ``<flat[index[m]], other[m] - mean[run of m]>``, the difference taken before the
+    products (in a second reused buffer)."""
     M = other.shape[0]
     step = step or _STEP
     out = torch.empty(M, dtype=torch.float64, device=other.device)
     buf = flat.new_empty(max(1, min(M, step)), flat.shape[1])
+    if mean is not None:
+        per = M // max(1, mean.shape[0])
+        cbuf = other.new_empty(max(1, min(M, step)), other.shape[1])
     for m0 in range(0, M, step):
         m1 = min(M, m0 + step)
         rows = torch.index_select(flat, 0, index[m0:m1], out=buf[: m1 - m0])
-        out[m0:m1] = _dot_rows(rows, other[m0:m1])
+        o = other[m0:m1]
+        if mean is not None:
+            run = torch.arange(m0, m1, device=other.device) // per
+            o = torch.index_select(mean, 0, run, out=cbuf[: m1 - m0])
+            torch.sub(other[m0:m1], o, out=o)
+        out[m0:m1] = _dot_rows(rows, o)
     return out
 
 
@@ -607,23 +619,25 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
 def _rounded_mean(v: Tensor, w: Tensor | None, W: Tensor) -> Tensor:
     """The (weighted) mean of the values of each row rounded to their dtype, ``(R, D)``, 0
     where the weights sum to 0 (``W``: ``(R, 1)`` float64 weight totals).  Only a shift: the
-    kernels add its remainder, read off the centred tables; accumulated in float64, so that
-    it is within half a unit in the last place of the mean and the centred values keep no
-    offset of their own (a float32 sum of 4K values of 1e6 is off by about 1)."""
-    if w is None:
-        vs = v.sum(1, dtype=torch.float64)
-    else:
-        vs = torch.bmm(w.unsqueeze(1).double(), v.double()).squeeze(1)
-    return torch.where(W > 0, vs / torch.where(W > 0, W, torch.ones_like(W)), 0.0).to(v.dtype)
+    kernel adds its remainder, read off the centred tables.  The sums are ``torch.sum``'s
+    (pairwise), within about a unit in the last place of the mean, so that the centred
+    values keep no offset of their own to cancel against that remainder (``bmm`` with the
+    weights is off by about 20 units at 4K keys; float64 accumulation costs a float64 copy
+    of the values)."""
+    vs = v.sum(1) if w is None else (w.unsqueeze(2) * v).sum(1)
+    return torch.where(W > 0, vs.double() / torch.where(W > 0, W, torch.ones_like(W)),
+                       0.0).to(v.dtype)
 
 
-def _centred_rows(v: Tensor, m: Tensor, r0: int, r1: int, buf: list) -> Tensor:
-    """``v[r0:r1] - m[r0:r1]`` as ``((r1 - r0) N_k, D)`` rows, in a buffer kept in ``buf``
-    for the next chunk of rows."""
+def _centred_rows(v: Tensor, m: Tensor, r0: int, r1: int, tab: PrefixTable) -> Tensor:
+    """``v[r0:r1] - m[r0:r1]`` as ``((r1 - r0) N_k, D)`` rows, in a buffer kept with the
+    (reused) table ``tab`` for the next chunk of rows and the next call: written in full
+    before every use, never read stale."""
     n, Nk, D = r1 - r0, v.shape[1], v.shape[2]
-    if not buf or buf[0].shape[0] < n * Nk:
-        buf[:] = [v.new_empty(n * Nk, D)]
-    out = buf[0][: n * Nk]
+    buf = getattr(tab, "_centred", None)
+    if buf is None or buf.shape[0] < n * Nk or buf.shape[1] != D or buf.dtype != v.dtype:
+        buf = tab._centred = v.new_empty(n * Nk, D)
+    out = buf[: n * Nk]
     torch.sub(v[r0:r1], m[r0:r1].unsqueeze(1), out=out.view(n, Nk, D))
     return out
 
@@ -653,7 +667,6 @@ class _SlicedReLU(torch.autograd.Function):
         vflat = v.reshape(R * Nk, D)
         if centered:
             m32 = _rounded_mean(v, w, keys.W)  # (R, D), subtracted before any sum
-            vc_buf = []
 
         def build(tab, r0, r1):
             ws = None if keys.ws is None else keys.ws[r0:r1]
@@ -663,7 +676,7 @@ class _SlicedReLU(torch.autograd.Function):
             # the tables of v - m32, centred before the in-block sums (centring the sums
             # afterwards leaves each entry the rounding of a raw sum, eps 8 |m|)
             n = r1 - r0
-            vc = _centred_rows(v, m32, r0, r1, vc_buf)
+            vc = _centred_rows(v, m32, r0, r1, tab)
             tab.build(vc, keys.order_global[r0:r1] - r0 * Nk, ws, cB[r0:r1], center=False)
             # the exact mean is m32 + (the centred table's total) / W: its remainder, small
             tot = tab.flat.index_select(0, tab.index(0, torch.full(
@@ -760,7 +773,6 @@ class _SlicedReLU(torch.autograd.Function):
                              torch.zeros_like(wk))
         vG = torch.empty(R, Nk, dtype=torch.float64, device=v.device) if need_k else None
         vflat = v.reshape(R * Nk, D)
-        vc_buf = []
 
         def build(tq, r0, r1):
             tq.build(gflat, desc_global[r0:r1], inv_desc[r0:r1], cBq[r0:r1], center=False)
@@ -768,10 +780,9 @@ class _SlicedReLU(torch.autograd.Function):
                 tq.extra()[: r1 - r0].copy_(csum[r0:r1])
             if need_k:  # <v_j (- m32), sum_{q_i > z_j} g_i / den_i>
                 ig = tq.index(0, n_gt[r0:r1]).view(-1)
-                # centred: v_j - m32 before the dot product (<v_j, .> - <m32, .> would cancel)
-                vr = _centred_rows(v, m, r0, r1, vc_buf) if ctx.centered \
-                    else vflat[r0 * Nk : r1 * Nk]
-                vG[r0:r1] = _rowdots(tq.flat, ig, vr).view(r1 - r0, Nk)
+                # centred: v_j - m32 before the products (<v_j, .> - <m32, .> would cancel)
+                vG[r0:r1] = _rowdots(tq.flat, ig, vflat[r0 * Nk : r1 * Nk],
+                                     mean=m[r0:r1] if ctx.centered else None).view(r1 - r0, Nk)
             return None
 
         def combine(tq, r0, r1):
