@@ -156,3 +156,51 @@ def test_every_opsplit_train_task_can_distill(task, kind):
 
     mod = MODULES[task]
     assert mod.objective(load(mod.SCHEMA, data={"task": task})).distill_kind == kind
+
+
+TINY = """
+[model]
+d_model = 8
+heads = 2
+d_ff = 16
+n_steps = 2
+T = 2.0
+[train]
+epochs = 2
+batch_size = 16
+warmup_steps = 0
+n_steps = [1, 2]
+coarse_controls = "average"
+n_steps_distill = 0.5
+[objective]
+kinetic = 0.0
+[data]
+limit = 64
+"""
+
+
+def test_opsplit_train_distils_the_coarse_draws(tmp_path, capsys):
+    """``opsplit train`` with ``train.n_steps_distill``: the steps drawn at N_t = 1 record the
+    divergence, those at the grid none; with the model's own N_t alone (no draw) the key is
+    refused, nothing written."""
+    from _helpers import csv_rows
+
+    from opsplit.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    rows = csv_rows(out / "train" / "steps.csv")
+    coarse = [r for r in rows if r["n_steps"] == "1"]
+    assert coarse and all(float(r["distill"]) >= 0 for r in coarse)
+    assert all(r["distill"] == "" for r in rows if r["n_steps"] == "2")
+    for r in coarse:
+        assert float(r["loss"]) == pytest.approx(0.5 * float(r["data"]) + 0.5 * float(r["distill"]), rel=1e-5)
+    bad = tmp_path / "bad"
+    cfg.write_text(TINY.replace("n_steps = [1, 2]\n", "n_steps = [2]\n"))  # the model's own N_t: no draw
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg), "--out", str(bad), "--no-progress"]) == 2
+    assert "train.n_steps_distill: self-distillation fits the coarse draws of n_steps to the finest" in \
+        capsys.readouterr().err
+    assert not bad.exists()
