@@ -125,3 +125,10 @@ def test_gradcheck_offset_values(centered, mode):
     ins = [t.clone().requires_grad_() for t in (zq, zk, v)]
     fn = lambda a, b, c: sliced_relu_attention(a, b, c, centered=centered, **kw)
     assert torch.autograd.gradcheck(fn, ins, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [None, "weights"], ids=["plain", "weights"])
+def test_many_blocks(mode):
+    # more than 256 blocks of 8 keys: the block totals go through the blocked scan
+    errs = check(torch.float32, 1e6, True, mode, R=2, Nq=40, Nk=2100, D=3, seed=11)
+    assert max(errs) <= TOL[torch.float32], errs
