@@ -40,7 +40,10 @@ def make(m, dtype, mode, *, R=3, Nq=70, Nk=90, D=5, seed=0):
     ``mode`` (None, "weights", "mask": one row fully masked), rounded to ``dtype`` and
     returned in float64 (the exact inputs of both evaluations)."""
     g = torch.Generator().manual_seed(seed)
-    f = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype).double()
+
+    def f(*s):
+        return torch.randn(*s, generator=g, dtype=torch.float64).to(dtype).double()
+
     zq, zk, v, go = f(R, Nq), f(R, Nk), f(R, Nk, D), f(R, Nq, D)
     v = (m + v).to(dtype).double()
     kw = {}
@@ -123,7 +126,10 @@ def test_gradcheck_offset_values(centered, mode):
     # float64 with values of mean 30 (distinct scores, away from ties)
     zq, zk, v, _, kw = make(30.0, torch.float64, mode, R=3, Nq=6, Nk=7, D=2, seed=7)
     ins = [t.clone().requires_grad_() for t in (zq, zk, v)]
-    fn = lambda a, b, c: sliced_relu_attention(a, b, c, centered=centered, **kw)
+
+    def fn(a, b, c):
+        return sliced_relu_attention(a, b, c, centered=centered, **kw)
+
     assert torch.autograd.gradcheck(fn, ins, atol=1e-7, rtol=1e-6)
 
 
