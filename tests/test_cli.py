@@ -376,6 +376,28 @@ def test_train_solvers_split_key(tmp_path, capsys):
     assert not bad.exists()
 
 
+def test_train_distils_the_coarse_draws(tmp_path, capsys):
+    """``train.n_steps_distill`` (digits): the steps drawn at N_t = 1 record the divergence
+    and their loss is the mixture (no kinetic cost here), those at the grid none; with the
+    model's own N_t alone (no draw) the key is refused, nothing written."""
+    toml = TRAIN.replace("[train]", '[train]\nn_steps = [1, 2]\ncoarse_controls = "average"\nn_steps_distill = 0.5') \
+        + "[objective]\nkinetic = 0.0\n"
+    out = tmp_path / "run"
+    assert main(["train", "--config", _toml(tmp_path, toml), "--out", str(out), "--no-progress"]) == 0
+    rows = csv_rows(out / "train" / "steps.csv")
+    coarse = [r for r in rows if r["n_steps"] == "1"]
+    assert coarse and all(r["distill"] == "" for r in rows if r["n_steps"] == "2")
+    for r in coarse:
+        assert float(r["loss"]) == pytest.approx(0.5 * float(r["data"]) + 0.5 * float(r["distill"]), rel=1e-5)
+    bad = tmp_path / "bad"
+    toml = toml.replace("n_steps = [1, 2]", "n_steps = [2]")  # the model's own N_t: no draw
+    capsys.readouterr()
+    assert main(["train", "--config", _toml(tmp_path, toml, "b.toml"), "--out", str(bad), "--no-progress"]) == 2
+    assert "train.n_steps_distill: self-distillation fits the coarse draws of n_steps to the finest" in \
+        capsys.readouterr().err
+    assert not bad.exists()
+
+
 def test_train_is_seeded_whatever_the_global_rng(tmp_path):
     """model.seed and train.seed fix the whole run: two runs started from different global
     RNG states write the same losses (the patch embedding and read-out draw from torch's
