@@ -131,3 +131,32 @@ def test_many_blocks(mode):
     # more than 256 blocks of 8 keys: the block totals go through the blocked scan
     errs = check(torch.float32, 1e6, True, mode, R=2, Nq=40, Nk=2100, D=3, seed=11)
     assert max(errs) <= TOL[torch.float32], errs
+
+
+@pytest.mark.parametrize("mode", [None, "weights"], ids=["plain", "weights"])
+@pytest.mark.parametrize("centered", [True, False], ids=["eq3", "eq2"])
+@pytest.mark.parametrize("m", [1e4, 1e6])
+def test_a_differentiable_backward_keeps_the_accuracy(m, centered, mode):
+    """``create_graph=True``: the backward recomputes through the composed form
+    (``relu_attention_composed``, also what torch.func and torch.compile differentiate); its
+    gradients at large value means as accurate as the kernel's (float32)."""
+    zq, zk, v, go, kw = make(m, torch.float32, mode)
+    ins = [t.float().requires_grad_() for t in (zq, zk, v)]
+    kwf = {k: (t.float() if t.is_floating_point() else t) for k, t in kw.items()}
+    out = sliced_relu_attention(*ins, centered=centered, **kwf)
+    got = torch.autograd.grad((out * go.float()).sum(), ins, create_graph=True)
+    ref = run(naive_shifted(m), zq, zk, v, go, kw, torch.float64, centered)[1:]
+    errs = [rel(a.detach(), b) for a, b in zip(got, ref)]
+    assert max(errs) <= TOL[torch.float32], dict(zip(["dzq", "dzk", "dv"], errs))
+
+
+@pytest.mark.parametrize("mode", [None, "weights", "mask"], ids=["plain", "weights", "mask"])
+@pytest.mark.parametrize("centered", [True, False], ids=["eq3", "eq2"])
+def test_the_forward_without_autograd_keeps_the_accuracy(centered, mode):
+    """The no-grad fast path (``_relu_forward_fast``) at m = 1e6 in float32, weighted too."""
+    zq, zk, v, go, kw = make(1e6, torch.float32, mode, Nk=4100)
+    kwf = {k: (t.float() if t.is_floating_point() else t) for k, t in kw.items()}
+    with torch.no_grad():
+        out = sliced_relu_attention(zq.float(), zk.float(), v.float(), centered=centered, **kwf)
+    ref = naive_shifted(1e6)(zq, zk, v, centered, **kw)
+    assert rel(out, ref) <= TOL[torch.float32]

@@ -101,10 +101,12 @@ def _weights(k: Tensor, w: Tensor | None) -> Tensor:
     return w.double() * torch.exp2(-e)
 
 
-def _mean(v: Tensor, w: Tensor) -> Tensor:
+def _mean(v: Tensor, w: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """The ``w``-weighted mean of ``v`` over its keys, accumulated in float64, returned in
+    ``dtype`` (default ``v``'s)."""
     W = w.sum(1, keepdim=True, dtype=torch.float64)  # (R, 1)
     s = (w.unsqueeze(-1) * v).sum(1, dtype=torch.float64)
-    return _safe_div(s, W).to(v.dtype)  # (R, D)
+    return _safe_div(s, W).to(v.dtype if dtype is None else dtype)  # (R, D)
 
 
 def relu_attention_composed(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None,
@@ -116,7 +118,9 @@ def relu_attention_composed(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None,
     ``torch.abs``) and 0 where the denominator vanishes.  ``q (R, M)``, ``k (R, N)``,
     ``v (R, N, D)``, ``w (R, N)`` or ``None``."""
     wk = _weights(k, w)
-    vc = v - _mean(v, wk).unsqueeze(1) if centered else v
+    # eq. 3 centres in float64 (the sums below are float64): a mean rounded to v's dtype would
+    # leave a remainder of up to half an ulp of |v|, all of the result at large value means
+    vc = v.double() - _mean(v, wk, torch.float64).unsqueeze(1) if centered else v
     sw = None if w is None else wk
     num = relu_sum(q, k, wk.unsqueeze(-1) * vc, sw)
     ws = wk.unsqueeze(-1)
