@@ -145,7 +145,7 @@ def measure(args):
           "acceptance | tokens per round | equal |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     with torch.no_grad():
-        for target, d, k in ([] if args.hf_only else settings(model, args)):
+        for target, d, (k, conf) in ([] if args.hf_only else settings(model, args)):
             tkw = {"n_steps": target[0], "solver": target[1]}
             seeds = iter(range(10 ** 6))  # sampling: the pair's two calls draw with different seeds
             stats = []
@@ -154,10 +154,10 @@ def measure(args):
                 g = torch.Generator().manual_seed(next(seeds)) if args.sample else None
                 return model.generate(x, new, generator=g, **tkw, **kw)
 
-            def spec(x, d=d, k=k, tkw=tkw, seeds=seeds, stats=stats):
+            def spec(x, d=d, k=k, conf=conf, tkw=tkw, seeds=seeds, stats=stats):
                 g = torch.Generator().manual_seed(next(seeds)) if args.sample else None
                 res = speculative_generate(model, x, new, draft=DraftSolve(n_steps=d, controls=args.draft_controls),
-                                           num_draft_tokens=k,
+                                           num_draft_tokens=k, draft_confidence=conf,
                                            generator=g, **tkw, **kw)
                 stats.append(res)
                 return res.sequences
@@ -169,13 +169,14 @@ def measure(args):
             acc = sum(sum(s.accepted) for s in stats) / max(1, sum(sum(s.drafted) for s in stats))
             per_round = sum(new for _ in stats) / max(1, sum(s.rounds + 1 for s in stats))
             row = {"target_n_t": target[0], "target_solver": target[1] or "euler", "draft_n_t": d, "k": k,
+                   "draft_confidence": conf,
                    "draft_controls": args.draft_controls,
                    "ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
                    "plain_tok_s": new / statistics.median(ta), "spec_tok_s": new / statistics.median(tb),
                    "acceptance": acc, "tokens_per_round": per_round, "equal": equal}
             rows.append(row)
             tname = f"N_t = {target[0]}" + (f", {target[1]}" if target[1] else "")
-            print(f"| {tname} | N_t = {d} | {k} | {row['ratio']:.2f}× | {row['min']:.2f}..{row['max']:.2f}× | "
+            print(f"| {tname} | N_t = {d} | {k}{'' if conf is None else f', confidence {conf:g}'} | {row['ratio']:.2f}× | {row['min']:.2f}..{row['max']:.2f}× | "
                   f"{row['plain_tok_s']:.0f} | {row['spec_tok_s']:.0f} | {acc:.3f} | {per_round:.2f} | "
                   f"{'—' if equal is None else 'yes' if equal else 'NO'} |", flush=True)
     if args.hf:
@@ -196,7 +197,7 @@ def settings(model, args):
         for d in args.drafts:
             if model.solve_cost(d) >= model.solve_cost(target[0], target[1]):
                 continue
-            out += [(target, d, k if k == "auto" else int(k)) for k in args.ks]
+            out += [(target, d, (k if k == "auto" else int(k), c)) for k in args.ks for c in args.confidences]
     return out
 
 
@@ -385,6 +386,8 @@ def main():
                          "each step (a model trained with coarse_controls = 'average': benchmarks/multilevel.py's "
                          "frontier_w)")
     ap.add_argument("--ks", nargs="+", default=["4", "auto"], help="draft tokens per round")
+    ap.add_argument("--confidences", type=lambda v: None if v == "none" else float(v), nargs="+", default=[None],
+                    help="draft_confidence of each row: a probability, or none (default)")
     ap.add_argument("--runs", type=int, default=7, help="pairs per row (>= 7)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sample", action="store_true", help="sample (temperature 0.8) instead of greedy")

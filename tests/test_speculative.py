@@ -96,9 +96,10 @@ def test_greedy_equals_plain_generate(i):
         assert torch.equal(m.generate(ids, 16, attention_mask=am, draft=draft, num_draft_tokens=k), ref)
 
 
-@pytest.mark.parametrize("attention, sample, k", [("softmax", False, 3), ("sliced_relu", False, "auto"),
-                                                   ("softmax", True, 2), ("sliced_relu", True, 4)])
-def test_one_row_path_equals_the_batch_loop(attention, sample, k, monkeypatch):
+@pytest.mark.parametrize("attention, sample, k, conf", [("softmax", False, 3, None), ("sliced_relu", False, "auto", None),
+                                                         ("softmax", True, 2, None), ("sliced_relu", True, 4, None),
+                                                         ("softmax", False, 4, 0.5), ("sliced_relu", True, 4, 0.4)])
+def test_one_row_path_equals_the_batch_loop(attention, sample, k, conf, monkeypatch):
     """A batch of one row runs the Python-bookkept rounds (``_one_row``): the same tokens,
     random draws and round statistics as the batch loop (``ONE_ROW_PATH = False``), eos
     inside an accepted run of drafts included."""
@@ -114,7 +115,7 @@ def test_one_row_path_equals_the_batch_loop(attention, sample, k, monkeypatch):
             monkeypatch.setattr(spec, "ONE_ROW_PATH", fast)
             g = torch.Generator().manual_seed(5) if sample else None
             outs.append(speculative_generate(m, ids, 24, draft=2, num_draft_tokens=k, eos_token_id=eos, generator=g,
-                                             **warp))
+                                             draft_confidence=conf, **warp))
         a, b = outs
         assert torch.equal(a.sequences, b.sequences)
         assert (a.draft_lengths, a.drafted, a.accepted, a.target_steps, a.draft_steps) == \
@@ -122,6 +123,26 @@ def test_one_row_path_equals_the_batch_loop(attention, sample, k, monkeypatch):
         assert sum(a.accepted) > 0 and a.rounds > 1
         if eos is not None and not sample:
             assert a.sequences.shape[1] == 6 + stop + 1  # stopped at the eos
+
+
+@pytest.mark.parametrize("attention, scheme, dtype, scale, conf", [("softmax", "lie", torch.float64, 0.3, 0.2),
+                                                                   ("sliced_relu", "parallel", torch.float32, 0.6, 0.3)])
+def test_greedy_with_a_draft_confidence_equals_plain(attention, scheme, dtype, scale, conf):
+    """``draft_confidence``: rows stop drafting at an unsure draft token (alone, and in a
+    left-padded batch where the rows stop apart); the tokens stay plain greedy's, and the
+    rounds draft fewer tokens than without it."""
+    m = _model(attention, scheme, dtype, seed=4, scale=scale)
+    for B in (1, 3):
+        ids, mask = _prompts(23, B, 6, 9 + B)
+        am = mask if B > 1 else None
+        ref = m.generate(ids, 20, attention_mask=am)
+        free = speculative_generate(m, ids, 20, attention_mask=am, draft=2, num_draft_tokens=5)
+        out = speculative_generate(m, ids, 20, attention_mask=am, draft=2, num_draft_tokens=5, draft_confidence=conf)
+        assert torch.equal(out.sequences, ref) and torch.equal(free.sequences, ref)
+        assert sum(out.drafted) / out.rounds < sum(free.drafted) / free.rounds
+        if B == 1:
+            assert min(out.draft_lengths) < 5 and sum(out.accepted) > 0
+    assert torch.equal(m.generate(ids, 20, attention_mask=am, draft=2, draft_confidence=conf), ref)
 
 
 def test_greedy_equals_plain_with_eos_and_uneven_acceptance():
@@ -209,16 +230,22 @@ def _counts(out, n_prompt):
     return torch.bincount((x * torch.tensor([V ** 3, V ** 2, V, 1])).sum(1), minlength=V ** T).double()
 
 
-def _sample(m, ids, warp, seed):
+def _sample(m, ids, warp, seed, conf=None):
     return speculative_generate(m, ids, T, draft=1, num_draft_tokens=3, do_sample=True, eos_token_id=None,
-                                generator=torch.Generator().manual_seed(seed), **warp)
+                                generator=torch.Generator().manual_seed(seed), draft_confidence=conf, **warp)
 
 
-def test_speculative_sampling_keeps_the_distribution(sampling_setup):
+@pytest.mark.parametrize("conf", [None, 0.7])
+def test_speculative_sampling_keeps_the_distribution(sampling_setup, conf):
+    """With ``draft_confidence`` every row stops drafting where its own draft is unsure
+    (the first round judges fewer drafts than 2 a row)."""
     m, ids, warp, exact = sampling_setup
-    out = _sample(m, ids, warp, 1)
+    out = _sample(m, ids, warp, 1, conf)
     assert 0.2 < out.acceptance_rate < 0.8  # drafts accepted and rejected at depth 1 and 2
-    assert out.drafted[0] == 2 * ids.shape[0] and out.drafted[1] > 1000
+    if conf is None:
+        assert out.drafted[0] == 2 * ids.shape[0] and out.drafted[1] > 1000
+    else:
+        assert ids.shape[0] < out.drafted[0] < 1.95 * ids.shape[0]
     spec_counts = _counts(out.sequences, 3)
     plain = m.generate(ids, T, do_sample=True, eos_token_id=None, generator=torch.Generator().manual_seed(2), **warp)
     plain_counts = _counts(plain, 3)
@@ -228,7 +255,8 @@ def test_speculative_sampling_keeps_the_distribution(sampling_setup):
     assert p_spec > 0.01 and p_plain > 0.01 and p_two > 0.01, (p_spec, p_plain, p_two)
 
 
-def test_a_wrong_acceptance_rule_fails_the_same_test(sampling_setup, monkeypatch):
+@pytest.mark.parametrize("conf", [None, 0.7])
+def test_a_wrong_acceptance_rule_fails_the_same_test(sampling_setup, monkeypatch, conf):
     m, ids, warp, exact = sampling_setup
     right = spec.speculative_accept
 
@@ -240,7 +268,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(sampling_setup, monkeypatch
         return acc, torch.multinomial(p, 1, generator=generator).squeeze(1)
 
     monkeypatch.setattr(spec, "speculative_accept", residual_from_p)
-    counts = _counts(_sample(m, ids, warp, 1).sequences, 3)
+    counts = _counts(_sample(m, ids, warp, 1, conf).sequences, 3)
     assert _chi2(counts, exact) < 1e-100
 
 

@@ -185,7 +185,13 @@ def test_generate_speculatively(run, capsys):
     assert main([*base, "--draft-n-t", "1", "--draft-controls", "average"]) == 0
     out, err = capsys.readouterr()
     assert out == plain and "drafts at N_t = 1, controls average over each step" in err, err
+    assert main([*base, "--draft-n-t", "2", "--num-draft-tokens", "4", "--draft-confidence", "0.5"]) == 0
+    out, err = capsys.readouterr()
+    assert out == plain and "speculative: drafts at N_t = 2" in err, err
     for argv, match in ((["--draft-controls", "average"], "--draft-controls: drafts are made only with --draft-n-t"),
+                        (["--draft-confidence", "0.5"], "--draft-confidence: drafts are made only with --draft-n-t"),
+                        (["--draft-n-t", "2", "--draft-confidence", "1.5"],
+                         "--draft-confidence: expected a probability in (0, 1), got 1.5"),
                         (["--draft-n-t", "4"], "--draft-n-t: the draft (N_t = 4) costs 8 term evaluations per "
                          "character, the solve at --n-t 4 8: a draft must be cheaper"),
                         (["--draft-n-t", "2", "--draft-solver", "rk4"], "--draft-n-t: the draft (N_t = 2, solver rk4)"),

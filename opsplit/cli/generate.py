@@ -75,6 +75,9 @@ def add_arguments(p):
     p.add_argument("--draft-controls", choices=COARSE_MODES, dest="draft_controls",
                    help="how a draft of fewer steps than the model's control pieces reads them: average (over each "
                         "step) or point (at its times); default: as the run was trained (train.coarse_controls)")
+    p.add_argument("--draft-confidence", type=float, dest="draft_confidence", metavar="P",
+                   help="stop a round's drafting after a draft character of probability below P, in (0, 1) "
+                        "(default: draft K every round)")
     p.add_argument("--num-draft-tokens", dest="num_draft_tokens", metavar="K",
                    help="draft characters per round: an integer >= 1, or auto (default) to follow the acceptance rate")
     p.add_argument("--force", action="store_true", help="run even when the estimated memory or time exceeds the "
@@ -99,6 +102,12 @@ def _check_flags(a) -> None:
         raise ConfigError("--draft-controls: drafts are made only with --draft-n-t or --draft-solver")
     if getattr(a, "draft_n_t", None) is not None and a.draft_n_t < 1:
         raise ConfigError(f"--draft-n-t: expected an integer >= 1 (the draft's N_t), got {a.draft_n_t}")
+    c = getattr(a, "draft_confidence", None)
+    if c is not None:
+        if not draft:
+            raise ConfigError("--draft-confidence: drafts are made only with --draft-n-t or --draft-solver")
+        if not 0 < c < 1:
+            raise ConfigError(f"--draft-confidence: expected a probability in (0, 1), got {c:g}")
     k = getattr(a, "num_draft_tokens", None)
     if k is not None:
         if not draft:
@@ -162,7 +171,8 @@ def run_generate(a) -> str:
         nk = a.num_draft_tokens or "auto"
         res = speculative_generate(model, ids, k, draft=draft, num_draft_tokens=nk if nk == "auto" else int(nk),
                                    do_sample=not a.greedy, temperature=temperature,
-                                   generator=torch.Generator().manual_seed(seed), n_steps=n_t)
+                                   generator=torch.Generator().manual_seed(seed), n_steps=n_t,
+                                   draft_confidence=a.draft_confidence)
         out = res.sequences
         spec = (f", speculative: drafts at {draft.describe()}, {sum(res.accepted)} of {sum(res.drafted)} accepted "
                 f"({100 * res.acceptance_rate:.0f} %) in {res.rounds} rounds")

@@ -84,7 +84,8 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              attention_mask: Tensor | None = None, use_cache: bool = True, eos_token_id=MODEL_DEFAULT,
              pad_token_id=MODEL_DEFAULT, n_steps: int | None = None, solver: str | None = None,
-             scheme: str | None = None, draft=None, num_draft_tokens="auto") -> Tensor:
+             scheme: str | None = None, draft=None, num_draft_tokens="auto",
+             draft_confidence: float | None = None) -> Tensor:
     """Continue every prompt of ``input_ids`` ``(B, N)`` by up to ``max_new_tokens`` tokens;
     returns ``(B, N + generated)`` (prompt, then the new tokens), as Hugging Face's
     ``generate`` does.
@@ -114,7 +115,7 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             ``"heun"``, ``"rk4"``) or splitting (``"lie"``, ``"strang"``, ``"parallel"``)
             (:meth:`DecoderLM.solve_scheme <opsplit.models.DecoderLM.solve_scheme>`; ``None``:
             the model's own).
-        draft, num_draft_tokens: self-speculative decoding (a :class:`DecoderLM`): a cheaper
+        draft, num_draft_tokens, draft_confidence: self-speculative decoding (a :class:`DecoderLM`): a cheaper
             solve of the same model proposes tokens that this solve verifies, with the same
             output (greedy) or the same distribution (sampling);
             :func:`opsplit.models.speculative.speculative_generate`.
@@ -126,7 +127,10 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, *, do_sample: bool =
             model, input_ids, max_new_tokens, draft=draft, num_draft_tokens=num_draft_tokens, do_sample=do_sample,
             temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, attention_mask=attention_mask,
             use_cache=use_cache, eos_token_id=eos_token_id, pad_token_id=pad_token_id, n_steps=n_steps,
-            solver=solver, scheme=scheme).sequences
+            solver=solver, scheme=scheme, draft_confidence=draft_confidence).sequences
+    if draft_confidence is not None:
+        raise ValueError("draft_confidence: a threshold for the drafts of speculative decoding; expected draft= "
+                         "(the draft solve) with it")
     st = _prepare(model, input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                   top_p=top_p, generator=generator, attention_mask=attention_mask, use_cache=use_cache,
                   eos_token_id=eos_token_id, pad_token_id=pad_token_id, n_steps=n_steps, solver=solver,

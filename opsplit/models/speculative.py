@@ -165,6 +165,22 @@ def _check_k(k) -> int | str:
     return k
 
 
+def _check_confidence(c) -> float | None:
+    if c is None:
+        return None
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < 1:
+        raise ValueError(f"draft_confidence: expected None or a number in (0, 1) (the draft probability below which a "
+                         f"round stops drafting), got {c!r}")
+    return float(c)
+
+
+def _draft_prob(logits: Tensor, q: Tensor | None, tok: Tensor) -> Tensor:
+    """The draft's probability of each row's drafted token ``(B,)`` (``q``: the warped
+    distribution it was drawn from; greedy: the softmax of ``logits``)."""
+    p = torch.softmax(logits.to(torch.float32), -1) if q is None else q
+    return p.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
 def _check_cache(c, name: str, model) -> KVCache:
     if c is None:
         return KVCache()
@@ -231,7 +247,7 @@ def speculative_accept(target: Tensor, draft_probs: Tensor | None, draft_tokens:
 
 
 def _one_row(out, input_ids, position_ids, new, count, max_new_tokens, eos_ids, dstep, tstep, cache, draft_cache,
-             swap, k_arg, cost, do_sample, warp, generator) -> SpeculativeOutput:
+             swap, k_arg, cost, do_sample, warp, generator, conf) -> SpeculativeOutput:
     """The rounds of :func:`speculative_generate` for a batch of one row without padding,
     its bookkeeping in Python numbers (every slot a token, positions consecutive): the same
     calls, draws and tokens as the batch loop, a tenth of its small tensor operations."""
@@ -253,12 +269,15 @@ def _one_row(out, input_ids, position_ids, new, count, max_new_tokens, eos_ids, 
             for i in range(k_eff):
                 dl = dstep(seq[:, cd:n + i], pos[:, cd:n + i], None)
                 cd = n + i
+                q = token_probs(dl, **warp) if do_sample else None
+                tok = torch.multinomial(q, 1, generator=generator).squeeze(1) if do_sample else \
+                    dl.to(torch.float32).argmax(-1)
                 if do_sample:
-                    q = token_probs(dl, **warp)
                     q_list.append(q)
-                    seq[:, n + i] = torch.multinomial(q, 1, generator=generator).squeeze(1)
-                else:
-                    seq[:, n + i] = dl.to(torch.float32).argmax(-1)
+                seq[:, n + i] = tok
+                if conf is not None and i + 1 < k_eff and float(_draft_prob(dl, q, tok)) < conf:
+                    k_eff = i + 1  # unsure of its draft: verify what there is
+                    break
         out.draft_steps += k_eff
         if k_eff:
             cache.mark()
@@ -322,7 +341,8 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
                          attention_mask: Tensor | None = None, use_cache: bool = True, eos_token_id=MODEL_DEFAULT,
                          pad_token_id=MODEL_DEFAULT, n_steps: int | None = None, solver: str | None = None,
                          scheme: str | None = None, cache: KVCache | None = None,
-                         draft_cache: KVCache | None = None) -> SpeculativeOutput:
+                         draft_cache: KVCache | None = None,
+                         draft_confidence: float | None = None) -> SpeculativeOutput:
     """:func:`~opsplit.models.generate.generate` of ``model`` (a
     :class:`~opsplit.models.DecoderLM`) solved with ``n_steps``, ``solver``, ``scheme``,
     drafted by the solve ``draft`` (module docstring); the same arguments, and
@@ -335,10 +355,17 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
             (module docstring).
         cache, draft_cache: empty :class:`~opsplit.operators.KVCache` objects to fill
             (default: new ones), e.g. ``KVCache(sorted_runs=False)``.
+        draft_confidence: a number in (0, 1), or ``None``: a row stops drafting for the
+            round after a draft token whose probability under the draft (its softmax;
+            sampling: after the warpers) is below it, and the round after every row stopped
+            (as Hugging Face's ``assistant_confidence_threshold``): drafts the target would
+            likely reject are not paid for. The output is unchanged (greedy) or keeps its
+            distribution (sampling: how many drafts a row makes is decided by its draft alone).
 
     Returns a :class:`SpeculativeOutput` (``.sequences``: what ``generate`` returns).
     """
     k_arg = _check_k(num_draft_tokens)
+    conf = _check_confidence(draft_confidence)
     d = _draft_solve(draft)
     if not (hasattr(model, "decode_steps") and hasattr(model, "solve_cost")):
         raise TypeError(f"draft: speculative decoding drafts with another solve of a DecoderLM, got "
@@ -421,7 +448,7 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
     record(first.unsqueeze(1), torch.ones(B, dtype=torch.long, device=device))
     if ONE_ROW_PATH and B == 1 and not bool(done.all()) and bool(mask.all()):
         return _one_row(out, input_ids, position_ids, new, int(count), max_new_tokens, eos_ids, dstep, tstep, cache,
-                        draft_cache, swap, k_arg, draft_cost / target_cost, do_sample, warp, generator)
+                        draft_cache, swap, k_arg, draft_cost / target_cost, do_sample, warp, generator, conf)
     # the slots of the sequence: prompt, then the rounds' positions (padding where rejected)
     cap = N + 2 * max(max_new_tokens, 8) + MAX_DRAFT_TOKENS + 2
     seq, mask_all, pos_all = _grow(input_ids, cap), _grow(mask, cap), _grow(position_ids, cap)
@@ -465,6 +492,17 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
                     tok = dl.to(torch.float32).argmax(-1)
                 d_list.append(tok)
                 seq[:, n + i] = tok
+                if conf is not None and i + 1 < k_eff:  # a row unsure of its draft stops drafting
+                    unsure = (_draft_prob(dl, q_list[-1] if do_sample else None, tok) < conf) & (limit > i + 1)
+                    if bool(unsure.any()):
+                        limit = torch.where(unsure, i + 1, limit)
+                        if int(limit.max()) <= i + 1:  # every row stopped: verify what there is
+                            k_eff = i + 1
+                            break
+                        later = torch.arange(i + 1, k_eff, device=device) < limit.unsqueeze(1)
+                        mask_all[:, n + i + 1:n + k_eff] = later.long()  # its later drafts: padding
+                        pos_all[:, n + i + 1:n + k_eff] = torch.where(later, pos_all[:, n + i + 1:n + k_eff], 0)
+                        padded = True
         # 2. one target step over the pending token and the drafts
         if k_eff:
             cache.mark()

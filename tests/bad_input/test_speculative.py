@@ -61,6 +61,13 @@ def runs_no_mark():
 
 ROWS = cases(
     ("spec-k-zero", spec(num_draft_tokens=0), ValueError, r"^num_draft_tokens: expected an integer >= 1 or 'auto', got 0"),
+    ("spec-confidence-one", spec(draft_confidence=1.0), ValueError,
+     r"^draft_confidence: expected None or a number in \(0, 1\) .*got 1.0"),
+    ("spec-confidence-zero", spec(draft_confidence=0), ValueError, r"^draft_confidence: expected None or a number in"),
+    ("spec-confidence-bool", spec(draft_confidence=True), ValueError, r"^draft_confidence: expected None or a number"),
+    ("spec-confidence-word", spec(draft_confidence="high"), ValueError, r"^draft_confidence: expected None or a"),
+    ("generate-confidence-without-draft", lambda: M.generate(IDS, 5, draft_confidence=0.5), ValueError,
+     r"^draft_confidence: a threshold for the drafts of speculative decoding; expected draft="),
     ("spec-k-negative", spec(num_draft_tokens=-2), ValueError, r"^num_draft_tokens: expected an integer >= 1"),
     ("spec-k-word", spec(num_draft_tokens="many"), ValueError, r"^num_draft_tokens: expected an integer >= 1 or 'auto'"),
     ("spec-k-float", spec(num_draft_tokens=2.0), ValueError, r"^num_draft_tokens: expected an integer >= 1"),
