@@ -512,6 +512,15 @@ def test_concurrent_writers_leave_a_consistent_pair(tmp_path, monkeypatch):
             errors.append(e)
 
     second = threading.Thread(target=load, args=("second", 2.0), name="second")
+    at_lock = threading.Event()
+    real_lock = burgers_mod._lock
+
+    def lock(stem, exclusive):
+        if exclusive and threading.current_thread().name == "second":
+            at_lock.set()  # the second writer asks for the lock the first holds
+        return real_lock(stem, exclusive)
+
+    monkeypatch.setattr(burgers_mod, "_lock", lock)
 
     class _OS:
         def __getattr__(self, k):
@@ -523,7 +532,9 @@ def test_concurrent_writers_leave_a_consistent_pair(tmp_path, monkeypatch):
             if threading.current_thread().name == "first" and str(dst).endswith(".npz") and not second.is_alive() \
                     and second.ident is None:
                 second.start()
-                second.join(timeout=1.0)  # runs to the end unless the first writer's lock holds it
+                while not at_lock.is_set() and second.is_alive():  # a writer that takes no lock runs to its end
+                    at_lock.wait(0.01)
+                second.join(timeout=1.0)  # a lock that holds nothing lets it finish here
 
     monkeypatch.setattr(burgers_mod, "os", _OS())
     first = threading.Thread(target=load, args=("first", 1.0), name="first")
