@@ -100,13 +100,6 @@ def _betas(b, name):
     return tuple(check_float(x, name, nonneg=True, below=1.0) for x in b)
 
 
-def _min_lr_ratio(v, name):
-    v = check_float(v, name, nonneg=True)
-    if v > 1:
-        raise ValueError(f"{name}: expected a number in [0, 1], got {v}")
-    return v
-
-
 def _unit(v, name):
     v = check_float(v, name, nonneg=True)
     if v > 1:
@@ -230,7 +223,7 @@ class TrainConfig:
                        "learning-rate decay over the run's progress, after the warm-up (cosine and linear to "
                        "min_lr_ratio * lr)", "schedule", "refused", default="constant", choices=SCHEDULES)
     warmup_steps: int = _f(_i(0), "an integer >= 0", "linear warm-up steps", "schedule", "refused", default=0)
-    min_lr_ratio: float = _f(_min_lr_ratio, "a number in [0, 1]",
+    min_lr_ratio: float = _f(_unit, "a number in [0, 1]",
                              "final learning rate of the decaying schedules, relative to lr", "schedule", "refused",
                              default=0.0)
     grad_clip: float | None = _f(_num(positive=True, allow_none=True), "a number > 0 or None",

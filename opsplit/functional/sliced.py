@@ -476,10 +476,7 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
     dt, dev = v.dtype, v.device
     S = _FAST_BLOCK
     if centered:  # first, while v may still be in cache from the finiteness check
-        # torch.sum (pairwise) of the weighted values: within an ulp of the mean (bmm with the
-        # weights is off by ~20 ulp at 4K keys, an offset the centred tables keep, 5e-6 of eq. 3
-        # at values of 1e6; _rounded_mean)
-        vs = v.sum(1) if w is None else (w.unsqueeze(2) * v).sum(1)
+        vs = _value_sum(v, w)
     zs = zk if w is None else torch.where(w > 0, zk, torch.full_like(zk, math.inf))
     perm, ks, p = sort_and_rank_one(zs, zq)  # perm: flat key index in sorted order
     if w is None:
@@ -508,14 +505,9 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
     q64 = (zq - c).double()
     den = q64 * (2 * Wlt - W) - (2 * Klt - K)  # eq. 6 for sum_l w_l |q - z_l|
     inv = den.reciprocal().masked_fill_(den == 0, 0.0)  # 0 where the denominator vanishes
-    if w is None:
-        Wsafe = W
-        if centered:  # the mean, rounded to the dtype: subtracted from the values before any sum
-            m32 = (vs.double() / Nk).to(dt)  # (R, D)
-    else:
-        Wsafe = torch.where(W > 0, W, torch.ones_like(W))
-        if centered:
-            m32 = torch.where(W > 0, vs.double() / Wsafe, 0.0).to(dt)
+    Wsafe = W if w is None else torch.where(W > 0, W, torch.ones_like(W))
+    if centered:  # the mean, rounded to the dtype: subtracted from the values before any sum
+        m32 = _rounded_mean(vs, W, dt)  # (R, D)
     # positions 0 .. Nk of a row: a key of weight 0, then the sorted keys; padded to blocks
     Np = -(-(Nk + 1) // S) * S
     nb = Np // S
@@ -619,17 +611,20 @@ def _relu_forward_fast(zq: Tensor, zk: Tensor, v: Tensor, w: Tensor | None,
 # --------------------------------------------------------------------------------------
 # sliced ReLU attention (eqs. 2-3)
 # --------------------------------------------------------------------------------------
-def _rounded_mean(v: Tensor, w: Tensor | None, W: Tensor) -> Tensor:
-    """The (weighted) mean of the values of each row rounded to their dtype, ``(R, D)``, 0
-    where the weights sum to 0 (``W``: ``(R, 1)`` float64 weight totals).  Only a shift: the
-    kernel adds its remainder, read off the centred tables.  The sums are ``torch.sum``'s
-    (pairwise), within about a unit in the last place of the mean, so that the centred
-    values keep no offset of their own to cancel against that remainder (``bmm`` with the
-    weights is off by about 20 units at 4K keys; float64 accumulation costs a float64 copy
-    of the values)."""
-    vs = v.sum(1) if w is None else (w.unsqueeze(2) * v).sum(1)
-    return torch.where(W > 0, vs.double() / torch.where(W > 0, W, torch.ones_like(W)),
-                       0.0).to(v.dtype)
+def _value_sum(v: Tensor, w: Tensor | None) -> Tensor:
+    """The (weighted) sum of the values of each row, ``(R, D)`` in their dtype: ``torch.sum``'s
+    (pairwise), within about a unit in the last place, so that values centred by
+    :func:`_rounded_mean` keep no offset of their own to cancel against the remainder the
+    kernels add (``bmm`` with the weights is off by about 20 units at 4K keys, 5e-6 of eq. 3
+    at values of 1e6; float64 accumulation costs a float64 copy of the values)."""
+    return v.sum(1) if w is None else (w.unsqueeze(2) * v).sum(1)
+
+
+def _rounded_mean(vs: Tensor, W: Tensor, dtype: torch.dtype) -> Tensor:
+    """The mean ``vs / W`` of each row rounded to ``dtype``, ``(R, D)``, 0 where the weights
+    sum to 0 (``vs``: :func:`_value_sum`; ``W``: ``(R, 1)`` float64 weight totals).  Only a
+    shift: the kernels add its remainder, read off the centred tables."""
+    return torch.where(W > 0, vs.double() / torch.where(W > 0, W, torch.ones_like(W)), 0.0).to(dtype)
 
 
 def _centred_rows(v: Tensor, m: Tensor, r0: int, r1: int, tab: PrefixTable) -> Tensor:
@@ -669,7 +664,7 @@ class _SlicedReLU(torch.autograd.Function):
         E = 3 if centered else 2
         vflat = v.reshape(R * Nk, D)
         if centered:
-            m32 = _rounded_mean(v, w, keys.W)  # (R, D), subtracted before any sum
+            m32 = _rounded_mean(_value_sum(v, w), keys.W, v.dtype)  # (R, D), subtracted before any sum
 
         def build(tab, r0, r1):
             ws = None if keys.ws is None else keys.ws[r0:r1]

@@ -310,15 +310,24 @@ def _one_row(out, input_ids, position_ids, new, count, max_new_tokens, eos_ids, 
         out.drafted.append(k_eff)
         out.accepted.append(a)
         if k_arg == "auto":
-            if k_eff:
-                alpha = 0.7 * alpha + 0.3 * (a / k_eff)
-                k = _best_k(alpha, cost)
-            if k == 0:
-                probe -= 1
-                if probe <= 0:
-                    k, probe = 1, PROBE_EVERY
+            k, alpha, probe = _next_k(k, alpha, probe, k_eff, a, cost)
     out.sequences = torch.cat([input_ids, new[:, :count]], 1)
     return out
+
+
+def _next_k(k: int, alpha: float, probe: int, judged: int, accepted: int, cost: float) -> tuple[int, float, int]:
+    """``num_draft_tokens="auto"`` after a round that judged ``judged`` drafts and accepted
+    ``accepted``: the running acceptance ``alpha`` and the next round's ``k``
+    (:func:`_best_k`); with ``k = 0`` a round of one draft every :data:`PROBE_EVERY` rounds
+    measures the acceptance again.  Returns ``(k, alpha, probe)``."""
+    if judged:
+        alpha = 0.7 * alpha + 0.3 * (accepted / judged)
+        k = _best_k(alpha, cost)
+    if k == 0:
+        probe -= 1
+        if probe <= 0:
+            k, probe = 1, PROBE_EVERY
+    return k, alpha, probe
 
 
 def _best_k(alpha: float, cost: float) -> int:
@@ -545,13 +554,7 @@ def speculative_generate(model, input_ids: Tensor, max_new_tokens: int, *, draft
         out.drafted.append(judged)
         out.accepted.append(int(acc.sum()))
         if k_arg == "auto":
-            if judged:
-                alpha = 0.7 * alpha + 0.3 * (int(acc.sum()) / judged)
-                k = _best_k(alpha, cost)
-            if k == 0:
-                probe -= 1
-                if probe <= 0:  # measure the acceptance again
-                    k, probe = 1, PROBE_EVERY
+            k, alpha, probe = _next_k(k, alpha, probe, judged, int(acc.sum()), cost)
     L = int(count.max())
     out.sequences = torch.cat([input_ids, new[:, :L]], 1)
     return out
